@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine (see README.md):
+#   make bench   set up .venv (NVIDIA/CPU stack) and run the benchmark sweep on the embedded default
+#   make test    set up .venv (plus optimum-habana and pytest) and run the test suite, offline, on CPU
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+BENCH_ARGS ?=
+
+.PHONY: bench test fixtures cuda-script check-cuda-script
+
+$(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -r requirements-cuda.txt
+	$(PY) -m pip install --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
+	$(PY) -m pip install -r requirements-test.txt
+	touch $@
+
+bench: $(VENV)/.installed-cuda
+	$(PY) -m bridgetower_bench.bench $(BENCH_ARGS)
+
+test: $(VENV)/.installed-test
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest
+
+fixtures: $(VENV)/.installed-cuda
+	$(PY) -m bridgetower_bench.fixtures
+
+cuda-script: $(VENV)/.installed-cuda
+	$(PY) -m bridgetower_bench.make_cuda_script
+
+check-cuda-script: $(VENV)/.installed-cuda
+	$(PY) -m bridgetower_bench.make_cuda_script --check

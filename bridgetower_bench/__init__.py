@@ -1,0 +1,1 @@
+"""Shared machinery for the BridgeTower contrastive fine-tuning benchmark scripts."""

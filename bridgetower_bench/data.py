@@ -1,0 +1,243 @@
+"""Data: load the image-caption data set, make the splits, check columns, tokenize, transform, collate.
+
+Both training scripts call these functions in the same order as upstream's steps 4, 6 and 7.
+Every user-input problem raises a ValueError that names the flag, file, column or row at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Sequence
+
+import datasets
+import torch
+from datasets import DatasetDict, load_dataset
+
+# Data files the scripts accept, and the `datasets` builder that reads each.
+DATA_FILE_BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json"}
+
+
+def data_file_builder(path: str, flag: str) -> str:
+    """The `datasets` builder for a --train_file / --validation_file, or a ValueError naming the flag."""
+    extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+    if extension not in DATA_FILE_BUILDERS:
+        raise ValueError(
+            f"{flag}={path}: unsupported file extension '.{extension}'; use one of "
+            + ", ".join("." + e for e in DATA_FILE_BUILDERS)
+        )
+    return DATA_FILE_BUILDERS[extension]
+
+
+def check_data_arguments(dataset_name: Optional[str], train_file: Optional[str], validation_file: Optional[str]) -> None:
+    """Upstream's checks on the data flags, as clear errors instead of asserts."""
+    if dataset_name is None and train_file is None and validation_file is None:
+        raise ValueError("Need either --dataset_name or --train_file / --validation_file.")
+    builders = {data_file_builder(p, f) for p, f in ((train_file, "--train_file"), (validation_file, "--validation_file")) if p}
+    if len(builders) > 1:
+        raise ValueError(
+            f"--train_file={train_file} and --validation_file={validation_file} must have the same format (csv or json)."
+        )
+
+
+def load_raw_datasets(
+    *,
+    dataset_name: Optional[str],
+    dataset_config_name: Optional[str],
+    dataset_revision: str,
+    data_dir: Optional[str],
+    train_file: Optional[str],
+    validation_file: Optional[str],
+    cache_dir: Optional[str],
+    token: Optional[str],
+) -> DatasetDict:
+    """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files."""
+    check_data_arguments(dataset_name, train_file, validation_file)
+    if dataset_name is not None:
+        # A name that is clearly a path (./x, /x, ~/x) must exist: otherwise `datasets` would try the hub.
+        expanded = os.path.expanduser(dataset_name)
+        if dataset_name.startswith((".", "/", "~")) and not os.path.isdir(expanded):
+            raise ValueError(f"--dataset_name={dataset_name}: no such directory")
+        return load_dataset(
+            expanded,
+            dataset_config_name,
+            cache_dir=cache_dir,
+            keep_in_memory=False,
+            data_dir=data_dir,
+            token=token,
+            revision=dataset_revision,
+        )
+    data_files = {}
+    builder = None
+    for split, path, flag in (("train", train_file, "--train_file"), ("validation", validation_file, "--validation_file")):
+        if path is None:
+            continue
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag}={path}: no such file")
+        data_files[split] = path
+        builder = data_file_builder(path, flag)
+    raw = load_dataset(builder, data_files=data_files, cache_dir=cache_dir, token=token)
+    # A relative image path that does not exist from the working directory is read relative to its data file.
+    for split, path in data_files.items():
+        raw[split] = raw[split].map(
+            _ResolveRelativePaths(os.path.dirname(os.path.abspath(path))),
+            batched=True,
+            desc=f"Resolving image paths in {path}",
+        )
+    return raw
+
+
+class _ResolveRelativePaths:
+    """In string columns holding image file names, prefix the data file's directory where that finds the file."""
+
+    def __init__(self, base_dir: str):
+        self.base_dir = base_dir
+
+    def __call__(self, batch: dict) -> dict:
+        out = {}
+        for column, values in batch.items():
+            if values and all(isinstance(v, str) for v in values) and any(_is_image_file_name(v) for v in values):
+                out[column] = [self._resolve(v) for v in values]
+        return out
+
+    def _resolve(self, path: str) -> str:
+        if os.path.isabs(path) or os.path.exists(path):
+            return path
+        candidate = os.path.join(self.base_dir, path)
+        return candidate if os.path.exists(candidate) else path
+
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+def _is_image_file_name(value: str) -> bool:
+    return value.lower().endswith(_IMAGE_SUFFIXES)
+
+
+def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
+    """Train / validation / test. What exists is kept; only what is missing is split off train, with the seed.
+
+    Both missing: train is split 60/20/20, as upstream does. One missing: 20 % of train becomes it.
+    (Upstream threw an existing validation split away whenever test was missing.)
+    """
+    if "train" not in dataset and ("validation" not in dataset or "test" not in dataset):
+        # Nothing to split from: keep whatever there is.
+        return dataset
+    dataset = DatasetDict(dict(dataset))
+    missing = [s for s in ("validation", "test") if s not in dataset]
+    if missing == ["validation", "test"]:
+        first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
+        second = first["test"].train_test_split(test_size=0.5, shuffle=False)
+        dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
+    elif missing:
+        split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
+        dataset["train"], dataset[missing[0]] = split["train"], split["test"]
+    return dataset
+
+
+def resolve_column(column_names: Sequence[str], requested: Optional[str], flag: str, fallback_index: int) -> str:
+    """The column a flag names, or a ValueError listing the available columns."""
+    if requested is None:
+        return column_names[fallback_index]
+    if requested not in column_names:
+        raise ValueError(f"{flag}={requested} is not a column of the data set; available columns: {', '.join(column_names)}")
+    return requested
+
+
+def prepare_image_column(dataset: datasets.Dataset, image_column: str, split: str) -> datasets.Dataset:
+    """Keep images undecoded: Image features become {bytes, path} dicts we decode ourselves; strings stay paths.
+
+    Anything else (numbers, lists, ...) is neither an image nor a path: a clear error.
+    """
+    feature = dataset.features[image_column]
+    if isinstance(feature, datasets.Image):
+        return dataset.cast_column(image_column, datasets.Image(decode=False)) if feature.decode else dataset
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        return dataset
+    raise ValueError(
+        f"--image_column={image_column} in split '{split}' holds {feature!r}, which is neither an image nor an image path"
+    )
+
+
+class TokenizeCaptions:
+    """Tokenize a batch of captions to max_length with padding='max_length' (upstream's shape)."""
+
+    def __init__(self, tokenizer, caption_column: str, max_seq_length: int):
+        self.tokenizer = tokenizer
+        self.caption_column = caption_column
+        self.max_seq_length = max_seq_length
+
+    def __call__(self, batch: dict, indices: list[int]) -> dict:
+        captions = batch[self.caption_column]
+        for row, caption in zip(indices, captions):
+            if not isinstance(caption, str) or not caption.strip():
+                raise ValueError(
+                    f"--caption_column={self.caption_column}: row {row} holds {caption!r}, not a non-empty string"
+                )
+        tokens = self.tokenizer(list(captions), max_length=self.max_seq_length, padding="max_length", truncation=True)
+        return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
+
+
+def tokenize_split(dataset, tokenizer, *, image_column, caption_column, max_seq_length, num_proc, overwrite_cache, split):
+    """Tokenize one split, keeping only the image column and the token columns."""
+    return dataset.map(
+        TokenizeCaptions(tokenizer, caption_column, max_seq_length),
+        batched=True,
+        with_indices=True,
+        remove_columns=[c for c in dataset.column_names if c != image_column],
+        num_proc=num_proc,
+        load_from_cache_file=not overwrite_cache,
+        desc=f"Running tokenizer on {split} dataset",
+    )
+
+
+class BatchTransform:
+    """The lazy per-batch transform: image values -> pixel_values with the chosen image pipeline."""
+
+    def __init__(self, image_column: str, image_transform: Callable):
+        self.image_column = image_column
+        self.image_transform = image_transform
+
+    def __call__(self, batch: dict) -> dict:
+        return {
+            "pixel_values": [self.image_transform(value) for value in batch[self.image_column]],
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+        }
+
+
+def collate_fn(examples: list[dict]) -> dict:
+    """Stack a batch. pixel_values stay uint8 for the fast pipelines (normalised later, on the device)."""
+    return {
+        "pixel_values": torch.stack([e["pixel_values"] for e in examples]),
+        "input_ids": torch.tensor([e["input_ids"] for e in examples], dtype=torch.long),
+        "attention_mask": torch.tensor([e["attention_mask"] for e in examples], dtype=torch.long),
+        "return_loss": True,
+    }
+
+
+def check_max_seq_length(max_seq_length: int, config) -> None:
+    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)."""
+    positions = getattr(config.text_config, "max_position_embeddings", None)
+    if positions is None:
+        return
+    usable = positions - 2 if getattr(config.text_config, "pad_token_id", None) is not None else positions
+    if max_seq_length > usable:
+        raise ValueError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
+
+
+DEFAULT_DECODED_IMAGE_CACHE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "decoded_images")
+
+
+def decoded_image_cache(splits: dict, image_column: str, data_args, image_size: int):
+    """--cache_decoded_images: one decode-once cache over the images of every split this run uses."""
+    from .image_cache import open_decoded_image_cache
+
+    combined = datasets.concatenate_datasets([d.select_columns([image_column]) for d in splits.values()])
+    return open_decoded_image_cache(
+        combined[image_column],
+        pipeline=data_args.image_pipeline,
+        image_size=image_size,
+        cache_dir=os.path.expanduser(data_args.decoded_image_cache_dir or DEFAULT_DECODED_IMAGE_CACHE_DIR),
+        fingerprint="-".join(d._fingerprint for d in splits.values()),
+        num_proc=data_args.preprocessing_num_workers,
+    )

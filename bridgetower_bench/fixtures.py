@@ -1,0 +1,938 @@
+"""Offline fixtures: a random-weight BridgeTower model, a synthetic New Yorker-shaped data set
+and a local copy of the ``Habana/clip`` Gaudi configuration.
+
+Nothing here touches the network, so the scripts, tests and benchmarks can run on machines
+that cannot reach the Hugging Face Hub.
+
+* ``make_tiny_model`` writes a model directory (config, safetensors weights, a RoBERTa-style
+  byte-level BPE tokenizer trained locally, a ``BridgeTowerImageProcessor`` config) that the
+  ``from_pretrained`` methods load offline. ``large=True`` gives the BridgeTower Large shape
+  (about 866 M parameters) with random weights, for accelerator benchmarks.
+* ``make_synthetic_dataset`` writes the on-disk layout and column schema of the New Yorker
+  caption contest ``matching`` config: parquet shards with embedded JPEG line-art cartoons.
+  Each caption (``image_description``) is derived from what is drawn, so a contrastive model
+  can learn to match captions to pictures.
+* ``make_gaudi_config`` writes ``gaudi_config.json`` as ``Habana/clip`` has it.
+* ``ensure_default_fixtures`` builds the three defaults once under a cache directory.
+
+Command line: ``python -m bridgetower_bench.fixtures --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+from PIL import Image, ImageChops, ImageDraw, ImageFilter
+
+# ---------------------------------------------------------------------------------------------
+# Constants shared by the fixtures
+# ---------------------------------------------------------------------------------------------
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, RoBERTa's order
+TOKENIZER_MAX_LENGTH = 512
+TOKENIZER_TARGET_VOCAB = 2048
+
+HABANA_CLIP_GAUDI_CONFIG = {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
+
+MODEL_DIR_NAME = "tiny-bridgetower"
+LARGE_MODEL_DIR_NAME = "bridgetower-large-random"
+DATASET_DIR_NAME = "newyorker-matching-synthetic"
+GAUDI_CONFIG_DIR_NAME = "gaudi-config-clip"
+DATASET_CONFIG_NAME = "matching"
+SPLITS = ("train", "validation", "test")
+
+# Written last into a fixture directory before it is renamed into place: its presence, with
+# the build parameters, is what marks a directory as complete.
+MARKER_FILE = "fixture_info.json"
+PARTIAL_PREFIX = ".partial-"
+FIXTURES_ENV = "BRIDGETOWER_BENCH_FIXTURES"
+
+IMAGE_SIDE_RANGE = (500, 1100)  # pixels, each side of a synthetic cartoon
+JPEG_QUALITY = 90
+
+# ---------------------------------------------------------------------------------------------
+# Cartoon contents and their descriptions
+# ---------------------------------------------------------------------------------------------
+
+# kind -> (singular, plural, Wikipedia entity)
+THINGS = {
+    "person": ("person", "people", "Person"),
+    "house": ("house", "houses", "House"),
+    "tree": ("tree", "trees", "Tree"),
+    "car": ("car", "cars", "Car"),
+    "table": ("table", "tables", "Table_(furniture)"),
+    "lamp": ("lamp", "lamps", "Lamp"),
+    "boat": ("boat", "boats", "Boat"),
+    "fish": ("fish", "fish", "Fish"),
+}
+SETTINGS = {
+    "room": "a living room",
+    "street": "a city street",
+    "beach": "a beach",
+    "park": "a park",
+}
+REGIONS = {
+    "left": "on the left side of",
+    "middle": "in the middle of",
+    "right": "on the right side of",
+}
+COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
+MAX_OBJECTS = 4
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a cartoon shows: a setting, where the objects stand, and which objects (kind, count)."""
+
+    setting: str
+    region: str
+    things: tuple[tuple[str, int], ...]
+
+
+def sample_scene(rng: np.random.Generator) -> Scene:
+    """Draw random cartoon contents: one or two kinds of object, 1-3 of each, at most four in all."""
+    setting = str(rng.choice(list(SETTINGS)))
+    region = str(rng.choice(list(REGIONS)))
+    n_kinds = 1 if rng.random() < 0.5 else 2
+    kinds = [str(k) for k in rng.choice(list(THINGS), size=n_kinds, replace=False)]
+    while True:
+        counts = [int(c) for c in rng.integers(1, 4, size=n_kinds)]
+        if sum(counts) <= MAX_OBJECTS:
+            break
+    return Scene(setting, region, tuple(zip(kinds, counts)))
+
+
+def _count_phrase(kind: str, count: int) -> str:
+    singular, plural, _ = THINGS[kind]
+    return f"{COUNT_WORDS[count]} {singular if count == 1 else plural}"
+
+
+def describe(scene: Scene) -> str:
+    """The caption of a scene, e.g. "Two houses and a tree on the left side of a city street."."""
+    subject = " and ".join(_count_phrase(kind, count) for kind, count in scene.things)
+    return f"{subject[0].upper()}{subject[1:]} {REGIONS[scene.region]} {SETTINGS[scene.setting]}."
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing
+# ---------------------------------------------------------------------------------------------
+
+PAPER_RGB = np.array([247.0, 244.0, 236.0])
+INK_RGB = np.array([24.0, 23.0, 28.0])
+
+
+class _Pen:
+    """Draws black strokes with a slight hand-drawn wobble, and hatching, on a grayscale canvas."""
+
+    def __init__(self, canvas: Image.Image, rng: np.random.Generator, width: int):
+        self.canvas = canvas
+        self.draw = ImageDraw.Draw(canvas)
+        self.rng = rng
+        self.width = width
+
+    def line(self, *points, width: int | None = None, closed: bool = False) -> None:
+        """A polyline through `points`; long segments are split and jittered a little."""
+        width = width or self.width
+        points = [tuple(map(float, p)) for p in points]
+        if closed:
+            points.append(points[0])
+        path = []
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            steps = max(1, int(math.hypot(x1 - x0, y1 - y0) / (10 * width)))
+            for i in range(steps):
+                t = i / steps
+                jx, jy = self.rng.normal(0.0, 0.25 * width, size=2) if i else (0.0, 0.0)
+                path.append((x0 + (x1 - x0) * t + jx, y0 + (y1 - y0) * t + jy))
+        path.append(points[-1])
+        self.draw.line(path, fill=0, width=width, joint="curve")
+
+    def ellipse(self, cx: float, cy: float, rx: float, ry: float, width: int | None = None) -> None:
+        self.draw.ellipse((cx - rx, cy - ry, cx + rx, cy + ry), outline=0, width=width or self.width)
+
+    def dot(self, x: float, y: float, r: float) -> None:
+        self.draw.ellipse((x - r, y - r, x + r, y + r), fill=0)
+
+    def hatch(self, box, *, polygon=None, ellipse: bool = False, spacing: float = 8.0, angle: float = 45.0,
+              shade: int = 70) -> None:
+        """Parallel strokes at `angle` degrees, clipped to a rectangle, ellipse or polygon in `box`."""
+        x0, y0 = max(0, int(box[0])), max(0, int(box[1]))
+        x1, y1 = min(self.canvas.width, int(box[2]) + 1), min(self.canvas.height, int(box[3]) + 1)
+        w, h = x1 - x0, y1 - y0
+        if w < 2 or h < 2:
+            return
+        shape = Image.new("L", (w, h), 0 if (polygon or ellipse) else 255)
+        shape_draw = ImageDraw.Draw(shape)
+        if polygon:
+            shape_draw.polygon([(x - x0, y - y0) for x, y in polygon], fill=255)
+        elif ellipse:
+            shape_draw.ellipse((int(box[0]) - x0, int(box[1]) - y0, int(box[2]) - x0, int(box[3]) - y0), fill=255)
+        strokes = Image.new("L", (w, h), 0)
+        strokes_draw = ImageDraw.Draw(strokes)
+        slope = math.tan(math.radians(angle))
+        stroke_width = max(1, self.width // 2)
+        spacing = max(3.0, spacing)
+        offset = -abs(slope) * h - spacing
+        while offset < w + abs(slope) * h + spacing:
+            start = offset + self.rng.normal(0.0, spacing * 0.08)
+            strokes_draw.line((start, 0, start + slope * h, h), fill=255, width=stroke_width)
+            offset += spacing
+        self.canvas.paste(shade, (x0, y0, x1, y1), ImageChops.multiply(shape, strokes))
+
+
+# Each object drawer gets the pen, the horizontal centre, the ground line and a size (its
+# overall height for upright things, its width for wide ones).
+
+
+def _draw_person(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    head_r = 0.09 * s
+    head_y = gy - s + head_r
+    neck_y = head_y + head_r
+    hip_y = gy - 0.42 * s
+    pen.ellipse(cx, head_y, head_r, head_r)
+    pen.dot(cx - 0.35 * head_r, head_y - 0.1 * head_r, 0.12 * head_r)
+    pen.dot(cx + 0.35 * head_r, head_y - 0.1 * head_r, 0.12 * head_r)
+    pen.line((cx - 0.4 * head_r, head_y + 0.45 * head_r), (cx + 0.4 * head_r, head_y + 0.45 * head_r))
+    coat = [(cx - 0.1 * s, neck_y + 0.02 * s), (cx + 0.1 * s, neck_y + 0.02 * s),
+            (cx + 0.15 * s, hip_y + 0.08 * s), (cx - 0.15 * s, hip_y + 0.08 * s)]
+    pen.hatch((cx - 0.15 * s, neck_y, cx + 0.15 * s, hip_y + 0.08 * s), polygon=coat, spacing=0.035 * s, angle=60)
+    pen.line(*coat, closed=True)
+    for side in (-1, 1):
+        pen.line((cx + side * 0.1 * s, neck_y + 0.04 * s), (cx + side * 0.21 * s, gy - 0.55 * s))
+        pen.line((cx + side * 0.06 * s, hip_y + 0.08 * s), (cx + side * 0.1 * s, gy))
+        pen.line((cx + side * 0.1 * s, gy), (cx + side * 0.16 * s, gy))
+
+
+def _draw_house(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    half = 0.42 * s
+    eaves_y = gy - 0.55 * s
+    apex_y = gy - 0.95 * s
+    pen.line((cx - half, gy), (cx - half, eaves_y), (cx + half, eaves_y), (cx + half, gy))
+    roof = [(cx - half - 0.06 * s, eaves_y), (cx, apex_y), (cx + half + 0.06 * s, eaves_y)]
+    pen.hatch((cx - half - 0.06 * s, apex_y, cx + half + 0.06 * s, eaves_y), polygon=roof,
+              spacing=0.03 * s, angle=-30)
+    pen.line(*roof, closed=True)
+    chimney_x = cx + 0.2 * s
+    pen.line((chimney_x, gy - 0.75 * s), (chimney_x, gy - 0.92 * s), (chimney_x + 0.08 * s, gy - 0.92 * s),
+             (chimney_x + 0.08 * s, gy - 0.68 * s))
+    pen.line((cx - 0.08 * s, gy), (cx - 0.08 * s, gy - 0.3 * s), (cx + 0.08 * s, gy - 0.3 * s), (cx + 0.08 * s, gy))
+    for wx in (cx - 0.28 * s, cx + 0.2 * s):
+        box = (wx, gy - 0.45 * s, wx + 0.12 * s, gy - 0.33 * s)
+        pen.hatch(box, spacing=0.02 * s, angle=80, shade=120)
+        pen.line((box[0], box[1]), (box[2], box[1]), (box[2], box[3]), (box[0], box[3]), closed=True)
+
+
+def _draw_tree(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    crown_y, crown_r = gy - 0.68 * s, 0.3 * s
+    pen.line((cx - 0.05 * s, gy), (cx - 0.04 * s, crown_y + 0.2 * s))
+    pen.line((cx + 0.05 * s, gy), (cx + 0.04 * s, crown_y + 0.2 * s))
+    pen.hatch((cx - 0.05 * s, crown_y + 0.2 * s, cx + 0.05 * s, gy), spacing=0.025 * s, angle=5, shade=90)
+    box = (cx - crown_r, crown_y - crown_r, cx + crown_r, crown_y + crown_r)
+    pen.hatch(box, ellipse=True, spacing=0.04 * s, angle=40)
+    pen.hatch(box, ellipse=True, spacing=0.06 * s, angle=-50, shade=110)
+    pen.ellipse(cx, crown_y, crown_r, crown_r)
+
+
+def _draw_car(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    wheel_r = 0.11 * s
+    axle_y = gy - wheel_r
+    body = [(cx - 0.5 * s, axle_y), (cx - 0.5 * s, gy - 0.34 * s), (cx - 0.28 * s, gy - 0.36 * s),
+            (cx - 0.18 * s, gy - 0.55 * s), (cx + 0.2 * s, gy - 0.55 * s), (cx + 0.3 * s, gy - 0.36 * s),
+            (cx + 0.5 * s, gy - 0.32 * s), (cx + 0.5 * s, axle_y)]
+    pen.line(*body, closed=True)
+    pen.line((cx - 0.14 * s, gy - 0.37 * s), (cx - 0.1 * s, gy - 0.5 * s), (cx + 0.17 * s, gy - 0.5 * s),
+             (cx + 0.23 * s, gy - 0.37 * s), closed=True)
+    for wx in (cx - 0.3 * s, cx + 0.3 * s):
+        box = (wx - wheel_r, axle_y - wheel_r, wx + wheel_r, axle_y + wheel_r)
+        pen.hatch(box, ellipse=True, spacing=0.02 * s, angle=30, shade=40)
+        pen.ellipse(wx, axle_y, wheel_r, wheel_r)
+
+
+def _draw_table(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    top = (cx - 0.45 * s, gy - 0.48 * s, cx + 0.45 * s, gy - 0.42 * s)
+    pen.hatch(top, spacing=0.02 * s, angle=70)
+    pen.line((top[0], top[1]), (top[2], top[1]), (top[2], top[3]), (top[0], top[3]), closed=True)
+    for lx in (cx - 0.38 * s, cx + 0.38 * s):
+        pen.line((lx, top[3]), (lx, gy))
+    pen.line((cx + 0.1 * s, top[1]), (cx + 0.12 * s, top[1] - 0.12 * s), (cx + 0.2 * s, top[1] - 0.12 * s),
+             (cx + 0.22 * s, top[1]))
+
+
+def _draw_lamp(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    pen.ellipse(cx, gy - 0.02 * s, 0.14 * s, 0.03 * s)
+    pen.line((cx, gy - 0.04 * s), (cx, gy - 0.7 * s))
+    shade = [(cx - 0.12 * s, gy - 0.95 * s), (cx + 0.12 * s, gy - 0.95 * s),
+             (cx + 0.24 * s, gy - 0.7 * s), (cx - 0.24 * s, gy - 0.7 * s)]
+    pen.hatch((cx - 0.24 * s, gy - 0.95 * s, cx + 0.24 * s, gy - 0.7 * s), polygon=shade,
+              spacing=0.025 * s, angle=90, shade=100)
+    pen.line(*shade, closed=True)
+
+
+def _draw_boat(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    hull = [(cx - 0.5 * s, gy - 0.22 * s), (cx + 0.5 * s, gy - 0.22 * s), (cx + 0.35 * s, gy), (cx - 0.35 * s, gy)]
+    pen.hatch((cx - 0.5 * s, gy - 0.22 * s, cx + 0.5 * s, gy), polygon=hull, spacing=0.03 * s, angle=-45)
+    pen.line(*hull, closed=True)
+    pen.line((cx, gy - 0.22 * s), (cx, gy - s))
+    pen.line((cx, gy - 0.95 * s), (cx + 0.42 * s, gy - 0.3 * s), (cx, gy - 0.3 * s))
+    pen.line((cx - 0.03 * s, gy - 0.85 * s), (cx - 0.3 * s, gy - 0.3 * s), (cx - 0.03 * s, gy - 0.3 * s))
+
+
+def _draw_fish(pen: _Pen, cx: float, gy: float, s: float) -> None:
+    cy = gy - 0.45 * s
+    box = (cx - 0.32 * s, cy - 0.16 * s, cx + 0.32 * s, cy + 0.16 * s)
+    pen.hatch(box, ellipse=True, spacing=0.035 * s, angle=-60, shade=110)
+    pen.ellipse(cx, cy, 0.32 * s, 0.16 * s)
+    pen.line((cx + 0.3 * s, cy), (cx + 0.48 * s, cy - 0.13 * s), (cx + 0.48 * s, cy + 0.13 * s), closed=True)
+    pen.dot(cx - 0.2 * s, cy - 0.04 * s, 0.02 * s)
+    for i, r in enumerate((0.03, 0.045, 0.06)):
+        pen.ellipse(cx - 0.3 * s - 0.05 * s * i, cy - 0.3 * s - 0.15 * s * i, r * s, r * s, width=max(1, pen.width // 2))
+
+
+DRAWERS: dict[str, Callable[[_Pen, float, float, float], None]] = {
+    "person": _draw_person,
+    "house": _draw_house,
+    "tree": _draw_tree,
+    "car": _draw_car,
+    "table": _draw_table,
+    "lamp": _draw_lamp,
+    "boat": _draw_boat,
+    "fish": _draw_fish,
+}
+
+
+def _draw_room(pen: _Pen, w: int, h: int, gy: float) -> None:
+    left, right = 0.07 * w, 0.93 * w
+    pen.line((left, 0), (left, gy), (right, gy), (right, 0))
+    pen.line((left, gy), (0, 0.97 * h))
+    pen.line((right, gy), (w, 0.97 * h))
+    for i in range(1, 4):
+        y = gy + (h - gy) * (i / 4) ** 1.3
+        pen.line((0.2 * w * (1 - i / 4), y), (w - 0.2 * w * (1 - i / 4), y), width=max(1, pen.width // 2))
+    fx = pen.rng.uniform(0.2, 0.6) * w
+    frame = (fx, 0.12 * h, fx + 0.2 * w, 0.12 * h + 0.14 * w)
+    pen.hatch(frame, spacing=0.012 * w, angle=20, shade=150)
+    pen.line((frame[0], frame[1]), (frame[2], frame[1]), (frame[2], frame[3]), (frame[0], frame[3]), closed=True)
+
+
+def _draw_street(pen: _Pen, w: int, h: int, gy: float) -> None:
+    x = 0.0
+    while x < w:
+        bw = pen.rng.uniform(0.08, 0.16) * w
+        top = pen.rng.uniform(0.12, 0.35) * h
+        box = (x, top, min(w - 1, x + bw), gy)
+        pen.hatch(box, spacing=0.03 * w, angle=0.0, shade=170)
+        pen.line((box[0], gy), (box[0], top), (box[2], top), (box[2], gy), width=max(1, pen.width // 2))
+        x += bw + pen.rng.uniform(0.0, 0.03) * w
+    pen.line((0, gy), (w, gy))
+    pen.line((0, gy + 0.07 * h), (w, gy + 0.07 * h))
+    for x in np.arange(0.02 * w, w, 0.12 * w):
+        pen.line((x, gy + 0.17 * h), (x + 0.06 * w, gy + 0.17 * h))
+
+
+def _draw_beach(pen: _Pen, w: int, h: int, gy: float) -> None:
+    horizon = 0.42 * h
+    pen.line((0, horizon), (w, horizon))
+    for row in range(4):
+        y = horizon + (gy - horizon) * (row + 0.6) / 4.5
+        wave = [(x, y + 0.01 * h * math.sin(x / (0.03 * w) + row)) for x in np.linspace(0, w, 40)]
+        pen.line(*wave, width=max(1, pen.width // 2))
+    pen.line(*[(x, gy + 0.012 * h * math.sin(x / (0.05 * w))) for x in np.linspace(0, w, 30)])
+    for _ in range(int(w * h / 2500)):
+        pen.dot(pen.rng.uniform(0, w), pen.rng.uniform(gy + 0.02 * h, h), 0.6 * pen.width)
+    for _ in range(3):
+        bx, by = pen.rng.uniform(0.1, 0.9) * w, pen.rng.uniform(0.08, 0.3) * h
+        pen.line((bx - 0.02 * w, by - 0.01 * w), (bx, by), (bx + 0.02 * w, by - 0.01 * w))
+
+
+def _draw_park(pen: _Pen, w: int, h: int, gy: float) -> None:
+    pen.line(*[(x, gy - 0.03 * h * math.sin(math.pi * x / w)) for x in np.linspace(0, w, 30)])
+    for _ in range(4):
+        bx, by = pen.rng.uniform(0.05, 0.95) * w, gy - 0.04 * h
+        r = pen.rng.uniform(0.04, 0.07) * w
+        box = (bx - r, by - r, bx + r, by + r)
+        pen.hatch(box, ellipse=True, spacing=0.01 * w, angle=60, shade=160)
+    for _ in range(int(w * h / 9000)):
+        x, y = pen.rng.uniform(0, w), pen.rng.uniform(gy + 0.02 * h, h)
+        t = 0.012 * h
+        pen.line((x - t * 0.6, y - t), (x, y), (x + t * 0.6, y - t), width=max(1, pen.width // 2))
+
+
+BACKGROUNDS = {"room": _draw_room, "street": _draw_street, "beach": _draw_beach, "park": _draw_park}
+REGION_SPANS = {"left": (0.04, 0.5), "middle": (0.27, 0.73), "right": (0.5, 0.96)}
+
+
+def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """Draw `scene` as black line art on off-white paper: background, then the objects in their region."""
+    canvas = Image.new("L", (width, height), 255)
+    pen = _Pen(canvas, rng, width=max(2, round(min(width, height) / 220)))
+    ground_y = rng.uniform(0.72, 0.8) * height
+    BACKGROUNDS[scene.setting](pen, width, height, ground_y)
+
+    kinds = [kind for kind, count in scene.things for _ in range(count)]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    lo, hi = REGION_SPANS[scene.region]
+    slot = (hi - lo) * width / len(kinds)
+    size = min(0.9 * slot, 0.45 * height)
+    for i, kind in enumerate(kinds):
+        cx = lo * width + slot * (i + 0.5) + rng.uniform(-0.04, 0.04) * slot
+        DRAWERS[kind](pen, cx, ground_y + rng.uniform(0.0, 0.03) * height, size * rng.uniform(0.85, 1.0))
+    return _ink_on_paper(canvas, rng)
+
+
+def _ink_on_paper(canvas: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """Soften the strokes a little, add paper grain and tint ink and paper: a scanned-drawing look."""
+    softened = canvas.filter(ImageFilter.GaussianBlur(0.7))
+    coverage = np.asarray(softened, dtype=np.float32) / 255.0
+    coverage += rng.normal(0.0, 0.018, size=coverage.shape).astype(np.float32)
+    np.clip(coverage, 0.0, 1.0, out=coverage)
+    rgb = INK_RGB + coverage[..., None] * (PAPER_RGB - INK_RGB)
+    return Image.fromarray(rgb.round().astype(np.uint8), "RGB")
+
+
+def draw_cartoon(rng: np.random.Generator, width: int, height: int) -> tuple[Image.Image, str]:
+    """A random line-art cartoon of `width` x `height` pixels and the caption that says what it shows.
+
+    `rng` is a ``numpy.random.Generator``; the same generator state gives the same cartoon.
+    """
+    scene = sample_scene(rng)
+    return render_scene(scene, rng, width, height), describe(scene)
+
+
+def jpeg_bytes(img: Image.Image, quality: int = JPEG_QUALITY) -> bytes:
+    """Encode `img` as a baseline JPEG (4:2:0 chroma), as photographs and scans usually are."""
+    buffer = io.BytesIO()
+    img.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def sample_image_size(rng: np.random.Generator) -> tuple[int, int]:
+    """Width and height within IMAGE_SIDE_RANGE: mostly landscape, aspect ratio up to about 1.6."""
+    low, high = IMAGE_SIDE_RANGE
+    long_side = int(rng.integers(650, high + 1))
+    short_side = int(max(low, round(long_side / rng.uniform(1.05, 1.6))))
+    return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthetic New Yorker `matching` data set
+# ---------------------------------------------------------------------------------------------
+
+JOKE_TEMPLATES = (
+    "I told you the {thing} would follow us home.",
+    "Honestly, the {thing} was here when we moved in.",
+    "Don't look now, but the {thing} is judging us.",
+    "We agreed the {thing} was a temporary arrangement.",
+    "It's not a {thing}, it's a lifestyle.",
+    "My therapist says the {thing} is a boundary issue.",
+    "Technically, the {thing} has seniority.",
+    "Just act natural and maybe the {thing} won't notice.",
+    "The realtor called the {thing} a charming original feature.",
+    "I liked it better when the {thing} was only on weekends.",
+)
+UNCANNY_TEMPLATES = (
+    "Nobody seems surprised that there is a {thing} in {setting}.",
+    "The {thing} looks far too comfortable in {setting}.",
+    "A {thing} does not belong in {setting}, yet everyone acts as if it does.",
+)
+QUESTION_TEMPLATES = ("Why is there a {thing} in {setting}?", "Who brought the {thing}?")
+CHOICE_LETTERS = "ABCDE"
+
+
+def _features():
+    """The column schema of the New Yorker caption contest `matching` config."""
+    from datasets import Features, Image as ImageFeature, Sequence, Value
+
+    text = Value("string")
+    return Features({
+        "image": ImageFeature(),
+        "contest_number": Value("int32"),
+        "image_location": text,
+        "image_description": text,
+        "image_uncanny_description": text,
+        "entities": Sequence(text),
+        "questions": Sequence(text),
+        "caption_choices": Sequence(text),
+        "from_description": text,
+        "label": text,
+        "n_tokens_label": Value("int32"),
+        "instance_id": text,
+    })
+
+
+def _joke(rng: np.random.Generator, kind: str) -> str:
+    return JOKE_TEMPLATES[int(rng.integers(len(JOKE_TEMPLATES)))].format(thing=THINGS[kind][0])
+
+
+def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, image: dict, n_rows: int):
+    """`n_rows` rows for one cartoon: same picture and description, different choices, label and id."""
+    setting = SETTINGS[scene.setting]
+    kinds = [kind for kind, _ in scene.things]
+    description = describe(scene)
+    uncanny = UNCANNY_TEMPLATES[int(rng.integers(len(UNCANNY_TEMPLATES)))].format(
+        thing=THINGS[kinds[0]][0], setting=setting)
+    entities = [f"https://en.wikipedia.org/wiki/{THINGS[kind][2]}" for kind in kinds]
+    questions = [q.format(thing=THINGS[kind][0], setting=setting) for kind in kinds for q in QUESTION_TEMPLATES]
+    others = [kind for kind in THINGS if kind not in kinds]
+    for _ in range(n_rows):
+        label = int(rng.integers(len(CHOICE_LETTERS)))
+        choices = [_joke(rng, str(rng.choice(others))) for _ in CHOICE_LETTERS]
+        choices[label] = _joke(rng, str(rng.choice(kinds)))
+        listed = "\n".join(f"{letter}: {choice}" for letter, choice in zip(CHOICE_LETTERS, choices))
+        yield {
+            "image": image,
+            "contest_number": contest_number,
+            "image_location": setting,
+            "image_description": description,
+            "image_uncanny_description": uncanny,
+            "entities": entities,
+            "questions": questions,
+            "caption_choices": choices,
+            "from_description": (f"scene: {setting}\ndescription: {description}\nuncanny: {uncanny}\n"
+                                 f"entities: {', '.join(entities)}\nchoices {listed}"),
+            "label": CHOICE_LETTERS[label],
+            "n_tokens_label": 1,
+            "instance_id": rng.bytes(16).hex(),
+        }
+
+
+def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int) -> list[dict]:
+    """Rows of one split. Each cartoon has its own generator, so changing a row count only
+    adds or removes cartoons at the end instead of redrawing all of them."""
+    rows: list[dict] = []
+    for cartoon in range(math.ceil(n_rows / rows_per_cartoon)):
+        rng = np.random.default_rng([seed, split_index, cartoon])
+        width, height = sample_image_size(rng)
+        scene = sample_scene(rng)
+        contest_number = first_contest + cartoon
+        image = {"bytes": jpeg_bytes(render_scene(scene, rng, width, height)), "path": f"{contest_number}.jpeg"}
+        rows.extend(_matching_rows(rng, scene, contest_number, image, min(rows_per_cartoon, n_rows - len(rows))))
+    return rows
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: int = 48, test_rows: int = 48,
+                           rows_per_cartoon: int = 4, seed: int = 0) -> Path:
+    """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
+
+    Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
+    whose YAML declares the ``matching`` config, so ``datasets.load_dataset(out_dir, "matching")``
+    works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
+    """
+    from datasets import Dataset
+
+    counts = {"train_rows": train_rows, "validation_rows": validation_rows, "test_rows": test_rows,
+              "rows_per_cartoon": rows_per_cartoon}
+    for name, value in counts.items():
+        _check_positive(name, value)
+    out = Path(out_dir)
+    (out / DATASET_CONFIG_NAME).mkdir(parents=True, exist_ok=True)
+    features = _features()
+    split_sizes = {}
+    first_contest = 500
+    for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
+        rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest)
+        first_contest += math.ceil(n_rows / rows_per_cartoon)
+        columns = {name: [row[name] for row in rows] for name in features}
+        dataset = Dataset.from_dict(columns, features=features)
+        dataset.to_parquet(str(out / DATASET_CONFIG_NAME / f"{split}-00000-of-00001.parquet"))
+        split_sizes[split] = len(rows)
+    _write_dataset_card(out, features, split_sizes)
+    return out
+
+
+def _write_dataset_card(out: Path, features, split_sizes: dict[str, int]) -> None:
+    """README.md with the YAML header that `datasets` reads: the config, its files and features."""
+    from datasets import DatasetInfo, SplitDict, SplitInfo
+    from datasets.info import DatasetInfosDict
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCardData
+
+    splits = SplitDict()
+    for split, n_rows in split_sizes.items():
+        splits.add(SplitInfo(split, num_examples=n_rows))
+    card = DatasetCardData()
+    info = DatasetInfo(features=features, splits=splits, config_name=DATASET_CONFIG_NAME)
+    DatasetInfosDict({DATASET_CONFIG_NAME: info}).to_dataset_card_data(card)
+    data_files = [{"split": split, "path": f"{DATASET_CONFIG_NAME}/{split}-*"} for split in split_sizes]
+    MetadataConfigs({DATASET_CONFIG_NAME: {"data_files": data_files}}).to_dataset_card_data(card)
+    body = (
+        "# Synthetic New Yorker caption contest (`matching` layout)\n\n"
+        "Generated offline by `python -m bridgetower_bench.fixtures dataset`. Same columns and file\n"
+        "layout as the `matching` config of `jmhessel/newyorker_caption_contest`, with line-art\n"
+        "cartoons whose `image_description` says what is drawn (objects, how many, where, setting).\n"
+    )
+    (out / "README.md").write_text(f"---\n{card.to_yaml()}\n---\n\n{body}", encoding="utf-8")
+
+
+def image_spread(dataset_dir) -> dict:
+    """Width, height and JPEG size ranges of the distinct images in a data set written here."""
+    import pyarrow.parquet as pq
+
+    widths, heights, kilobytes = [], [], []
+    for shard in sorted((Path(dataset_dir) / DATASET_CONFIG_NAME).glob("*.parquet")):
+        seen = set()
+        for cell in pq.read_table(shard, columns=["image", "contest_number"]).to_pylist():
+            if cell["contest_number"] in seen:
+                continue
+            seen.add(cell["contest_number"])
+            data = cell["image"]["bytes"]
+            with Image.open(io.BytesIO(data)) as img:
+                widths.append(img.width)
+                heights.append(img.height)
+            kilobytes.append(len(data) / 1024)
+    if not widths:
+        raise ValueError(f"no parquet shards with images under {Path(dataset_dir) / DATASET_CONFIG_NAME}")
+    return {
+        "images": len(widths),
+        "width": (min(widths), max(widths)),
+        "height": (min(heights), max(heights)),
+        "portrait": sum(h > w for w, h in zip(widths, heights)),
+        "jpeg_kb": (min(kilobytes), float(np.median(kilobytes)), max(kilobytes)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, tokenizer and image processor
+# ---------------------------------------------------------------------------------------------
+
+GENERIC_ENGLISH = (
+    "The quick brown fox jumps over the lazy dog.",
+    "She said that the meeting would start at nine o'clock in the morning.",
+    "A cartoon is a drawing that tells a joke in a single picture.",
+    "We walked along the river until the sun went down behind the hills.",
+    "Please remember to bring your umbrella, because it might rain later today.",
+    "The committee could not agree on the budget, so the decision was postponed.",
+    "He bought bread, cheese, apples and a bottle of milk at the corner shop.",
+    "Everyone laughed when the dog stole the sandwich from the picnic table.",
+    "This is one of the most interesting books I have read in years.",
+    "They moved to the city last spring and found a small apartment near the park.",
+    "What do you think about the new restaurant on the other side of town?",
+    "The children were playing in the garden while their parents talked inside.",
+    "Our train was delayed for an hour, and nobody told us why.",
+    "If you have any questions, do not hesitate to ask the person at the desk.",
+    "The old man sat on the bench and fed the pigeons every afternoon.",
+    "It was a dark and stormy night, and the wind howled through the trees.",
+)
+
+
+def default_tokenizer_corpus(seed: int = 0, n_descriptions: int = 3000) -> list[str]:
+    """Text for training the fixture tokenizer: sampled cartoon descriptions, every string the
+    data set uses, and some generic English so that ordinary sentences tokenize sensibly."""
+    rng = np.random.default_rng([seed, 99])
+    corpus = [describe(sample_scene(rng)) for _ in range(n_descriptions)]
+    for kind, (singular, plural, entity) in THINGS.items():
+        corpus += [template.format(thing=singular) for template in JOKE_TEMPLATES]
+        for setting in SETTINGS.values():
+            corpus += [t.format(thing=singular, setting=setting) for t in UNCANNY_TEMPLATES + QUESTION_TEMPLATES]
+        corpus += [f"Two {plural} and three {plural}.", f"https://en.wikipedia.org/wiki/{entity}"]
+    corpus += ["scene: description: uncanny: entities: choices A: B: C: D: E:"]
+    corpus += list(GENERIC_ENGLISH)
+    return corpus
+
+
+def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
+    """Train a byte-level BPE on `corpus` and save it as a fast RoBERTa tokenizer in `out_dir`."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(corpus), vocab_size=TOKENIZER_TARGET_VOCAB, min_frequency=2,
+                            special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, merges_file = bpe.save_model(tmp)
+        tokenizer = RobertaTokenizerFast(vocab_file=vocab_file, merges_file=merges_file,
+                                         model_max_length=TOKENIZER_MAX_LENGTH)
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294):
+    """A valid BridgeTowerConfig: BridgeTower Large's shape, or a tiny one for CPU tests.
+
+    BridgeTower needs equal text, vision and cross-modal hidden sizes, vision heads = hidden // 64,
+    and as many text as vision layers (the top `num_hidden_layers` of each feed the cross-modal ones).
+    """
+    from transformers import BridgeTowerConfig
+
+    if large:
+        hidden, heads, cross_layers, uni_layers, intermediate, contrastive = 1024, 16, 6, 24, 4096, 512
+    else:
+        hidden, heads, cross_layers, uni_layers, intermediate, contrastive = 64, 2, 2, 2, 128, 32
+    patch_size = 14
+    if image_size < patch_size:
+        raise ValueError(f"image_size must be at least the patch size {patch_size}, got {image_size}")
+    return BridgeTowerConfig(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_hidden_layers=cross_layers,
+        contrastive_hidden_size=contrastive,
+        logit_scale_init_value=2.6592,
+        link_tower_type="add",
+        share_cross_modal_transformer_layers=True,
+        share_link_tower_layers=False,
+        init_layernorm_from_vision_encoder=False,
+        tie_word_embeddings=False,
+        text_config={
+            "vocab_size": vocab_size,
+            "hidden_size": hidden,
+            "num_hidden_layers": uni_layers,
+            "num_attention_heads": heads,
+            "intermediate_size": intermediate,
+            "max_position_embeddings": 514,
+            "type_vocab_size": 1,
+            "pad_token_id": 1,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+        },
+        vision_config={
+            "hidden_size": hidden,
+            "num_hidden_layers": uni_layers,
+            "patch_size": patch_size,
+            "image_size": image_size,
+            "share_layernorm": False,
+            "remove_last_layer": False,
+        },
+    )
+
+
+def parameter_count(config) -> int:
+    """Parameters of BridgeTowerForContrastiveLearning for `config`, counted without allocating them."""
+    import torch
+    from transformers import BridgeTowerForContrastiveLearning
+
+    with torch.device("meta"):
+        model = BridgeTowerForContrastiveLearning(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _save_image_processor(out_dir: Path, image_size: int) -> None:
+    from transformers import BridgeTowerImageProcessor
+
+    BridgeTowerImageProcessor(
+        size={"shortest_edge": image_size},
+        do_center_crop=True,
+        crop_size={"height": image_size, "width": image_size},
+        image_mean=list(CLIP_MEAN),
+        image_std=list(CLIP_STD),
+    ).save_pretrained(str(out_dir))
+
+
+def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: bool = False,
+                    corpus: Iterable[str] | None = None) -> Path:
+    """Write a random-weight BridgeTowerForContrastiveLearning directory, loadable offline.
+
+    Tiny by default (hidden 64, 2+2 uni-modal layers, 2 cross-modal layers); `large=True` gives
+    BridgeTower Large's shape (~866 M parameters, vocabulary 50265). The tokenizer is a byte-level
+    BPE trained on `corpus` (default: `default_tokenizer_corpus(seed)`); the tiny model's text
+    vocabulary is exactly the tokenizer's. Same seed, same files.
+    """
+    import torch
+    from transformers import BridgeTowerForContrastiveLearning
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_tokenizer(default_tokenizer_corpus(seed) if corpus is None else corpus, out)
+    config = bridgetower_config(large=large, vocab_size=50265 if large else len(tokenizer), image_size=image_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = BridgeTowerForContrastiveLearning(config)
+    model.save_pretrained(str(out), safe_serialization=True)
+    _save_image_processor(out, image_size)
+    return out
+
+
+def make_gaudi_config(out_dir) -> Path:
+    """Write ``gaudi_config.json`` equal to Habana/clip's, for ``GaudiConfig.from_pretrained(out_dir)``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gaudi_config.json").write_text(json.dumps(HABANA_CLIP_GAUDI_CONFIG, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Building fixtures once, atomically
+# ---------------------------------------------------------------------------------------------
+
+def default_fixtures_root() -> Path:
+    """$BRIDGETOWER_BENCH_FIXTURES, else `<repo>/.cache/fixtures` (git-ignored)."""
+    configured = os.environ.get(FIXTURES_ENV)
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[1] / ".cache" / "fixtures"
+
+
+def is_complete(fixture_dir, params: dict) -> bool:
+    """True when `fixture_dir` was fully built with exactly `params` (its marker file says so)."""
+    marker = Path(fixture_dir) / MARKER_FILE
+    try:
+        return json.loads(marker.read_text(encoding="utf-8")) == params
+    except (OSError, ValueError):
+        return False
+
+
+def build_atomically(final_dir, params: dict, build: Callable[[Path], object]) -> Path:
+    """Run `build(tmp_dir)` in a fresh sibling directory, mark it complete, then rename it to
+    `final_dir`, replacing whatever was there. A killed build leaves only a `.partial-*` sibling,
+    which is never taken for a complete fixture (and is removed later by `_remove_dead_partials`)."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{final_dir.name}-{os.getpid()}-", dir=final_dir.parent))
+    try:
+        build(tmp)
+        (tmp / MARKER_FILE).write_text(json.dumps(params), encoding="utf-8")
+        if final_dir.exists():
+            _discard(final_dir)
+        try:
+            os.replace(tmp, final_dir)
+        except OSError:
+            if not is_complete(final_dir, params):  # not a concurrent build of the same thing
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_dir
+
+
+def _discard(path: Path) -> None:
+    """Move `path` out of the way first, so nobody sees it half deleted, then delete it."""
+    doomed = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{path.name}-{os.getpid()}-", dir=path.parent))
+    os.replace(path, doomed / path.name)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _remove_dead_partials(root: Path, min_age_s: float = 600.0) -> None:
+    """Delete `.partial-*` directories left by builds whose process is gone (and that are old)."""
+    for leftover in root.glob(f"{PARTIAL_PREFIX}*"):
+        try:
+            pid = int(leftover.name[len(PARTIAL_PREFIX):].rsplit("-", 2)[-2])
+            old = time.time() - leftover.stat().st_mtime > min_age_s
+        except (ValueError, IndexError, OSError):
+            continue
+        if old and not _process_alive(pid):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+DEFAULT_MODEL_PARAMS = {"kind": "model", "seed": 0, "image_size": 294, "large": False}
+DEFAULT_DATASET_PARAMS = {"kind": "dataset", "train_rows": 192, "validation_rows": 48, "test_rows": 48,
+                          "rows_per_cartoon": 4, "seed": 0}
+GAUDI_CONFIG_PARAMS = {"kind": "gaudi_config", **HABANA_CLIP_GAUDI_CONFIG}
+
+
+def _builders() -> dict[str, tuple[str, dict, Callable[[Path], object]]]:
+    """name -> (directory name, build parameters, builder) for the default fixtures."""
+    model_kwargs = {k: v for k, v in DEFAULT_MODEL_PARAMS.items() if k != "kind"}
+    dataset_kwargs = {k: v for k, v in DEFAULT_DATASET_PARAMS.items() if k != "kind"}
+    return {
+        "model": (MODEL_DIR_NAME, DEFAULT_MODEL_PARAMS, lambda d: make_tiny_model(d, **model_kwargs)),
+        "dataset": (DATASET_DIR_NAME, DEFAULT_DATASET_PARAMS, lambda d: make_synthetic_dataset(d, **dataset_kwargs)),
+        "gaudi_config": (GAUDI_CONFIG_DIR_NAME, GAUDI_CONFIG_PARAMS, make_gaudi_config),
+    }
+
+
+def ensure_default_fixtures(root=None) -> dict[str, Path]:
+    """Build the default tiny model, synthetic data set and Gaudi config under `root` unless they
+    are already there complete; return {"model", "dataset", "gaudi_config"} -> directory."""
+    root = Path(root) if root is not None else default_fixtures_root()
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_dead_partials(root)
+    paths = {}
+    for name, (dir_name, params, build) in _builders().items():
+        final_dir = root / dir_name
+        if not is_complete(final_dir, params):
+            build_atomically(final_dir, params, build)
+        paths[name] = final_dir
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bridgetower_bench.fixtures",
+        description="Write offline fixtures: random-weight BridgeTower model, synthetic New Yorker "
+                    "`matching` data set, Habana/clip Gaudi config.")
+    parser.add_argument("what", nargs="?", default="all", choices=("model", "dataset", "gaudi-config", "all"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output root (default: ${FIXTURES_ENV} or <repo>/.cache/fixtures)")
+    parser.add_argument("--large", action="store_true", help="BridgeTower Large shape (~866 M parameters)")
+    parser.add_argument("--image-size", type=int, default=294)
+    parser.add_argument("--train-rows", type=int, default=192)
+    parser.add_argument("--validation-rows", type=int, default=48)
+    parser.add_argument("--test-rows", type=int, default=48)
+    parser.add_argument("--rows-per-cartoon", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for flag in ("image_size", "train_rows", "validation_rows", "test_rows", "rows_per_cartoon"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = _parse_args(argv)
+    root = args.out if args.out is not None else default_fixtures_root()
+    if args.what in ("model", "all"):
+        params = {"kind": "model", "seed": args.seed, "image_size": args.image_size, "large": args.large}
+        started = time.perf_counter()
+        model_dir = build_atomically(
+            root / (LARGE_MODEL_DIR_NAME if args.large else MODEL_DIR_NAME), params,
+            lambda d: make_tiny_model(d, seed=args.seed, image_size=args.image_size, large=args.large))
+        config = json.loads((model_dir / "config.json").read_text())
+        from transformers import BridgeTowerConfig
+
+        n_params = parameter_count(BridgeTowerConfig.from_dict(config))
+        size_mb = sum(f.stat().st_size for f in model_dir.iterdir()) / 2**20
+        print(f"model:        {model_dir}  ({n_params:,} parameters = {n_params / 1e6:.1f} M, "
+              f"text vocabulary {config['text_config']['vocab_size']}, image_size {args.image_size}, "
+              f"{size_mb:.1f} MiB, {time.perf_counter() - started:.1f} s)")
+    if args.what in ("dataset", "all"):
+        params = {"kind": "dataset", "train_rows": args.train_rows, "validation_rows": args.validation_rows,
+                  "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed}
+        started = time.perf_counter()
+        kwargs = {k: v for k, v in params.items() if k != "kind"}
+        dataset_dir = build_atomically(root / DATASET_DIR_NAME, params,
+                                       lambda d: make_synthetic_dataset(d, **kwargs))
+        spread = image_spread(dataset_dir)
+        kb_min, kb_median, kb_max = spread["jpeg_kb"]
+        print(f"dataset:      {dataset_dir}  (train/validation/test rows {args.train_rows}/"
+              f"{args.validation_rows}/{args.test_rows}, {spread['images']} cartoons, "
+              f"{time.perf_counter() - started:.1f} s)")
+        print(f"  images:     width {spread['width'][0]}-{spread['width'][1]} px, height {spread['height'][0]}-"
+              f"{spread['height'][1]} px, {spread['portrait']} portrait; JPEG {kb_min:.0f}/{kb_median:.0f}/"
+              f"{kb_max:.0f} KB (min/median/max)")
+    if args.what in ("gaudi-config", "all"):
+        gaudi_dir = build_atomically(root / GAUDI_CONFIG_DIR_NAME, GAUDI_CONFIG_PARAMS, make_gaudi_config)
+        print(f"gaudi config: {gaudi_dir}  {json.dumps(HABANA_CLIP_GAUDI_CONFIG)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The CUDA/CPU script's answer to flags that only mean something on Habana Gaudi.
+
+Users paste the published Gaudi command line onto GPU machines. Instead of argparse's generic
+"unrecognized arguments" (or, worse, a silently ignored `--mediapipe_dataloader`), they get one
+error naming every Gaudi-only flag they passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+GAUDI_ONLY_FLAGS = (
+    "use_habana",
+    "use_lazy_mode",
+    "use_hpu_graphs",
+    "use_hpu_graphs_for_inference",
+    "use_hpu_graphs_for_training",
+    "gaudi_config_name",
+    "distribution_strategy",
+    "sdp_on_bf16",
+    "mediapipe_dataloader",
+)
+
+
+def gaudi_only_flags_in(argv: list[str]) -> list[str]:
+    """The Gaudi-only flags in a command line (or in its single .json configuration file)."""
+    if len(argv) == 2 and argv[1].endswith(".json") and os.path.isfile(argv[1]):
+        with open(argv[1]) as f:
+            names = list(json.load(f))
+    else:
+        names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
+    names = [n.replace("-", "_") for n in names]
+    return sorted({f"--{n}" for n in names if n in GAUDI_ONLY_FLAGS})
+
+
+def refuse_gaudi_only_flags(argv: list[str]) -> None:
+    flags = gaudi_only_flags_in(argv)
+    if flags:
+        raise SystemExit(
+            f"error: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} Gaudi-only "
+            "(Habana HPU) and not supported by run_bridgetower_cuda.py; remove "
+            f"{'it' if len(flags) == 1 else 'them'}, or run run_bridgetower.py on a Gaudi machine."
+        )

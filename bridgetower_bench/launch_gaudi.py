@@ -1,0 +1,50 @@
+"""Launch run_bridgetower.py on several HPUs of one Gaudi node (the published runs use 8, with MPI).
+
+    python -m bridgetower_bench.launch_gaudi --world_size 8 --use_mpi \\
+        run_bridgetower.py --output_dir /tmp/bridgetower-test --model_name_or_path ... (script flags)
+
+Built on optimum-habana's DistributedRunner, which writes the mpirun (or torch.distributed)
+command line for the node's sockets and cores. `--dry_run` prints that command and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world_size", type=int, default=1, help="Number of HPUs on this node (1 to 8).")
+    parser.add_argument("--use_mpi", action="store_true", help="Start one process per HPU with mpirun (as the published runs).")
+    parser.add_argument("--master_port", type=int, default=29500, help="Port of the rank-0 process.")
+    parser.add_argument("--dry_run", action="store_true", help="Print the command that would run, and exit.")
+    parser.add_argument("training_script", help="The script to run, e.g. run_bridgetower.py.")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="The script's own flags.")
+    args = parser.parse_args(argv)
+    if not 1 <= args.world_size <= 8:
+        parser.error(f"--world_size={args.world_size}: a Gaudi node has 1 to 8 HPUs")
+    if not os.path.isfile(args.training_script):
+        parser.error(f"training_script {args.training_script}: no such file")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from optimum.habana.distributed import DistributedRunner  # imported late: it needs Habana's software
+
+    command = " ".join(shlex.quote(a) for a in [args.training_script, *args.training_script_args])
+    runner = DistributedRunner(
+        command_list=[command], world_size=args.world_size, use_mpi=args.use_mpi, master_port=args.master_port
+    )
+    if args.dry_run:
+        for line in runner._commands:
+            print(runner._interpreter + line)
+        return 0
+    return runner.run() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

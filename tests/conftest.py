@@ -1,0 +1,55 @@
+"""Shared test set-up: offline Hugging Face libraries, the embedded fixtures, and running the two scripts."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "tests" / "habana_shim"
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def script_env(gaudi: bool) -> dict:
+    """Environment for a script subprocess: offline, the repo importable, and the Habana shim for the Gaudi script."""
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    env["HF_DATASETS_CACHE"] = env.get("BRIDGETOWER_TEST_DATASETS_CACHE", str(REPO / ".cache" / "hf_datasets"))
+    paths = [str(REPO)] + ([str(SHIM)] if gaudi else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    if gaudi:
+        env["PATH"] = str(SHIM / "bin") + os.pathsep + env.get("PATH", "")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+SCRIPTS = {"gaudi": "run_bridgetower.py", "cuda": "run_bridgetower_cuda.py"}
+# Flags each script needs to run on CPU. The Gaudi script runs optimum-habana's GaudiTrainer without an HPU.
+CPU_FLAGS = {"gaudi": ["--use_cpu", "--use_lazy_mode", "False"], "cuda": ["--use_cpu"]}
+
+
+def run_script(kind: str, args: list, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
+    result = subprocess.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+def read_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def fixtures():
+    """The embedded default fixtures (tiny model, synthetic New Yorker-shaped data, Gaudi config), built once."""
+    from bridgetower_bench.fixtures import ensure_default_fixtures
+
+    return ensure_default_fixtures()

@@ -1,0 +1,6 @@
+"""Test-only stand-in for habana_frameworks.torch.hpu: see tests/habana_shim/README.md."""
+
+
+def memory_stats(device=None):
+    """GaudiTrainer.log reads these three keys; there is no HPU memory on a CPU run."""
+    return {"InUse": 0, "MaxInUse": 0, "Limit": 0}

@@ -1,0 +1,135 @@
+"""Data loading: csv / json / jsonl files with image paths, splits, and the errors users get for bad input."""
+
+import csv
+import json
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+
+from bridgetower_bench import data
+from conftest import CPU_FLAGS, read_json, run_script
+
+
+def write_images(directory):
+    """One image per awkward case: every PIL mode we know of, PNG and JPEG, tiny, and extreme aspect ratios."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
+    palette_with_alpha = rgb.convert("P")
+    palette_with_alpha.info["transparency"] = 0
+    cases = {
+        "mode_1.png": rgb.convert("1"),
+        "mode_L.jpg": rgb.convert("L"),
+        "mode_LA.png": rgb.convert("LA"),
+        "mode_P.png": rgb.convert("P"),
+        "mode_P_transparent.png": palette_with_alpha,
+        "mode_RGBA.png": rgb.convert("RGBA"),
+        "mode_CMYK.jpg": rgb.convert("CMYK"),
+        "mode_I16.png": Image.fromarray((rng.integers(0, 65535, (90, 70))).astype(np.uint16)),
+        "mode_RGB.jpg": rgb,
+        "tiny_12x9.png": rgb.resize((12, 9)),
+        "wide_2000x20.jpg": rgb.resize((2000, 20)),
+        "tall_20x900.png": rgb.resize((20, 900)),
+    }
+    for name, image in cases.items():
+        image.save(directory / name)
+    return sorted(cases)
+
+
+def write_rows(path, names, fmt):
+    rows = [{"image_path": f"images/{n}", "caption": f"picture number {i} called {n}"} for i, n in enumerate(names)]
+    if fmt == "csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["image_path", "caption"])
+            writer.writeheader()
+            writer.writerows(rows)
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        path.write_text(json.dumps(rows))
+
+
+@pytest.mark.parametrize("kind,fmt,pipeline", [("cuda", "csv", "upstream"), ("gaudi", "jsonl", "fast"), ("cuda", "json", "fast-draft")])
+def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fixtures, tmp_path):
+    names = write_images(tmp_path / "images")
+    write_rows(tmp_path / f"train.{fmt}", names, fmt)
+    write_rows(tmp_path / f"validation.{fmt}", names[:4], fmt)
+    out = tmp_path / "out"
+    run_script(kind, [
+        "--model_name_or_path", fixtures["model"], "--train_file", tmp_path / f"train.{fmt}",
+        "--validation_file", tmp_path / f"validation.{fmt}", "--output_dir", out, "--do_train", "--do_eval",
+        "--per_device_train_batch_size", 4, "--per_device_eval_batch_size", 4, "--num_train_epochs", 1,
+        "--image_pipeline", pipeline, "--report_to", "none", "--save_strategy", "no", *CPU_FLAGS[kind],
+    ])
+    train = read_json(out / "train_results.json")
+    assert np.isfinite(train["train_loss"]) and train["image_pipeline"] == pipeline
+    assert np.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+
+
+def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
+    result = run_script("cuda", [
+        "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching",
+        "--image_column", "picture", "--caption_column", "image_description", "--output_dir", tmp_path / "o",
+        "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"],
+    ], check=False)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: --image_column=picture is not a column")
+    assert "image, contest_number" in last and "image_description" in last
+
+
+def test_unknown_file_extension_names_the_flag(tmp_path):
+    with pytest.raises(ValueError, match=r"--train_file=.*captions\.txt: unsupported file extension '\.txt'"):
+        data.check_data_arguments(None, str(tmp_path / "captions.txt"), None)
+    with pytest.raises(ValueError, match="Need either --dataset_name or --train_file"):
+        data.check_data_arguments(None, None, None)
+
+
+def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
+    common = dict(dataset_config_name=None, dataset_revision="main", data_dir=None, cache_dir=None, token=None)
+    with pytest.raises(ValueError, match=r"--train_file=.*nope\.csv: no such file"):
+        data.load_raw_datasets(dataset_name=None, train_file=str(tmp_path / "nope.csv"), validation_file=None, **common)
+    with pytest.raises(ValueError, match=r"--dataset_name=.*missing: no such directory"):
+        data.load_raw_datasets(dataset_name=str(tmp_path / "missing"), train_file=None, validation_file=None, **common)
+
+
+def test_resolve_column_lists_available_columns():
+    with pytest.raises(ValueError, match="--caption_column=text is not a column of the data set; available columns: a, b"):
+        data.resolve_column(["a", "b"], "text", "--caption_column", 1)
+    assert data.resolve_column(["a", "b"], None, "--caption_column", 1) == "b"
+
+
+def _dataset(n):
+    return datasets.Dataset.from_dict({"image": [f"{i}.png" for i in range(n)], "caption": [str(i) for i in range(n)]})
+
+
+def test_existing_validation_split_is_kept_and_only_test_is_split_off():
+    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    splits = data.make_splits(raw, seed=3)
+    assert list(splits["validation"]["caption"]) == list(raw["validation"]["caption"])
+    assert len(splits["train"]) == 40 and len(splits["test"]) == 10
+    assert not set(splits["train"]["caption"]) & set(splits["test"]["caption"])
+    again = data.make_splits(raw, seed=3)
+    assert list(again["test"]["caption"]) == list(splits["test"]["caption"]), "the split must follow the run's seed"
+
+
+def test_train_only_is_split_60_20_20_and_complete_sets_are_untouched():
+    splits = data.make_splits(datasets.DatasetDict({"train": _dataset(100)}), seed=0)
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [60, 20, 20]
+    assert sorted(sum((list(splits[s]["caption"]) for s in splits), [])) == sorted(str(i) for i in range(100))
+    full = datasets.DatasetDict({"train": _dataset(5), "validation": _dataset(3), "test": _dataset(2)})
+    assert {s: len(d) for s, d in data.make_splits(full, seed=0).items()} == {"train": 5, "validation": 3, "test": 2}
+
+
+def test_caption_column_holding_non_strings_is_refused_with_its_row():
+    tokenize = data.TokenizeCaptions(tokenizer=None, caption_column="caption", max_seq_length=8)
+    with pytest.raises(ValueError, match=r"--caption_column=caption: row 11 holds 42"):
+        tokenize({"caption": ["fine", 42]}, indices=[10, 11])
+
+
+def test_image_column_holding_neither_images_nor_paths_is_refused():
+    ds = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
+    with pytest.raises(ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"):
+        data.prepare_image_column(ds, "image", "train")

@@ -1,0 +1,291 @@
+"""The image pipelines: fidelity of `fast` to `upstream`, every PIL mode and shape, geometry, errors."""
+
+import io
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from bridgetower_bench.images import (  # noqa: E402
+    IMAGE_PIPELINES,
+    load_image,
+    make_image_transform,
+    normalize_on_device,
+    pipeline_outputs_uint8,
+    resize_geometry,
+    to_rgb,
+)
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+FIDELITY_BOUND = 0.5 / 255  # mean |fast - upstream| in 0..1 pixel units
+
+
+def encode(img: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def cartoon_jpeg(seed: int, width: int, height: int) -> bytes:
+    from bridgetower_bench.fixtures import draw_cartoon, jpeg_bytes
+
+    img, _ = draw_cartoon(np.random.default_rng(seed), width, height)
+    return jpeg_bytes(img)
+
+
+def mean_deviation_from_upstream(pipeline: str, value, image_size: int) -> float:
+    """Mean |pipeline - upstream| in 0..1 pixel units (upstream run with mean 0, std 1)."""
+    upstream = make_image_transform("upstream", image_size, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))(value)
+    candidate = make_image_transform(pipeline, image_size, CLIP_MEAN, CLIP_STD)(value).float() / 255
+    return (candidate - upstream).abs().mean().item()
+
+
+def real_photos() -> list[Path]:
+    """JPEG photographs shipped by installed packages (matplotlib always, scikit-learn if present)."""
+    import matplotlib
+
+    photos = [Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"]
+    try:
+        import sklearn
+
+        photos += [Path(sklearn.__file__).parent / "datasets" / "images" / name for name in ("china.jpg", "flower.jpg")]
+    except ImportError:
+        pass
+    return [photo for photo in photos if photo.is_file()]
+
+
+# ----------------------------------------------------------------------------------------
+# Fidelity of the fast pipelines
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(800, 650), (517, 701), (640, 480)])
+def test_fast_matches_upstream_on_line_art_cartoons(size):
+    jpeg = cartoon_jpeg(seed=sum(size), width=size[0], height=size[1])
+    assert mean_deviation_from_upstream("fast", jpeg, 294) <= FIDELITY_BOUND
+
+
+def test_fast_matches_upstream_on_real_photos():
+    photos = real_photos()
+    assert photos, "matplotlib's sample photo is missing"
+    for photo in photos:
+        assert mean_deviation_from_upstream("fast", str(photo), 294) <= FIDELITY_BOUND, photo.name
+
+
+def test_fast_draft_stays_close_to_upstream_on_large_jpegs():
+    jpeg = cartoon_jpeg(seed=3, width=900, height=700)  # shorter side >= 2 x 294: decoded at 1/2 scale
+    deviation = mean_deviation_from_upstream("fast-draft", jpeg, 294)
+    assert FIDELITY_BOUND / 10 < deviation <= 4 / 255  # really drafted, and still close
+
+
+def test_fast_draft_equals_fast_when_draft_cannot_help():
+    small_jpeg = cartoon_jpeg(seed=4, width=500, height=400)  # under 2x the target
+    png = encode(noise_image(700, 650), "PNG")  # not a JPEG
+    fast = make_image_transform("fast", 294, CLIP_MEAN, CLIP_STD)
+    draft = make_image_transform("fast-draft", 294, CLIP_MEAN, CLIP_STD)
+    for value in (small_jpeg, png):
+        assert torch.equal(fast(value), draft(value))
+
+
+def test_fast_matches_upstream_on_grey_and_cmyk_jpegs():
+    img = Image.open(io.BytesIO(cartoon_jpeg(seed=5, width=300, height=220)))
+    for mode in ("L", "CMYK"):
+        jpeg = encode(img.convert(mode), "JPEG", quality=92)
+        assert mean_deviation_from_upstream("fast", jpeg, 64) <= FIDELITY_BOUND, mode
+
+
+# ----------------------------------------------------------------------------------------
+# Geometry
+# ----------------------------------------------------------------------------------------
+
+ODD_SIZES = [(295, 294), (297, 294), (294, 297), (333, 297), (589, 293), (1001, 3), (7, 5), (31, 31), (100, 301)]
+
+
+@pytest.mark.parametrize("image_size", [294, 31])
+def test_resize_geometry_matches_torchvision_resize_and_center_crop(image_size):
+    resize = Resize([image_size], interpolation=InterpolationMode.BICUBIC, antialias=True)
+    for width, height in ODD_SIZES:
+        new_w, new_h, top, left = resize_geometry(width, height, image_size)
+        assert resize(torch.zeros(1, height, width)).shape[-2:] == (new_h, new_w), (width, height)
+        positions = torch.arange(new_h * new_w).reshape(1, new_h, new_w)
+        corner = CenterCrop(image_size)(positions)[0, 0, 0].item()
+        assert divmod(corner, new_w) == (top, left), (width, height)
+
+
+@pytest.mark.parametrize("size", [(61, 47), (76, 47), (47, 76), (65, 33), (34, 97)])
+def test_fast_keeps_exact_geometry_on_odd_sizes(size):
+    """Sharp 1-pixel stripes; crop offsets x.5 round half to even (61x47: 4.5 -> 4, 76x47: 9.5 -> 10).
+
+    Against upstream clamped to 0..1 (uint8 output cannot overshoot), exact geometry stays
+    near 1/255 on this worst-case pattern, while a one-pixel shift costs about 25/255.
+    """
+    width, height = size
+    pixels = np.full((height, width, 3), 255, dtype=np.uint8)
+    pixels[::3, :, :] = 0
+    pixels[:, ::4, 1] = 0
+    png = encode(Image.fromarray(pixels), "PNG")
+    upstream = make_image_transform("upstream", 31, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))(png).clamp(0, 1)
+    fast = make_image_transform("fast", 31, CLIP_MEAN, CLIP_STD)(png).float() / 255
+    assert (fast - upstream).abs().mean().item() <= 2 / 255
+
+
+# ----------------------------------------------------------------------------------------
+# Every mode, format and shape through every pipeline
+# ----------------------------------------------------------------------------------------
+
+
+def image_in_mode(mode: str) -> Image.Image:
+    base = noise_image(23, 17)
+    if mode == "P+transparency":
+        img = base.convert("P")
+        img.info["transparency"] = 3
+        return img
+    if mode in ("I", "I;16", "I;16B", "F"):
+        grey = np.asarray(base.convert("L"), dtype=np.float64)
+        scale = {"F": 1 / 255}.get(mode, 257.0)
+        dtype = {"I": "=i4", "I;16": "<u2", "I;16B": ">u2", "F": "=f4"}[mode]
+        return Image.frombytes(mode, base.size, (grey * scale).astype(dtype).tobytes())
+    if mode in ("La", "RGBa"):
+        return base.convert("RGBA").convert(mode) if mode == "RGBa" else base.convert("LA").convert(mode)
+    return base.convert(mode)
+
+
+ALL_MODES = ["1", "L", "LA", "La", "P", "P+transparency", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK",
+             "YCbCr", "HSV", "I", "I;16", "I;16B", "F"]
+
+
+@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
+def test_every_pil_mode_gives_three_channels(pipeline):
+    transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
+    for mode in ALL_MODES:
+        out = transform(image_in_mode(mode))
+        assert out.shape == (3, 16, 16), mode
+        assert out.dtype == (torch.uint8 if pipeline_outputs_uint8(pipeline) else torch.float32), mode
+
+
+@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
+def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path):
+    transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
+    encoded = {f"png-{m}": encode(image_in_mode(m), "PNG") for m in ("1", "L", "LA", "P", "P+transparency", "RGBA", "I;16")}
+    encoded.update({f"jpeg-{m}": encode(image_in_mode(m), "JPEG") for m in ("L", "RGB", "CMYK")})
+    encoded["jpeg-progressive"] = encode(noise_image(40, 30), "JPEG", progressive=True)
+    for name, data in encoded.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        for value in (data, str(path), path, {"bytes": data, "path": None}, {"bytes": None, "path": str(path)}):
+            assert transform(value).shape == (3, 16, 16), (name, type(value))
+
+
+@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
+@pytest.mark.parametrize("size", [(10, 7), (2000, 20), (5, 900), (32, 32)])
+def test_small_and_extreme_shapes(pipeline, size):
+    data = encode(noise_image(*size), "JPEG")
+    out = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)(data)
+    assert out.shape == (3, 32, 32)
+
+
+def test_upstream_is_torchvision_float_math():
+    img = noise_image(50, 40)
+    expected = torch.nn.Sequential(
+        Resize([24], interpolation=InterpolationMode.BICUBIC, antialias=True), CenterCrop(24), Normalize(CLIP_MEAN, CLIP_STD)
+    )(torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float() / 255)
+    assert torch.equal(make_image_transform("upstream", 24, CLIP_MEAN, CLIP_STD)(img), expected)
+
+
+# ----------------------------------------------------------------------------------------
+# to_rgb and load_image
+# ----------------------------------------------------------------------------------------
+
+
+def test_alpha_is_composited_on_white():
+    rgba = Image.new("RGBA", (2, 1), (10, 20, 30, 255))
+    rgba.putpixel((1, 0), (10, 20, 30, 0))
+    assert to_rgb(rgba).getpixel((0, 0)) == (10, 20, 30)
+    assert to_rgb(rgba).getpixel((1, 0)) == (255, 255, 255)
+    palette = Image.new("P", (2, 1), 0)
+    palette.putpixel((1, 0), 1)
+    palette.info["transparency"] = 1
+    assert to_rgb(palette).getpixel((1, 0)) == (255, 255, 255)
+
+
+def test_high_bit_modes_are_scaled_not_clipped():
+    sixteen = Image.frombytes("I;16", (3, 1), np.array([0, 257 * 100, 65535], dtype="<u2").tobytes())
+    assert [to_rgb(sixteen).getpixel((x, 0)) for x in range(3)] == [(0, 0, 0), (100, 100, 100), (255, 255, 255)]
+    floats = Image.frombytes("F", (3, 1), np.array([0.0, 0.5, 1.0], dtype="=f4").tobytes())
+    assert [to_rgb(floats).getpixel((x, 0))[0] for x in range(3)] == [0, 128, 255]
+
+
+def test_load_image_prefers_embedded_bytes_over_path():
+    data = encode(noise_image(8, 6), "PNG")
+    img = load_image({"bytes": data, "path": "/nonexistent/original.png"})
+    assert img.mode == "RGB" and img.size == (8, 6)
+
+
+def test_load_errors_name_the_source(tmp_path):
+    missing = tmp_path / "missing.jpg"
+    with pytest.raises(ValueError, match="missing.jpg"):
+        load_image(str(missing))
+    with pytest.raises(ValueError, match="missing.jpg"):
+        load_image({"bytes": None, "path": str(missing)})
+    with pytest.raises(ValueError, match="embedded bytes"):
+        load_image(b"definitely not an image")
+    with pytest.raises(ValueError, match="neither embedded bytes nor a path"):
+        load_image({"bytes": None, "path": None})
+    with pytest.raises(ValueError, match="unsupported image value"):
+        load_image(42)
+
+
+@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
+def test_corrupt_jpeg_raises_value_error(pipeline, tmp_path):
+    truncated = cartoon_jpeg(seed=1, width=200, height=150)[:300]
+    path = tmp_path / "broken.jpg"
+    path.write_bytes(truncated)
+    transform = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        transform(str(path))
+    with pytest.raises(ValueError, match="embedded bytes"):
+        transform({"bytes": truncated, "path": None})
+
+
+# ----------------------------------------------------------------------------------------
+# Pipeline names, device normalisation, pickling
+# ----------------------------------------------------------------------------------------
+
+
+def test_pipeline_names():
+    assert IMAGE_PIPELINES == ("upstream", "fast", "fast-draft")
+    assert [pipeline_outputs_uint8(p) for p in IMAGE_PIPELINES] == [False, True, True]
+    with pytest.raises(ValueError, match="--image_pipeline"):
+        make_image_transform("turbo", 32, CLIP_MEAN, CLIP_STD)
+    with pytest.raises(ValueError, match="--image_pipeline"):
+        pipeline_outputs_uint8("turbo")
+
+
+def test_normalize_on_device_matches_torchvision_normalize():
+    batch = torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8)
+    expected = Normalize(CLIP_MEAN, CLIP_STD)(batch.float() / 255)
+    assert torch.allclose(normalize_on_device(batch, CLIP_MEAN, CLIP_STD), expected, atol=1e-6)
+    assert torch.allclose(normalize_on_device(batch[0], CLIP_MEAN, CLIP_STD), expected[0], atol=1e-6)
+    as_bf16 = normalize_on_device(batch, CLIP_MEAN, CLIP_STD, dtype=torch.bfloat16)
+    assert as_bf16.dtype == torch.bfloat16 and torch.allclose(as_bf16.float(), expected, atol=2e-2)
+
+
+@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
+def test_transforms_survive_pickling(pipeline):
+    data = encode(noise_image(40, 30), "JPEG")
+    transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
+    assert torch.equal(pickle.loads(pickle.dumps(transform))(data), transform(data))

@@ -1,0 +1,359 @@
+"""Retrieval quality metrics: exact recalls on hand-built embeddings, grouping, chunking, glue."""
+
+import io
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bridgetower_bench.retrieval import (
+    EVAL_IGNORE_KEYS,
+    METRIC_DIR,
+    image_group_ids,
+    load_retrieval_metric,
+    make_compute_metrics,
+    retrieval_metrics,
+    summarise_quality,
+)
+
+# Four images along the axes of R^4; five unit-length captions whose coordinates are their
+# cosine similarities to the four images. Captions 0 and 1 both describe image 0.
+HAND_IMAGES = np.eye(4, dtype=np.float32)[[0, 0, 1, 2, 3]]
+HAND_TEXTS = np.array(
+    [
+        [1.00, 0.00, 0.00, 0.00],  # image 0, exact            -> image 0 ranks 1st
+        [0.28, 0.96, 0.00, 0.00],  # image 0, looks like img 1 -> image 0 ranks 2nd
+        [0.60, 0.80, 0.00, 0.00],  # image 1                   -> ranks 1st
+        [0.80, 0.00, 0.60, 0.00],  # image 2, img 0 ahead      -> ranks 2nd
+        [0.64, 0.60, 0.00, 0.48],  # image 3, img 0, 1 ahead   -> ranks 3rd
+    ],
+    dtype=np.float32,
+)
+HAND_GROUPS = [0, 0, 1, 2, 3]
+# Image -> text, reading the columns: image 0's best caption (#0) is 1st; image 1's caption
+# (#2, 0.8) is behind caption #1 (0.96); images 2 and 3 find theirs first. Ranks 1, 2, 1, 1.
+# Text -> image ranks: 1, 2, 1, 2, 3.
+
+
+def test_hand_built_embeddings_give_known_recalls_and_ranks():
+    metrics = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+
+    assert metrics == pytest.approx(
+        {
+            "i2t_recall@1": 0.75,
+            "i2t_recall@2": 1.0,
+            "i2t_recall@3": 1.0,
+            "t2i_recall@1": 0.4,
+            "t2i_recall@2": 0.8,
+            "t2i_recall@3": 1.0,
+            "i2t_mean_rank": 1.25,
+            "t2i_mean_rank": 1.8,
+            "num_images": 4,
+            "num_captions": 5,
+        }
+    )
+
+
+def test_default_ks_and_plain_python_values():
+    metrics = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS)
+
+    assert list(metrics) == [
+        "i2t_recall@1", "i2t_recall@5", "i2t_recall@10",
+        "t2i_recall@1", "t2i_recall@5", "t2i_recall@10",
+        "i2t_mean_rank", "t2i_mean_rank", "num_images", "num_captions",
+    ]
+    assert metrics["t2i_recall@1"] == pytest.approx(0.4)
+    assert metrics["t2i_recall@5"] == 1.0  # only four images to rank
+    assert all(type(value) in (float, int) for value in metrics.values())
+
+
+def test_cosine_similarity_ignores_vector_length_and_accepts_torch():
+    rng = np.random.default_rng(0)
+    scaled_images = HAND_IMAGES * rng.uniform(0.1, 10, size=(5, 1)).astype(np.float32)
+    scaled_texts = HAND_TEXTS * rng.uniform(0.1, 10, size=(5, 1)).astype(np.float32)
+
+    from_torch = retrieval_metrics(
+        torch.from_numpy(scaled_images).to(torch.bfloat16), torch.from_numpy(scaled_texts),
+        torch.tensor(HAND_GROUPS), ks=(1, 2, 3),
+    )
+
+    assert from_torch == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3)))
+
+
+def test_rows_of_the_same_image_count_as_one_image():
+    # Image A has three captions that all match it exactly, image B one.
+    images = np.array([[1, 0], [1, 0], [1, 0], [0, 1]], dtype=np.float32)
+    texts = images.copy()
+
+    metrics = retrieval_metrics(images, texts, ["A", "A", "A", "B"])
+
+    assert metrics["num_images"] == 2 and metrics["num_captions"] == 4
+    # Copies of image A are not competitors of A: every caption finds its image first.
+    assert metrics["t2i_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
+    # Image A's other captions are correct answers too, not wrong captions ranked ahead.
+    assert metrics["i2t_recall@1"] == 1.0 and metrics["i2t_mean_rank"] == 1.0
+
+
+def test_group_ids_are_labels_not_positions():
+    relabelled = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, [70, 70, -3, 12, 5], ks=(1, 2, 3))
+
+    assert relabelled == retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+
+
+def test_ties_count_against_the_model():
+    # A collapsed model: every embedding equal. It must score the worst ranks, not recall 1.
+    same = np.ones((4, 8), dtype=np.float32)
+
+    metrics = retrieval_metrics(same, same, [0, 0, 1, 2], ks=(1,))
+
+    assert metrics["t2i_recall@1"] == 0.0 and metrics["t2i_mean_rank"] == 3.0
+    # Image 0 has 2 wrong captions ahead (rank 3); images 1 and 2 have 3 (rank 4).
+    assert metrics["i2t_recall@1"] == 0.0
+    assert metrics["i2t_mean_rank"] == pytest.approx((3 + 4 + 4) / 3)
+
+
+def _brute_force_ranks(images, texts, groups):
+    """Reference: full similarity matrix, one image row per group, explicit loops."""
+    unique = sorted(set(groups))
+    first_row = {g: groups.index(g) for g in unique}
+    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+    group_images = unit(np.stack([images[first_row[g]] for g in unique]))
+    sims = unit(texts) @ group_images.T  # captions x unique images
+    t2i = []
+    for j, g in enumerate(groups):
+        correct = sims[j, unique.index(g)]
+        t2i.append(1 + sum(sims[j, m] >= correct for m, other in enumerate(unique) if other != g))
+    i2t = []
+    for m, g in enumerate(unique):
+        best = max(sims[j, m] for j in range(len(groups)) if groups[j] == g)
+        i2t.append(1 + sum(sims[j, m] >= best for j in range(len(groups)) if groups[j] != g))
+    return np.array(i2t), np.array(t2i)
+
+
+def test_chunked_equals_unchunked_and_matches_brute_force():
+    rng = np.random.default_rng(1)
+    groups = rng.integers(0, 40, size=97).tolist()
+    distinct_images = rng.normal(size=(40, 16)).astype(np.float32)
+    images = distinct_images[groups]
+    texts = (images + rng.normal(scale=1.5, size=images.shape)).astype(np.float32)
+
+    whole = retrieval_metrics(images, texts, groups, chunk_size=10_000)
+    for chunk_size in (1, 7, 32):
+        assert retrieval_metrics(images, texts, groups, chunk_size=chunk_size) == whole
+
+    i2t, t2i = _brute_force_ranks(images, texts, groups)
+    assert whole["num_images"] == len(set(groups))
+    assert whole["i2t_mean_rank"] == pytest.approx(i2t.mean())
+    assert whole["t2i_mean_rank"] == pytest.approx(t2i.mean())
+    for k in (1, 5, 10):
+        assert whole[f"i2t_recall@{k}"] == pytest.approx(np.mean(i2t <= k))
+        assert whole[f"t2i_recall@{k}"] == pytest.approx(np.mean(t2i <= k))
+    assert 0 < whole["t2i_recall@1"] < whole["t2i_recall@10"] < 1  # the data is not trivial
+
+
+@pytest.mark.parametrize(
+    "images, texts, groups, message",
+    [
+        (np.ones((3, 4)), np.ones((2, 4)), [0, 1, 2], "3 rows but text_embeds has 2"),
+        (np.ones((3, 4)), np.ones((3, 5)), [0, 1, 2], "differ in size"),
+        (np.ones((3, 4)), np.ones((3, 4)), [0, 1], "one id per row"),
+        (np.ones(4), np.ones(4), [0], "must be 2-D"),
+        (np.zeros((0, 4)), np.zeros((0, 4)), [], "at least one"),
+        (np.ones((2, 4)), np.array([[1, 1, 1, 1], [1, np.nan, 1, 1]]), [0, 1], "text_embeds has a NaN .* row 1"),
+    ],
+)
+def test_bad_inputs_are_rejected_with_a_reason(images, texts, groups, message):
+    with pytest.raises(ValueError, match=message):
+        retrieval_metrics(images, texts, groups)
+
+
+def test_bad_ks_and_chunk_size_are_rejected():
+    with pytest.raises(ValueError, match="ks must be positive"):
+        retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 0))
+    with pytest.raises(ValueError, match="chunk_size"):
+        retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, chunk_size=0)
+
+
+# ---------------------------------------------------------------------------- image_group_ids
+
+
+def _png_bytes(color):
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
+    red, blue, green = _png_bytes("red"), _png_bytes("blue"), _png_bytes("green")
+    values = [
+        {"bytes": blue, "path": "a.png"},
+        {"bytes": red, "path": "b.png"},
+        {"bytes": blue, "path": "c.png"},  # same bytes, other name: same image
+        {"bytes": None, "path": "/data/x.jpg"},
+        "/data/x.jpg",
+        green,
+        {"bytes": green, "path": None},
+        {"bytes": red, "path": "b.png"},
+    ]
+
+    ids = image_group_ids(values)
+
+    assert ids.dtype.kind == "i"
+    assert ids.tolist() == [0, 1, 0, 2, 2, 3, 3, 1]
+
+
+def test_image_group_ids_compare_pil_images_by_pixels():
+    values = [Image.new("RGB", (3, 3), "red"), Image.new("RGB", (3, 3), "red"),
+              Image.new("RGB", (3, 3), "blue"), Image.new("L", (3, 3), 76)]
+
+    assert image_group_ids(values).tolist() == [0, 0, 1, 2]
+
+
+def test_image_group_ids_of_an_undecoded_datasets_column():
+    import datasets
+
+    split = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _png_bytes(c), "path": None} for c in ("red", "red", "blue")]},
+        features=datasets.Features({"image": datasets.Image()}),
+    )
+    column = split.cast_column("image", datasets.Image(decode=False))["image"]
+
+    assert image_group_ids(column).tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ([b"x", {"bytes": None, "path": None}], "row 1 is a dict with neither bytes nor a path"),
+        ([b"x", b"y", 3.5], "row 2 has unsupported type float"),
+        ([None], "row 0 has unsupported type NoneType"),
+    ],
+)
+def test_image_group_ids_reject_unusable_values(values, message):
+    with pytest.raises(ValueError, match=message):
+        image_group_ids(values)
+
+
+# ------------------------------------------------------------------------ trainer and evaluate
+
+
+class _EvalPrediction:
+    def __init__(self, predictions):
+        self.predictions = predictions
+        self.label_ids = ()
+
+
+def test_compute_metrics_reads_text_then_image_embeddings_and_trims_padding():
+    compute_metrics = make_compute_metrics(HAND_GROUPS, ks=(1, 2, 3))
+    padding = np.full((3, 4), 9.0, dtype=np.float32)  # rows a distributed sampler repeated
+    predictions = (np.concatenate([HAND_TEXTS, padding]), np.concatenate([HAND_IMAGES, padding]))
+
+    metrics = compute_metrics(_EvalPrediction(predictions))
+
+    assert metrics == retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+
+
+def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
+    compute_metrics = make_compute_metrics(HAND_GROUPS)
+
+    with pytest.raises(ValueError, match="has 4 rows but the eval split has 5"):
+        compute_metrics(_EvalPrediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
+    with pytest.raises(ValueError, match="ignore_keys"):
+        compute_metrics(_EvalPrediction(HAND_TEXTS))
+    with pytest.raises(ValueError, match="ignore_keys"):
+        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
+
+
+def _tiny_contrastive_model():
+    from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
+
+    config = BridgeTowerConfig(
+        text_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
+                         intermediate_size=64, vocab_size=50, max_position_embeddings=24),
+        vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=1, contrastive_hidden_size=16,
+        logit_scale_init_value=2.6592,
+    )
+    torch.manual_seed(0)
+    return BridgeTowerForContrastiveLearning(config).eval()
+
+
+def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = _tiny_contrastive_model()
+    groups = [0, 0, 1, 2, 2, 3, 4]
+    pictures = torch.randn(5, 3, 28, 28)
+    rows = [
+        {"pixel_values": pictures[g], "input_ids": torch.randint(3, 50, (8,)),
+         "attention_mask": torch.ones(8, dtype=torch.long)}
+        for g in groups
+    ]
+
+    def collate(batch):
+        stacked = {key: torch.stack([row[key] for row in batch]) for key in batch[0]}
+        return {**stacked, "return_loss": True}
+
+    seen = {}
+    compute_metrics = make_compute_metrics(groups)
+
+    def spying_compute_metrics(eval_pred):
+        seen["predictions"] = eval_pred.predictions
+        return compute_metrics(eval_pred)
+
+    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=3, remove_unused_columns=False,
+                             report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate,
+                      compute_metrics=spying_compute_metrics)
+    metrics = trainer.evaluate(ignore_keys=EVAL_IGNORE_KEYS)
+
+    with torch.no_grad():
+        direct = model(**collate(rows))
+    text_embeds, image_embeds = seen["predictions"]
+    np.testing.assert_allclose(text_embeds, direct.text_embeds.numpy(), atol=1e-5)
+    np.testing.assert_allclose(image_embeds, direct.image_embeds.numpy(), atol=1e-5)
+    assert metrics["eval_num_images"] == 5 and metrics["eval_num_captions"] == 7
+    assert 0.0 <= metrics["eval_t2i_recall@1"] <= 1.0
+    assert "eval_loss" in metrics
+
+
+def test_evaluate_module_loads_offline_from_folder_and_file():
+    inputs = dict(image_embeds=HAND_IMAGES.tolist(), text_embeds=HAND_TEXTS.tolist(),
+                  image_group_ids=HAND_GROUPS)
+    expected = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+    import evaluate
+
+    from_package = load_retrieval_metric().compute(**inputs, ks=(1, 2, 3))
+    from_file = evaluate.load(str(METRIC_DIR / "retrieval_recall.py")).compute(**inputs, ks=(1, 2, 3))
+
+    assert from_package == pytest.approx(expected)
+    assert from_file == pytest.approx(expected)
+
+
+def test_evaluate_module_accumulates_batches():
+    metric = load_retrieval_metric()
+    for start in (0, 2, 4):
+        metric.add_batch(image_embeds=HAND_IMAGES[start:start + 2].tolist(),
+                         text_embeds=HAND_TEXTS[start:start + 2].tolist(),
+                         image_group_ids=HAND_GROUPS[start:start + 2])
+
+    assert metric.compute() == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS))
+
+
+def test_summarise_quality_picks_the_quality_figures_of_one_split():
+    metrics = {
+        "eval_loss": 1.2, "eval_i2t_recall@1": 0.5, "eval_t2i_mean_rank": 3.0, "eval_runtime": 9.0,
+        "eval_num_images": 4, "test_i2t_recall@1": 0.4, "train_samples_per_second": 100.0,
+    }
+
+    assert summarise_quality(metrics, "eval") == {
+        "eval_i2t_recall@1": 0.5, "eval_t2i_mean_rank": 3.0, "eval_loss": 1.2,
+    }
+    assert summarise_quality(metrics, "test_") == {"test_i2t_recall@1": 0.4}
+    assert summarise_quality({"i2t_recall@5": 0.9, "loss": 2.0}, None) == {"i2t_recall@5": 0.9, "loss": 2.0}

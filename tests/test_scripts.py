@@ -1,0 +1,178 @@
+"""Both scripts, end to end on CPU: the tiny model on the synthetic New Yorker-shaped data set.
+
+The Gaudi script runs optimum-habana's real GaudiTrainer behind tests/habana_shim (see its README).
+"""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import CPU_FLAGS, REPO, read_json, run_script
+
+KINDS = ["gaudi", "cuda"]
+
+
+def base_args(fixtures, output_dir, **overrides):
+    args = {
+        "model_name_or_path": fixtures["model"],
+        "dataset_name": fixtures["dataset"],
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": output_dir,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "max_train_samples": 16,
+        "max_eval_samples": 8,
+        "num_train_epochs": 1,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "report_to": "none",
+        "seed": 7,
+        "throughput_warmup_steps": 1,
+        "dataloader_num_workers": 0,
+    }
+    args.update(overrides)
+    flat = []
+    for key, value in args.items():
+        if value is not None:
+            flat += [f"--{key}", str(value)]
+    return flat
+
+
+def load_weights(directory):
+    return load_file(str(directory / "model.safetensors"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
+    out = tmp_path / "run"
+    # First run stops at step 2 (a checkpoint is saved there); the rerun, without --overwrite_output_dir,
+    # must resume from it and finish at step 4.
+    run_script(kind, base_args(fixtures, out, max_steps=2) + ["--do_train"] + CPU_FLAGS[kind])
+    assert (out / "checkpoint-2").is_dir()
+    result = run_script(
+        kind, base_args(fixtures, out, max_steps=4) + ["--do_train", "--do_eval", "--do_predict"] + CPU_FLAGS[kind]
+    )
+    assert "resuming training at" in result.stdout + result.stderr
+    state = read_json(out / "trainer_state.json")
+    assert state["global_step"] == 4
+    assert state["log_history"][0]["step"] == 3, "the rerun must start after the checkpoint, not from step 1"
+
+    train = read_json(out / "train_results.json")
+    assert train["loader"] == "torch" and train["image_pipeline"] == "upstream"
+    assert train["world_size"] == 1 and train["per_device_train_batch_size"] == 4
+    assert train["train_samples_per_second"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
+    for split in ("eval", "test"):
+        metrics = read_json(out / f"{split}_results.json")
+        assert math.isfinite(metrics[f"{split}_loss"])
+        for key in ("i2t_recall@1", "t2i_recall@1", "i2t_recall@10", "t2i_mean_rank"):
+            assert f"{split}_{key}" in metrics
+
+    # Weights changed, and everything needed to reload the fine-tuned model was saved.
+    before, after = load_weights(fixtures["model"]), load_weights(out)
+    changed = [k for k in after if k in before and not torch.equal(before[k], after[k])]
+    assert len(changed) > len(after) // 2
+    from transformers import AutoImageProcessor, AutoTokenizer, BridgeTowerForContrastiveLearning
+
+    BridgeTowerForContrastiveLearning.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+    AutoImageProcessor.from_pretrained(out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_json_configuration_file(kind, fixtures, tmp_path):
+    out = tmp_path / "run"
+    config = {
+        "model_name_or_path": str(fixtures["model"]),
+        "dataset_name": str(fixtures["dataset"]),
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": str(out),
+        "do_eval": True,
+        "per_device_eval_batch_size": 4,
+        "max_eval_samples": 8,
+        "report_to": "none",
+        "use_cpu": True,
+    }
+    if kind == "gaudi":
+        config["use_lazy_mode"] = False
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps(config))
+    run_script(kind, [path])
+    assert math.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+
+
+def help_defaults(kind):
+    """--help text, whitespace collapsed, for reading each option's '(default: ...)'."""
+    text = run_script(kind, ["--help"]).stdout
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_help_lists_every_upstream_argument_with_its_default(kind):
+    text = help_defaults(kind)
+    upstream = read_json(REPO / "tests" / "upstream_arguments.json")
+    for group in ("model", "data"):
+        for name, default in upstream[group].items():
+            match = re.search(rf"--{name}[ \]].*?\(default: ([^)]*)\)", text)
+            assert match, f"--{name} missing from {kind} --help"
+            if default != "required":
+                shown = {None: "None", True: "True", False: "False"}.get(default, str(default))
+                assert match.group(1) == shown, f"--{name}: default {match.group(1)!r}, upstream {shown!r}"
+
+
+def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
+    published = ["--use_habana", "--use_lazy_mode", "--use_hpu_graphs_for_inference", "--gaudi_config_name", "Habana/clip",
+                 "--distribution_strategy", "fast_ddp", "--sdp_on_bf16", "--mediapipe_dataloader"]
+    result = run_script("cuda", base_args(fixtures, tmp_path / "o") + ["--do_train"] + published, check=False)
+    assert result.returncode != 0
+    error = [line for line in result.stderr.splitlines() if "Gaudi-only" in line]
+    assert len(error) == 1
+    for flag in ("--use_habana", "--use_lazy_mode", "--use_hpu_graphs_for_inference", "--gaudi_config_name",
+                 "--distribution_strategy", "--sdp_on_bf16", "--mediapipe_dataloader"):
+        assert flag in error[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_cuda_script_mentions_no_habana_or_gaudi_symbol():
+    """No import, name, attribute, argument or definition in the CUDA script refers to Habana or Gaudi."""
+    import ast
+
+    tree = ast.parse((REPO / "run_bridgetower_cuda.py").read_text())
+    symbols = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            symbols.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            symbols.add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            symbols.update(a.name for a in node.names)
+            symbols.add(getattr(node, "module", None) or "")
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            symbols.add(node.name)
+        elif isinstance(node, ast.keyword) and node.arg:
+            symbols.add(node.arg)
+    assert sorted(s for s in symbols if re.search("habana|gaudi|hpu", s, re.I)) == []
+
+
+def test_patch_check_passes():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "bridgetower_bench.make_cuda_script", "--check"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mediapipe_request_on_cpu_is_recorded_as_the_torch_loader(fixtures, tmp_path):
+    out = tmp_path / "run"
+    result = run_script("gaudi", base_args(fixtures, out, max_steps=1) + ["--do_train", "--mediapipe_dataloader"] + CPU_FLAGS["gaudi"])
+    warnings = [l for l in (result.stdout + result.stderr).splitlines() if "media pipeline cannot run here" in l]
+    assert len(warnings) == 1
+    assert read_json(out / "train_results.json")["loader"].startswith("torch (media pipeline unavailable: ")

@@ -1,0 +1,132 @@
+"""Steady-state throughput and data_wait_fraction, checked by arithmetic rather than by this machine's speed."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainerCallback
+
+from bridgetower_bench.throughput import ThroughputCallback
+from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def simulate(callback, clock, steps, warmup_seconds, step_seconds, wait_seconds, batch=4, first_step=0):
+    state = SimpleNamespace(global_step=first_step)
+    callback.on_train_begin(None, state, None)
+    for step in range(first_step + 1, first_step + steps + 1):
+        clock.now += wait_seconds
+        callback.record_fetch(wait_seconds, batch)
+        clock.now += warmup_seconds if step - first_step <= callback.warmup_steps else step_seconds
+        state.global_step = step
+        callback.on_step_end(None, state, None)
+
+
+def test_warmup_steps_are_left_out_of_samples_per_second():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=3, world_size=8, clock=clock)
+    simulate(callback, clock, steps=13, warmup_seconds=30.0, step_seconds=0.75, wait_seconds=0.25, batch=48)
+    metrics = callback.metrics()
+    # 10 counted steps of 1 s each (0.25 s waiting + 0.75 s computing), 48 samples per device, 8 devices.
+    assert metrics["throughput_counted_steps"] == 10
+    assert metrics["throughput_counted_samples"] == 10 * 48 * 8
+    assert metrics["train_samples_per_second"] == pytest.approx(10 * 48 * 8 / 10.0)
+    assert metrics["train_samples_per_second_per_device"] == pytest.approx(48.0)
+    assert metrics["data_wait_fraction"] == pytest.approx(0.25)
+    assert metrics["throughput_warmup_steps"] == 3
+
+
+def test_resumed_run_counts_from_where_it_resumed():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=1, clock=clock)
+    simulate(callback, clock, steps=5, warmup_seconds=9.0, step_seconds=2.0, wait_seconds=0.0, batch=2, first_step=20)
+    metrics = callback.metrics()
+    assert metrics["throughput_counted_steps"] == 4
+    assert metrics["train_samples_per_second"] == pytest.approx(8 / 8.0)
+
+
+def test_warmup_longer_than_the_run_falls_back_to_every_step():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=10, clock=clock)
+    simulate(callback, clock, steps=4, warmup_seconds=1.0, step_seconds=1.0, wait_seconds=1.0, batch=3)
+    metrics = callback.metrics()
+    assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_warmup_steps"] == 0
+    assert metrics["train_samples_per_second"] == pytest.approx(12 / 8.0)
+    assert metrics["data_wait_fraction"] == pytest.approx(0.5)
+
+
+# --- the same figures from a real transformers Trainer with an artificial per-step delay ----------------
+
+
+class SlowData(Dataset):
+    """Each sample takes `delay` seconds to load: the loader is the bottleneck."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return {"input_ids": torch.tensor([i % 7]), "pixel_values": torch.full((3, 2, 2), i % 255, dtype=torch.uint8)}
+
+
+class SlowModel(torch.nn.Module):
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.seen_pixels = []
+
+    def forward(self, input_ids, pixel_values):
+        time.sleep(self.delay)
+        self.seen_pixels.append(pixel_values.detach().clone())
+        return {"loss": (self.weight * pixel_values.float().mean()).sum()}
+
+
+class StepTimes(TrainerCallback):
+    def __init__(self):
+        self.times = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times[state.global_step] = time.perf_counter()
+
+
+class ExtendedTrainer(TrainerExtensions, Trainer):
+    pass
+
+
+def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
+    args = WarmupTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=6, throughput_warmup_steps=2,
+        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+    )
+    model = SlowModel(delay=0.03)
+    steps = StepTimes()
+    trainer = ExtendedTrainer(
+        model=model, args=args, train_dataset=SlowData(12, delay=0.01), callbacks=[steps],
+        image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25), loader="torch", image_pipeline="fast",
+    )
+    metrics = trainer.train().metrics
+    expected = 4 * 2 / (steps.times[6] - steps.times[2])
+    assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_counted_samples"] == 8
+    assert metrics["train_samples_per_second"] == pytest.approx(expected, rel=0.02)
+    # Two samples of 10 ms each per step, against ~30 ms of compute: roughly 40 % waiting.
+    assert 0.2 < metrics["data_wait_fraction"] < 0.7
+    assert metrics["loader"] == "torch" and metrics["image_pipeline"] == "fast"
+    # uint8 pixels (sample i holds the value i) reached the model normalised on the device: (x / 255 - 0.5) / 0.25
+    first = model.seen_pixels[0]
+    assert first.dtype == torch.float32
+    recovered = (first * 0.25 + 0.5) * 255
+    assert torch.allclose(recovered, recovered.round(), atol=1e-3)
+    assert set(recovered.round().int().unique().tolist()) <= set(range(12))
