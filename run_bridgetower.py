@@ -24,7 +24,7 @@ from optimum.habana.utils import set_seed
 
 from bridgetower_bench import data
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
-from bridgetower_bench.mediapipe_loader import MediaPipeTrainerMixin, attach_mediapipe_inputs, choose_loader
+from bridgetower_bench.mediapipe_loader import MediaPipeTrainerMixin, choose_loader, feed_media_pipeline
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 
@@ -109,8 +109,8 @@ def main():
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
 
-    # Gaudi configuration (fused AdamW, fused gradient clipping, autocast); GaudiTrainer's defaults without one.
-    gaudi_config = None
+    # Gaudi configuration (fused AdamW, fused gradient clipping, autocast); GaudiConfig's defaults without one.
+    gaudi_config = GaudiConfig()
     if training_args.gaudi_config_name:
         gaudi_config = GaudiConfig.from_pretrained(
             training_args.gaudi_config_name, cache_dir=model_args.cache_dir, revision=model_args.model_revision, token=model_args.token
@@ -118,7 +118,7 @@ def main():
     logger.warning(
         f"Process rank: {training_args.local_rank}, device: {training_args.device}, "
         f"distributed training: {training_args.parallel_mode.value == 'distributed'}, "
-        f"mixed-precision training: {training_args.bf16 or bool(gaudi_config and gaudi_config.use_torch_autocast)}"
+        f"mixed-precision training: {training_args.bf16 or gaudi_config.use_torch_autocast}"
     )
     logger.info(f"Training/evaluation parameters {training_args}")
 
@@ -173,7 +173,8 @@ def main():
 
     if model_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None
-    for frozen, tower in ((model_args.freeze_vision_model, model.vision_model), (model_args.freeze_text_model, model.text_model)):
+    towers = model.bridgetower  # (upstream's model.vision_model / model.text_model do not exist)
+    for frozen, tower in ((model_args.freeze_vision_model, towers.vision_model), (model_args.freeze_text_model, towers.text_model)):
         if frozen:
             tower.requires_grad_(False)
 
@@ -226,9 +227,11 @@ def main():
     loader, unavailable = choose_loader(data_args.mediapipe_dataloader)
     if unavailable:
         logger.warning(f"--mediapipe_dataloader: the media pipeline cannot run here ({unavailable}); using the PyTorch loader")
-    if loader == "mediapipe":
-        for split_data in splits.values():
-            attach_mediapipe_inputs(split_data, image_column, image_size, image_processor.image_mean, image_processor.image_std, data_args)
+    if loader == "mediapipe":  # the HPU decoder reads files: embedded images are written out once (rank 0)
+        with training_args.main_process_first(desc="writing image files for the media pipeline"):
+            for split_data in splits.values():
+                feed_media_pipeline(split_data, image_column, image_size, image_processor.image_mean,
+                                    image_processor.image_std, data_args.preprocessing_num_workers)
     trainer_cls = MediaPipeBridgeTowerTrainer if loader == "mediapipe" else BridgeTowerTrainer
 
     # 8. The trainer. Our images and captions live in columns the model does not take: keep them.

@@ -162,7 +162,8 @@ def main():
 
     if model_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None
-    for frozen, tower in ((model_args.freeze_vision_model, model.vision_model), (model_args.freeze_text_model, model.text_model)):
+    towers = model.bridgetower  # (upstream's model.vision_model / model.text_model do not exist)
+    for frozen, tower in ((model_args.freeze_vision_model, towers.vision_model), (model_args.freeze_text_model, towers.text_model)):
         if frozen:
             tower.requires_grad_(False)
 

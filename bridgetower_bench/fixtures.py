@@ -84,6 +84,7 @@ SETTINGS = {
     "beach": "a beach",
     "park": "a park",
 }
+SETTING_PREPOSITIONS = {"room": "in", "street": "on", "beach": "on", "park": "in"}
 REGIONS = {
     "left": "on the left side of",
     "middle": "in the middle of",
@@ -181,14 +182,15 @@ class _Pen:
             shape_draw.ellipse((int(box[0]) - x0, int(box[1]) - y0, int(box[2]) - x0, int(box[3]) - y0), fill=255)
         strokes = Image.new("L", (w, h), 0)
         strokes_draw = ImageDraw.Draw(strokes)
-        slope = math.tan(math.radians(angle))
-        stroke_width = max(1, self.width // 2)
+        dx, dy = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+        half_diagonal = math.hypot(w, h) / 2
         spacing = max(3.0, spacing)
-        offset = -abs(slope) * h - spacing
-        while offset < w + abs(slope) * h + spacing:
-            start = offset + self.rng.normal(0.0, spacing * 0.08)
-            strokes_draw.line((start, 0, start + slope * h, h), fill=255, width=stroke_width)
-            offset += spacing
+        stroke_width = max(1, self.width // 2)
+        for offset in np.arange(-half_diagonal, half_diagonal + spacing, spacing):
+            offset += self.rng.normal(0.0, spacing * 0.08)
+            px, py = w / 2 - dy * offset, h / 2 + dx * offset  # a point on this stroke
+            strokes_draw.line((px - dx * half_diagonal, py - dy * half_diagonal,
+                               px + dx * half_diagonal, py + dy * half_diagonal), fill=255, width=stroke_width)
         self.canvas.paste(shade, (x0, y0, x1, y1), ImageChops.multiply(shape, strokes))
 
 
@@ -297,7 +299,8 @@ def _draw_fish(pen: _Pen, cx: float, gy: float, s: float) -> None:
     pen.line((cx + 0.3 * s, cy), (cx + 0.48 * s, cy - 0.13 * s), (cx + 0.48 * s, cy + 0.13 * s), closed=True)
     pen.dot(cx - 0.2 * s, cy - 0.04 * s, 0.02 * s)
     for i, r in enumerate((0.03, 0.045, 0.06)):
-        pen.ellipse(cx - 0.3 * s - 0.05 * s * i, cy - 0.3 * s - 0.15 * s * i, r * s, r * s, width=max(1, pen.width // 2))
+        pen.ellipse(cx - 0.3 * s - 0.05 * s * i, cy - 0.3 * s - 0.15 * s * i, r * s, r * s,
+                    width=max(1, pen.width // 2))
 
 
 DRAWERS: dict[str, Callable[[_Pen, float, float, float], None]] = {
@@ -370,7 +373,7 @@ def _draw_park(pen: _Pen, w: int, h: int, gy: float) -> None:
 
 
 BACKGROUNDS = {"room": _draw_room, "street": _draw_street, "beach": _draw_beach, "park": _draw_park}
-REGION_SPANS = {"left": (0.04, 0.5), "middle": (0.27, 0.73), "right": (0.5, 0.96)}
+REGION_SPANS = {"left": (0.02, 0.6), "middle": (0.2, 0.8), "right": (0.4, 0.98)}
 
 
 def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int) -> Image.Image:
@@ -384,7 +387,7 @@ def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int
     kinds = [kinds[i] for i in rng.permutation(len(kinds))]
     lo, hi = REGION_SPANS[scene.region]
     slot = (hi - lo) * width / len(kinds)
-    size = min(0.9 * slot, 0.45 * height)
+    size = min(0.95 * slot, 0.5 * height)
     for i, kind in enumerate(kinds):
         cx = lo * width + slot * (i + 0.5) + rng.uniform(-0.04, 0.04) * slot
         DRAWERS[kind](pen, cx, ground_y + rng.uniform(0.0, 0.03) * height, size * rng.uniform(0.85, 1.0))
@@ -442,11 +445,11 @@ JOKE_TEMPLATES = (
     "I liked it better when the {thing} was only on weekends.",
 )
 UNCANNY_TEMPLATES = (
-    "Nobody seems surprised that there is a {thing} in {setting}.",
-    "The {thing} looks far too comfortable in {setting}.",
-    "A {thing} does not belong in {setting}, yet everyone acts as if it does.",
+    "Nobody seems surprised that there is a {thing} {where}.",
+    "The {thing} looks far too comfortable {where}.",
+    "A {thing} does not belong {where}, yet everyone acts as if it does.",
 )
-QUESTION_TEMPLATES = ("Why is there a {thing} in {setting}?", "Who brought the {thing}?")
+QUESTION_TEMPLATES = ("Why is there a {thing} {where}?", "Who brought the {thing}?")
 CHOICE_LETTERS = "ABCDE"
 
 
@@ -478,12 +481,13 @@ def _joke(rng: np.random.Generator, kind: str) -> str:
 def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, image: dict, n_rows: int):
     """`n_rows` rows for one cartoon: same picture and description, different choices, label and id."""
     setting = SETTINGS[scene.setting]
+    where = f"{SETTING_PREPOSITIONS[scene.setting]} {setting}"
     kinds = [kind for kind, _ in scene.things]
     description = describe(scene)
     uncanny = UNCANNY_TEMPLATES[int(rng.integers(len(UNCANNY_TEMPLATES)))].format(
-        thing=THINGS[kinds[0]][0], setting=setting)
+        thing=THINGS[kinds[0]][0], where=where)
     entities = [f"https://en.wikipedia.org/wiki/{THINGS[kind][2]}" for kind in kinds]
-    questions = [q.format(thing=THINGS[kind][0], setting=setting) for kind in kinds for q in QUESTION_TEMPLATES]
+    questions = [q.format(thing=THINGS[kind][0], where=where) for kind in kinds for q in QUESTION_TEMPLATES]
     others = [kind for kind in THINGS if kind not in kinds]
     for _ in range(n_rows):
         label = int(rng.integers(len(CHOICE_LETTERS)))
@@ -534,7 +538,7 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     whose YAML declares the ``matching`` config, so ``datasets.load_dataset(out_dir, "matching")``
     works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
     """
-    from datasets import Dataset
+    import datasets
 
     counts = {"train_rows": train_rows, "validation_rows": validation_rows, "test_rows": test_rows,
               "rows_per_cartoon": rows_per_cartoon}
@@ -542,16 +546,24 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
         _check_positive(name, value)
     out = Path(out_dir)
     (out / DATASET_CONFIG_NAME).mkdir(parents=True, exist_ok=True)
+    for stale in (out / DATASET_CONFIG_NAME).glob("*.parquet"):  # the split globs would pick them up
+        stale.unlink()
     features = _features()
     split_sizes = {}
     first_contest = 500
-    for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
-        rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest)
-        first_contest += math.ceil(n_rows / rows_per_cartoon)
-        columns = {name: [row[name] for row in rows] for name in features}
-        dataset = Dataset.from_dict(columns, features=features)
-        dataset.to_parquet(str(out / DATASET_CONFIG_NAME / f"{split}-00000-of-00001.parquet"))
-        split_sizes[split] = len(rows)
+    bars_were_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # one bar per tiny shard is noise
+    try:
+        for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
+            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest)
+            first_contest += math.ceil(n_rows / rows_per_cartoon)
+            columns = {name: [row[name] for row in rows] for name in features}
+            dataset = datasets.Dataset.from_dict(columns, features=features)
+            dataset.to_parquet(str(out / DATASET_CONFIG_NAME / f"{split}-00000-of-00001.parquet"))
+            split_sizes[split] = len(rows)
+    finally:
+        if not bars_were_disabled:
+            datasets.enable_progress_bars()
     _write_dataset_card(out, features, split_sizes)
     return out
 
@@ -638,8 +650,9 @@ def default_tokenizer_corpus(seed: int = 0, n_descriptions: int = 3000) -> list[
     corpus = [describe(sample_scene(rng)) for _ in range(n_descriptions)]
     for kind, (singular, plural, entity) in THINGS.items():
         corpus += [template.format(thing=singular) for template in JOKE_TEMPLATES]
-        for setting in SETTINGS.values():
-            corpus += [t.format(thing=singular, setting=setting) for t in UNCANNY_TEMPLATES + QUESTION_TEMPLATES]
+        for key, setting in SETTINGS.items():
+            where = f"{SETTING_PREPOSITIONS[key]} {setting}"
+            corpus += [t.format(thing=singular, where=where) for t in UNCANNY_TEMPLATES + QUESTION_TEMPLATES]
         corpus += [f"Two {plural} and three {plural}.", f"https://en.wikipedia.org/wiki/{entity}"]
     corpus += ["scene: description: uncanny: entities: choices A: B: C: D: E:"]
     corpus += list(GENERIC_ENGLISH)
@@ -651,8 +664,11 @@ def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import RobertaTokenizerFast
 
+    texts = [text for text in corpus if text.strip()]
+    if not texts:
+        raise ValueError("the tokenizer corpus is empty: pass some caption text, or corpus=None for the default")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(list(corpus), vocab_size=TOKENIZER_TARGET_VOCAB, min_frequency=2,
+    bpe.train_from_iterator(texts, vocab_size=TOKENIZER_TARGET_VOCAB, min_frequency=2,
                             special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file, merges_file = bpe.save_model(tmp)
@@ -727,7 +743,7 @@ def _save_image_processor(out_dir: Path, image_size: int) -> None:
     BridgeTowerImageProcessor(
         size={"shortest_edge": image_size},
         do_center_crop=True,
-        crop_size={"height": image_size, "width": image_size},
+        crop_size={"shortest_edge": image_size},  # BridgeTower's crop reads this key: a square crop
         image_mean=list(CLIP_MEAN),
         image_std=list(CLIP_STD),
     ).save_pretrained(str(out_dir))
@@ -786,28 +802,33 @@ def is_complete(fixture_dir, params: dict) -> bool:
         return False
 
 
-def build_atomically(final_dir, params: dict, build: Callable[[Path], object]) -> Path:
-    """Run `build(tmp_dir)` in a fresh sibling directory, mark it complete, then rename it to
-    `final_dir`, replacing whatever was there. A killed build leaves only a `.partial-*` sibling,
-    which is never taken for a complete fixture (and is removed later by `_remove_dead_partials`)."""
+def build_once(final_dir, params: dict, build: Callable[[Path], object]) -> bool:
+    """Make `final_dir` a complete fixture built with `params`; return False if it already was.
+
+    `build(tmp_dir)` runs in a fresh `.partial-*` sibling that is marked complete and then renamed
+    to `final_dir`, replacing an incomplete or differently built one. A killed build leaves only
+    the `.partial-*` directory, which is never taken for a fixture. Builds are deterministic, so
+    when a concurrent process finishes the same fixture first, ours is simply dropped.
+    """
     final_dir = Path(final_dir)
+    if is_complete(final_dir, params):
+        return False
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{final_dir.name}-{os.getpid()}-", dir=final_dir.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the fixture is meant to be shared
         build(tmp)
         (tmp / MARKER_FILE).write_text(json.dumps(params), encoding="utf-8")
+        if is_complete(final_dir, params):  # a concurrent build won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+            return True
         if final_dir.exists():
             _discard(final_dir)
-        try:
-            os.replace(tmp, final_dir)
-        except OSError:
-            if not is_complete(final_dir, params):  # not a concurrent build of the same thing
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(tmp, final_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return final_dir
+    return True
 
 
 def _discard(path: Path) -> None:
@@ -839,36 +860,49 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-DEFAULT_MODEL_PARAMS = {"kind": "model", "seed": 0, "image_size": 294, "large": False}
-DEFAULT_DATASET_PARAMS = {"kind": "dataset", "train_rows": 192, "validation_rows": 48, "test_rows": 48,
-                          "rows_per_cartoon": 4, "seed": 0}
-GAUDI_CONFIG_PARAMS = {"kind": "gaudi_config", **HABANA_CLIP_GAUDI_CONFIG}
+# Bump when a generator's output changes, so that cached fixtures are rebuilt.
+FIXTURES_VERSION = 1
+DEFAULT_MODEL_OPTIONS = {"seed": 0, "image_size": 294, "large": False}
+DEFAULT_DATASET_OPTIONS = {"train_rows": 192, "validation_rows": 48, "test_rows": 48, "rows_per_cartoon": 4,
+                           "seed": 0}
 
 
-def _builders() -> dict[str, tuple[str, dict, Callable[[Path], object]]]:
-    """name -> (directory name, build parameters, builder) for the default fixtures."""
-    model_kwargs = {k: v for k, v in DEFAULT_MODEL_PARAMS.items() if k != "kind"}
-    dataset_kwargs = {k: v for k, v in DEFAULT_DATASET_PARAMS.items() if k != "kind"}
-    return {
-        "model": (MODEL_DIR_NAME, DEFAULT_MODEL_PARAMS, lambda d: make_tiny_model(d, **model_kwargs)),
-        "dataset": (DATASET_DIR_NAME, DEFAULT_DATASET_PARAMS, lambda d: make_synthetic_dataset(d, **dataset_kwargs)),
-        "gaudi_config": (GAUDI_CONFIG_DIR_NAME, GAUDI_CONFIG_PARAMS, make_gaudi_config),
-    }
+def fixture_params(kind: str, **options) -> dict:
+    """What a fixture's marker file records: its kind, the generator version and its options."""
+    return {"kind": kind, "version": FIXTURES_VERSION, **options}
+
+
+def fixture_dir(root, kind: str, **options) -> Path:
+    """Where `build_fixture(root, kind, **options)` puts the fixture."""
+    if kind == "model":
+        return Path(root) / (LARGE_MODEL_DIR_NAME if options.get("large") else MODEL_DIR_NAME)
+    names = {"dataset": DATASET_DIR_NAME, "gaudi_config": GAUDI_CONFIG_DIR_NAME}
+    if kind not in names:
+        raise ValueError(f"unknown fixture kind {kind!r}; expected model, dataset or gaudi_config")
+    return Path(root) / names[kind]
+
+
+def build_fixture(root, kind: str, **options) -> Path:
+    """Build fixture `kind` ("model", "dataset", "gaudi_config") with `options` under `root`,
+    unless it is already there complete; return its directory."""
+    builders = {"model": make_tiny_model, "dataset": make_synthetic_dataset, "gaudi_config": make_gaudi_config}
+    final_dir = fixture_dir(root, kind, **options)
+    build_once(final_dir, fixture_params(kind, **options), lambda tmp: builders[kind](tmp, **options))
+    return final_dir
 
 
 def ensure_default_fixtures(root=None) -> dict[str, Path]:
-    """Build the default tiny model, synthetic data set and Gaudi config under `root` unless they
-    are already there complete; return {"model", "dataset", "gaudi_config"} -> directory."""
+    """Build the default tiny model, synthetic data set and Gaudi config under `root` (default:
+    `default_fixtures_root()`) unless they are already there complete; return their directories
+    under the keys "model", "dataset" and "gaudi_config"."""
     root = Path(root) if root is not None else default_fixtures_root()
     root.mkdir(parents=True, exist_ok=True)
     _remove_dead_partials(root)
-    paths = {}
-    for name, (dir_name, params, build) in _builders().items():
-        final_dir = root / dir_name
-        if not is_complete(final_dir, params):
-            build_atomically(final_dir, params, build)
-        paths[name] = final_dir
-    return paths
+    return {
+        "model": build_fixture(root, "model", **DEFAULT_MODEL_OPTIONS),
+        "dataset": build_fixture(root, "dataset", **DEFAULT_DATASET_OPTIONS),
+        "gaudi_config": build_fixture(root, "gaudi_config"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -900,38 +934,42 @@ def _parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = _parse_args(argv)
     root = args.out if args.out is not None else default_fixtures_root()
-    if args.what in ("model", "all"):
-        params = {"kind": "model", "seed": args.seed, "image_size": args.image_size, "large": args.large}
+    requested = {
+        "model": {"seed": args.seed, "image_size": args.image_size, "large": args.large},
+        "dataset": {"train_rows": args.train_rows, "validation_rows": args.validation_rows,
+                    "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed},
+        "gaudi_config": {},
+    }
+    if args.what != "all":
+        requested = {args.what.replace("-", "_"): requested[args.what.replace("-", "_")]}
+    for kind, options in requested.items():
         started = time.perf_counter()
-        model_dir = build_atomically(
-            root / (LARGE_MODEL_DIR_NAME if args.large else MODEL_DIR_NAME), params,
-            lambda d: make_tiny_model(d, seed=args.seed, image_size=args.image_size, large=args.large))
-        config = json.loads((model_dir / "config.json").read_text())
+        reused = is_complete(fixture_dir(root, kind, **options), fixture_params(kind, **options))
+        path = build_fixture(root, kind, **options)
+        how = "already complete" if reused else f"built in {time.perf_counter() - started:.1f} s"
+        print(f"{kind + ':':13} {path}  ({how})")
+        print(_summary(kind, path))
+
+
+def _summary(kind: str, path: Path) -> str:
+    """One line on what a fixture holds: parameter count, image spread, or the config itself."""
+    if kind == "model":
         from transformers import BridgeTowerConfig
 
-        n_params = parameter_count(BridgeTowerConfig.from_dict(config))
-        size_mb = sum(f.stat().st_size for f in model_dir.iterdir()) / 2**20
-        print(f"model:        {model_dir}  ({n_params:,} parameters = {n_params / 1e6:.1f} M, "
-              f"text vocabulary {config['text_config']['vocab_size']}, image_size {args.image_size}, "
-              f"{size_mb:.1f} MiB, {time.perf_counter() - started:.1f} s)")
-    if args.what in ("dataset", "all"):
-        params = {"kind": "dataset", "train_rows": args.train_rows, "validation_rows": args.validation_rows,
-                  "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed}
-        started = time.perf_counter()
-        kwargs = {k: v for k, v in params.items() if k != "kind"}
-        dataset_dir = build_atomically(root / DATASET_DIR_NAME, params,
-                                       lambda d: make_synthetic_dataset(d, **kwargs))
-        spread = image_spread(dataset_dir)
+        config = BridgeTowerConfig.from_pretrained(path)
+        n_params = parameter_count(config)
+        size_mib = sum(f.stat().st_size for f in path.iterdir()) / 2**20
+        return (f"  {n_params:,} parameters ({n_params / 1e6:.1f} M), hidden {config.hidden_size}, text vocabulary "
+                f"{config.text_config.vocab_size}, image_size {config.vision_config.image_size}, {size_mib:.1f} MiB")
+    if kind == "dataset":
+        spread = image_spread(path)
         kb_min, kb_median, kb_max = spread["jpeg_kb"]
-        print(f"dataset:      {dataset_dir}  (train/validation/test rows {args.train_rows}/"
-              f"{args.validation_rows}/{args.test_rows}, {spread['images']} cartoons, "
-              f"{time.perf_counter() - started:.1f} s)")
-        print(f"  images:     width {spread['width'][0]}-{spread['width'][1]} px, height {spread['height'][0]}-"
-              f"{spread['height'][1]} px, {spread['portrait']} portrait; JPEG {kb_min:.0f}/{kb_median:.0f}/"
-              f"{kb_max:.0f} KB (min/median/max)")
-    if args.what in ("gaudi-config", "all"):
-        gaudi_dir = build_atomically(root / GAUDI_CONFIG_DIR_NAME, GAUDI_CONFIG_PARAMS, make_gaudi_config)
-        print(f"gaudi config: {gaudi_dir}  {json.dumps(HABANA_CLIP_GAUDI_CONFIG)}")
+        rows = json.loads((path / MARKER_FILE).read_text())
+        return (f"  rows train/validation/test {rows['train_rows']}/{rows['validation_rows']}/{rows['test_rows']}, "
+                f"{spread['images']} cartoons: width {spread['width'][0]}-{spread['width'][1]} px, height "
+                f"{spread['height'][0]}-{spread['height'][1]} px, {spread['portrait']} portrait, "
+                f"JPEG {kb_min:.0f}/{kb_median:.0f}/{kb_max:.0f} KB (min/median/max)")
+    return f"  {(path / 'gaudi_config.json').read_text().strip()}"
 
 
 if __name__ == "__main__":

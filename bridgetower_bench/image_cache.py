@@ -197,8 +197,8 @@ def _check_arguments(pipeline: str, image_size: int, fingerprint: str, num_proc:
     check_pipeline(pipeline)
     if pipeline not in CACHEABLE_PIPELINES:
         raise ValueError(
-            f"--image_pipeline={pipeline} cannot be cached: the decoded image cache stores uint8 pixels, "
-            f"which only the {' and '.join(CACHEABLE_PIPELINES)} pipelines produce"
+            f"--image_pipeline={pipeline} cannot be cached: the decoded image cache (--cache_decoded_images) "
+            f"stores uint8 pixels, which only --image_pipeline {' and '.join(CACHEABLE_PIPELINES)} produce"
         )
     if not isinstance(image_size, int) or image_size <= 0:
         raise ValueError(f"image_size must be a positive integer; got {image_size!r}")
@@ -249,19 +249,27 @@ def build_decoded_image_cache(
     digests, representatives, n_values = _distinct_images(image_values)
     if not representatives:
         raise ValueError("there are no images to cache: the image column is empty")
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
+    except OSError as error:
+        raise ValueError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
     suffix = f".partial-{os.getpid()}"
     pixels_tmp = directory / (PIXELS_FILE + suffix)
     digests_tmp = directory / (DIGESTS_FILE + suffix)
     size = settings["image_size"]
-    pixels = np.lib.format.open_memmap(pixels_tmp, mode="w+", dtype=np.uint8, shape=(len(digests), 3, size, size))
-    del pixels  # created at full size; the decoders map it themselves
-    _decode_into(pixels_tmp, representatives, settings["pipeline"], size, num_proc)
-    with open(digests_tmp, "wb") as handle:
-        np.save(handle, np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_SIZE))
-    os.replace(pixels_tmp, directory / PIXELS_FILE)
-    os.replace(digests_tmp, directory / DIGESTS_FILE)
+    try:
+        pixels = np.lib.format.open_memmap(pixels_tmp, mode="w+", dtype=np.uint8, shape=(len(digests), 3, size, size))
+        del pixels  # created at full size; the decoders map it themselves
+        _decode_into(pixels_tmp, representatives, settings["pipeline"], size, num_proc)
+        with open(digests_tmp, "wb") as handle:
+            np.save(handle, np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_SIZE))
+        os.replace(pixels_tmp, directory / PIXELS_FILE)
+        os.replace(digests_tmp, directory / DIGESTS_FILE)
+    except BaseException:  # interrupted or failed: leave no half-written files behind
+        pixels_tmp.unlink(missing_ok=True)
+        digests_tmp.unlink(missing_ok=True)
+        raise
     manifest = dict(
         settings,
         n_images=len(digests),

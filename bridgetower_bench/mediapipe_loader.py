@@ -29,6 +29,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def mediapipe_unavailable_reason() -> Optional[str]:
     It can only on a Gaudi2 or Gaudi3 device with both ``habana_frameworks.mediapipe`` and
     ``habana_frameworks.torch`` importable (first-generation Gaudi has no HPU JPEG decoder).
     """
-    reason = _import_failure("habana_frameworks.mediapipe", "habana-media-loader")
+    reason = _import_failure("habana_frameworks.mediapipe", "the habana-media-loader package")
     if reason:
         return reason
     reason = _import_failure("habana_frameworks.torch.hpu", "Habana's PyTorch build")
@@ -97,7 +98,7 @@ def _import_failure(module: str, distribution: str) -> Optional[str]:
         __import__(module)
     except ModuleNotFoundError as error:
         if error.name and module.startswith(error.name):
-            return f"{module} is not installed ({distribution})"
+            return f"{module} is not installed (it comes with {distribution})"
         return f"{module} cannot be imported: {error}"
     except Exception as error:  # e.g. OSError from a missing native library
         return f"{module} cannot be imported: {type(error).__name__}: {error}"
@@ -205,7 +206,7 @@ def materialise_images(
         )
     if not fingerprint or os.sep in fingerprint or fingerprint in (".", ".."):
         raise ValueError(f"image cache fingerprint {fingerprint!r} must be a plain directory name")
-    out_dir = os.path.join(cache_dir, fingerprint)
+    out_dir = os.path.abspath(os.path.join(cache_dir, fingerprint))  # the decoder opens files by path
     finished = _read_manifest(out_dir, image_column, len(dataset))
     if finished is not None:
         return finished
@@ -235,6 +236,7 @@ class _ImageStore:
         self.out_dir = out_dir
         self.image_column = image_column
         self.written = 0
+        self._count_lock = threading.Lock()
 
     def store_all(self, images, num_proc: Optional[int]) -> list[str]:
         """Return one file path per row, writing each distinct image at most once."""
@@ -279,10 +281,11 @@ class _ImageStore:
         return ("sha256", digest), lambda: self._store(data, digest, f"{where} (embedded bytes)")
 
     def _plan_file(self, path, where: str, what: str):
-        path = os.path.abspath(os.fspath(path))
-        if not os.path.isfile(path):
-            raise ValueError(f"{where}: {what} {path!r} does not exist")
-        return ("file", os.path.realpath(path)), lambda: self._use_or_store_file(path, f"{where} ({path!r})")
+        given = os.fspath(path)
+        if not os.path.isfile(given):
+            raise ValueError(f"{where}: {what} {given!r} does not exist")
+        path = os.path.abspath(given)
+        return ("file", os.path.realpath(path)), lambda: self._use_or_store_file(path, f"{where} ({given!r})")
 
     def _use_or_store_file(self, path: str, label: str) -> str:
         with open(path, "rb") as handle:
@@ -297,7 +300,8 @@ class _ImageStore:
             return target
         encoded = data if is_decoder_ready_jpeg(data) else transcode_to_jpeg(data, label)
         _write_atomically(target, encoded)
-        self.written += 1
+        with self._count_lock:
+            self.written += 1
         return target
 
 
@@ -411,6 +415,8 @@ def attach_mediapipe_inputs(dataset, file_paths: Sequence[str], image_size: int,
     ``file_paths`` comes from ``materialise_images``; the ``input_ids``/``attention_mask`` columns
     are read once into int64 arrays. ``mean``/``std`` are the image processor's (0..1 scale).
     """
+    if len(dataset) == 0:
+        raise ValueError("the media-pipeline loader needs a non-empty data set")
     if len(file_paths) != len(dataset):
         raise ValueError(f"{len(file_paths)} image files for a data set of {len(dataset)} rows")
     if not isinstance(image_size, int) or image_size <= 0:
@@ -425,6 +431,7 @@ def attach_mediapipe_inputs(dataset, file_paths: Sequence[str], image_size: int,
 
 
 def mediapipe_inputs_of(dataset) -> MediaPipeInputs:
+    """The inputs ``attach_mediapipe_inputs`` stored on ``dataset``."""
     inputs = getattr(dataset, _INPUTS_ATTRIBUTE, None)
     if inputs is None:
         raise ValueError("this data set has no media-pipeline inputs: call attach_mediapipe_inputs() on it first")
@@ -697,7 +704,9 @@ class MediaPipeDataLoader(DataLoaderStateMixin):
 
     _instances = itertools.count()
 
-    def __init__(self, dataset, sampler, batch_size: int, *, drop_last: bool = False, num_workers: int = 0, world_size: int = 1):
+    def __init__(
+        self, dataset, sampler, batch_size: int, *, drop_last: bool = False, num_workers: int = 0, world_size: int = 1
+    ):
         reason = mediapipe_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"the media-pipeline loader cannot run here: {reason}")
@@ -795,11 +804,10 @@ class MediaPipeTrainerMixin:
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        return self.get_test_dataloader(eval_dataset)
+        return self._mediapipe_eval_loader(eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
-        batch_size = self.args.eval_batch_size
-        return self._mediapipe_loader(test_dataset, self._mediapipe_eval_sampler(test_dataset, batch_size), batch_size)
+        return self._mediapipe_eval_loader(test_dataset)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # Resuming mid-epoch makes the trainer rebuild the loader with accelerate's
@@ -811,6 +819,10 @@ class MediaPipeTrainerMixin:
             )
             self.args.ignore_data_skip = True
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _mediapipe_eval_loader(self, dataset):
+        batch_size = self.args.eval_batch_size
+        return self._mediapipe_loader(dataset, self._mediapipe_eval_sampler(dataset, batch_size), batch_size)
 
     def _mediapipe_loader(self, dataset, sampler, batch_size):
         return MediaPipeDataLoader(
@@ -861,3 +873,13 @@ def _shuffles(sampler, world_size: int) -> bool:
         f"--mediapipe_dataloader on {world_size} devices shards random or sequential sampling only, "
         f"not {type(sampler).__name__} (drop --group_by_length)"
     )
+
+
+DEFAULT_IMAGE_FILE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "mediapipe_images")
+
+
+def feed_media_pipeline(dataset, image_column: str, image_size: int, mean, std, num_proc=None, cache_dir=None) -> MediaPipeInputs:
+    """What the Gaudi script calls per split: image files on disk for the HPU decoder, then the loader's inputs."""
+    cache_dir = os.path.expanduser(cache_dir or DEFAULT_IMAGE_FILE_DIR)
+    paths = materialise_images(dataset, image_column, cache_dir, dataset._fingerprint, num_proc)
+    return attach_mediapipe_inputs(dataset, paths, image_size, mean, std)

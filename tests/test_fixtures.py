@@ -1,0 +1,277 @@
+"""Offline fixtures: the tiny model loads and trains, the synthetic data set has the New Yorker
+`matching` schema and layout, everything is reproducible, and default fixtures are built once."""
+
+import io
+import itertools
+import json
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from datasets import Features, Image as ImageFeature, List, Value, load_dataset
+from PIL import Image
+
+from bridgetower_bench import fixtures
+from bridgetower_bench.fixtures import (
+    Scene,
+    describe,
+    draw_cartoon,
+    ensure_default_fixtures,
+    jpeg_bytes,
+    make_gaudi_config,
+    make_synthetic_dataset,
+    make_tiny_model,
+    render_scene,
+)
+
+CAPTION = "Two houses and a tree on the left side of a city street."
+SMALL_ROWS = {"train_rows": 6, "validation_rows": 3, "test_rows": 3, "rows_per_cartoon": 2}
+
+# Written out here rather than imported, so a slip in the module's schema is caught.
+MATCHING_FEATURES = Features({
+    "image": ImageFeature(),
+    "contest_number": Value("int32"),
+    "image_location": Value("string"),
+    "image_description": Value("string"),
+    "image_uncanny_description": Value("string"),
+    "entities": List(Value("string")),
+    "questions": List(Value("string")),
+    "caption_choices": List(Value("string")),
+    "from_description": Value("string"),
+    "label": Value("string"),
+    "n_tokens_label": Value("int32"),
+    "instance_id": Value("string"),
+})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    return make_synthetic_dataset(tmp_path_factory.mktemp("dataset"), **SMALL_ROWS)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny matrices on a shared 2-core machine run far faster on one thread than on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _load(dataset_dir, tmp_path):
+    return load_dataset(str(dataset_dir), "matching", cache_dir=str(tmp_path / "hf-cache"))
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+def test_tiny_model_loads_offline_and_gives_a_finite_contrastive_loss(model_dir, one_torch_thread):
+    from transformers import AutoImageProcessor, AutoTokenizer, BridgeTowerForContrastiveLearning
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    model = BridgeTowerForContrastiveLearning.from_pretrained(model_dir)
+
+    assert type(tokenizer).__name__ == "RobertaTokenizerFast"
+    assert model.config.text_config.vocab_size == len(tokenizer)
+    assert processor.image_mean == list(fixtures.CLIP_MEAN) and processor.image_std == list(fixtures.CLIP_STD)
+    assert processor.size == {"shortest_edge": 294} and processor.crop_size == {"shortest_edge": 294}
+
+    images, captions = zip(*(draw_cartoon(np.random.default_rng(i), 700, 560) for i in range(2)))
+    pixels = processor(list(images), return_tensors="pt")["pixel_values"]
+    text = tokenizer(list(captions), padding="max_length", max_length=32, return_tensors="pt")
+    assert pixels.shape == (2, 3, 294, 294)
+    with torch.no_grad():
+        out = model(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels,
+                    return_loss=True)
+    assert torch.isfinite(out.loss)
+
+
+def test_tokenizer_round_trips_a_caption_with_roberta_special_tokens(model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(CAPTION)["input_ids"]
+    assert (ids[0], ids[-1], tokenizer.pad_token_id) == (0, 2, 1)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == CAPTION
+    assert len(ids) < len(CAPTION) // 2  # merges learned from the captions, not one token per byte
+
+
+def test_same_seed_gives_identical_model_files_and_another_seed_other_weights(model_dir, tmp_path):
+    again = make_tiny_model(tmp_path / "again")
+    other = make_tiny_model(tmp_path / "other", seed=1)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json"):
+        assert (again / name).read_bytes() == (model_dir / name).read_bytes(), name
+    assert (other / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
+
+
+def test_large_config_is_bridgetower_large_with_about_866m_parameters():
+    config = fixtures.bridgetower_config(large=True, vocab_size=50265)
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (1024, 16, 6)
+    assert (config.contrastive_hidden_size, config.logit_scale_init_value) == (512, 2.6592)
+    assert config.share_cross_modal_transformer_layers and config.link_tower_type == "add"
+    text, vision = config.text_config, config.vision_config
+    assert (text.num_hidden_layers, text.intermediate_size, text.vocab_size) == (24, 4096, 50265)
+    assert (vision.num_hidden_layers, vision.hidden_size, vision.image_size, vision.patch_size) == (24, 1024, 294, 14)
+    assert abs(fixtures.parameter_count(config) - 866e6) < 2e6
+
+
+def test_empty_tokenizer_corpus_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="corpus"):
+        make_tiny_model(tmp_path, corpus=["", "  "])
+
+
+# --- data set ------------------------------------------------------------------------------------
+
+def test_dataset_loads_as_matching_config_with_exact_features_and_split_sizes(dataset_dir, tmp_path):
+    dataset = _load(dataset_dir, tmp_path)
+    assert {split: len(dataset[split]) for split in dataset} == {"train": 6, "validation": 3, "test": 3}
+    for split in dataset:
+        assert dataset[split].features == MATCHING_FEATURES
+    assert sorted(p.name for p in (dataset_dir / "matching").iterdir()) == [
+        "test-00000-of-00001.parquet", "train-00000-of-00001.parquet", "validation-00000-of-00001.parquet"]
+
+
+def test_images_are_embedded_jpegs_of_realistic_size(dataset_dir, tmp_path):
+    train = _load(dataset_dir, tmp_path)["train"]
+    low, high = fixtures.IMAGE_SIDE_RANGE
+    for row in train.cast_column("image", ImageFeature(decode=False)):
+        assert row["image"]["bytes"][:2] == b"\xff\xd8"
+    for image in train["image"]:
+        assert image.mode == "RGB" and low <= image.width <= high and low <= image.height <= high
+
+
+def test_each_cartoon_fills_several_rows_and_splits_use_disjoint_cartoons(dataset_dir, tmp_path):
+    dataset = _load(dataset_dir, tmp_path).cast_column("image", ImageFeature(decode=False))
+    train = dataset["train"]
+    first, second = train[0], train[1]
+    assert first["contest_number"] == second["contest_number"]
+    assert first["image"]["bytes"] == second["image"]["bytes"]
+    assert first["image_description"] == second["image_description"]
+    assert first["instance_id"] != second["instance_id"]
+    assert len(first["caption_choices"]) == 5 and first["label"] in "ABCDE"
+    contests = [set(dataset[split]["contest_number"]) for split in ("train", "validation", "test")]
+    assert [len(c) for c in contests] == [3, 2, 2]
+    assert not (contests[0] & contests[1] or contests[0] & contests[2] or contests[1] & contests[2])
+
+
+def test_same_seed_gives_identical_parquet_bytes(dataset_dir, tmp_path):
+    again = make_synthetic_dataset(tmp_path / "again", **SMALL_ROWS)
+    other = make_synthetic_dataset(tmp_path / "other", **SMALL_ROWS, seed=1)
+    shard = "matching/train-00000-of-00001.parquet"
+    assert (again / shard).read_bytes() == (dataset_dir / shard).read_bytes()
+    assert (other / shard).read_bytes() != (dataset_dir / shard).read_bytes()
+
+
+@pytest.mark.parametrize("name", ["train_rows", "validation_rows", "test_rows", "rows_per_cartoon"])
+def test_non_positive_row_counts_are_refused_by_name(tmp_path, name):
+    with pytest.raises(ValueError, match=name):
+        make_synthetic_dataset(tmp_path, **{**SMALL_ROWS, name: 0})
+
+
+# --- cartoons and captions -----------------------------------------------------------------------
+
+def test_caption_says_what_is_drawn():
+    scene = Scene("street", "left", (("house", 2), ("tree", 1)))
+    assert describe(scene) == CAPTION
+
+
+def test_different_contents_always_get_different_captions():
+    scenes = [
+        Scene(setting, region, things)
+        for setting, region in itertools.product(fixtures.SETTINGS, fixtures.REGIONS)
+        for n_kinds in (1, 2)
+        for kinds in itertools.permutations(fixtures.THINGS, n_kinds)
+        for counts in itertools.product((1, 2, 3), repeat=n_kinds)
+        if sum(counts) <= fixtures.MAX_OBJECTS
+        for things in [tuple(zip(kinds, counts))]
+    ]
+    # Two kinds listed in another order are the same contents; captions may differ for those,
+    # so compare the sets of contents per caption instead of counting captions.
+    contents_by_caption = {}
+    for scene in scenes:
+        contents = (scene.setting, scene.region, frozenset(scene.things))
+        contents_by_caption.setdefault(describe(scene), set()).add(contents)
+    assert all(len(contents) == 1 for contents in contents_by_caption.values())
+
+
+def test_objects_are_drawn_in_the_region_the_caption_names():
+    def ink(region):
+        scene = Scene("room", region, (("house", 1),))
+        pixels = np.asarray(render_scene(scene, np.random.default_rng(7), 800, 600).convert("L"), dtype=float)
+        return 255.0 - pixels
+
+    extra = np.clip(ink("left") - ink("right"), 0, None)  # ink the left-side house adds
+    assert extra[:, :400].sum() > 5 * extra[:, 400:].sum()
+
+
+def test_draw_cartoon_is_deterministic_and_has_the_requested_size():
+    image, caption = draw_cartoon(np.random.default_rng(3), 640, 520)
+    again, caption_again = draw_cartoon(np.random.default_rng(3), 640, 520)
+    assert image.size == (640, 520) and image.mode == "RGB"
+    assert caption == caption_again and np.array_equal(np.asarray(image), np.asarray(again))
+    encoded = jpeg_bytes(image)
+    assert Image.open(io.BytesIO(encoded)).format == "JPEG"
+
+
+# --- Gaudi config, default fixtures, command line ------------------------------------------------
+
+def test_gaudi_config_matches_habana_clip(tmp_path):
+    config = json.loads((make_gaudi_config(tmp_path) / "gaudi_config.json").read_text())
+    assert config == {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
+
+
+def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tmp_path, monkeypatch):
+    monkeypatch.setattr(fixtures, "DEFAULT_DATASET_PARAMS", {"kind": "dataset", **SMALL_ROWS, "seed": 0})
+    root = tmp_path / "fixtures"
+    half_built = root / fixtures.MODEL_DIR_NAME  # e.g. an interrupted copy: no completion marker
+    half_built.mkdir(parents=True)
+    (half_built / "config.json").write_text("{}")
+    dead_pid = 4_000_000
+    while fixtures._process_alive(dead_pid):
+        dead_pid += 1
+    stale = root / f".partial-{fixtures.DATASET_DIR_NAME}-{dead_pid}-abc123"
+    stale.mkdir()
+    an_hour_ago = time.time() - 3600
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+
+    paths = ensure_default_fixtures(root)
+
+    assert set(paths) == {"model", "dataset", "gaudi_config"}
+    assert not stale.exists()
+    assert (paths["model"] / "model.safetensors").exists()
+    assert len(_load(paths["dataset"], tmp_path)["train"]) == SMALL_ROWS["train_rows"]
+    assert (paths["gaudi_config"] / "gaudi_config.json").exists()
+
+    stamps = {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")}
+    assert ensure_default_fixtures(root) == paths
+    assert {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")} == stamps
+
+
+def test_ensure_default_fixtures_uses_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv(fixtures.FIXTURES_ENV, str(tmp_path / "from-env"))
+    assert fixtures.default_fixtures_root() == tmp_path / "from-env"
+
+
+def test_cli_writes_a_dataset_and_prints_the_image_spread(tmp_path, capsys):
+    fixtures.main(["--out", str(tmp_path), "--train-rows", "2", "--validation-rows", "1", "--test-rows", "1",
+                   "--rows-per-cartoon", "1", "dataset"])
+    printed = capsys.readouterr().out
+    assert str(tmp_path / fixtures.DATASET_DIR_NAME) in printed and "JPEG" in printed
+    assert fixtures.is_complete(tmp_path / fixtures.DATASET_DIR_NAME, {
+        "kind": "dataset", "train_rows": 2, "validation_rows": 1, "test_rows": 1, "rows_per_cartoon": 1, "seed": 0})
+
+
+def test_cli_refuses_a_non_positive_row_count(capsys):
+    with pytest.raises(SystemExit):
+        fixtures.main(["--train-rows", "0", "dataset"])
+    assert "--train-rows" in capsys.readouterr().err

@@ -1,0 +1,189 @@
+"""The decode-once image cache: build, reuse, invalidation, recovery, fallbacks, workers."""
+
+import io
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from bridgetower_bench import image_cache  # noqa: E402
+from bridgetower_bench.image_cache import (  # noqa: E402
+    MANIFEST_FILE,
+    PIXELS_FILE,
+    DecodedImageCache,
+    open_decoded_image_cache,
+)
+from bridgetower_bench.images import make_image_transform  # noqa: E402
+
+SIZE = 16
+
+
+def jpeg(seed: int, width: int = 40, height: int = 36) -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def image_values(tmp_path):
+    """Rows as a data set holds them: embedded bytes, paths, path-only dicts; images repeat across rows.
+
+    Five distinct images: three embedded (one large enough for fast-draft's DCT scaling),
+    one PNG file, one JPEG file whose bytes also appear embedded in another row.
+    """
+    embedded = [jpeg(0), jpeg(1), jpeg(2, width=80, height=70)]
+    folder = tmp_path / "images"
+    folder.mkdir()
+    png_path = folder / "picture.png"
+    Image.new("RGBA", (30, 50), (200, 10, 10, 128)).save(png_path)
+    jpeg_path = folder / "photo.jpg"
+    jpeg_path.write_bytes(jpeg(3))
+    rows = [{"bytes": data, "path": None} for data in embedded]
+    rows += [str(png_path), {"bytes": None, "path": str(jpeg_path)}, {"bytes": jpeg(3), "path": "elsewhere.jpg"}]
+    return rows + rows[::-1] + rows[:2]
+
+
+def open_cache(values, cache_dir, pipeline="fast", image_size=SIZE, fingerprint="data-v1", num_proc=None):
+    return open_decoded_image_cache(
+        values, pipeline=pipeline, image_size=image_size, cache_dir=cache_dir, fingerprint=fingerprint, num_proc=num_proc
+    )
+
+
+def pixels_mtime(cache: DecodedImageCache) -> int:
+    return (cache.directory / PIXELS_FILE).stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("pipeline", ["fast", "fast-draft"])
+def test_cached_tensors_equal_uncached_pipeline(image_values, tmp_path, pipeline):
+    cache = open_cache(image_values, tmp_path / "cache", pipeline=pipeline)
+    transform = make_image_transform(pipeline, SIZE, mean=(), std=())
+    assert cache.built and len(cache) == 5
+    assert cache.manifest["n_values"] == len(image_values)
+    for value in image_values:
+        cached = cache(value)
+        assert cached.dtype == torch.uint8 and cached.shape == (3, SIZE, SIZE)
+        assert torch.equal(cached, transform(value))
+    assert cache.fallback_decodes == 0
+
+
+def test_parallel_build_equals_serial_build(image_values, tmp_path):
+    serial = open_cache(image_values, tmp_path / "serial")
+    parallel = open_cache(image_values, tmp_path / "parallel", num_proc=2)
+    assert np.array_equal(np.load(serial.directory / PIXELS_FILE), np.load(parallel.directory / PIXELS_FILE))
+
+
+def test_reused_without_rebuilding(image_values, tmp_path):
+    first = open_cache(image_values, tmp_path)
+    built_at = pixels_mtime(first)
+    second = open_cache(image_values, tmp_path)
+    assert not second.built
+    assert second.directory == first.directory and pixels_mtime(second) == built_at
+    assert torch.equal(second(image_values[3]), first(image_values[3]))
+
+
+@pytest.mark.parametrize(
+    "changed", [{"image_size": SIZE + 2}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}]
+)
+def test_other_settings_never_reuse_a_cache(image_values, tmp_path, changed):
+    first = open_cache(image_values, tmp_path)
+    other = open_cache(image_values, tmp_path, **changed)
+    assert other.built and other.directory != first.directory
+    assert other(image_values[0]).shape == (3, changed.get("image_size", SIZE), changed.get("image_size", SIZE))
+
+
+def test_manifest_from_other_library_versions_is_rebuilt(image_values, tmp_path):
+    first = open_cache(image_values, tmp_path)
+    manifest_path = first.directory / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["torchvision"] = "0.0.1"
+    manifest_path.write_text(json.dumps(manifest))
+    again = open_cache(image_values, tmp_path)
+    assert again.built
+    assert json.loads(manifest_path.read_text())["torchvision"] != "0.0.1"
+
+
+def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatch):
+    decode_one = image_cache._decode_one
+    decoded = []
+
+    def dies_after_two_images(task):
+        if len(decoded) == 2:
+            raise KeyboardInterrupt  # stands in for the process being killed
+        decoded.append(task)
+        return decode_one(task)
+
+    monkeypatch.setattr(image_cache, "_decode_one", dies_after_two_images)
+    with pytest.raises(KeyboardInterrupt):
+        open_cache(image_values, tmp_path / "cache")
+    monkeypatch.setattr(image_cache, "_decode_one", decode_one)
+    (directory,) = (tmp_path / "cache").iterdir()
+    assert not list(directory.iterdir())  # no manifest, and the half-written files are gone
+
+    recovered = open_cache(image_values, tmp_path / "cache")
+    assert recovered.built
+    transform = make_image_transform("fast", SIZE, mean=(), std=())
+    assert all(torch.equal(recovered(value), transform(value)) for value in image_values)
+
+
+def test_truncated_pixel_file_is_rebuilt(image_values, tmp_path):
+    first = open_cache(image_values, tmp_path)
+    pixels = first.directory / PIXELS_FILE
+    with open(pixels, "r+b") as handle:
+        handle.truncate(pixels.stat().st_size // 2)
+    again = open_cache(image_values, tmp_path)
+    assert again.built
+    assert torch.equal(again(image_values[0]), make_image_transform("fast", SIZE, (), ())(image_values[0]))
+
+
+def test_unknown_image_falls_back_to_decoding_and_is_counted(image_values, tmp_path):
+    cache = open_cache(image_values, tmp_path)
+    stranger = {"bytes": jpeg(99), "path": None}
+    assert torch.equal(cache(stranger), make_image_transform("fast", SIZE, (), ())(stranger))
+    assert cache.fallback_decodes == 1
+
+
+def test_upstream_pipeline_is_refused(image_values, tmp_path):
+    with pytest.raises(ValueError, match="--image_pipeline=upstream"):
+        open_cache(image_values, tmp_path, pipeline="upstream")
+
+
+def test_broken_image_names_its_row(image_values, tmp_path):
+    values = image_values[:3] + [{"bytes": b"\xff\xd8\xff garbage", "path": None}]
+    with pytest.raises(ValueError, match="image row 3: cannot decode image from embedded bytes"):
+        open_cache(values, tmp_path)
+    with pytest.raises(ValueError, match="image row 1: cannot read image file"):
+        open_cache([image_values[0], str(tmp_path / "missing.jpg")], tmp_path)
+
+
+def test_pickled_cache_reopens_lazily(image_values, tmp_path):
+    cache = open_cache(image_values, tmp_path)
+    expected = cache(image_values[1])  # maps the file in this process
+    payload = pickle.dumps(cache)
+    assert len(payload) < 4096  # neither pixels nor index travel with it
+    assert torch.equal(pickle.loads(payload)(image_values[1]), expected)
+
+
+class RowsDataset(torch.utils.data.Dataset):
+    def __init__(self, values, transform):
+        self.values, self.transform = values, transform
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, index):
+        return self.transform(self.values[index])
+
+
+def test_data_loader_workers_get_the_same_tensors(image_values, tmp_path):
+    cache = open_cache(image_values, tmp_path)
+    expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
+    loader = torch.utils.data.DataLoader(RowsDataset(image_values, cache), batch_size=4, num_workers=2)
+    assert torch.equal(torch.cat(list(loader)), expected)

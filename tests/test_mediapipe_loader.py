@@ -1,0 +1,556 @@
+"""The Gaudi media-pipeline loader's CPU-testable parts, plus its wiring against a fake Habana API.
+
+The fake (``fake_habana``) stands in for habana_frameworks.mediapipe/torch with the API names the
+module documents; its "device" decodes a solid-colour JPEG to its mean colour, so the tests can
+check that decoded images, tokens and rows stay aligned and are normalised with the right constants.
+"""
+
+import importlib.machinery
+import io
+import os
+import socket
+import subprocess
+import sys
+import types
+from types import SimpleNamespace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import datasets  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler  # noqa: E402
+
+from bridgetower_bench import mediapipe_loader as ml  # noqa: E402
+from bridgetower_bench.images import to_rgb  # noqa: E402
+
+SEQ_LEN = 4
+MEAN = (0.48145466, 0.4578275, 0.40821073)
+STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+# ----------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------
+
+
+def encode(img: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    img.save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def solid_jpeg(colour, size=(20, 14)) -> bytes:
+    return encode(Image.new("RGB", size, colour), "JPEG", quality=95)
+
+
+def image_dataset(values, **columns) -> datasets.Dataset:
+    """A data set whose 'image' column holds {bytes, path} dicts (parquet style, undecoded)."""
+    rows = [v if isinstance(v, dict) else {"bytes": v, "path": None} for v in values]
+    features = {"image": datasets.Image(decode=False)}
+    features.update({name: datasets.Sequence(datasets.Value("int32")) for name in columns})
+    return datasets.Dataset.from_dict({"image": rows, **columns}, features=datasets.Features(features))
+
+
+def token_columns(n):
+    ids = [[row * 100 + j for j in range(SEQ_LEN)] for row in range(n)]
+    return {"input_ids": ids, "attention_mask": [[1] * SEQ_LEN for _ in range(n)]}
+
+
+def make_reader(n=10, sampler=None, batch_size=4, drop_last=False):
+    paths = [f"img{i}.jpg" for i in range(n)]
+    ids = np.arange(n * SEQ_LEN).reshape(n, SEQ_LEN)
+    mask = np.ones((n, SEQ_LEN), dtype=np.int32)
+    return ml.SamplerBatchReader(paths, ids, mask, sampler or SequentialSampler(range(n)), batch_size, drop_last)
+
+
+def rows_of(batch):
+    """Row numbers of a reader batch, checking that paths and tokens name the same rows."""
+    paths, ids, mask = batch
+    rows = [int(p[3:-4]) for p in paths]
+    assert list(ids[:, 0] // SEQ_LEN) == rows
+    return rows
+
+
+def stats(directory):
+    return {name: (s.st_ino, s.st_mtime_ns) for name in os.listdir(directory) for s in [os.stat(os.path.join(directory, name))]}
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# ----------------------------------------------------------------------------------------
+# SamplerBatchReader
+# ----------------------------------------------------------------------------------------
+
+
+def test_reader_follows_sequential_sampler_and_keeps_last_partial_batch():
+    reader = make_reader(n=10, batch_size=4)
+    batches = list(reader)
+    assert [rows_of(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert len(reader) == 3
+    for paths, ids, mask in batches:
+        assert ids.dtype == np.int64 and mask.dtype == np.int64
+        assert ids.shape == mask.shape == (len(paths), SEQ_LEN)
+
+
+def test_reader_drop_last_drops_partial_batch():
+    reader = make_reader(n=10, batch_size=4, drop_last=True)
+    assert [rows_of(b) for b in reader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(reader) == 2
+
+
+def test_reader_follows_random_sampler_order():
+    expected = list(RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
+    reader = make_reader(n=10, batch_size=3, sampler=RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
+    rows = [row for batch in reader for row in rows_of(batch)]
+    assert rows == expected
+    assert rows != sorted(rows)
+
+
+def test_reader_shards_with_distributed_sampler_and_reshuffles_per_epoch():
+    def epoch_rows(rank, epoch):
+        sampler = DistributedSampler(range(10), num_replicas=2, rank=rank, shuffle=True, seed=3)
+        reader = make_reader(n=10, batch_size=2, sampler=sampler)
+        reader.set_epoch(epoch)
+        assert len(reader) == 3
+        return [row for batch in reader for row in rows_of(batch)]
+
+    for epoch in (0, 1):
+        rank0, rank1 = epoch_rows(0, epoch), epoch_rows(1, epoch)
+        assert not set(rank0) & set(rank1)
+        assert sorted(rank0 + rank1) == list(range(10))
+    assert epoch_rows(0, 0) != epoch_rows(0, 1)
+
+
+def test_reader_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="must match"):
+        ml.SamplerBatchReader(["a.jpg"] * 3, np.zeros((4, 2)), np.zeros((4, 2)), SequentialSampler(range(3)), 2, False)
+    with pytest.raises(ValueError, match="batch size"):
+        make_reader(batch_size=0)
+
+
+# ----------------------------------------------------------------------------------------
+# materialise_images
+# ----------------------------------------------------------------------------------------
+
+
+def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
+    red, blue = solid_jpeg((200, 30, 30)), solid_jpeg((30, 30, 200))
+    # paths like the New Yorker parquet's: names that are not files on disk
+    ds = image_dataset([{"bytes": b, "path": "cartoon.jpg"} for b in (red, blue, red, red, blue)])
+    paths = ml.materialise_images(ds, "image", str(tmp_path), "fp1")
+
+    assert len(paths) == 5
+    assert paths[0] == paths[2] == paths[3] != paths[1] == paths[4]
+    assert sorted(os.listdir(tmp_path / "fp1")) == sorted([os.path.basename(paths[0]), os.path.basename(paths[1]), ml.MANIFEST_NAME])
+    with open(paths[0], "rb") as handle:
+        assert handle.read() == red  # baseline JPEG copied as it is
+
+
+def test_second_run_reads_and_writes_nothing(tmp_path, monkeypatch):
+    ds = image_dataset([solid_jpeg((10, 200, 10)), encode(Image.new("RGB", (9, 9), "white"), "PNG")])
+    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    before = stats(tmp_path / "fp")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished cache was rebuilt")
+
+    monkeypatch.setattr(ml._ImageStore, "store_all", must_not_run)
+    assert ml.materialise_images(ds, "image", str(tmp_path), "fp") == first
+    assert stats(tmp_path / "fp") == before
+
+
+def _cases():
+    gradient = Image.linear_gradient("L").resize((16, 12))
+    rgba = Image.new("RGBA", (16, 12), (255, 0, 0, 128))
+    palette = Image.new("RGB", (16, 12), (0, 120, 240)).convert("P", palette=Image.Palette.ADAPTIVE, colors=4)
+    sixteen = Image.fromarray((np.arange(192).reshape(12, 16) * 300).astype(np.uint16))
+    return {
+        "png": encode(Image.new("RGB", (16, 12), (40, 90, 160)), "PNG"),
+        "cmyk_jpeg": encode(Image.new("CMYK", (16, 12), (0, 128, 255, 0)), "JPEG"),
+        "palette_png": encode(palette, "PNG"),
+        "grey_png": encode(gradient, "PNG"),
+        "rgba_png": encode(rgba, "PNG"),
+        "16bit_png": encode(sixteen, "PNG"),
+        "progressive_jpeg": encode(Image.new("RGB", (16, 12), (70, 70, 20)), "JPEG", progressive=True),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_cases()))
+def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, case):
+    original = _cases()[case]
+    assert not ml.is_decoder_ready_jpeg(original)
+    (path,) = ml.materialise_images(image_dataset([original]), "image", str(tmp_path), "fp")
+
+    with open(path, "rb") as handle:
+        written = handle.read()
+    assert ml.is_decoder_ready_jpeg(written)
+    decoded = Image.open(io.BytesIO(written))
+    assert decoded.format == "JPEG" and decoded.mode == "RGB"
+    expected = np.asarray(to_rgb(Image.open(io.BytesIO(original))), dtype=np.float64)
+    assert decoded.size == (expected.shape[1], expected.shape[0])
+    assert np.abs(np.asarray(decoded, dtype=np.float64) - expected).mean() < 4
+
+
+def test_baseline_grey_jpeg_is_copied_as_it_is(tmp_path):
+    grey = encode(Image.new("L", (16, 12), 90), "JPEG", quality=90)
+    (path,) = ml.materialise_images(image_dataset([grey]), "image", str(tmp_path), "fp")
+    with open(path, "rb") as handle:
+        assert handle.read() == grey
+
+
+def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
+    jpeg_file, png_file = tmp_path / "photo.jpg", tmp_path / "drawing.png"
+    jpeg_file.write_bytes(solid_jpeg((1, 2, 3)))
+    png_file.write_bytes(encode(Image.new("RGB", (8, 8), (9, 9, 9)), "PNG"))
+    ds = datasets.Dataset.from_dict({"image_path": [str(jpeg_file), str(png_file), str(jpeg_file)]})
+    paths = ml.materialise_images(ds, "image_path", str(tmp_path / "cache"), "fp")
+
+    assert paths[0] == paths[2] == str(jpeg_file)
+    assert os.path.dirname(paths[1]) == str(tmp_path / "cache" / "fp")
+    assert Image.open(paths[1]).format == "JPEG"
+
+
+@pytest.mark.parametrize("string_column", [False, True])
+def test_missing_image_file_names_row_and_path(tmp_path, string_column):
+    missing = str(tmp_path / "nowhere" / "cartoon_17.jpg")
+    if string_column:
+        existing = tmp_path / "ok.jpg"
+        existing.write_bytes(solid_jpeg((5, 5, 5)))
+        ds = datasets.Dataset.from_dict({"image": [str(existing), str(existing), missing]})
+    else:
+        ds = image_dataset([solid_jpeg((5, 5, 5)), solid_jpeg((6, 6, 6)), {"bytes": None, "path": missing}])
+    with pytest.raises(ValueError, match="row 2") as error:
+        ml.materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
+    assert missing in str(error.value)
+
+
+def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
+    images = [solid_jpeg((200, 0, 0)), encode(Image.new("RGBA", (8, 8), (0, 0, 255, 255)), "PNG")]
+    ds = image_dataset(images)
+    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    out_dir = tmp_path / "fp"
+    # The state a build killed mid-way leaves: no manifest, one file not yet renamed into place.
+    os.remove(out_dir / ml.MANIFEST_NAME)
+    os.remove(first[1])
+    host = socket.gethostname()
+    stale = out_dir / f".{os.path.basename(first[1])}.x1y2z3.{host}.{dead_pid()}.tmp"
+    stale.write_bytes(b"\xff\xd8\xff truncated")
+    live = out_dir / f".other.jpg.a1b2c3.{host}.{os.getpid()}.tmp"  # a concurrent writer's file
+    live.write_bytes(b"in progress")
+    survivor = stats(out_dir)[os.path.basename(first[0])]
+
+    again = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+
+    assert again == first
+    assert stats(out_dir)[os.path.basename(first[0])] == survivor  # finished file not rewritten
+    assert Image.open(first[1]).mode == "RGB"
+    assert not stale.exists() and live.exists()
+    assert (out_dir / ml.MANIFEST_NAME).exists()
+
+
+def test_unknown_column_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="--image_column=picture"):
+        ml.materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
+
+
+# ----------------------------------------------------------------------------------------
+# availability on this (non-Gaudi) machine
+# ----------------------------------------------------------------------------------------
+
+
+def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
+    reason = ml.mediapipe_unavailable_reason()
+    assert isinstance(reason, str) and reason
+    assert ml.choose_loader(True) == (f"torch (media pipeline unavailable: {reason})", reason)
+    assert ml.choose_loader(False) == ("torch", None)
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        ml.MediaPipeDataLoader(object(), SequentialSampler(range(1)), 1)
+
+
+# ----------------------------------------------------------------------------------------
+# a fake Habana stack, with the API names mediapipe_loader.py documents
+# ----------------------------------------------------------------------------------------
+
+
+class FakeOp:
+    def __init__(self, kind, **kwargs):
+        self.kind, self.kwargs = kind, kwargs
+
+    def __call__(self, *inputs):
+        if self.kind == "reader":
+            return tuple(("reader", self, i) for i in range(self.kwargs["num_outputs"]))
+        return ("op", self, inputs)
+
+
+class FakeMediaPipe:
+    created = []
+
+    def __init__(self, device, batch_size, prefetch_depth, pipe_name):
+        self.settings = dict(device=device, batch_size=batch_size, prefetch_depth=prefetch_depth, pipe_name=pipe_name)
+        FakeMediaPipe.created.append(self)
+
+
+class FakeIterator:
+    """Builds the graph, runs the reader node, 'decodes' each solid-colour JPEG to its mean colour."""
+
+    def __init__(self, mediapipe):
+        self.batch_size = mediapipe.settings["batch_size"]
+        self.outputs = mediapipe.definegraph()
+        self.reader_op = next(node[1] for node in self.outputs if node[0] == "reader")
+        kwargs = self.reader_op.kwargs
+        self.reader = kwargs["impl"]({"priv_params": kwargs["priv_params"]}, SimpleNamespace(batch_size=self.batch_size))
+        assert len(self.reader.gen_output_info()) == kwargs["num_outputs"]
+        assert os.path.isfile(self.reader.get_largest_file())
+
+    def __iter__(self):
+        iter(self.reader)
+        return self
+
+    def __next__(self):
+        produced = next(self.reader)
+        assert len(produced[0]) == self.batch_size  # the pipeline's shapes are fixed
+        assert produced[1].shape == (self.batch_size, SEQ_LEN) and produced[1].dtype == np.uint32
+        return [torch.as_tensor(np.asarray(self._evaluate(node, produced), dtype=np.float32)) for node in self.outputs]
+
+    def _evaluate(self, node, produced):
+        if node[0] == "reader":
+            return produced[node[2]]
+        _, op, inputs = node
+        args = [self._evaluate(i, produced) for i in inputs]
+        if op.kind == "decode":
+            assert op.kwargs["device"] == "hpu" and op.kwargs["random_crop_type"] == "CENTER_CROP"
+            width, height = op.kwargs["resize"]
+            colours = [np.asarray(Image.open(f).convert("RGB"), dtype=np.float64).mean(axis=(0, 1)) for f in args[0]]
+            return np.stack([np.broadcast_to(c[:, None, None], (3, height, width)) for c in colours])
+        if op.kind == "const":
+            return np.asarray(op.kwargs["data"], dtype=np.float64).reshape(3, 1, 1)
+        if op.kind == "cmn":
+            images, mean, inv_std = args
+            return (images - mean) * inv_std
+        raise AssertionError(f"unexpected op {op.kind}")
+
+
+def _install_module(monkeypatch, name, **attributes):
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # libraries probe with find_spec()
+    module.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, name, module)
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+@pytest.fixture
+def fake_habana(monkeypatch):
+    """Install a fake Habana stack; returns the fake hpu module (set .device_name to change the device)."""
+    FakeMediaPipe.created.clear()
+    enum = lambda *names: SimpleNamespace(**{n: n for n in names})  # noqa: E731
+    fn = SimpleNamespace(
+        MediaExtReaderOp=lambda **kw: FakeOp("reader", **kw),
+        ImageDecoder=lambda **kw: FakeOp("decode", **kw),
+        MediaConst=lambda **kw: FakeOp("const", **kw),
+        CropMirrorNorm=lambda **kw: FakeOp("cmn", **kw),
+    )
+    _install_module(monkeypatch, "habana_frameworks")
+    _install_module(monkeypatch, "habana_frameworks.mediapipe", fn=fn)
+    _install_module(
+        monkeypatch,
+        "habana_frameworks.mediapipe.media_types",
+        dtype=enum("NDT", "UINT32", "FLOAT32"),
+        ftype=enum("BICUBIC"),
+        imgtype=enum("RGB_P"),
+        randomCropType=enum("CENTER_CROP"),
+        readerOutType=enum("FILE_LIST"),
+    )
+    _install_module(monkeypatch, "habana_frameworks.mediapipe.mediapipe", MediaPipe=FakeMediaPipe)
+    _install_module(monkeypatch, "habana_frameworks.mediapipe.operators")
+    _install_module(monkeypatch, "habana_frameworks.mediapipe.operators.reader_nodes")
+    _install_module(
+        monkeypatch,
+        "habana_frameworks.mediapipe.operators.reader_nodes.reader_nodes",
+        media_ext_reader_op_impl=type("media_ext_reader_op_impl", (), {}),
+        media_ext_reader_op_tensor_info=lambda dtype, shape, layout: (dtype, tuple(shape), layout),
+    )
+    _install_module(monkeypatch, "habana_frameworks.mediapipe.plugins")
+    _install_module(monkeypatch, "habana_frameworks.mediapipe.plugins.iterator_pytorch", HPUGenericPytorchIterator=FakeIterator)
+    _install_module(monkeypatch, "habana_frameworks.torch")
+    hpu = _install_module(monkeypatch, "habana_frameworks.torch.hpu", device_name="GAUDI2", visible=True)
+    hpu.is_available = lambda: hpu.visible
+    hpu.get_device_name = lambda: hpu.device_name
+    return hpu
+
+
+def test_available_only_on_gaudi2_and_gaudi3(fake_habana):
+    for name in ("GAUDI2", "GAUDI3"):
+        fake_habana.device_name = name
+        assert ml.mediapipe_unavailable_reason() is None
+        assert ml.choose_loader(True) == ("mediapipe", None)
+    fake_habana.device_name = "GAUDI"
+    assert ml.mediapipe_unavailable_reason() == "no Gaudi2/Gaudi3 device (found: GAUDI)"
+    fake_habana.visible = False
+    assert "no HPU" in ml.mediapipe_unavailable_reason()
+
+
+COLOURS = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 128), (250, 250, 10), (10, 250, 250), (0, 0, 0)]
+
+
+def attached_dataset(tmp_path, image_size=8):
+    ds = image_dataset([solid_jpeg(c) for c in COLOURS], **token_columns(len(COLOURS)))
+    paths = ml.materialise_images(ds, "image", str(tmp_path), ds._fingerprint)
+    ml.attach_mediapipe_inputs(ds, paths, image_size, MEAN, STD)
+    return ds
+
+
+def rows_of_batch(batch):
+    return [int(i) // 100 for i in batch["input_ids"][:, 0]]
+
+
+def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path, image_size=8)
+    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=2)
+
+    for _epoch in range(2):
+        batches = list(loader)
+        assert len(batches) == len(loader) == 3
+        assert [rows_of_batch(b) for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
+        for batch in batches:
+            assert batch["return_loss"] is True
+            assert batch["input_ids"].dtype == batch["attention_mask"].dtype == torch.int64
+            assert batch["pixel_values"].shape == (len(batch["input_ids"]), 3, 8, 8)
+            for image, row in zip(batch["pixel_values"], rows_of_batch(batch)):
+                expected = (torch.tensor(COLOURS[row]) / 255 - torch.tensor(MEAN)) / torch.tensor(STD)
+                torch.testing.assert_close(image[:, 4, 4], expected.float(), atol=0.05, rtol=0)
+    (pipe,) = FakeMediaPipe.created
+    assert pipe.settings["prefetch_depth"] == 3 and pipe.settings["batch_size"] == 3
+
+
+def test_loader_needs_attached_inputs(fake_habana):
+    with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
+        ml.MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
+
+
+def test_attach_rejects_captions_of_different_lengths(tmp_path):
+    ds = image_dataset([solid_jpeg((1, 1, 1))] * 2, input_ids=[[1, 2], [3]], attention_mask=[[1, 1], [1]])
+    with pytest.raises(ValueError, match="padding='max_length'"):
+        ml.attach_mediapipe_inputs(ds, ["a.jpg", "b.jpg"], 8, MEAN, STD)
+
+
+class FakeTrainerBase:
+    """What the mixin uses of transformers' Trainer (4.55 sampler hooks and arguments)."""
+
+    def __init__(self, args, train_dataset=None, eval_dataset=None):
+        self.args, self.train_dataset, self.eval_dataset = args, train_dataset, eval_dataset
+
+    def _get_train_sampler(self, train_dataset=None):
+        return RandomSampler(train_dataset or self.train_dataset)
+
+    def _get_eval_sampler(self, eval_dataset):
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+
+    def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+        return resume_from_checkpoint
+
+
+class FakeTrainer(ml.MediaPipeTrainerMixin, FakeTrainerBase):
+    pass
+
+
+def trainer_args(**overrides):
+    args = dict(
+        world_size=1, process_index=0, seed=42, data_seed=None, dataloader_drop_last=False, dataloader_num_workers=0,
+        train_batch_size=3, eval_batch_size=3, ignore_data_skip=False,
+    )
+    args.update(overrides)
+    return SimpleNamespace(**args)
+
+
+def test_mixin_shards_training_across_ranks_with_full_batches(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path)
+    per_rank = []
+    for rank in (0, 1):
+        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds).get_train_dataloader()
+        loader.set_epoch(0)
+        batches = list(loader)
+        assert all(len(b["input_ids"]) == 3 for b in batches)
+        per_rank.append([row for b in batches for row in rows_of_batch(b)])
+    assert len(per_rank[0]) == len(per_rank[1])  # every rank runs the same number of steps
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(COLOURS)))
+
+
+def test_mixin_sharded_evaluation_gathers_every_row_once(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path)
+    rounds = []
+    for rank in (0, 1):
+        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), eval_dataset=ds).get_eval_dataloader()
+        seen = []
+        for batch in loader:
+            state = loader.gradient_state
+            seen.append((rows_of_batch(batch), state.end_of_dataloader, state.remainder))
+        rounds.append(seen)
+    assert len(rounds[0]) == len(rounds[1])
+    gathered = []
+    for (rows0, end, remainder), (rows1, _, _) in zip(*rounds):
+        together = rows0 + rows1  # what gather_for_metrics concatenates, rank by rank
+        gathered += together[:remainder] if end and remainder > 0 else together
+    assert gathered == list(range(len(COLOURS)))
+
+
+def test_mixin_single_device_uses_the_trainers_sampler(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path)
+    trainer = FakeTrainer(trainer_args(), train_dataset=ds, eval_dataset=ds)
+    train_rows = [row for b in trainer.get_train_dataloader() for row in rows_of_batch(b)]
+    assert sorted(train_rows) == list(range(len(COLOURS)))
+    eval_rows = [row for b in trainer.get_eval_dataloader() for row in rows_of_batch(b)]
+    assert eval_rows == list(range(len(COLOURS)))
+
+
+def test_mixin_resume_restarts_the_epoch_instead_of_skipping_batches():
+    trainer = FakeTrainer(trainer_args())
+    assert trainer.train(resume_from_checkpoint="out/checkpoint-10") == "out/checkpoint-10"
+    assert trainer.args.ignore_data_skip is True
+
+
+class RowRecordingModel(torch.nn.Module):
+    """A one-layer stand-in for BridgeTower that records which rows each batch held."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+        self.rows_seen = []
+
+    def forward(self, pixel_values, input_ids, attention_mask, return_loss=True):
+        self.rows_seen.append([int(i) // 100 for i in input_ids[:, 0]])
+        loss = self.linear(pixel_values.mean(dim=(2, 3))).pow(2).mean()
+        return {"loss": loss, "logits": loss.reshape(1)}
+
+
+def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, Trainer):
+        pass
+
+    ds = attached_dataset(tmp_path / "images")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, per_device_eval_batch_size=2,
+        num_train_epochs=2, use_cpu=True, report_to=[], remove_unused_columns=False, save_strategy="no",
+        dataloader_num_workers=2, disable_tqdm=True,
+    )
+    model = RowRecordingModel()
+    trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
+    assert trainer.train().global_step == 6
+    epochs = [sorted(sum(model.rows_seen[i : i + 3], [])) for i in (0, 3)]
+    assert epochs == [list(range(len(COLOURS)))] * 2
+
+    model.rows_seen.clear()
+    assert "eval_loss" in trainer.evaluate()
+    assert model.rows_seen == [[0, 1], [2, 3], [4, 5], [6]]
