@@ -20,7 +20,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 from transformers.trainer_utils import get_last_checkpoint
 
 from bridgetower_bench import data
-from bridgetower_bench.gaudi_only import refuse_gaudi_only_flags
+from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
@@ -82,7 +82,7 @@ class BridgeTowerTrainer(TrainerExtensions, Trainer):
 
 def main():
     # 1. Parse the arguments: flags, or a single .json file holding all of them. Gaudi-only flags are refused.
-    refuse_gaudi_only_flags(sys.argv)
+    refuse_unsupported_flags(sys.argv)
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))

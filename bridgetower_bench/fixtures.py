@@ -378,6 +378,8 @@ REGION_SPANS = {"left": (0.02, 0.6), "middle": (0.2, 0.8), "right": (0.4, 0.98)}
 
 def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int) -> Image.Image:
     """Draw `scene` as black line art on off-white paper: background, then the objects in their region."""
+    if width < 64 or height < 64:
+        raise ValueError(f"cartoon width and height must be at least 64 pixels, got {width}x{height}")
     canvas = Image.new("L", (width, height), 255)
     pen = _Pen(canvas, rng, width=max(2, round(min(width, height) / 220)))
     ground_y = rng.uniform(0.72, 0.8) * height
@@ -454,7 +456,9 @@ CHOICE_LETTERS = "ABCDE"
 
 
 def _features():
-    """The column schema of the New Yorker caption contest `matching` config."""
+    """The column schema of the New Yorker caption contest `matching` config. There,
+    `caption_choices` lists the five candidate captions ("A: ...", one per line; a string, as
+    DESIGN §3 gives the schema) and `label` is the letter of the right one."""
     from datasets import Features, Image as ImageFeature, Sequence, Value
 
     text = Value("string")
@@ -466,7 +470,7 @@ def _features():
         "image_uncanny_description": text,
         "entities": Sequence(text),
         "questions": Sequence(text),
-        "caption_choices": Sequence(text),
+        "caption_choices": text,
         "from_description": text,
         "label": text,
         "n_tokens_label": Value("int32"),
@@ -502,7 +506,7 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
             "image_uncanny_description": uncanny,
             "entities": entities,
             "questions": questions,
-            "caption_choices": choices,
+            "caption_choices": listed,
             "from_description": (f"scene: {setting}\ndescription: {description}\nuncanny: {uncanny}\n"
                                  f"entities: {', '.join(entities)}\nchoices {listed}"),
             "label": CHOICE_LETTERS[label],
@@ -544,6 +548,8 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
               "rows_per_cartoon": rows_per_cartoon}
     for name, value in counts.items():
         _check_positive(name, value)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     out = Path(out_dir)
     (out / DATASET_CONFIG_NAME).mkdir(parents=True, exist_ok=True)
     for stale in (out / DATASET_CONFIG_NAME).glob("*.parquet"):  # the split globs would pick them up
@@ -861,7 +867,7 @@ def _process_alive(pid: int) -> bool:
 
 
 # Bump when a generator's output changes, so that cached fixtures are rebuilt.
-FIXTURES_VERSION = 1
+FIXTURES_VERSION = 2
 DEFAULT_MODEL_OPTIONS = {"seed": 0, "image_size": 294, "large": False}
 DEFAULT_DATASET_OPTIONS = {"train_rows": 192, "validation_rows": 48, "test_rows": 48, "rows_per_cartoon": 4,
                            "seed": 0}
@@ -969,7 +975,7 @@ def _summary(kind: str, path: Path) -> str:
                 f"{spread['images']} cartoons: width {spread['width'][0]}-{spread['width'][1]} px, height "
                 f"{spread['height'][0]}-{spread['height'][1]} px, {spread['portrait']} portrait, "
                 f"JPEG {kb_min:.0f}/{kb_median:.0f}/{kb_max:.0f} KB (min/median/max)")
-    return f"  {(path / 'gaudi_config.json').read_text().strip()}"
+    return f"  gaudi_config.json: {json.dumps(json.loads((path / 'gaudi_config.json').read_text()))}"
 
 
 if __name__ == "__main__":

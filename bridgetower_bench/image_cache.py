@@ -28,6 +28,7 @@ import json
 import logging
 import multiprocessing
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -254,7 +255,8 @@ def build_decoded_image_cache(
         (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
     except OSError as error:
         raise ValueError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
-    suffix = f".partial-{os.getpid()}"
+    _remove_abandoned_partial_files(directory)
+    suffix = _partial_suffix(os.getpid())
     pixels_tmp = directory / (PIXELS_FILE + suffix)
     digests_tmp = directory / (DIGESTS_FILE + suffix)
     size = settings["image_size"]
@@ -342,6 +344,33 @@ def _decode_one(task: tuple[int, tuple[int, Any]]) -> int:
     except ValueError as error:
         raise ValueError(f"image row {row}: {error}") from error
     return slot
+
+
+def _partial_suffix(pid: int) -> str:
+    """Suffix of a build's temporary files: private to one process on one host."""
+    return f".partial-{socket.gethostname()}-{pid}"
+
+
+def _remove_abandoned_partial_files(directory: Path) -> None:
+    """Delete temporary files of killed builds (a dead process on this host) so they do not pile up.
+
+    Files of live processes, or of other hosts sharing the directory, are left alone.
+    """
+    marker = _partial_suffix(0)[:-1]  # ".partial-<host>-"
+    for path in directory.glob(f"*{marker}*"):
+        pid = path.name.rpartition("-")[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _write_atomically(path: Path, text: str, suffix: str) -> None:

@@ -26,6 +26,8 @@ def script_env(gaudi: bool) -> dict:
     if gaudi:
         env["PATH"] = str(SHIM / "bin") + os.pathsep + env.get("PATH", "")
     env["CUDA_VISIBLE_DEVICES"] = ""
+    # The machines running the tests are small and shared: one intra-op thread avoids oversubscription.
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

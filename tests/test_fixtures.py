@@ -41,7 +41,7 @@ MATCHING_FEATURES = Features({
     "image_uncanny_description": Value("string"),
     "entities": List(Value("string")),
     "questions": List(Value("string")),
-    "caption_choices": List(Value("string")),
+    "caption_choices": Value("string"),
     "from_description": Value("string"),
     "label": Value("string"),
     "n_tokens_label": Value("int32"),
@@ -158,7 +158,7 @@ def test_each_cartoon_fills_several_rows_and_splits_use_disjoint_cartoons(datase
     assert first["image"]["bytes"] == second["image"]["bytes"]
     assert first["image_description"] == second["image_description"]
     assert first["instance_id"] != second["instance_id"]
-    assert len(first["caption_choices"]) == 5 and first["label"] in "ABCDE"
+    assert first["caption_choices"].count("\n") == 4 and first["label"] in "ABCDE"
     contests = [set(dataset[split]["contest_number"]) for split in ("train", "validation", "test")]
     assert [len(c) for c in contests] == [3, 2, 2]
     assert not (contests[0] & contests[1] or contests[0] & contests[2] or contests[1] & contests[2])
@@ -231,11 +231,15 @@ def test_gaudi_config_matches_habana_clip(tmp_path):
 
 
 def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tmp_path, monkeypatch):
-    monkeypatch.setattr(fixtures, "DEFAULT_DATASET_PARAMS", {"kind": "dataset", **SMALL_ROWS, "seed": 0})
+    monkeypatch.setattr(fixtures, "DEFAULT_DATASET_OPTIONS", {**SMALL_ROWS, "seed": 0})
     root = tmp_path / "fixtures"
     half_built = root / fixtures.MODEL_DIR_NAME  # e.g. an interrupted copy: no completion marker
     half_built.mkdir(parents=True)
     (half_built / "config.json").write_text("{}")
+    outdated = root / fixtures.GAUDI_CONFIG_DIR_NAME  # complete, but by an older generator
+    outdated.mkdir()
+    (outdated / "gaudi_config.json").write_text("{}")
+    (outdated / fixtures.MARKER_FILE).write_text(json.dumps({**fixtures.fixture_params("gaudi_config"), "version": 0}))
     dead_pid = 4_000_000
     while fixtures._process_alive(dead_pid):
         dead_pid += 1
@@ -250,7 +254,8 @@ def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tm
     assert not stale.exists()
     assert (paths["model"] / "model.safetensors").exists()
     assert len(_load(paths["dataset"], tmp_path)["train"]) == SMALL_ROWS["train_rows"]
-    assert (paths["gaudi_config"] / "gaudi_config.json").exists()
+    assert json.loads((paths["gaudi_config"] / "gaudi_config.json").read_text())["use_fused_adam"] is True
+    assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in paths.values())
 
     stamps = {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")}
     assert ensure_default_fixtures(root) == paths
@@ -262,13 +267,16 @@ def test_ensure_default_fixtures_uses_the_environment_variable(tmp_path, monkeyp
     assert fixtures.default_fixtures_root() == tmp_path / "from-env"
 
 
-def test_cli_writes_a_dataset_and_prints_the_image_spread(tmp_path, capsys):
-    fixtures.main(["--out", str(tmp_path), "--train-rows", "2", "--validation-rows", "1", "--test-rows", "1",
-                   "--rows-per-cartoon", "1", "dataset"])
+def test_cli_writes_a_dataset_prints_the_image_spread_and_reuses_it(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--train-rows", "2", "--validation-rows", "1", "--test-rows", "1",
+            "--rows-per-cartoon", "1", "dataset"]
+    fixtures.main(argv)
     printed = capsys.readouterr().out
-    assert str(tmp_path / fixtures.DATASET_DIR_NAME) in printed and "JPEG" in printed
-    assert fixtures.is_complete(tmp_path / fixtures.DATASET_DIR_NAME, {
-        "kind": "dataset", "train_rows": 2, "validation_rows": 1, "test_rows": 1, "rows_per_cartoon": 1, "seed": 0})
+    assert str(tmp_path / fixtures.DATASET_DIR_NAME) in printed and "built in" in printed and "JPEG" in printed
+    assert fixtures.is_complete(tmp_path / fixtures.DATASET_DIR_NAME, fixtures.fixture_params(
+        "dataset", train_rows=2, validation_rows=1, test_rows=1, rows_per_cartoon=1, seed=0))
+    fixtures.main(argv)
+    assert "already complete" in capsys.readouterr().out
 
 
 def test_cli_refuses_a_non_positive_row_count(capsys):

@@ -4,6 +4,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +23,9 @@ from bridgetower_bench.image_cache import (  # noqa: E402
     open_decoded_image_cache,
 )
 from bridgetower_bench.images import make_image_transform  # noqa: E402
+
+# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
 SIZE = 16
 
@@ -131,6 +136,18 @@ def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatc
     assert recovered.built
     transform = make_image_transform("fast", SIZE, mean=(), std=())
     assert all(torch.equal(recovered(value), transform(value)) for value in image_values)
+
+
+def test_files_of_a_build_killed_outright_are_cleaned_up(image_values, tmp_path):
+    first = open_cache(image_values, tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)
+    abandoned = first.directory / (PIXELS_FILE + image_cache._partial_suffix(dead_pid))
+    abandoned.write_bytes(b"half a pixel file")
+    (first.directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
+    again = open_cache(image_values, tmp_path)
+    assert again.built and not abandoned.exists()
+    assert sorted(p.name for p in again.directory.iterdir()) == ["digests.npy", "manifest.json", "pixels.npy"]
 
 
 def test_truncated_pixel_file_is_rebuilt(image_values, tmp_path):

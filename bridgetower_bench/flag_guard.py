@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-GAUDI_ONLY_FLAGS = (
+HPU_ONLY_FLAGS = (
     "use_habana",
     "use_lazy_mode",
     "use_hpu_graphs",
@@ -23,7 +23,7 @@ GAUDI_ONLY_FLAGS = (
 )
 
 
-def gaudi_only_flags_in(argv: list[str]) -> list[str]:
+def hpu_only_flags_in(argv: list[str]) -> list[str]:
     """The Gaudi-only flags in a command line (or in its single .json configuration file)."""
     if len(argv) == 2 and argv[1].endswith(".json") and os.path.isfile(argv[1]):
         with open(argv[1]) as f:
@@ -31,11 +31,11 @@ def gaudi_only_flags_in(argv: list[str]) -> list[str]:
     else:
         names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
     names = [n.replace("-", "_") for n in names]
-    return sorted({f"--{n}" for n in names if n in GAUDI_ONLY_FLAGS})
+    return sorted({f"--{n}" for n in names if n in HPU_ONLY_FLAGS})
 
 
-def refuse_gaudi_only_flags(argv: list[str]) -> None:
-    flags = gaudi_only_flags_in(argv)
+def refuse_unsupported_flags(argv: list[str]) -> None:
+    flags = hpu_only_flags_in(argv)
     if flags:
         raise SystemExit(
             f"error: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} Gaudi-only "

@@ -1,0 +1,624 @@
+"""Decode and resize JPEG images on the training device (nvJPEG through torchvision), fed with encoded bytes.
+
+The idea of NVIDIA DALI and Habana's media pipeline, built from plain PyTorch parts:
+
+* **Loader workers** (``EncodedImageTransform`` in place of the image transform, ``collate_encoded`` as the
+  collator) only read the encoded bytes. A JPEG the GPU decoder takes (baseline, extended or progressive,
+  8-bit, 1 or 3 components) travels as its bytes; anything else (PNG, CMYK/YCCK JPEG, ...) is decoded and
+  resized on the host by the ``fast`` pipeline, image by image, and travels as uint8 pixels. A batch packs
+  all of it into one ``EncodedBatch`` object, which transformers' ``Trainer`` passes through untouched
+  (it only moves tensors, lists and dicts to the device).
+* **The trainer** (``DeviceDecodeTrainerMixin``) turns the ``EncodedBatch`` into uint8 ``pixel_values`` on
+  the device with ``decode_batch``: one batched ``decode_jpeg`` call per chunk of images, then upstream's
+  resize geometry with antialiased bicubic interpolation in float, rounded back to uint8, and the centre
+  crop. ``TrainerExtensions`` then normalises them, as it does for the host ``fast`` pipeline.
+* **Overlap** (CUDA): the next batch is decoded in a helper thread on a side CUDA stream while the current
+  step runs; the step's stream waits on an event recorded after that batch's decode. torchvision's nvJPEG
+  call blocks its caller until the decode is done, so the helper thread is what lets the training thread
+  keep queueing the step's kernels meanwhile.
+
+Every image the device decoder does not take is counted (``device_decode_stats``) and the count is logged
+once per epoch and per evaluation, so a run that silently decoded on the host cannot pass for a device
+decode run. On a CPU device the same code runs with torchvision's CPU ``decode_jpeg``, which is what the
+tests exercise.
+
+Command line (a correctness and speed check on real hardware)::
+
+    python -m bridgetower_bench.device_decode IMAGES_OR_PARQUET... [--device cuda] [--image-size 294]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
+from transformers import TrainerCallback
+
+from .images import FastTransform, encoded_image_bytes, normalize_on_device, resize_geometry
+
+logger = logging.getLogger(__name__)
+
+ENCODED_IMAGES_KEY = "encoded_images"
+DEFAULT_CHUNK_SIZE = 64
+
+# ----------------------------------------------------------------------------------------------------------
+# Which images the GPU decoder takes: magic bytes and the JPEG frame header
+# ----------------------------------------------------------------------------------------------------------
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_OTHER_FORMATS = ((b"\x89PNG", "PNG image"), (b"GIF8", "GIF image"), (b"BM", "BMP image"),
+                  (b"II*\x00", "TIFF image"), (b"MM\x00*", "TIFF image"))
+# Frame headers (SOFn): 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive (all Huffman-coded) are
+# what nvJPEG decodes; the others are lossless, hierarchical or arithmetic-coded. 0xC4, 0xC8 and 0xCC
+# sit in that range but are DHT, JPG and DAC segments.
+_DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)
+_OTHER_FRAMES = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
+_MARKERS_WITHOUT_LENGTH = (0x01, *range(0xD0, 0xD9))  # TEM, RST0-7, SOI
+_SOS, _APP14 = 0xDA, 0xEE
+
+
+@dataclass(frozen=True)
+class JpegFrame:
+    """What a JPEG's frame header and Adobe APP14 segment say about how it is coded."""
+
+    marker: int  # the SOFn marker byte
+    precision: int  # bits per sample
+    components: int
+    component_ids: bytes
+    adobe_transform: Optional[int]  # 0: RGB/CMYK stored as is, 1: YCbCr, 2: YCCK; None: no Adobe segment
+
+
+def read_jpeg_frame(data: bytes) -> Optional[JpegFrame]:
+    """Walk the marker segments of a JPEG up to its frame header; None if the header cannot be found."""
+    pos, end, adobe_transform = 2, len(data), None
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+            continue
+        if marker in _MARKERS_WITHOUT_LENGTH:
+            pos += 2
+            continue
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        segment = data[pos + 4 : pos + 2 + length]
+        if length < 2 or len(segment) != length - 2 or marker == _SOS:
+            return None  # truncated, or a scan before any frame header
+        if marker == _APP14 and segment.startswith(b"Adobe") and len(segment) >= 12:
+            adobe_transform = segment[11]
+        if marker in _DECODABLE_FRAMES or marker in _OTHER_FRAMES:
+            if len(segment) < 6:
+                return None
+            components = segment[5]
+            return JpegFrame(marker, segment[0], components, bytes(segment[6 : 6 + 3 * components : 3]), adobe_transform)
+        pos += 2 + length
+    return None
+
+
+def device_decoder_declines(data: bytes) -> Optional[str]:
+    """None when the GPU JPEG decoder takes these bytes; otherwise why not (the fallback reason)."""
+    if not data.startswith(_JPEG_MAGIC):
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return "WebP image"
+        return next((name for magic, name in _OTHER_FORMATS if data.startswith(magic)), "not a JPEG")
+    frame = read_jpeg_frame(data)
+    if frame is None:
+        return "JPEG without a readable frame header"
+    if frame.marker not in _DECODABLE_FRAMES:
+        return "lossless, hierarchical or arithmetic-coded JPEG"
+    if frame.precision != 8:
+        return f"{frame.precision}-bit JPEG"
+    if frame.components == 4:
+        return "CMYK/YCCK JPEG"
+    if frame.components not in (1, 3):
+        return f"JPEG with {frame.components} components"
+    if frame.components == 3 and (frame.adobe_transform == 0 or frame.component_ids == b"RGB"):
+        return "RGB-coded JPEG"  # colour stored without the YCbCr transform: leave it to the host's libjpeg
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loader side: one image -> EncodedImage; a batch -> EncodedBatch
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedImage:
+    """One image as a loader worker ships it: JPEG bytes for the device, or pixels decoded on the host."""
+
+    image_size: int
+    jpeg: Optional[torch.Tensor] = None  # uint8, 1-D: the encoded file
+    pixels: Optional[torch.Tensor] = None  # uint8 (3, S, S): the host `fast` pipeline's output
+    fallback_reason: Optional[str] = None  # why the host decoded it
+
+
+class EncodedImageTransform:
+    """Per-image transform for device decoding: ``value -> EncodedImage``. Picklable.
+
+    Takes the same image values as the host pipelines (``{"bytes", "path"}`` dicts, paths, raw bytes, PIL
+    images). Images the device decoder would decline are decoded here with the ``fast`` pipeline.
+    """
+
+    def __init__(self, image_size: int):
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
+            raise ValueError(f"image_size must be a positive integer; got {image_size!r}")
+        self.image_size = image_size
+        self.host_transform = FastTransform(image_size)  # what make_image_transform("fast", ...) returns
+
+    def __call__(self, value: Any) -> EncodedImage:
+        if isinstance(value, Image.Image):
+            return self._on_host(value, "already decoded (PIL image)")
+        data, _ = encoded_image_bytes(value)
+        reason = device_decoder_declines(data)
+        if reason is not None:
+            # Hand the host path the bytes already read, with the path kept for its error messages.
+            return self._on_host({"bytes": data, "path": _path_of(value)}, reason)
+        return EncodedImage(self.image_size, jpeg=torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def _on_host(self, value: Any, reason: str) -> EncodedImage:
+        return EncodedImage(self.image_size, pixels=self.host_transform(value), fallback_reason=reason)
+
+
+def _path_of(value: Any) -> Optional[str]:
+    """The file path an image value names, if any (for error messages)."""
+    path = value.get("path") if isinstance(value, dict) else value if isinstance(value, (str, os.PathLike)) else None
+    return os.fspath(path) if path else None
+
+
+class EncodedBatch:
+    """A batch of images for ``decode_batch``: all JPEG bytes in one tensor, plus the host-decoded pixels.
+
+    One packed tensor (rather than one per image) keeps the hand-over from a worker process to one
+    shared-memory block per batch. Deliberately neither a tensor, a mapping, a sequence, nor anything with
+    a ``to`` method: the trainer and accelerate then leave it on the host as it is.
+    """
+
+    def __init__(self, size: int, image_size: int, jpeg_data: torch.Tensor, jpeg_lengths: list[int],
+                 jpeg_positions: list[int], host_pixels: torch.Tensor, host_positions: list[int],
+                 host_reasons: list[str]):
+        self.size = size
+        self.image_size = image_size
+        self.jpeg_data = jpeg_data
+        self.jpeg_lengths = jpeg_lengths
+        self.jpeg_positions = jpeg_positions
+        self.host_pixels = host_pixels
+        self.host_positions = host_positions
+        self.host_reasons = host_reasons
+
+    @classmethod
+    def pack(cls, images: Sequence[EncodedImage]) -> "EncodedBatch":
+        if not images:
+            raise ValueError("cannot collate an empty batch of images")
+        sizes = {image.image_size for image in images}
+        if len(sizes) != 1:
+            raise ValueError(f"images of one batch were prepared for different image sizes: {sorted(sizes)}")
+        image_size = sizes.pop()
+        jpegs = [(i, image.jpeg) for i, image in enumerate(images) if image.jpeg is not None]
+        hosts = [(i, image) for i, image in enumerate(images) if image.jpeg is None]
+        empty = torch.empty(0, dtype=torch.uint8)
+        return cls(
+            size=len(images),
+            image_size=image_size,
+            jpeg_data=torch.cat([data for _, data in jpegs]) if jpegs else empty,
+            jpeg_lengths=[int(data.numel()) for _, data in jpegs],
+            jpeg_positions=[i for i, _ in jpegs],
+            host_pixels=torch.stack([image.pixels for _, image in hosts]) if hosts else empty.view(0, 3, image_size, image_size),
+            host_positions=[i for i, _ in hosts],
+            host_reasons=[image.fallback_reason or "decoded on the host" for _, image in hosts],
+        )
+
+    def jpegs(self) -> list[torch.Tensor]:
+        """The JPEG files as 1-D uint8 views into the packed tensor (contiguous, as decode_jpeg needs)."""
+        return list(torch.split(self.jpeg_data, self.jpeg_lengths)) if self.jpeg_lengths else []
+
+    def __repr__(self) -> str:
+        return f"EncodedBatch({self.size} images: {len(self.jpeg_lengths)} JPEG for the device, {len(self.host_positions)} host-decoded)"
+
+
+def collate_encoded(examples: list[dict]) -> dict:
+    """Like ``data.collate_fn``, with the images packed into one ``EncodedBatch`` under ``"encoded_images"``."""
+    images = [example["pixel_values"] for example in examples]
+    for image in images:
+        if not isinstance(image, EncodedImage):
+            raise ValueError(
+                f"collate_encoded needs images prepared by EncodedImageTransform; got {type(image).__name__} "
+                "(was the data set's transform built with EncodedImageTransform?)"
+            )
+    return {
+        ENCODED_IMAGES_KEY: EncodedBatch.pack(images),
+        "input_ids": torch.tensor([example["input_ids"] for example in examples], dtype=torch.long),
+        "attention_mask": torch.tensor([example["attention_mask"] for example in examples], dtype=torch.long),
+        "return_loss": True,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Device side: EncodedBatch -> uint8 (B, 3, S, S) on the device
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeCounts:
+    """How many images were decoded on the device, and how many on the host instead (and why)."""
+
+    device_images: int = 0
+    fallback_reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def fallback_images(self) -> int:
+        return sum(self.fallback_reasons.values())
+
+    def add(self, other: "DecodeCounts") -> None:
+        self.device_images += other.device_images
+        self.fallback_reasons.update(other.fallback_reasons)
+
+    def metrics(self) -> dict:
+        return {"device_decode_images": self.device_images, "device_decode_fallback_images": self.fallback_images}
+
+    def describe(self) -> str:
+        text = f"{self.device_images} images decoded on the device, {self.fallback_images} on the host"
+        if self.fallback_reasons:
+            text += " (" + ", ".join(f"{reason}: {n}" for reason, n in self.fallback_reasons.most_common()) + ")"
+        return text
+
+
+def resize_and_crop_on_device(pixels: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 (3, H, W) -> uint8 (3, S, S) with upstream's geometry, on the tensor's device.
+
+    Antialiased bicubic interpolation (upstream's filter) computed in float32 as two passes, width first,
+    each rounded and clamped to uint8: the order and the intermediate rounding of the host ``fast``
+    pipeline's uint8 kernel, which this then matches to about 0.005/255 on average (one pass in float
+    would sit about 0.15/255 away from it, as close to upstream's float math). Then the centre crop.
+    """
+    height, width = pixels.shape[-2:]
+    new_w, new_h, top, left = resize_geometry(width, height, image_size)
+    resized = pixels
+    if new_w != width:
+        resized = _bicubic_uint8(resized, (resized.shape[-2], new_w))
+    if new_h != height:
+        resized = _bicubic_uint8(resized, (new_h, new_w))
+    return resized[:, top : top + image_size, left : left + image_size]
+
+
+def _bicubic_uint8(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """One antialiased bicubic resize of a uint8 (C, H, W) tensor, in float, rounded back to uint8."""
+    resized = F.interpolate(pixels.unsqueeze(0).float(), size=size, mode="bicubic", antialias=True, align_corners=False)
+    return resized[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _decode_chunk(jpegs: list[torch.Tensor], device: torch.device) -> list[Optional[torch.Tensor]]:
+    """One batched decode_jpeg call; if it fails, the chunk again image by image (None: declined)."""
+    try:
+        return list(decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device))
+    except RuntimeError:
+        if len(jpegs) == 1:
+            return [None]
+        return [_decode_chunk([jpeg], device)[0] for jpeg in jpegs]
+
+
+def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 counts: Optional[DecodeCounts] = None) -> torch.Tensor:
+    """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order.
+
+    JPEGs are decoded ``chunk_size`` at a time (one batched ``decode_jpeg`` call each), which bounds the
+    device memory held by full-size decoded images. A JPEG the decoder rejects is decoded on the host with
+    the ``fast`` pipeline instead. ``counts``, if given, is incremented with what ran where.
+    """
+    device = torch.device(device)
+    if image_size != encoded.image_size:
+        raise ValueError(f"the batch was prepared for image_size {encoded.image_size}, not {image_size}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1; got {chunk_size}")
+    batch_counts = DecodeCounts()
+    out = torch.empty((encoded.size, 3, image_size, image_size), dtype=torch.uint8, device=device)
+    if encoded.host_positions:
+        out[encoded.host_positions] = encoded.host_pixels.to(device)
+        batch_counts.fallback_reasons.update(encoded.host_reasons)
+    jpegs, positions = encoded.jpegs(), encoded.jpeg_positions
+    host_transform = None
+    for start in range(0, len(jpegs), chunk_size):
+        chunk = jpegs[start : start + chunk_size]
+        for jpeg, position, decoded in zip(chunk, positions[start : start + chunk_size], _decode_chunk(chunk, device)):
+            if decoded is None:
+                host_transform = host_transform or FastTransform(image_size)
+                out[position] = host_transform(jpeg.numpy().tobytes()).to(device)
+                batch_counts.fallback_reasons["rejected by the device decoder"] += 1
+            else:
+                out[position] = resize_and_crop_on_device(decoded, image_size)
+                batch_counts.device_images += 1
+        del chunk
+    if counts is not None:
+        counts.add(batch_counts)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Trainer side
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DecodedImages:
+    """A batch decoded ahead of time: its pixels, the CUDA event that marks them ready, and its counts."""
+
+    pixels: torch.Tensor
+    ready: Optional[torch.cuda.Event]
+    counts: DecodeCounts
+
+
+class _DecodeJob:
+    """Stands in the batch dict for an EncodedBatch whose decode is running in the helper thread."""
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def wait(self) -> DecodedImages:
+        return self.future.result()
+
+
+class DecodeAhead:
+    """Iterates an epoch's batches, keeping the decode of the batch after the one it returns running.
+
+    Each batch comes back with its decode finished on the host side (waiting for it happens inside the
+    trainer's timed fetch, so it counts as data wait), its ``EncodedBatch`` replaced by ``DecodedImages``.
+    """
+
+    def __init__(self, source: Iterator[dict], start_decode: Callable[[EncodedBatch], Future]):
+        self.source = source
+        self.start_decode = start_decode
+        self.pending: Optional[dict] = None
+        self.exhausted = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self.pending is None:
+            self.pending = self._fetch_and_start()  # StopIteration ends the epoch
+        current, self.pending = self.pending, None
+        self.pending = self._fetch_and_start_or_none()
+        job = current.get(ENCODED_IMAGES_KEY)
+        if isinstance(job, _DecodeJob):
+            current[ENCODED_IMAGES_KEY] = job.wait()
+        return current
+
+    def _fetch_and_start_or_none(self) -> Optional[dict]:
+        try:
+            return self._fetch_and_start()
+        except StopIteration:
+            return None
+
+    def _fetch_and_start(self) -> dict:
+        if self.exhausted:
+            raise StopIteration
+        try:
+            batch = dict(next(self.source))
+        except StopIteration:
+            self.exhausted = True
+            raise
+        encoded = batch.get(ENCODED_IMAGES_KEY)
+        if isinstance(encoded, EncodedBatch):
+            batch[ENCODED_IMAGES_KEY] = _DecodeJob(self.start_decode(encoded))
+        return batch
+
+
+class _DecodeReport(TrainerCallback):
+    """Logs what was decoded where, once per epoch and once per evaluation or prediction."""
+
+    def __init__(self, trainer: "DeviceDecodeTrainerMixin"):
+        self.trainer = trainer
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer._report_decode_counts("train", f"epoch {state.epoch:.2f}")
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.trainer._report_decode_counts("eval", "evaluation")
+
+    def on_predict(self, args, state, control, **kwargs):
+        self.trainer._report_decode_counts("eval", "prediction")
+
+
+class DeviceDecodeTrainerMixin:
+    """Decodes ``EncodedBatch`` images on the training device. Mix in front of the script's trainer::
+
+        class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer): ...
+
+    ``_prepare_inputs`` replaces the batch's ``EncodedBatch`` with uint8 ``pixel_values`` on
+    ``args.device`` *before* calling ``super()._prepare_inputs``, so ``TrainerExtensions`` normalises them
+    exactly as it normalises the host ``fast`` pipeline's uint8 batches (in either mixing order).
+    Training, evaluation and prediction all decode here. With ``decode_ahead`` (default: on CUDA devices),
+    training batches are decoded one batch ahead in a helper thread on a side CUDA stream.
+    """
+
+    def __init__(self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(decode_chunk_size, bool) or not isinstance(decode_chunk_size, int) or decode_chunk_size < 1:
+            raise ValueError(f"decode_chunk_size must be a positive integer; got {decode_chunk_size!r}")
+        self.decode_chunk_size = decode_chunk_size
+        self.decode_ahead = self.args.device.type == "cuda" if decode_ahead is None else bool(decode_ahead)
+        self._decode_totals = {"train": DecodeCounts(), "eval": DecodeCounts()}
+        self._decode_unreported = {"train": DecodeCounts(), "eval": DecodeCounts()}
+        self._decode_ahead_iterator: Optional[DecodeAhead] = None
+        self._decode_thread: Optional[ThreadPoolExecutor] = None
+        self._decode_stream = None
+        self.add_callback(_DecodeReport(self))
+
+    # results ---------------------------------------------------------------------------------------------
+    def device_decode_stats(self, phase: str = "train") -> dict:
+        """``{"device_decode_images": n, "device_decode_fallback_images": m}`` for ``train`` or ``eval``."""
+        if phase not in self._decode_totals:
+            raise ValueError(f"phase must be one of {sorted(self._decode_totals)}; got {phase!r}")
+        return self._decode_totals[phase].metrics()
+
+    def _report_decode_counts(self, phase: str, when: str) -> None:
+        counts = self._decode_unreported[phase]
+        if counts.device_images == 0 and counts.fallback_images == 0:
+            return
+        level = logging.WARNING if counts.fallback_images else logging.INFO
+        logger.log(level, "device decode, %s: %s", when, counts.describe())
+        self._decode_unreported[phase] = DecodeCounts()
+
+    def _count(self, counts: DecodeCounts) -> None:
+        phase = "train" if getattr(self.model, "training", False) else "eval"
+        self._decode_totals[phase].add(counts)
+        self._decode_unreported[phase].add(counts)
+
+    # batches -> model inputs -----------------------------------------------------------------------------
+    def _prepare_inputs(self, inputs):
+        item = inputs.get(ENCODED_IMAGES_KEY) if isinstance(inputs, dict) else None
+        if item is not None:
+            inputs = {key: value for key, value in inputs.items() if key != ENCODED_IMAGES_KEY}
+            inputs["pixel_values"] = self._pixels_of(item)
+        return super()._prepare_inputs(inputs)
+
+    def _pixels_of(self, item) -> torch.Tensor:
+        if isinstance(item, _DecodeJob):  # only if someone bypassed DecodeAhead's wait
+            item = item.wait()
+        if isinstance(item, DecodedImages):
+            self._count(item.counts)
+            if item.ready is not None:  # decoded on the side stream: make this stream wait for it
+                stream = torch.cuda.current_stream(item.pixels.device)
+                stream.wait_event(item.ready)
+                item.pixels.record_stream(stream)
+            return item.pixels
+        if isinstance(item, EncodedBatch):
+            counts = DecodeCounts()
+            pixels = decode_batch(item, self.args.device, item.image_size, self.decode_chunk_size, counts)
+            self._count(counts)
+            return pixels
+        raise TypeError(f"'{ENCODED_IMAGES_KEY}' holds {type(item).__name__}; expected an EncodedBatch (use collate_encoded)")
+
+    # one batch ahead, on a side stream -------------------------------------------------------------------
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        if self.decode_ahead:
+            if self._decode_ahead_iterator is None or self._decode_ahead_iterator.source is not epoch_iterator:
+                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._start_decode)  # a new epoch
+            epoch_iterator = self._decode_ahead_iterator
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def _start_decode(self, encoded: EncodedBatch) -> Future:
+        device = self.args.device
+        if self._decode_thread is None:
+            self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode")
+        if device.type == "cuda" and self._decode_stream is None:
+            self._decode_stream = torch.cuda.Stream(device=device)
+        return self._decode_thread.submit(self._decode_on_side_stream, encoded, device)
+
+    def _decode_on_side_stream(self, encoded: EncodedBatch, device: torch.device) -> DecodedImages:
+        counts = DecodeCounts()
+        if device.type != "cuda":
+            return DecodedImages(decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts), None, counts)
+        # The current device and stream are per thread: set both in this helper thread.
+        with torch.cuda.device(device), torch.cuda.stream(self._decode_stream):
+            pixels = decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts)
+            ready = torch.cuda.Event()
+            ready.record(self._decode_stream)
+        return DecodedImages(pixels, ready, counts)
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._decode_ahead_iterator = None  # drop a batch decoded ahead for a step that never ran
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line: does the device decoder give the host `fast` pipeline's pixels, and how fast?
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _image_values(paths: Sequence[str], column: str, limit: int) -> list:
+    """Image values from image files and/or parquet files (a ``{"bytes", "path"}`` column)."""
+    values = []
+    for path in paths:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path, columns=[column])
+            values.extend(table.column(column).to_pylist())
+        else:
+            values.append(path)
+    if not values:
+        raise ValueError("no images given")
+    return values[:limit]
+
+
+def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[float], std: Sequence[float],
+                      batch_size: int = 48, repeats: int = 3) -> dict:
+    """Decode ``values`` with ``decode_batch`` and with the host ``fast`` pipeline; their deviation and speed."""
+    device = torch.device(device)
+    encode, host = EncodedImageTransform(image_size), FastTransform(image_size)
+    started = time.perf_counter()
+    expected = torch.stack([host(v) for v in values])
+    host_seconds = time.perf_counter() - started
+    batches = [collate_encoded([{"pixel_values": encode(v), "input_ids": [0], "attention_mask": [1]} for v in values[i : i + batch_size]])
+               for i in range(0, len(values), batch_size)]
+    counts = DecodeCounts()
+
+    def decode_all(count_into=None):
+        return torch.cat([decode_batch(b[ENCODED_IMAGES_KEY], device, image_size, counts=count_into) for b in batches])
+
+    got = decode_all(counts)  # also the warm-up (decoder and allocator start-up)
+    _synchronize(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        decode_all()
+    _synchronize(device)
+    device_seconds = (time.perf_counter() - started) / repeats
+    got = got.cpu()
+    pixel_diff = (got.float() - expected.float()).abs()
+    normalised_diff = (normalize_on_device(got, mean, std) - normalize_on_device(expected, mean, std)).abs()
+    return {
+        "images": len(values),
+        "device": str(device),
+        "mean_abs_diff_pixels_255": round(pixel_diff.mean().item(), 4),
+        "max_abs_diff_pixels_255": int(pixel_diff.max().item()),
+        "mean_abs_diff_normalised": round(normalised_diff.mean().item(), 5),
+        "host_fast_images_per_s_one_core": round(len(values) / host_seconds, 1),
+        "device_decode_images_per_s": round(len(values) / device_seconds, 1),
+        "batch_size": batch_size,
+        **counts.metrics(),
+    }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bridgetower_bench.device_decode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("images", nargs="+", help="image files and/or parquet files with an image column")
+    parser.add_argument("--column", default="image", help="image column of the parquet files")
+    parser.add_argument("--limit", type=int, default=192, help="use at most this many images")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--image-size", type=int, default=294)
+    parser.add_argument("--batch-size", type=int, default=48)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if torch.device(args.device).type == "cpu":
+        torch.set_num_threads(1)  # one core, like a loader worker
+    from .fixtures import CLIP_MEAN, CLIP_STD
+
+    result = compare_with_host(_image_values(args.images, args.column, args.limit), args.device, args.image_size,
+                               CLIP_MEAN, CLIP_STD, batch_size=args.batch_size)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+# H200 benchmark of BridgeTower Large contrastive training on one GPU (random weights, synthetic cartoons):
+# samples/s, MFU, data_wait_fraction and peak GPU memory for dataloader workers 0/1/2 x image paths
+# {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/gpu_ceiling.py).
+#
+# On the device machine, from the repo root, with the wheels of scripts/fetch_device_wheels.sh carried:
+#     run(command="bash scripts/h200_benchmark.sh", carry=[".whl"], timeout_s=570)
+# Budget: under 9 minutes in all. No run starts after DEADLINE_S seconds; each is killed at RUN_TIMEOUT_S.
+# Runs go in order of importance (workers=2 first), so a short budget loses the least useful ones.
+# Writes to $OUT (default bench_out/h200): h200_table.md, h200_results.json, device_decode_check.json,
+# h200_logs.txt (the end of every run's log) and h200_console.log (this script's output).
+#
+# SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself;
+# WORKERS="0" (say) runs fewer worker counts.
+set -uo pipefail
+
+OUT=${OUT:-$PWD/bench_out/h200}
+WORK=${WORK:-/tmp/h200_bench}
+SMOKE=${SMOKE:-0}
+BATCH=${BATCH:-48}
+STEPS=${STEPS:-13}            # optimizer steps per run; the first WARMUP are not counted
+WARMUP=${WARMUP:-3}
+DEADLINE_S=${DEADLINE_S:-460} # start no run after this many seconds of the script
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-120}
+TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and the loader's own prefetch
+
+WORKERS=${WORKERS:-2 0 1}     # in this order
+MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
+DEVICE_FLAGS=(--bf16)
+if [[ "$SMOKE" == 1 ]]; then
+    BATCH=4 STEPS=3 WARMUP=1 TRAIN_ROWS=32
+    MODEL_FLAGS=() MODEL_DIR=tiny-bridgetower
+    DEVICE_FLAGS=(--use_cpu)
+fi
+
+mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
+exec > >(tee "$OUT/h200_console.log") 2>&1
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_DATASETS_CACHE=$WORK/hf_datasets
+
+stamp() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+# 0. What is there -----------------------------------------------------------------------------------------
+stamp "preflight"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
+python3 - <<'EOF' || { echo "preflight failed: the carried wheels do not import"; exit 1; }
+import importlib.metadata as md, sys, torch, torchvision, transformers, datasets, accelerate, tokenizers
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| torchvision", torchvision.__version__,
+      "| transformers", transformers.__version__, "| datasets", datasets.__version__,
+      "| accelerate", accelerate.__version__, "| tokenizers", tokenizers.__version__,
+      "| huggingface_hub", md.version("huggingface_hub"), "| pyarrow", md.version("pyarrow"), "| fsspec", md.version("fsspec"))
+print("cuda:", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+
+# 1. Fixtures: the random-weight model and the synthetic data set, built side by side --------------------
+stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows"
+python3 -m bridgetower_bench.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
+model_pid=$!
+python3 -m bridgetower_bench.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
+    --validation-rows 16 --test-rows 16 > "$WORK/logs/fixtures_dataset.log" 2>&1
+dataset_rc=$?
+wait "$model_pid"
+model_rc=$?
+cat "$WORK/logs/fixtures_model.log" "$WORK/logs/fixtures_dataset.log" | grep -E "^(model|dataset|  images):" || true
+if [[ $model_rc != 0 || $dataset_rc != 0 ]]; then
+    tail -n 30 "$WORK/logs/fixtures_model.log" "$WORK/logs/fixtures_dataset.log"
+    echo "fixtures failed"; exit 1
+fi
+MODEL=$WORK/fixtures/$MODEL_DIR
+DATA=$WORK/fixtures/newyorker-matching-synthetic
+
+# Output directories get the model saved at the end of each run (3.5 GB): keep them in memory when it fits.
+RUNS=$WORK/runs
+if [[ $(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1) -gt 12000000 ]] 2>/dev/null; then RUNS=/dev/shm/h200_runs; fi
+mkdir -p "$RUNS"
+
+# 2. Does nvJPEG + the device resize give the host fast pipeline's pixels, and how fast? ------------------
+stamp "device decode check"
+photo=$(python3 -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
+timeout 90 python3 -m bridgetower_bench.device_decode "$DATA"/matching/train-*.parquet $photo --limit 193 \
+    --batch-size "$BATCH" --json "$OUT/device_decode_check.json" 2>&1 | grep -v Warning || echo "device decode check failed"
+
+# 3. The runs --------------------------------------------------------------------------------------------
+COMMON=(--model_name_or_path "$MODEL" --dataset_name "$DATA" --dataset_config_name matching
+        --image_column image --caption_column image_description --do_train "${DEVICE_FLAGS[@]}"
+        --per_device_train_batch_size "$BATCH" --max_steps "$STEPS" --throughput_warmup_steps "$WARMUP"
+        --logging_steps 10 --remove_unused_columns False --save_strategy no --report_to none
+        --overwrite_output_dir --seed 42)
+: > "$WORK/status.txt"
+
+run() {  # run NAME COMMAND...: one timed run; its train metrics land in $WORK/results/NAME.json
+    local name=$1; shift
+    local left=$(( DEADLINE_S - SECONDS ))
+    if (( left <= 0 )); then
+        stamp "$name: skipped (out of time)"; echo "$name skipped" >> "$WORK/status.txt"; return
+    fi
+    local limit=$(( RUN_TIMEOUT_S < left + 30 ? RUN_TIMEOUT_S : left + 30 ))
+    stamp "$name: start (limit ${limit}s)"
+    local started=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" --output_dir "$RUNS/$name" > "$WORK/logs/$name.log" 2>&1
+    local rc=$?
+    if [[ $rc == 0 && -f "$RUNS/$name/train_results.json" ]]; then
+        cp "$RUNS/$name/train_results.json" "$WORK/results/$name.json"
+        echo "$name ok $(( SECONDS - started ))" >> "$WORK/status.txt"
+        stamp "$name: done in $(( SECONDS - started ))s: $(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{m['train_samples_per_second']:.1f} samples/s, data wait {m['data_wait_fraction']:.2f}\")" "$WORK/results/$name.json")"
+    else
+        echo "$name failed(rc=$rc) $(( SECONDS - started ))" >> "$WORK/status.txt"
+        stamp "$name: FAILED (rc=$rc) after $(( SECONDS - started ))s"; tail -n 5 "$WORK/logs/$name.log"
+    fi
+    rm -rf "${RUNS:?}/$name"
+}
+
+run ceiling python3 -m bridgetower_bench.gpu_ceiling --model_name_or_path "$MODEL" "${DEVICE_FLAGS[@]}" \
+    --per_device_train_batch_size "$BATCH" --max_steps "$STEPS" --throughput_warmup_steps "$WARMUP" \
+    --logging_steps 10 --save_strategy no --report_to none --seed 42
+for workers in $WORKERS; do
+    run "w${workers}_device" python3 run_bridgetower_cuda.py "${COMMON[@]}" --dataloader_num_workers "$workers" --image_pipeline fast --device_decode
+    run "w${workers}_fast" python3 run_bridgetower_cuda.py "${COMMON[@]}" --dataloader_num_workers "$workers" --image_pipeline fast
+    run "w${workers}_upstream" python3 run_bridgetower_cuda.py "${COMMON[@]}" --dataloader_num_workers "$workers" --image_pipeline upstream
+done
+
+# 4. The table -------------------------------------------------------------------------------------------
+stamp "table"
+for log in "$WORK"/logs/*.log; do echo "===== $(basename "$log")"; tail -n 40 "$log"; done > "$OUT/h200_logs.txt"
+python3 - "$WORK" "$OUT" "$BATCH" "$STEPS" "$WARMUP" <<'EOF'
+import json, os, sys
+work, out, batch, steps, warmup = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+TFLOP_PER_SAMPLE, PEAK_TFLOPS = 1.4, 790.0  # DESIGN.md section 6: training cost per sample, measured bf16 peak
+status = {}
+for line in open(os.path.join(work, "status.txt")):
+    name, state, *rest = line.split()
+    status[name] = state
+results = {}
+for name in status:
+    path = os.path.join(work, "results", name + ".json")
+    results[name] = json.load(open(path)) if os.path.exists(path) else {}
+ceiling = results.get("ceiling", {}).get("train_samples_per_second")
+header = "| run | workers | samples/s | MFU | % of ceiling | data wait | peak GPU GB | device/host decoded | status |"
+rows = [header, "|---" * (header.count("|") - 1) + "|"]
+for name in ["ceiling"] + [f"w{w}_{p}" for w in (0, 1, 2) for p in ("upstream", "fast", "device")]:
+    if name not in status:
+        continue
+    m = results[name]
+    sps = m.get("train_samples_per_second")
+    cell = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"
+    decoded = (f"{m['device_decode_images']}/{m['device_decode_fallback_images']}"
+               if "device_decode_images" in m else "-")
+    rows.append("| " + " | ".join([
+        name, "-" if name == "ceiling" else name[1], cell(sps, ".1f"),
+        cell(sps * TFLOP_PER_SAMPLE / PEAK_TFLOPS if sps else None, ".1%"),
+        cell(sps / ceiling if sps and ceiling else None, ".0%"),
+        cell(m.get("data_wait_fraction"), ".3f"), cell(m.get("peak_gpu_memory_gb"), ".1f"),
+        decoded, status[name]]) + " |")
+check_path = os.path.join(out, "device_decode_check.json")
+check = json.load(open(check_path)) if os.path.exists(check_path) else None
+device = next((m.get("device_name") for m in results.values() if m.get("device_name")), "?")
+lines = [f"BridgeTower Large (random weights), one {device}, bf16, {batch} per device, "
+         f"{steps} steps of which the first {warmup} are not counted; MFU = samples/s x {TFLOP_PER_SAMPLE} TFLOP / {PEAK_TFLOPS:.0f} TFLOP/s.",
+         "", *rows, ""]
+if check:
+    lines.append(f"device decode check ({check['images']} images): mean |diff| vs host fast {check['mean_abs_diff_pixels_255']}/255 "
+                 f"(max {check['max_abs_diff_pixels_255']}), {check['device_decode_images_per_s']} images/s on the device "
+                 f"vs {check['host_fast_images_per_s_one_core']} images/s on one host core")
+table = "\n".join(lines)
+print(table)
+open(os.path.join(out, "h200_table.md"), "w").write(table + "\n")
+json.dump({"status": status, "results": results, "device_decode_check": check,
+           "config": {"batch": batch, "steps": steps, "warmup": warmup}}, open(os.path.join(out, "h200_results.json"), "w"), indent=1)
+EOF
+stamp "done"

@@ -1,0 +1,329 @@
+"""Device-side JPEG decoding (bridgetower_bench.device_decode), run on CPU.
+
+On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the same code as on a GPU:
+the same routing of images (device path or host fallback), chunking, resize and crop, the same trainer
+mixin. What it must give is the host `fast` pipeline's pixels.
+"""
+
+import io
+import os
+import pickle
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from transformers import Trainer
+
+from bridgetower_bench import device_decode
+from bridgetower_bench.device_decode import (
+    ENCODED_IMAGES_KEY,
+    DecodeCounts,
+    DeviceDecodeTrainerMixin,
+    EncodedBatch,
+    EncodedImageTransform,
+    collate_encoded,
+    decode_batch,
+    device_decoder_declines,
+)
+from bridgetower_bench.fixtures import CLIP_MEAN, CLIP_STD, draw_cartoon, jpeg_bytes
+from bridgetower_bench.images import FastTransform, normalize_on_device
+from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+SIZE = 294  # BridgeTower's image size: the real geometry
+TOLERANCE = 0.5 / 255  # mean |difference| allowed after normalisation
+
+
+def cartoon(width, height, seed=0):
+    return draw_cartoon(np.random.default_rng(seed), width, height)[0]
+
+
+def encoded(img, **save_options):
+    buffer = io.BytesIO()
+    img.save(buffer, format=save_options.pop("format", "JPEG"), **save_options)
+    return buffer.getvalue()
+
+
+def grace_hopper_bytes():
+    matplotlib = pytest.importorskip("matplotlib")
+    path = os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")
+    if not os.path.exists(path):
+        pytest.skip("matplotlib's sample photograph is not installed")
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def as_batch(values, image_size=SIZE):
+    transform = EncodedImageTransform(image_size)
+    examples = [{"pixel_values": transform(v), "input_ids": [i], "attention_mask": [1]} for i, v in enumerate(values)]
+    return collate_encoded(examples)[ENCODED_IMAGES_KEY]
+
+
+def host_fast(values, image_size=SIZE):
+    return torch.stack([FastTransform(image_size)(v) for v in values])
+
+
+def normalised_mean_difference(a, b):
+    return (normalize_on_device(a, CLIP_MEAN, CLIP_STD) - normalize_on_device(b, CLIP_MEAN, CLIP_STD)).abs().mean().item()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Pixels: the device path gives the host `fast` pipeline's output
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_cartoons_decode_to_the_fast_pipelines_pixels():
+    # landscape, portrait, square, smaller than S (upscaled), width already S, odd crop offsets
+    sizes = [(800, 650), (650, 800), (700, 700), (200, 150), (294, 400), (1001, 613)]
+    values = [{"bytes": jpeg_bytes(cartoon(w, h, seed)), "path": None} for seed, (w, h) in enumerate(sizes)]
+    batch = as_batch(values)
+    assert len(batch.jpeg_positions) == len(values) and not batch.host_positions
+    counts = DecodeCounts()
+    got = decode_batch(batch, "cpu", SIZE, counts=counts)
+    expected = host_fast(values)
+    assert got.dtype == torch.uint8 and got.shape == (len(values), 3, SIZE, SIZE)
+    assert normalised_mean_difference(got, expected) <= TOLERANCE
+    assert (got.int() - expected.int()).abs().max().item() <= 2
+    assert counts.metrics() == {"device_decode_images": len(values), "device_decode_fallback_images": 0}
+
+
+def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline():
+    photo = grace_hopper_bytes()
+    progressive = encoded(Image.open(io.BytesIO(photo)), quality=90, progressive=True)
+    values = [photo, progressive]
+    batch = as_batch(values)
+    assert batch.jpeg_positions == [0, 1]  # both go to the device decoder
+    got = decode_batch(batch, "cpu", SIZE)
+    assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE
+
+
+def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels():
+    grey = encoded(cartoon(640, 480).convert("L"))
+    batch = as_batch([grey])
+    assert batch.jpeg_positions == [0]
+    got = decode_batch(batch, "cpu", SIZE)
+    assert got.shape == (1, 3, SIZE, SIZE)
+    assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2])
+    assert normalised_mean_difference(got, host_fast([grey])) <= TOLERANCE
+
+
+def test_png_and_cmyk_jpeg_are_decoded_on_the_host_and_counted():
+    art = cartoon(500, 400)
+    rgba = art.convert("RGBA")
+    rgba.putalpha(200)
+    values = [jpeg_bytes(art), encoded(rgba, format="PNG"), encoded(art.convert("CMYK"))]
+    transform = EncodedImageTransform(SIZE)
+    routed = [transform(v) for v in values]
+    assert routed[0].jpeg is not None and routed[0].pixels is None
+    assert [r.fallback_reason for r in routed[1:]] == ["PNG image", "CMYK/YCCK JPEG"]
+    batch = as_batch(values)
+    assert batch.jpeg_positions == [0] and batch.host_positions == [1, 2]
+    counts = DecodeCounts()
+    got = decode_batch(batch, "cpu", SIZE, counts=counts)
+    expected = host_fast(values)
+    assert torch.equal(got[1:], expected[1:])  # the host path is the fast pipeline itself
+    assert normalised_mean_difference(got[:1], expected[:1]) <= TOLERANCE
+    assert counts.metrics() == {"device_decode_images": 1, "device_decode_fallback_images": 2}
+    assert counts.fallback_reasons == {"PNG image": 1, "CMYK/YCCK JPEG": 1}
+
+
+def test_chunks_of_any_size_give_the_same_pixels():
+    values = [jpeg_bytes(cartoon(300 + 40 * i, 260 + 30 * i, i)) for i in range(5)]
+    values.insert(2, encoded(cartoon(320, 300), format="PNG"))
+    batch = as_batch(values)
+    whole = decode_batch(batch, "cpu", SIZE, chunk_size=64)
+    for chunk_size in (1, 2):
+        assert torch.equal(decode_batch(batch, "cpu", SIZE, chunk_size=chunk_size), whole)
+
+
+def test_an_image_the_decoder_rejects_is_retried_alone_then_decoded_on_the_host(monkeypatch):
+    values = [jpeg_bytes(cartoon(320 + 10 * i, 280, i)) for i in range(3)]
+    rejected = torch.frombuffer(bytearray(values[1]), dtype=torch.uint8)
+    real_decode = device_decode.decode_jpeg
+    calls = []
+
+    def picky_decode(jpegs, **kwargs):
+        calls.append(len(jpegs))
+        if any(torch.equal(j, rejected) for j in jpegs):
+            raise RuntimeError("nvjpeg says no")
+        return real_decode(jpegs, **kwargs)
+
+    monkeypatch.setattr(device_decode, "decode_jpeg", picky_decode)
+    counts = DecodeCounts()
+    got = decode_batch(as_batch(values), "cpu", SIZE, counts=counts)
+    assert calls == [3, 1, 1, 1]  # the chunk, then each of its images alone
+    assert torch.equal(got[1], FastTransform(SIZE)(values[1]))
+    assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE
+    assert counts.device_images == 2 and counts.fallback_reasons == {"rejected by the device decoder": 1}
+
+
+def test_bad_image_values_raise_errors_naming_the_source():
+    transform = EncodedImageTransform(SIZE)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        transform({"bytes": b"\xff\xd8\xff\xe0 not really a jpeg", "path": "broken.jpg"})
+    with pytest.raises(ValueError, match="unsupported image value"):
+        transform(42)
+    with pytest.raises(ValueError, match="image_size"):
+        EncodedImageTransform(0)
+    with pytest.raises(ValueError, match="image_size 294, not 128"):
+        decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Which JPEGs the device decoder takes (frame headers built by hand)
+# ------------------------------------------------------------------------------------------------------
+
+
+def jpeg_header(marker=0xC0, precision=8, component_ids=b"\x01\x02\x03", adobe_transform=None):
+    segments = b""
+    if adobe_transform is not None:
+        body = b"Adobe" + b"\x00\x64\x00\x00\x00\x00" + bytes([adobe_transform])
+        segments += b"\xff\xee" + (len(body) + 2).to_bytes(2, "big") + body
+    frame = bytes([precision]) + (480).to_bytes(2, "big") + (640).to_bytes(2, "big") + bytes([len(component_ids)])
+    frame += b"".join(bytes([cid, 0x11, 0]) for cid in component_ids)
+    return b"\xff\xd8" + segments + bytes([0xFF, marker]) + (len(frame) + 2).to_bytes(2, "big") + frame + b"\xff\xda"
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (jpeg_header(), None),
+        (jpeg_header(marker=0xC2, component_ids=b"\x01"), None),
+        (jpeg_header(marker=0xC9), "lossless, hierarchical or arithmetic-coded JPEG"),
+        (jpeg_header(marker=0xC3), "lossless, hierarchical or arithmetic-coded JPEG"),
+        (jpeg_header(marker=0xC1, precision=12), "12-bit JPEG"),
+        (jpeg_header(component_ids=b"\x01\x02\x03\x04"), "CMYK/YCCK JPEG"),
+        (jpeg_header(component_ids=b"\x01\x02\x03\x04", adobe_transform=2), "CMYK/YCCK JPEG"),
+        (jpeg_header(adobe_transform=0), "RGB-coded JPEG"),
+        (jpeg_header(component_ids=b"RGB"), "RGB-coded JPEG"),
+        (jpeg_header(adobe_transform=1), None),
+        (jpeg_header()[:12], "JPEG without a readable frame header"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 16, "PNG image"),
+        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "WebP image"),
+        (b"hello", "not a JPEG"),
+    ],
+)
+def test_device_decoder_declines(data, reason):
+    assert device_decoder_declines(data) == reason
+
+
+# ------------------------------------------------------------------------------------------------------
+# The batch container
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
+    values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encoded(cartoon(300, 280), format="PNG")]
+    transform = EncodedImageTransform(SIZE)
+    batch = collate_encoded([{"pixel_values": transform(v), "input_ids": [i, 7], "attention_mask": [1, 1]} for i, v in enumerate(values)])
+    assert set(batch) == {ENCODED_IMAGES_KEY, "input_ids", "attention_mask", "return_loss"}
+    assert batch["input_ids"].tolist() == [[0, 7], [1, 7], [2, 7]] and batch["return_loss"] is True
+    packed = batch[ENCODED_IMAGES_KEY]
+    # Trainer / accelerate move tensors, mappings, sequences and objects with `.to`: this is none of them.
+    assert not isinstance(packed, (torch.Tensor, Mapping, list, tuple)) and not hasattr(packed, "to")
+    assert packed.jpeg_data.dim() == 1 and packed.host_pixels.shape == (1, 3, SIZE, SIZE)
+    copy = pickle.loads(pickle.dumps(packed))  # as a loader worker hands it over
+    assert [bytes(j.numpy()) for j in copy.jpegs()] == values[:2]
+    assert torch.equal(decode_batch(copy, "cpu", SIZE), decode_batch(packed, "cpu", SIZE))
+
+
+def test_collate_encoded_refuses_images_from_another_transform():
+    with pytest.raises(ValueError, match="EncodedImageTransform"):
+        collate_encoded([{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}])
+
+
+# ------------------------------------------------------------------------------------------------------
+# The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU
+# ------------------------------------------------------------------------------------------------------
+
+SMALL = 32  # image size for the trainer tests: the geometry is covered above, speed matters here
+
+
+class CaptionedImages(Dataset):
+    """Small cartoons (one of them a PNG) with one token each: the token says which image it is."""
+
+    def __init__(self, n=6):
+        self.values = [jpeg_bytes(cartoon(90 + 7 * i, 70 + 5 * i, i)) for i in range(n)]
+        self.values[3] = encoded(cartoon(80, 100, 3), format="PNG")
+        self.transform = EncodedImageTransform(SMALL)
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, i):
+        return {"pixel_values": self.transform(self.values[i]), "input_ids": [i], "attention_mask": [1]}
+
+    def expected_pixels(self):
+        """What the host fast pipeline + normalize_on_device give, per image."""
+        return normalize_on_device(host_fast(self.values, SMALL), CLIP_MEAN, CLIP_STD)
+
+
+class RecordingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.seen = []  # (training?, token ids, pixel values)
+
+    def forward(self, input_ids, attention_mask, pixel_values, return_loss=True):
+        self.seen.append((self.training, input_ids[:, 0].tolist(), pixel_values.detach().clone()))
+        return {"loss": (self.weight * pixel_values.float().mean()) ** 2}
+
+
+class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
+    pass
+
+
+@pytest.mark.parametrize("decode_ahead, workers", [(False, 0), (True, 1)])
+def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, decode_ahead, workers):
+    data = CaptionedImages()
+    model = RecordingModel()
+    args = WarmupTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=3, per_device_eval_batch_size=4, max_steps=5,
+        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=workers,
+        remove_unused_columns=False,
+    )
+    trainer = DeviceDecodeTrainer(
+        model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=collate_encoded,
+        image_mean=CLIP_MEAN, image_std=CLIP_STD, loader="device_decode", image_pipeline="fast",
+        decode_ahead=decode_ahead,
+    )
+    trainer.train()  # 5 steps of 3 over 6 images: three epochs, so a new look-ahead each epoch
+    trainer.evaluate()
+    assert (trainer._decode_thread is not None) == decode_ahead  # the look-ahead ran when asked for
+    expected = data.expected_pixels()
+    trained = [(ids, pixels) for training, ids, pixels in model.seen if training]
+    evaluated = [(ids, pixels) for training, ids, pixels in model.seen if not training]
+    assert len(trained) == 5 and sum(len(ids) for ids, _ in evaluated) == len(data)
+    for ids, pixels in trained + evaluated:
+        assert pixels.dtype == torch.float32 and pixels.shape == (len(ids), 3, SMALL, SMALL)
+        difference = (pixels - expected[ids]).abs()
+        assert difference.mean().item() <= TOLERANCE
+        assert difference.max().item() <= 2 / 255 / min(CLIP_STD) + 1e-5
+    seen_png = sum(ids.count(3) for ids, _ in trained)
+    assert trainer.device_decode_stats() == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
+    assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
+
+
+# ------------------------------------------------------------------------------------------------------
+# The data-free ceiling (gpu_ceiling.py), smoke-tested on CPU with the tiny model
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
+    from bridgetower_bench.gpu_ceiling import CEILING_LOADER, main
+
+    metrics = main([
+        "--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu",
+        "--per_device_train_batch_size", "2", "--max_steps", "3", "--throughput_warmup_steps", "1",
+        "--max_seq_length", "16", "--report_to", "none", "--save_strategy", "no",
+    ])
+    assert metrics["throughput_counted_steps"] == 2 and metrics["throughput_counted_samples"] == 4
+    assert metrics["train_samples_per_second"] > 0 and metrics["loader"] == CEILING_LOADER
+    assert (tmp_path / "train_results.json").exists()
+    with pytest.raises(ValueError, match="--max_steps"):
+        main(["--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu"])
