@@ -17,9 +17,8 @@ import datasets
 import transformers
 from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
-from transformers.trainer_utils import get_last_checkpoint
 
-from bridgetower_bench import data
+from bridgetower_bench import data, preflight, resilience
 from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
@@ -71,6 +70,7 @@ class DataTrainingArguments:
     )
     cache_decoded_images: bool = field(default=False, metadata={"help": "Decode and resize each distinct image once, into a memory-mapped cache (fast pipelines)."})
     decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default ~/.cache/bridgetower_bench/decoded_images)."})
+    drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing or undecodable or whose caption is empty (found before training), instead of stopping."})
 
     def __post_init__(self):
         data.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
@@ -85,7 +85,7 @@ def main():
     refuse_unsupported_flags(sys.argv)
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
+        model_args, data_args, training_args = preflight.parse_json_arguments(parser, sys.argv[1])
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
 
@@ -111,16 +111,14 @@ def main():
     )
     logger.info(f"Training/evaluation parameters {training_args}")
 
-    # 3. Resume from the last checkpoint in output_dir, unless told to overwrite it.
-    last_checkpoint = None
-    if os.path.isdir(training_args.output_dir) and training_args.do_train and not training_args.overwrite_output_dir:
-        last_checkpoint = get_last_checkpoint(training_args.output_dir)
-        if last_checkpoint is None and len(os.listdir(training_args.output_dir)) > 0:
-            raise ValueError(
-                f"--output_dir={training_args.output_dir} already exists and is not empty. Use --overwrite_output_dir to overcome."
-            )
-        elif last_checkpoint is not None and training_args.resume_from_checkpoint is None:
-            logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}. Pass --overwrite_output_dir to start over.")
+    # 3. Resume from the last complete checkpoint in output_dir, unless told to overwrite it. Anything in
+    #    output_dir other than a previous run of this script is never overwritten (training or not).
+    last_checkpoint = resilience.check_output_dir(
+        training_args.output_dir,
+        overwrite_output_dir=training_args.overwrite_output_dir,
+        do_train=training_args.do_train,
+        resume_from_checkpoint=training_args.resume_from_checkpoint,
+    )
 
     # 4. Load the data set: a Hub name or local directory, or csv / json / jsonl files.
     dataset = data.load_raw_datasets(
@@ -191,7 +189,15 @@ def main():
         split_data = dataset[split]
         if limit is not None:
             split_data = split_data.select(range(min(len(split_data), limit)))
-        split_data = data.prepare_image_column(split_data, image_column, split)
+        splits[split] = data.prepare_image_column(split_data, image_column, split)
+    # Bad data stops the run here, before step 1: missing, undecodable or truncated images, empty captions
+    # (or, with --drop_bad_rows, their rows are left out). Checked once per data set, then cached.
+    with training_args.main_process_first(desc="checking images and captions"):
+        splits = preflight.check_splits(
+            splits, image_column, caption_column, num_proc=data_args.preprocessing_num_workers,
+            drop_bad_rows=data_args.drop_bad_rows, overwrite_cache=data_args.overwrite_cache,
+        )
+    for split, split_data in splits.items():
         splits[split] = data.tokenize_split(
             split_data,
             tokenizer,
@@ -208,8 +214,8 @@ def main():
     image_transform = make_image_transform(data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std)
     if data_args.cache_decoded_images:
         image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
-    for split_data in splits.values():
-        split_data.set_transform(data.BatchTransform(image_column, image_transform))
+    for split, split_data in splits.items():
+        split_data.set_transform(data.BatchTransform(image_column, image_transform, split))
 
     # Choose the loader: PyTorch's DataLoader with the chosen host image pipeline.
     loader, trainer_cls = "torch", BridgeTowerTrainer
@@ -234,9 +240,8 @@ def main():
     if training_args.do_train:
         checkpoint = training_args.resume_from_checkpoint or last_checkpoint
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        tokenizer.save_pretrained(training_args.output_dir)
-        image_processor.save_pretrained(training_args.output_dir)
+        trainer.save_model()  # (atomically, as are the processors, metrics and state below)
+        trainer.save_processors(tokenizer, image_processor)
         trainer.log_metrics("train", train_result.metrics)
         trainer.save_metrics("train", train_result.metrics)
         trainer.save_state()

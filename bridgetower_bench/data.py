@@ -13,6 +13,8 @@ import datasets
 import torch
 from datasets import DatasetDict, load_dataset
 
+from .resilience import ImageLoadError, image_label
+
 # Data files the scripts accept, and the `datasets` builder that reads each.
 DATA_FILE_BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json"}
 
@@ -191,18 +193,33 @@ def tokenize_split(dataset, tokenizer, *, image_column, caption_column, max_seq_
 
 
 class BatchTransform:
-    """The lazy per-batch transform: image values -> pixel_values with the chosen image pipeline."""
+    """The lazy per-batch transform: image values -> pixel_values with the chosen image pipeline.
 
-    def __init__(self, image_column: str, image_transform: Callable):
+    An image that cannot be loaded (a file removed mid-run) raises ImageLoadError naming the split
+    and the path; the trainer turns it into a checkpoint and one clear message.
+    """
+
+    def __init__(self, image_column: str, image_transform: Callable, split: Optional[str] = None):
         self.image_column = image_column
         self.image_transform = image_transform
+        self.split = split
 
     def __call__(self, batch: dict) -> dict:
         return {
-            "pixel_values": [self.image_transform(value) for value in batch[self.image_column]],
+            "pixel_values": [self._load(value) for value in batch[self.image_column]],
             "input_ids": batch["input_ids"],
             "attention_mask": batch["attention_mask"],
         }
+
+    def _load(self, value):
+        try:
+            return self.image_transform(value)
+        except MemoryError:
+            raise
+        except Exception as error:
+            label = image_label(value)
+            what = str(error) if label.strip("'") in str(error) else f"image {label}: {error}"
+            raise ImageLoadError(f"split '{self.split or '?'}': {what}") from error
 
 
 def collate_fn(examples: list[dict]) -> dict:

@@ -46,6 +46,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
 from .images import FastTransform, encoded_image_bytes, normalize_on_device, resize_geometry
+from .resilience import ImageLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -278,9 +279,9 @@ def resize_and_crop_on_device(pixels: torch.Tensor, image_size: int) -> torch.Te
     """uint8 (3, H, W) -> uint8 (3, S, S) with upstream's geometry, on the tensor's device.
 
     Antialiased bicubic interpolation (upstream's filter) computed in float32 as two passes, width first,
-    each rounded and clamped to uint8: the order and the intermediate rounding of the host ``fast``
-    pipeline's uint8 kernel, which this then matches to about 0.005/255 on average (one pass in float
-    would sit about 0.15/255 away from it, as close to upstream's float math). Then the centre crop.
+    each rounded and clamped to uint8. That is the pass order and the intermediate rounding of the uint8
+    kernel the host ``fast`` pipeline uses, so the two agree to about 0.005/255 on average; a single float
+    pass would differ from ``fast`` by about 0.15/255 (as ``fast`` differs from upstream). Then the crop.
     """
     height, width = pixels.shape[-2:]
     new_w, new_h, top, left = resize_geometry(width, height, image_size)
@@ -308,6 +309,14 @@ def _decode_chunk(jpegs: list[torch.Tensor], device: torch.device) -> list[Optio
         return [_decode_chunk([jpeg], device)[0] for jpeg in jpegs]
 
 
+def _decode_on_host(host_transform: FastTransform, jpeg: torch.Tensor, position: int) -> torch.Tensor:
+    """The host fallback for a JPEG the device decoder rejected; ImageLoadError if the host fails too."""
+    try:
+        return host_transform(jpeg.numpy().tobytes())
+    except ValueError as error:
+        raise ImageLoadError(f"image {position} of the batch: rejected by the device decoder, and {error}") from error
+
+
 def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  counts: Optional[DecodeCounts] = None) -> torch.Tensor:
     """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order.
@@ -333,12 +342,11 @@ def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int
         for jpeg, position, decoded in zip(chunk, positions[start : start + chunk_size], _decode_chunk(chunk, device)):
             if decoded is None:
                 host_transform = host_transform or FastTransform(image_size)
-                out[position] = host_transform(jpeg.numpy().tobytes()).to(device)
+                out[position] = _decode_on_host(host_transform, jpeg, position).to(device)
                 batch_counts.fallback_reasons["rejected by the device decoder"] += 1
             else:
                 out[position] = resize_and_crop_on_device(decoded, image_size)
                 batch_counts.device_images += 1
-        del chunk
     if counts is not None:
         counts.add(batch_counts)
     return out
@@ -385,9 +393,7 @@ class DecodeAhead:
         return self
 
     def __next__(self) -> dict:
-        if self.pending is None:
-            self.pending = self._fetch_and_start()  # StopIteration ends the epoch
-        current, self.pending = self.pending, None
+        current = self.pending if self.pending is not None else self._fetch_and_start()  # StopIteration: epoch over
         self.pending = self._fetch_and_start_or_none()
         job = current.get(ENCODED_IMAGES_KEY)
         if isinstance(job, _DecodeJob):
@@ -484,8 +490,6 @@ class DeviceDecodeTrainerMixin:
         return super()._prepare_inputs(inputs)
 
     def _pixels_of(self, item) -> torch.Tensor:
-        if isinstance(item, _DecodeJob):  # only if someone bypassed DecodeAhead's wait
-            item = item.wait()
         if isinstance(item, DecodedImages):
             self._count(item.counts)
             if item.ready is not None:  # decoded on the side stream: make this stream wait for it

@@ -10,17 +10,26 @@ It
   (timm's PrefetchLoader idea: workers ship 4x fewer bytes and do no float math);
 - times every fetch of a batch, for `data_wait_fraction`;
 - reports steady-state throughput after `throughput_warmup_steps` (see throughput.py) and records
-  which loader and image pipeline actually ran, next to the train metrics.
+  which loader and image pipeline actually ran, next to the train metrics;
+- stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
+  saves a checkpoint and ends with one clear message; rerunning the same command resumes;
+- writes metrics, trainer state, the final model and its processors atomically (no half-written
+  file after a kill).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
 import torch
 from transformers import TrainingArguments
 
 from .images import normalize_on_device
+from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit, staged_directory, write_json_atomically
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -46,6 +55,8 @@ class TrainerExtensions:
             world_size=self.args.world_size,
         )
         self.add_callback(self.throughput)
+        self.stop_on_signal = StopOnSignal()
+        self.add_callback(self.stop_on_signal)
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _prepare_inputs(self, inputs):
@@ -74,7 +85,14 @@ class TrainerExtensions:
 
     # results -------------------------------------------------------------------------------------------
     def train(self, *args, **kwargs):
-        result = super().train(*args, **kwargs)
+        with self.stop_on_signal.installed():
+            try:
+                result = super().train(*args, **kwargs)
+            except ImageLoadError as error:
+                raise self._checkpoint_after_image_error(error) from None
+        interrupted = self.stop_on_signal.interruption(self.state, self.args.output_dir)
+        if interrupted is not None:
+            report_and_exit(interrupted, self.is_world_process_zero())
         steady = self.throughput.metrics()
         if steady and "train_samples_per_second" in result.metrics:
             # Keep the trainer's own figure for reference; ours has the same meaning on every backend.
@@ -84,6 +102,84 @@ class TrainerExtensions:
         result.metrics.update(self.run_facts)
         result.metrics.update(describe_run(self.args))
         return result
+
+    # stopping cleanly -----------------------------------------------------------------------------------
+    def _checkpoint_after_image_error(self, error: ImageLoadError) -> ImageLoadError:
+        """Save a checkpoint of the last completed step; return the one-line error the run stops with.
+
+        The failing batch is fetched before its step starts, so model and optimizer are exactly at
+        `global_step`. With several processes nothing is saved here: the other ranks wait in a collective
+        this rank will never join, so the run stops and resumes from its last regular checkpoint.
+        """
+        step = self.state.global_step
+        if self.args.world_size > 1 or step == 0:
+            return ImageLoadError(
+                f"{error.reason} (training stopped before step {step + 1}; no checkpoint saved). Restore the image, "
+                "or rerun with --drop_bad_rows to leave its rows out."
+            )
+        self._save_checkpoint(self.model, trial=None)
+        checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}")
+        return ImageLoadError(
+            f"{error.reason} (training stopped after step {step}; checkpoint saved in {checkpoint}). Restore the image, "
+            "or pass --drop_bad_rows to leave its rows out, and rerun the same command to resume."
+        )
+
+    def evaluate(self, *args, **kwargs):
+        with _one_line_image_errors():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with _one_line_image_errors():
+            return super().predict(*args, **kwargs)
+
+    # atomic saves ---------------------------------------------------------------------------------------
+    def save_model(self, output_dir=None, _internal_call: bool = False):
+        """The final model lands whole: saved into a staging directory, then moved into place file by file.
+
+        Checkpoints (`_internal_call`) are written in place: one counts only once its trainer_state.json,
+        written last, is readable (resilience.last_complete_checkpoint).
+        """
+        if _internal_call:
+            return super().save_model(output_dir, _internal_call=True)
+        with staged_directory(output_dir or self.args.output_dir, publish=self.args.should_save) as staging:
+            super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
+        if self.args.push_to_hub:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def save_processors(self, *processors) -> None:
+        """save_pretrained() each of `processors` (tokenizer, image processor) into output_dir, atomically, once."""
+        if self.args.should_save:
+            with staged_directory(self.args.output_dir) as staging:
+                for processor in processors:
+                    processor.save_pretrained(staging)
+
+    def save_metrics(self, split, metrics, combined=True):
+        """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), each file replaced atomically."""
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        write_json_atomically(os.path.join(self.args.output_dir, f"{split}_results.json"), metrics)
+        if combined:
+            path = os.path.join(self.args.output_dir, "all_results.json")
+            combined_metrics = {}
+            if os.path.exists(path):
+                with open(path) as f:
+                    combined_metrics = json.load(f)
+            write_json_atomically(path, {**combined_metrics, **metrics})
+
+    def save_state(self):
+        if self.is_world_process_zero():
+            with atomic_path(os.path.join(self.args.output_dir, "trainer_state.json")) as temporary:
+                self.state.save_to_json(temporary)
+
+
+@contextmanager
+def _one_line_image_errors():
+    """An ImageLoadError re-raised from a DataLoader worker carries the worker's traceback: keep its message only."""
+    try:
+        yield
+    except ImageLoadError as error:
+        raise ImageLoadError(error.reason) from None
 
 
 def _batch_size(batch) -> int:

@@ -8,10 +8,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # Budget: under 9 minutes in all. No run starts after DEADLINE_S seconds; each is killed at RUN_TIMEOUT_S.
 # Runs go in order of importance (workers=2 first), so a short budget loses the least useful ones.
 # Writes to $OUT (default bench_out/h200): h200_table.md, h200_results.json, device_decode_check.json,
-# h200_logs.txt (the end of every run's log) and h200_console.log (this script's output).
+# h200_logs.txt (the end of every run's log and of the GPU tests' log) and h200_console.log (this output).
 #
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself;
-# WORKERS="0" (say) runs fewer worker counts.
+# WORKERS="0" (say) runs fewer worker counts. Here, with the project's Python 3.11 venv (the carried
+# wheels are for 3.12), skip the install line:
+#     PATH=$PWD/.venv/bin:$PATH PYTHONPATH=$PWD SMOKE=1 WORKERS=0 bash <(tail -n +2 scripts/h200_benchmark.sh)
 set -uo pipefail
 
 OUT=${OUT:-$PWD/bench_out/h200}
@@ -20,17 +22,19 @@ SMOKE=${SMOKE:-0}
 BATCH=${BATCH:-48}
 STEPS=${STEPS:-13}            # optimizer steps per run; the first WARMUP are not counted
 WARMUP=${WARMUP:-3}
-DEADLINE_S=${DEADLINE_S:-460} # start no run after this many seconds of the script
+DEADLINE_S=${DEADLINE_S:-420} # start no run after this many seconds of the script
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-120}
 TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and the loader's own prefetch
 
 WORKERS=${WORKERS:-2 0 1}     # in this order
 MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
 DEVICE_FLAGS=(--bf16)
+SETUP="BridgeTower Large (random weights), bf16"
 if [[ "$SMOKE" == 1 ]]; then
     BATCH=4 STEPS=3 WARMUP=1 TRAIN_ROWS=32
     MODEL_FLAGS=() MODEL_DIR=tiny-bridgetower
     DEVICE_FLAGS=(--use_cpu)
+    SETUP="SMOKE TEST: tiny BridgeTower on CPU, fp32"
 fi
 
 mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
@@ -52,8 +56,12 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| torchvi
 print("cuda:", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 EOF
 
-# 1. Fixtures: the random-weight model and the synthetic data set, built side by side --------------------
-stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows"
+# 1. Fixtures: the random-weight model and the synthetic data set, built side by side, while the device
+#    decode tests run on the GPU (nvJPEG against the host fast pipeline; the trainer's decode look-ahead) --
+stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows; device decode tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py -k cuda \
+    > "$WORK/logs/pytest_cuda.log" 2>&1 &
+pytest_pid=$!
 python3 -m bridgetower_bench.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
 model_pid=$!
 python3 -m bridgetower_bench.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
@@ -62,6 +70,8 @@ dataset_rc=$?
 wait "$model_pid"
 model_rc=$?
 cat "$WORK/logs/fixtures_model.log" "$WORK/logs/fixtures_dataset.log" | grep -E "^(model|dataset|  images):" || true
+wait "$pytest_pid" || true
+stamp "device decode tests:"; grep -E "passed|failed|error|skipped|^FAILED|^E " "$WORK/logs/pytest_cuda.log" | tail -n 20
 if [[ $model_rc != 0 || $dataset_rc != 0 ]]; then
     tail -n 30 "$WORK/logs/fixtures_model.log" "$WORK/logs/fixtures_dataset.log"
     echo "fixtures failed"; exit 1
@@ -122,9 +132,9 @@ done
 # 4. The table -------------------------------------------------------------------------------------------
 stamp "table"
 for log in "$WORK"/logs/*.log; do echo "===== $(basename "$log")"; tail -n 40 "$log"; done > "$OUT/h200_logs.txt"
-python3 - "$WORK" "$OUT" "$BATCH" "$STEPS" "$WARMUP" <<'EOF'
+python3 - "$WORK" "$OUT" "$SETUP" "$BATCH" "$STEPS" "$WARMUP" <<'EOF'
 import json, os, sys
-work, out, batch, steps, warmup = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+work, out, setup, batch, steps, warmup = *sys.argv[1:4], *map(int, sys.argv[4:])
 TFLOP_PER_SAMPLE, PEAK_TFLOPS = 1.4, 790.0  # DESIGN.md section 6: training cost per sample, measured bf16 peak
 status = {}
 for line in open(os.path.join(work, "status.txt")):
@@ -154,7 +164,7 @@ for name in ["ceiling"] + [f"w{w}_{p}" for w in (0, 1, 2) for p in ("upstream", 
 check_path = os.path.join(out, "device_decode_check.json")
 check = json.load(open(check_path)) if os.path.exists(check_path) else None
 device = next((m.get("device_name") for m in results.values() if m.get("device_name")), "?")
-lines = [f"BridgeTower Large (random weights), one {device}, bf16, {batch} per device, "
+lines = [f"{setup}, one {device}, {batch} per device, "
          f"{steps} steps of which the first {warmup} are not counted; MFU = samples/s x {TFLOP_PER_SAMPLE} TFLOP / {PEAK_TFLOPS:.0f} TFLOP/s.",
          "", *rows, ""]
 if check:
@@ -165,6 +175,6 @@ table = "\n".join(lines)
 print(table)
 open(os.path.join(out, "h200_table.md"), "w").write(table + "\n")
 json.dump({"status": status, "results": results, "device_decode_check": check,
-           "config": {"batch": batch, "steps": steps, "warmup": warmup}}, open(os.path.join(out, "h200_results.json"), "w"), indent=1)
+           "config": {"setup": setup, "batch": batch, "steps": steps, "warmup": warmup}}, open(os.path.join(out, "h200_results.json"), "w"), indent=1)
 EOF
 stamp "done"

@@ -13,14 +13,14 @@ from PIL import Image
 from bridgetower_bench import bench
 
 # A small but real sweep: 3 steps of batch 2, the first one warm-up.
-TINY_RUN = "--max_steps 3 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1"
+TINY_RUN = "--max_steps 3 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 --max_eval_samples 8"
 
 
 def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
     out = tmp_path / "bench"
 
-    code = bench.main(["--workers", "0", "1", "--extra-args", TINY_RUN, "--out", str(out)])
+    code = bench.main(["--workers", "0", "1", "--eval", "--extra-args", TINY_RUN, "--out", str(out)])
 
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -33,6 +33,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         assert row["throughput_warmup_steps"] == 1 and row["throughput_counted_steps"] == 2
         assert row["train_samples_per_second"] > 0 and 0 <= row["data_wait_fraction"] <= 1
         assert row["version_torch"] and row["version_transformers"]
+        assert 0 <= row["eval_i2t_recall@1"] <= 1 and row["eval_loss"] > 0
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
         assert not list((out / "runs" / row["run_id"]).glob("*.safetensors")), "weights are deleted by default"
 
@@ -44,6 +45,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     table = (out / "table.md").read_text()
     assert "| device | workers=0 | workers=1 |" in table and "(x1.00)" in table
     assert table in printed, "the table is printed at the end"
+    assert "## Retrieval quality: eval image->text recall@1" in table
     assert "Gaudi2 HPU (published)" in (out / "vs_published.md").read_text()
     with Image.open(out / "chart.png") as chart:
         assert chart.size[0] > 100 and chart.size[1] > 100
@@ -62,6 +64,8 @@ p.add_argument("--dataloader_num_workers", type=int)
 p.add_argument("--image_pipeline", choices=["upstream", "fast"])
 a = p.parse_args()
 os.makedirs(a.output_dir, exist_ok=True)
+if os.environ.get("STAND_IN_FAIL"):
+    sys.exit(3)
 if a.dataloader_num_workers == 7:  # hangs until stopped
     open(os.path.join(a.output_dir, "pid"), "w").write(str(os.getpid()))
     time.sleep(120)
@@ -115,6 +119,17 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     assert "## Failed runs" in table and "invalid choice" in table
     with Image.open(out / "chart.png") as chart:
         chart.load()
+
+
+def test_a_rerun_into_the_same_output_never_reports_the_earlier_runs_figures(tmp_path):
+    plan = stand_in_plan(tmp_path, workers=[1])
+    first, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    plan.env = {"STAND_IN_FAIL": "1"}
+
+    second, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+
+    assert first[0]["train_samples_per_second"] == 20.0
+    assert second[0]["status"] == "failed" and "train_samples_per_second" not in second[0]
 
 
 def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(tmp_path):
@@ -182,6 +197,7 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
     assert "| H100 x1 | - | 50.0 | - | - |" in table
     assert "+ mediapipe" not in table
     assert "after 3 warm-up step(s), over 10 counted step(s); per-device batch 48; median of up to 3 repeat(s)" in table
+    assert "| Gaudi2 x8 | 100.0-100.0 (n=1) | 130.0-160.0 (n=3) | 200.0-200.0 (n=1) | 210.0-210.0 (n=1) |" in table
 
 
 def test_vs_published_lines_up_node_per_device_and_speedups():
@@ -194,7 +210,7 @@ def test_vs_published_lines_up_node_per_device_and_speedups():
     assert "| workers=2 + mediapipe | - | - | 847.7 | n/a | n/a |" in node, "our fallback run is not the mediapipe row"
     assert "| workers=1 | 17.5 | 50.0 | 93.4 | 72.5 | 42.5 |" in per_device  # 140/8; published node / 8
     assert "| workers=2 | x2.00 | - | x1.28 | x1.79 | x1.52 |" in speedups  # the post's workers 0->2 claims
-    assert "Same recipe as the published runs" in text
+    assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
 
 
 # ---------------------------------------------------------------------------------------------

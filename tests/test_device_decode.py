@@ -22,7 +22,6 @@ from bridgetower_bench.device_decode import (
     ENCODED_IMAGES_KEY,
     DecodeCounts,
     DeviceDecodeTrainerMixin,
-    EncodedBatch,
     EncodedImageTransform,
     collate_encoded,
     decode_batch,
@@ -37,6 +36,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 SIZE = 294  # BridgeTower's image size: the real geometry
 TOLERANCE = 0.5 / 255  # mean |difference| allowed after normalisation
+
+# The decode tests also run on a GPU where there is one (nvJPEG instead of libjpeg-turbo), e.g.
+# `pytest tests/test_device_decode.py -k cuda` on the benchmark machine; CI has none and skips them.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 def cartoon(width, height, seed=0):
@@ -77,14 +81,17 @@ def normalised_mean_difference(a, b):
 # ------------------------------------------------------------------------------------------------------
 
 
-def test_cartoons_decode_to_the_fast_pipelines_pixels():
+@pytest.mark.parametrize("device", DEVICES)
+def test_cartoons_decode_to_the_fast_pipelines_pixels(device):
     # landscape, portrait, square, smaller than S (upscaled), width already S, odd crop offsets
     sizes = [(800, 650), (650, 800), (700, 700), (200, 150), (294, 400), (1001, 613)]
     values = [{"bytes": jpeg_bytes(cartoon(w, h, seed)), "path": None} for seed, (w, h) in enumerate(sizes)]
     batch = as_batch(values)
     assert len(batch.jpeg_positions) == len(values) and not batch.host_positions
     counts = DecodeCounts()
-    got = decode_batch(batch, "cpu", SIZE, counts=counts)
+    got = decode_batch(batch, device, SIZE, counts=counts)
+    assert got.device.type == device
+    got = got.cpu()
     expected = host_fast(values)
     assert got.dtype == torch.uint8 and got.shape == (len(values), 3, SIZE, SIZE)
     assert normalised_mean_difference(got, expected) <= TOLERANCE
@@ -92,21 +99,23 @@ def test_cartoons_decode_to_the_fast_pipelines_pixels():
     assert counts.metrics() == {"device_decode_images": len(values), "device_decode_fallback_images": 0}
 
 
-def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline(device):
     photo = grace_hopper_bytes()
     progressive = encoded(Image.open(io.BytesIO(photo)), quality=90, progressive=True)
     values = [photo, progressive]
     batch = as_batch(values)
     assert batch.jpeg_positions == [0, 1]  # both go to the device decoder
-    got = decode_batch(batch, "cpu", SIZE)
+    got = decode_batch(batch, device, SIZE).cpu()
     assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE
 
 
-def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels():
+@pytest.mark.parametrize("device", DEVICES)
+def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels(device):
     grey = encoded(cartoon(640, 480).convert("L"))
     batch = as_batch([grey])
     assert batch.jpeg_positions == [0]
-    got = decode_batch(batch, "cpu", SIZE)
+    got = decode_batch(batch, device, SIZE).cpu()
     assert got.shape == (1, 3, SIZE, SIZE)
     assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2])
     assert normalised_mean_difference(got, host_fast([grey])) <= TOLERANCE
@@ -160,6 +169,19 @@ def test_an_image_the_decoder_rejects_is_retried_alone_then_decoded_on_the_host(
     assert torch.equal(got[1], FastTransform(SIZE)(values[1]))
     assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE
     assert counts.device_images == 2 and counts.fallback_reasons == {"rejected by the device decoder": 1}
+
+
+def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load_error(monkeypatch):
+    from bridgetower_bench.resilience import ImageLoadError
+
+    good = jpeg_bytes(cartoon(320, 280))
+    corrupt = good[:600] + bytes(64)  # a sound header, then nothing decodable
+    def rejecting_decode(jpegs, **kwargs):
+        raise RuntimeError("nvjpeg says no")
+
+    monkeypatch.setattr(device_decode, "decode_jpeg", rejecting_decode)
+    with pytest.raises(ImageLoadError, match="image 1 of the batch: rejected by the device decoder, and cannot decode"):
+        decode_batch(as_batch([good, corrupt]), "cpu", SIZE)
 
 
 def test_bad_image_values_raise_errors_naming_the_source():
@@ -270,7 +292,7 @@ class RecordingModel(torch.nn.Module):
         self.seen = []  # (training?, token ids, pixel values)
 
     def forward(self, input_ids, attention_mask, pixel_values, return_loss=True):
-        self.seen.append((self.training, input_ids[:, 0].tolist(), pixel_values.detach().clone()))
+        self.seen.append((self.training, input_ids[:, 0].tolist(), pixel_values.detach().cpu()))
         return {"loss": (self.weight * pixel_values.float().mean()) ** 2}
 
 
@@ -278,13 +300,16 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
     pass
 
 
-@pytest.mark.parametrize("decode_ahead, workers", [(False, 0), (True, 1)])
-def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, decode_ahead, workers):
+@pytest.mark.parametrize(
+    "device, decode_ahead, workers",
+    [("cpu", False, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],  # None: on for CUDA
+)
+def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, device, decode_ahead, workers):
     data = CaptionedImages()
     model = RecordingModel()
     args = WarmupTrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=3, per_device_eval_batch_size=4, max_steps=5,
-        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=workers,
+        report_to="none", use_cpu=device == "cpu", save_strategy="no", logging_steps=100, dataloader_num_workers=workers,
         remove_unused_columns=False,
     )
     trainer = DeviceDecodeTrainer(
@@ -294,7 +319,8 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
     )
     trainer.train()  # 5 steps of 3 over 6 images: three epochs, so a new look-ahead each epoch
     trainer.evaluate()
-    assert (trainer._decode_thread is not None) == decode_ahead  # the look-ahead ran when asked for
+    assert trainer.args.device.type == device
+    assert (trainer._decode_thread is not None) == (decode_ahead or device == "cuda")  # the look-ahead ran
     expected = data.expected_pixels()
     trained = [(ids, pixels) for training, ids, pixels in model.seen if training]
     evaluated = [(ids, pixels) for training, ids, pixels in model.seen if not training]

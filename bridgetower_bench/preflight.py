@@ -1,0 +1,352 @@
+"""Bad input stops a run before step 1, not hours into it.
+
+`check_splits` looks at every row of the splits a run uses (after --max_train_samples /
+--max_eval_samples):
+
+- the caption column must hold text, and every caption must be a non-empty string;
+- every image must exist and decode completely (PIL `load()`: a truncated file fails).
+
+Identical image bytes are decoded once (the New Yorker data shows each cartoon in many rows), and
+JPEGs are decoded at reduced scale (PIL `draft`: the entropy decoder still reads every byte, so a
+truncated file is still caught, but the inverse DCT does a fraction of the work). The distinct images
+are checked in parallel by --preprocessing_num_workers processes.
+
+The outcome is cached as a small json file in ~/.cache/bridgetower_bench/preflight/, keyed by the
+splits' fingerprints; it also records size and modification time of every image file the rows point
+to, so a file that changed or vanished since is checked again. An unchanged data set is checked once.
+
+Problems stop the run with one ValueError listing them (split, row, column, reason);
+--drop_bad_rows trains without those rows instead and logs which they were.
+
+`parse_json_arguments` reads a single .json configuration file and names unknown keys in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+import PIL
+from PIL import Image
+
+from .resilience import write_json_atomically
+
+logger = logging.getLogger(__name__)
+
+PREFLIGHT_VERSION = 1
+DEFAULT_PREFLIGHT_CACHE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "preflight")
+MAX_LISTED = 20  # problems named in the error / log; the cache file holds them all
+_DRAFT_SIZE = (64, 64)  # JPEGs decode at the smallest DCT scale still at least this big
+_ROWS_PER_BATCH = 1024  # rows read from the data set at a time
+_IMAGES_PER_ROUND = 256  # distinct images handed to the worker processes at a time
+_TEXT_DTYPES = ("string", "large_string")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One unusable row: where it is and why."""
+
+    split: str
+    row: int
+    column: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"split '{self.split}' row {self.row}, column '{self.column}': {self.reason}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The check the scripts run
+# ---------------------------------------------------------------------------------------------
+
+
+def check_splits(
+    splits: dict,
+    image_column: str,
+    caption_column: str,
+    *,
+    num_proc: Optional[int] = None,
+    drop_bad_rows: bool = False,
+    overwrite_cache: bool = False,
+    cache_dir: Optional[str] = None,
+) -> dict:
+    """The splits, checked: a ValueError listing the bad rows, or (drop_bad_rows) the splits without them."""
+    for split, dataset in splits.items():
+        check_caption_column(dataset, caption_column, split)
+    problems, cache_file = find_problems(
+        splits, image_column, caption_column, num_proc=num_proc, overwrite_cache=overwrite_cache, cache_dir=cache_dir
+    )
+    if not problems:
+        return splits
+    if not drop_bad_rows:
+        raise ValueError(describe_problems(problems, "found before training (pass --drop_bad_rows to train without them)", cache_file))
+    logger.warning(describe_problems(problems, "dropped (--drop_bad_rows)", cache_file))
+    return drop_rows(splits, problems)
+
+
+def check_caption_column(dataset, caption_column: str, split: str) -> None:
+    """The caption column must hold text; a column of numbers, lists or images is refused as a whole."""
+    import datasets
+
+    feature = dataset.features[caption_column]
+    if isinstance(feature, datasets.Value) and feature.dtype in _TEXT_DTYPES:
+        return
+    held = f"{feature.dtype} values" if isinstance(feature, datasets.Value) else f"{type(feature).__name__} values"
+    raise ValueError(f"--caption_column={caption_column} in split '{split}' holds {held}, not text")
+
+
+def describe_problems(problems: list[Problem], what: str, cache_file: Optional[Path] = None) -> str:
+    """'N bad rows <what>:' then up to MAX_LISTED of them, one per line."""
+    lines = [f"{len(problems)} bad row{'s' if len(problems) != 1 else ''} {what}:"]
+    lines += [f"  {problem}" for problem in problems[:MAX_LISTED]]
+    if len(problems) > MAX_LISTED:
+        lines.append(f"  ... and {len(problems) - MAX_LISTED} more" + (f" (all listed in {cache_file})" if cache_file else ""))
+    return "\n".join(lines)
+
+
+def drop_rows(splits: dict, problems: list[Problem]) -> dict:
+    """The splits without the rows named in `problems`, order kept."""
+    bad_rows = defaultdict(set)
+    for problem in problems:
+        bad_rows[problem.split].add(problem.row)
+    kept = {}
+    for split, dataset in splits.items():
+        if not bad_rows[split]:
+            kept[split] = dataset
+            continue
+        rows = [row for row in range(len(dataset)) if row not in bad_rows[split]]
+        if not rows:
+            raise ValueError(f"--drop_bad_rows: every row of split '{split}' is bad; nothing is left to use")
+        kept[split] = dataset.select(rows)
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the problems, once per data set
+# ---------------------------------------------------------------------------------------------
+
+
+def find_problems(
+    splits: dict,
+    image_column: str,
+    caption_column: str,
+    *,
+    num_proc: Optional[int] = None,
+    overwrite_cache: bool = False,
+    cache_dir: Optional[str] = None,
+) -> tuple[list[Problem], Path]:
+    """Every bad row of `splits` (dict of split name -> datasets.Dataset), and the cache file holding them."""
+    settings = {
+        "version": PREFLIGHT_VERSION,
+        "pillow": PIL.__version__,
+        "image_column": image_column,
+        "caption_column": caption_column,
+        "fingerprints": {split: dataset._fingerprint for split, dataset in splits.items()},
+    }
+    key = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=12).hexdigest()
+    cache_file = Path(os.path.expanduser(cache_dir or DEFAULT_PREFLIGHT_CACHE_DIR)) / f"{key}.json"
+    names = ", ".join(splits)
+    cached = None if overwrite_cache else _read_cache(cache_file, settings)
+    if cached is not None:
+        logger.info(f"Preflight: the {cached['rows_checked']} rows of {names} were checked before ({cache_file}).")
+        return [Problem(**p) for p in cached["problems"]], cache_file
+
+    start = time.perf_counter()
+    problems, checker, rows = _scan(splits, image_column, caption_column, num_proc)
+    logger.info(
+        f"Preflight: checked {rows} rows of {names} ({len(checker.rows_of)} distinct images) in "
+        f"{time.perf_counter() - start:.1f} s: {len(problems)} bad."
+    )
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(str(cache_file), {
+        "settings": settings,
+        "rows_checked": rows,
+        "distinct_images": len(checker.rows_of),
+        "files": checker.file_stats,
+        "problems": [dataclasses.asdict(p) for p in problems],
+    })
+    return problems, cache_file
+
+
+def _read_cache(cache_file: Path, settings: dict) -> Optional[dict]:
+    """The cached outcome, unless absent, for other settings, or an image file changed since."""
+    try:
+        with open(cache_file) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if cached.get("settings") != settings:
+        return None
+    if any(_file_stat(path) != stat for path, stat in cached.get("files", {}).items()):
+        logger.info("Preflight: image files changed since the last check; checking again.")
+        return None
+    return cached
+
+
+def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Optional[int]):
+    """(problems sorted by split and row, the image checker, rows read)."""
+    problems = []
+    rows = 0
+    with _ImageChecker(num_proc) as checker:
+        for split, dataset in splits.items():
+            columns = dataset.select_columns(list(dict.fromkeys([image_column, caption_column])))
+            row = 0
+            for batch in columns.iter(batch_size=_ROWS_PER_BATCH):
+                for image, caption in zip(batch[image_column], batch[caption_column]):
+                    reason = caption_problem(caption)
+                    if reason:
+                        problems.append(Problem(split, row, caption_column, reason))
+                    checker.add(image, (split, row))
+                    row += 1
+            rows += row
+        for (split, row), reason in checker.finish():
+            problems.append(Problem(split, row, image_column, reason))
+    order = {split: i for i, split in enumerate(splits)}
+    problems.sort(key=lambda p: (order[p.split], p.row, p.column != image_column))
+    return problems, checker, rows
+
+
+def caption_problem(caption: Any) -> Optional[str]:
+    """Why a caption cannot be used, or None."""
+    if caption is None:
+        return "no caption (empty cell)"
+    if not isinstance(caption, str):
+        return f"caption {caption!r} is not text"
+    if not caption.strip():
+        return f"empty caption {caption!r}"
+    return None
+
+
+class _ImageChecker:
+    """Collects the image of every row; decodes each distinct image once, in worker processes.
+
+    Distinct means identical embedded bytes (by blake2b digest) or the same file path.
+    """
+
+    def __init__(self, num_proc: Optional[int]):
+        self.num_proc = num_proc or 1
+        self.rows_of: dict[tuple, list] = {}  # image key -> the (split, row) showing it
+        self.file_stats: dict[str, Optional[list]] = {}  # path -> [size, mtime_ns] (None: missing)
+        self._pending: list[tuple[tuple, Any]] = []  # (key, payload) not yet decoded
+        self._failed: dict[tuple, str] = {}
+        self._pool = None
+
+    def __enter__(self):
+        if self.num_proc > 1:
+            self._pool = multiprocessing.get_context().Pool(self.num_proc)
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+
+    def add(self, value: Any, where: tuple) -> None:
+        key, payload = self._identify(value)
+        if key in self.rows_of:
+            self.rows_of[key].append(where)
+            return
+        self.rows_of[key] = [where]
+        if payload is None:
+            self._failed[key] = "no image (neither embedded bytes nor a path)"
+            return
+        self._pending.append((key, payload))
+        if len(self._pending) >= _IMAGES_PER_ROUND:
+            self._decode_pending()
+
+    def finish(self) -> list[tuple[tuple, str]]:
+        """((split, row), reason) for every row whose image failed."""
+        self._decode_pending()
+        return [(where, reason) for key, reason in self._failed.items() for where in self.rows_of[key]]
+
+    def _identify(self, value: Any) -> tuple[tuple, Any]:
+        """(key, payload): payload is the embedded bytes or a file path (None: no image at all)."""
+        if isinstance(value, dict) and value.get("bytes"):
+            data = bytes(value["bytes"])
+            return ("bytes", hashlib.blake2b(data, digest_size=16).digest()), data
+        path = value.get("path") if isinstance(value, dict) else value
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path):
+            path = os.fspath(path)
+            self.file_stats[path] = _file_stat(path)
+            return ("path", path), path
+        return ("none",), None
+
+    def _decode_pending(self) -> None:
+        if not self._pending:
+            return
+        payloads = [payload for _, payload in self._pending]
+        if self._pool is not None:
+            chunksize = max(1, len(payloads) // (self.num_proc * 4))
+            reasons = self._pool.map(image_problem, payloads, chunksize=chunksize)
+        else:
+            reasons = [image_problem(payload) for payload in payloads]
+        for (key, _), reason in zip(self._pending, reasons):
+            if reason:
+                self._failed[key] = reason
+        self._pending = []
+
+
+def _file_stat(path: str) -> Optional[list]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def image_problem(payload: bytes | str) -> Optional[str]:
+    """Why an image (encoded bytes, or a file path) cannot be used, or None when it decodes completely."""
+    if isinstance(payload, str):
+        label = f"image file {payload!r}"
+        try:
+            with open(payload, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return f"missing image file {payload!r}"
+        except OSError as error:
+            return f"cannot read {label}: {error.strerror or error}"
+    else:
+        data, label = payload, "embedded image"
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
+            img.load()
+    except Exception as error:  # PIL raises many types for bad data
+        return f"cannot decode {label}: {error}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A single .json configuration file
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_json_arguments(parser, json_file: str) -> tuple:
+    """HfArgumentParser.parse_json_file, with one clear line for an unreadable file or unknown keys."""
+    path = os.path.abspath(json_file)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the configuration file ({error.strerror or error})") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: a configuration file holds one JSON object mapping argument names to values")
+    known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(
+            f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            "(see --help for the arguments this script takes)"
+        )
+    return parser.parse_dict(config)
