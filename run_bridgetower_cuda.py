@@ -19,6 +19,7 @@ from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser, Tr
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
 from bridgetower_bench import data, preflight, resilience
+from bridgetower_bench.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
 from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
@@ -72,12 +73,18 @@ class DataTrainingArguments:
     decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default ~/.cache/bridgetower_bench/decoded_images)."})
     drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing or undecodable or whose caption is empty (found before training), instead of stopping."})
 
+    device_decode: bool = field(default=False, metadata={"help": "Decode, resize and normalise JPEGs on the GPU (nvJPEG); loader workers ship encoded bytes."})
+
     def __post_init__(self):
         data.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
 
 
 class BridgeTowerTrainer(TrainerExtensions, Trainer):
     """The backend's trainer plus device-side normalisation, data-wait timing and steady-state throughput."""
+
+
+class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer):
+    """Decodes each batch's JPEG bytes on the GPU, one batch ahead on a side stream."""
 
 
 def main():
@@ -212,13 +219,17 @@ def main():
     image_groups = {split: image_group_ids(split_data[image_column]) for split, split_data in splits.items() if split != "train"}
     image_size = config.vision_config.image_size
     image_transform = make_image_transform(data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std)
+    if data_args.device_decode:  # workers ship JPEG bytes; the GPU decodes them with the `fast` pipeline's geometry
+        if data_args.cache_decoded_images:
+            raise ValueError("--device_decode decodes on the GPU at every step: drop --cache_decoded_images")
+        image_transform, data_args.image_pipeline = EncodedImageTransform(image_size), "fast"
     if data_args.cache_decoded_images:
         image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
     for split, split_data in splits.items():
         split_data.set_transform(data.BatchTransform(image_column, image_transform, split))
 
-    # Choose the loader: PyTorch's DataLoader with the chosen host image pipeline.
-    loader, trainer_cls = "torch", BridgeTowerTrainer
+    # Choose the loader: PyTorch's DataLoader with the chosen host image pipeline, or the GPU's JPEG decoder.
+    loader, trainer_cls = ("device_decode", DeviceDecodeTrainer) if data_args.device_decode else ("torch", BridgeTowerTrainer)
 
     # 8. The trainer. Our images and captions live in columns the model does not take: keep them.
     if training_args.remove_unused_columns:
@@ -229,7 +240,7 @@ def main():
         args=training_args,
         train_dataset=splits.get("train"),
         eval_dataset=splits.get("validation"),
-        data_collator=data.collate_fn,
+        data_collator=collate_encoded if data_args.device_decode else data.collate_fn,
         image_mean=image_processor.image_mean,
         image_std=image_processor.image_std,
         loader=loader,

@@ -533,9 +533,11 @@ class DeviceDecodeTrainerMixin:
 
     def train(self, *args, **kwargs):
         try:
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
         finally:
             self._decode_ahead_iterator = None  # drop a batch decoded ahead for a step that never ran
+        result.metrics.update(self.device_decode_stats("train"))  # saved with the train metrics
+        return result
 
 
 # ----------------------------------------------------------------------------------------------------------

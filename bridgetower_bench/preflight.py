@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import PIL
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .resilience import write_json_atomically
 
@@ -320,6 +320,8 @@ def image_problem(payload: bytes | str) -> Optional[str]:
         with Image.open(io.BytesIO(data)) as img:
             img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
             img.load()
+    except UnidentifiedImageError:
+        return f"cannot decode {label}: not in an image format Pillow reads"
     except Exception as error:  # PIL raises many types for bad data
         return f"cannot decode {label}: {error}"
     return None

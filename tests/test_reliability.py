@@ -1,0 +1,471 @@
+"""Long runs: bad data is found before step 1, a failing image or a signal stops with a checkpoint that
+resumes exactly, output directories are never clobbered, files are never half-written, and bad input
+is refused with one line."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from bridgetower_bench import data, preflight, resilience
+from bridgetower_bench.resilience import ImageLoadError
+from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def embedded(images, captions) -> datasets.Dataset:
+    features = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
+    rows = {"image": [{"bytes": b, "path": None} for b in images], "caption": captions}
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def write_csv_dataset(directory, rows):
+    """rows: (image file name or None to leave it missing, image bytes, caption). Writes images + train.csv."""
+    (directory / "images").mkdir(parents=True, exist_ok=True)
+    lines = ["image_path,caption"]
+    for name, image, caption in rows:
+        if image is not None:
+            (directory / "images" / name).write_bytes(image)
+        lines.append(f"images/{name},{caption}")
+    (directory / "train.csv").write_text("\n".join(lines) + "\n")
+    return directory / "train.csv"
+
+
+def train_args(fixtures, output_dir, **overrides):
+    args = {
+        "model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
+        "image_column": "image", "caption_column": "image_description", "output_dir": output_dir,
+        "per_device_train_batch_size": 4, "max_train_samples": 16, "learning_rate": 1e-3, "logging_steps": 1,
+        "report_to": "none", "seed": 7, "throughput_warmup_steps": 1, "dataloader_num_workers": 0,
+    }
+    args.update(overrides)
+    return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
+
+
+def last_stderr_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Preflight: bad data is found before step 1, reported by split, row and column, cached
+# ---------------------------------------------------------------------------------------------
+
+GOOD, OTHER = jpeg_bytes(0), jpeg_bytes(1)
+
+
+def bad_splits(tmp_path):
+    """train: embedded images (one truncated, one garbage, two captions unusable, a repeated image);
+    validation: image paths (one file missing)."""
+    train = embedded(
+        [GOOD, GOOD[: len(GOOD) // 2], GOOD, b"not an image", OTHER, OTHER],
+        ["a", "b", "c", "d", "   ", None],
+    )
+    (tmp_path / "ok.jpg").write_bytes(OTHER)
+    validation = datasets.Dataset.from_dict(
+        {"image": [str(tmp_path / "ok.jpg"), str(tmp_path / "gone.jpg")], "caption": ["e", "f"]}
+    )
+    return {"train": train, "validation": validation}
+
+
+def test_preflight_names_split_row_and_column_of_every_bad_row_and_caches_the_outcome(tmp_path, monkeypatch):
+    splits = bad_splits(tmp_path)
+    cache = tmp_path / "cache"
+    problems, cache_file = preflight.find_problems(splits, "image", "caption", cache_dir=cache)
+    found = {(p.split, p.row, p.column): p.reason for p in problems}
+    assert sorted(found) == [("train", 1, "image"), ("train", 3, "image"), ("train", 4, "caption"),
+                             ("train", 5, "caption"), ("validation", 1, "image")]
+    assert "truncated" in found[("train", 1, "image")]
+    assert "cannot decode embedded image" in found[("train", 3, "image")]
+    assert found[("validation", 1, "image")] == f"missing image file {str(tmp_path / 'gone.jpg')!r}"
+    assert read_json(cache_file)["distinct_images"] == 6  # GOOD, truncated, garbage, OTHER + 2 paths
+
+    # Second run: nothing is decoded again.
+    def must_not_decode(payload):
+        raise AssertionError("decoded again despite the cache")
+
+    monkeypatch.setattr(preflight, "image_problem", must_not_decode)
+    assert preflight.find_problems(splits, "image", "caption", cache_dir=cache)[0] == problems
+
+    # A file that changed since the check is checked again.
+    monkeypatch.undo()
+    (tmp_path / "ok.jpg").write_bytes(OTHER[:200])
+    again = {(p.split, p.row) for p in preflight.find_problems(splits, "image", "caption", cache_dir=cache)[0]}
+    assert ("validation", 0) in again
+
+
+def test_identical_images_are_decoded_once_and_workers_agree(tmp_path, monkeypatch):
+    images = [jpeg_bytes(i % 3) for i in range(30)] + [b"garbage"]
+    splits = {"train": embedded(images, [f"caption {i}" for i in range(31)])}
+    calls = []
+    original = preflight.image_problem
+    monkeypatch.setattr(preflight, "image_problem", lambda payload: calls.append(1) or original(payload))
+    serial, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "a")
+    assert len(calls) == 4, "3 distinct pictures + the garbage, each decoded once"
+    monkeypatch.undo()
+    parallel, _ = preflight.find_problems(splits, "image", "caption", num_proc=2, cache_dir=tmp_path / "b")
+    assert serial == parallel and [(p.row, p.column) for p in parallel] == [(30, "image")]
+
+
+def test_bad_rows_stop_the_run_or_are_dropped(tmp_path, caplog):
+    splits = bad_splits(tmp_path)
+    with pytest.raises(ValueError) as stop:
+        preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path / "c")
+    lines = str(stop.value).splitlines()
+    assert lines[0] == "5 bad rows found before training (pass --drop_bad_rows to train without them):"
+    assert lines[1].startswith("  split 'train' row 1, column 'image': cannot decode embedded image")
+
+    kept = preflight.check_splits(splits, "image", "caption", drop_bad_rows=True, cache_dir=tmp_path / "c")
+    assert list(kept["train"]["caption"]) == ["a", "c"] and list(kept["validation"]["caption"]) == ["e"]
+    assert "5 bad rows dropped (--drop_bad_rows):" in caplog.text and "split 'validation' row 1" in caplog.text
+
+
+def test_problem_list_is_capped_with_a_count(tmp_path):
+    splits = {"train": embedded([b"x%d" % i for i in range(preflight.MAX_LISTED + 7)], ["c"] * (preflight.MAX_LISTED + 7))}
+    with pytest.raises(ValueError) as stop:
+        preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path)
+    lines = str(stop.value).splitlines()
+    assert len(lines) == preflight.MAX_LISTED + 2 and lines[-1].startswith("  ... and 7 more (all listed in ")
+
+
+def test_caption_column_of_numbers_is_refused_as_a_whole():
+    ds = datasets.Dataset.from_dict({"image": ["a.jpg"], "caption": [3]})
+    with pytest.raises(ValueError, match=r"^--caption_column=caption in split 'train' holds int64 values, not text$"):
+        preflight.check_caption_column(ds, "caption", "train")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. An image that fails during training: checkpoint, one clear error, resumable
+# ---------------------------------------------------------------------------------------------
+
+
+def path_dataset(directory, n_rows, tokenizer, image_size=294):
+    from bridgetower_bench.images import make_image_transform
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for row in range(n_rows):
+        paths.append(str(directory / f"{row}.jpg"))
+        (directory / f"{row}.jpg").write_bytes(jpeg_bytes(row))
+    ds = datasets.Dataset.from_dict({"image": paths, "caption": [f"picture {row}" for row in range(n_rows)]})
+    ds = data.tokenize_split(ds, tokenizer, image_column="image", caption_column="caption", max_seq_length=16,
+                             num_proc=None, overwrite_cache=True, split="train")
+    transform = make_image_transform("fast", image_size, mean=(), std=())
+    ds.set_transform(data.BatchTransform("image", transform, "train"))
+    return ds, paths
+
+
+def test_image_error_in_a_dataloader_worker_keeps_its_one_line_message(fixtures, tmp_path):
+    from transformers import AutoTokenizer
+
+    ds, paths = path_dataset(tmp_path / "images", 4, AutoTokenizer.from_pretrained(fixtures["model"]))
+    os.remove(paths[2])
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1, collate_fn=data.collate_fn)
+    with pytest.raises(ImageLoadError) as raised:
+        list(loader)
+    assert "Original Traceback" in str(raised.value)  # how PyTorch re-raises a worker's exception
+    assert raised.value.reason == (
+        f"split 'train': cannot read image file {paths[2]!r}: [Errno 2] No such file or directory: {paths[2]!r}"
+    )
+
+
+class _DeleteImagesAfterFirstStep(TrainerCallback):
+    """Removes every image file once step 1 is done: a data set disappearing under a running job."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            for path in self.paths:
+                os.rename(path, path + ".away")
+
+
+def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
+    from transformers import AutoTokenizer, BridgeTowerForContrastiveLearning, Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class BridgeTowerTrainer(TrainerExtensions, Trainer):
+        pass
+
+    ds, paths = path_dataset(tmp_path / "images", 24, AutoTokenizer.from_pretrained(fixtures["model"]))
+
+    def trainer(callbacks=()):
+        args = WarmupTrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6, use_cpu=True, seed=3,
+            report_to="none", save_strategy="no", dataloader_num_workers=1, dataloader_prefetch_factor=1,
+            remove_unused_columns=False, disable_tqdm=True,
+        )
+        model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
+        return BridgeTowerTrainer(model=model, args=args, train_dataset=ds, data_collator=data.collate_fn,
+                                  image_mean=(0.5,) * 3, image_std=(0.5,) * 3, callbacks=list(callbacks))
+
+    with pytest.raises(ImageLoadError) as raised:
+        trainer([_DeleteImagesAfterFirstStep(paths)]).train()
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in message
+    match = re.fullmatch(
+        r"split 'train': cannot read image file '.*/images/\d+\.jpg': .* \(training stopped after step (\d+); "
+        r"checkpoint saved in (.*checkpoint-\d+)\)\. Restore the image, or pass --drop_bad_rows .*",
+        message,
+    )
+    assert match, message
+    step, checkpoint = int(match.group(1)), match.group(2)
+    assert 1 <= step < 6 and checkpoint.endswith(f"checkpoint-{step}")
+    assert resilience.is_complete_checkpoint(checkpoint)
+
+    for path in paths:
+        os.rename(path + ".away", path)
+    resumed = trainer()
+    resumed.train(resume_from_checkpoint=checkpoint)
+    assert resumed.state.global_step == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. SIGTERM / SIGINT: checkpoint at the next step boundary, rerun resumes to the same weights
+# ---------------------------------------------------------------------------------------------
+
+
+def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once():
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    stop = resilience.StopOnSignal()
+    before = signal.getsignal(signal.SIGINT)
+    args = TrainingArguments(output_dir="unused", use_cpu=True, report_to="none")
+    state, control = TrainerState(global_step=3, max_steps=10), TrainerControl()
+    with stop.installed():
+        stop.on_step_end(args, state, control)
+        assert not control.should_training_stop
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is before, "a second Ctrl-C must interrupt at once"
+        stop.on_step_end(args, state, control)
+    assert control.should_save and control.should_training_stop
+    assert signal.getsignal(signal.SIGINT) is before
+    interrupted = stop.interruption(state, "out")
+    assert interrupted.code == 128 + signal.SIGINT
+    assert interrupted.message.startswith("Training stopped by SIGINT at step 3 of 10; checkpoint saved in out/checkpoint-3.")
+
+
+def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(fixtures, tmp_path):
+    """Exit status 143 (128 + SIGTERM): the run did not finish, and says so to shells and schedulers.
+
+    Bit-exact on CPU: the checkpoint holds model, optimizer, scheduler and RNG states; the Trainer
+    restores the RNG after skipping the batches already trained and the sampler is seeded per epoch, so
+    the resumed steps see the same batches and the same dropout masks as the uninterrupted run.
+    """
+    # 16 rows, 4 per step: 4 steps per epoch; 6 steps cross an epoch boundary. No scheduled checkpoints.
+    def command(out):
+        return train_args(fixtures, out, max_steps=6, save_strategy="no") + ["--do_train"] + CPU_FLAGS["cuda"]
+
+    reference = tmp_path / "reference"
+    run_script("cuda", command(reference))
+
+    out = tmp_path / "interrupted"
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(out)
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        for line in process.stdout:
+            if "'loss'" in line:  # step 1 logged: we are mid-epoch
+                process.send_signal(signal.SIGTERM)
+                break
+        process.communicate(timeout=300)
+    stderr_text = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
+    match = re.fullmatch(r"Training stopped by SIGTERM at step (\d+) of 6; checkpoint saved in (.*)\. Rerun the same "
+                         r"command \(without --overwrite_output_dir\) to resume from it\.", stderr_text.strip().splitlines()[-1])
+    assert match, stderr_text[-3000:]
+    step = int(match.group(1))
+    assert 1 <= step < 6 and match.group(2) == str(out / f"checkpoint-{step}")
+    assert not (out / "model.safetensors").exists(), "an interrupted run saves a checkpoint, not a final model"
+
+    resumed = run_script("cuda", command(out))
+    assert f"Continuing training from global step {step}" in resumed.stdout + resumed.stderr
+    state = read_json(out / "trainer_state.json")
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
+    expected, actual = load_file(str(reference / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), "resumed weights differ from the uninterrupted run"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. --output_dir is never clobbered; files appear whole or not at all
+# ---------------------------------------------------------------------------------------------
+
+
+def make_checkpoint(directory, complete=True):
+    directory.mkdir(parents=True)
+    (directory / "trainer_state.json").write_text('{"global_step": 1}' if complete else '{"global_st')
+
+
+def test_output_dir_rules(tmp_path):
+    check = resilience.check_output_dir
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    for do_train in (True, False):
+        with pytest.raises(ValueError, match=r"--output_dir=.*foreign already exists .*\(thesis\.tex\).*--overwrite_output_dir"):
+            check(str(foreign), overwrite_output_dir=False, do_train=do_train, resume_from_checkpoint=None)
+    assert check(str(foreign), overwrite_output_dir=True, do_train=False, resume_from_checkpoint=None) is None
+
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    (previous / "all_results.json").write_text("{}")
+    assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
+
+    make_checkpoint(previous / "checkpoint-2")
+    make_checkpoint(previous / "checkpoint-10")
+    make_checkpoint(previous / "checkpoint-12", complete=False)  # killed while saving
+    resume = check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
+    assert resume == str(previous / "checkpoint-10")
+
+
+def test_atomic_json_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "eval_results.json"
+    resilience.write_json_atomically(str(path), {"eval_loss": 1.0})
+
+    def dump_half_then_die(obj, f, **kwargs):
+        f.write('{"eval_lo')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resilience.json, "dump", dump_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        resilience.write_json_atomically(str(path), {"eval_loss": 2.0})
+    assert read_json(path) == {"eval_loss": 1.0} and os.listdir(tmp_path) == ["eval_results.json"]
+
+
+def test_staged_save_publishes_whole_files_only(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "config.json").write_text("old")
+    with pytest.raises(RuntimeError):
+        with resilience.staged_directory(str(target)) as staging:
+            os.makedirs(staging)
+            with open(os.path.join(staging, "config.json"), "w") as f:
+                f.write("new")
+            with open(os.path.join(staging, "model.safetensors"), "wb") as f:
+                f.write(b"half a mod")
+                raise RuntimeError("killed mid-save")
+    assert sorted(os.listdir(target)) == ["config.json"] and (target / "config.json").read_text() == "old"
+
+    with resilience.staged_directory(str(target)) as staging:
+        os.makedirs(staging)
+        for name in ("config.json", "model.safetensors"):
+            with open(os.path.join(staging, name), "w") as f:
+                f.write("new")
+    assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]
+    assert (target / "config.json").read_text() == "new"
+
+
+# ---------------------------------------------------------------------------------------------
+# Script level: bad data (both scripts), and input refused with one line
+# ---------------------------------------------------------------------------------------------
+
+
+def bad_csv(tmp_path):
+    return write_csv_dataset(tmp_path, [
+        ("0.jpg", jpeg_bytes(0), "first picture"), ("1.jpg", jpeg_bytes(1)[:900], "truncated picture"),
+        ("2.jpg", jpeg_bytes(2), "third picture"), ("3.jpg", None, "missing picture"),
+        ("4.jpg", jpeg_bytes(4), ""), ("5.jpg", jpeg_bytes(5), "sixth picture"),
+        ("6.jpg", jpeg_bytes(6), "seventh picture"), ("7.jpg", jpeg_bytes(7), "eighth picture"),
+    ])
+
+
+def csv_args(fixtures, csv, out, *extra):
+    return ["--model_name_or_path", fixtures["model"], "--train_file", csv, "--output_dir", out, "--do_train",
+            "--per_device_train_batch_size", 4, "--num_train_epochs", 1, "--report_to", "none", "--save_strategy", "no",
+            *extra]
+
+
+def test_gaudi_script_stops_before_step_1_listing_the_bad_rows(fixtures, tmp_path):
+    result = run_script("gaudi", csv_args(fixtures, bad_csv(tmp_path), tmp_path / "out", *CPU_FLAGS["gaudi"]), check=False)
+    assert result.returncode != 0
+    assert "ValueError: 3 bad rows found before training (pass --drop_bad_rows to train without them):" in result.stderr
+    listed = result.stderr.strip().splitlines()[-3:]
+    assert listed[0].startswith("  split 'train' row 1, column 'image_path': cannot decode image file ")
+    assert listed[0].endswith("1.jpg': image file is truncated")
+    assert listed[1].startswith("  split 'train' row 3, column 'image_path': missing image file ")
+    assert listed[2] == "  split 'train' row 4, column 'caption': no caption (empty cell)"
+    assert "'loss'" not in result.stdout
+
+
+def test_cuda_script_drops_bad_rows_when_asked(fixtures, tmp_path):
+    out = tmp_path / "out"
+    result = run_script("cuda", csv_args(fixtures, bad_csv(tmp_path), out, "--drop_bad_rows", *CPU_FLAGS["cuda"]))
+    assert "3 bad rows dropped (--drop_bad_rows):" in result.stdout + result.stderr
+    state = read_json(out / "trainer_state.json")
+    assert state["global_step"] == 2  # 5 good rows of 8, 4 per step
+
+
+def refusal_cases(fixtures, tmp_path):
+    """(script args, the exact last stderr line or a regex for it) for each input that must be refused."""
+    model = fixtures["model"]
+    base = ["--output_dir", tmp_path / "out", "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
+    numbers = tmp_path / "numbers.csv"
+    numbers.write_text("image_path,caption\n" + "".join(f"images/{i}.jpg,{i}\n" for i in range(4)))
+    (tmp_path / "images").mkdir()
+    for i in range(4):
+        (tmp_path / "images" / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+    ints = tmp_path / "ints.csv"
+    ints.write_text("image_path,caption\n" + "".join(f"{i},picture {i}\n" for i in range(4)))
+    config = tmp_path / "args.json"
+    config.write_text(json.dumps({"model_name_or_path": str(model), "train_file": str(numbers), "output_dir": str(tmp_path / "o"),
+                                  "use_cpu": True, "learning_rate_typo": 1e-4, "fp17": True}))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    newyorker = ["--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching", "--image_column", "image",
+                 "--caption_column", "image_description"]
+    return {
+        "missing dataset directory": (
+            ["--model_name_or_path", model, "--dataset_name", tmp_path / "no-such-dir", *base],
+            f"ValueError: --dataset_name={tmp_path / 'no-such-dir'}: no such directory"),
+        "caption column of numbers": (
+            ["--model_name_or_path", model, "--train_file", numbers, *base],
+            "ValueError: --caption_column=caption in split 'train' holds int64 values, not text"),
+        "max_seq_length beyond the model": (
+            ["--model_name_or_path", model, *newyorker, "--max_seq_length", 4096, *base],
+            "ValueError: --max_seq_length=4096 is larger than the model's 512 text positions"),
+        "image column of numbers": (
+            ["--model_name_or_path", model, "--train_file", ints, *base],
+            "ValueError: --image_column=image_path in split 'train' holds Value('int64'), which is neither an image nor an image path"),
+        "json configuration with unknown keys": (
+            [config],
+            f"ValueError: {config}: unknown arguments fp17, learning_rate_typo (see --help for the arguments this script takes)"),
+        "evaluation into a foreign output_dir": (
+            ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, "--do_eval", "--report_to", "none", *CPU_FLAGS["cuda"]],
+            f"ValueError: --output_dir={foreign} already exists and holds files that are not from a run of this script "
+            "(notes.txt). Use --overwrite_output_dir to write into it anyway."),
+    }
+
+
+CASES = ["missing dataset directory", "caption column of numbers", "max_seq_length beyond the model",
+         "image column of numbers", "json configuration with unknown keys", "evaluation into a foreign output_dir"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
+    args, expected = refusal_cases(fixtures, tmp_path)[case]
+    result = run_script("cuda", args, check=False)
+    assert result.returncode != 0
+    assert last_stderr_line(result) == expected, result.stderr[-3000:]
