@@ -62,7 +62,7 @@ class DataTrainingArguments:
     max_seq_length: Optional[int] = field(default=128, metadata={"help": "Captions are padded or truncated to this many tokens."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many training rows."})
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many validation and test rows."})
-    overwrite_cache: bool = field(default=False, metadata={"help": "Redo the tokenization instead of using the cache."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Redo the tokenization and the image check instead of using their caches."})
     preprocessing_num_workers: Optional[int] = field(default=None, metadata={"help": "Processes for preprocessing."})
     mediapipe_dataloader: bool = field(default=False, metadata={"help": "Gaudi only: decode and resize images on the HPU (media pipeline)."})
     image_pipeline: str = field(
@@ -106,6 +106,7 @@ def main():
         transformers.utils.logging.set_verbosity_info()
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
+    logging.getLogger("bridgetower_bench").setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()

@@ -422,10 +422,13 @@ def jpeg_bytes(img: Image.Image, quality: int = JPEG_QUALITY) -> bytes:
     return buffer.getvalue()
 
 
-def sample_image_size(rng: np.random.Generator) -> tuple[int, int]:
-    """Width and height within IMAGE_SIDE_RANGE: mostly landscape, aspect ratio up to about 1.6."""
-    low, high = IMAGE_SIDE_RANGE
-    long_side = int(rng.integers(650, high + 1))
+def sample_image_size(rng: np.random.Generator, side_range: tuple[int, int] = IMAGE_SIDE_RANGE) -> tuple[int, int]:
+    """Width and height within `side_range`: mostly landscape, aspect ratio up to about 1.6.
+
+    The long side is drawn from the upper three quarters of the range (650-1100 px by default).
+    """
+    low, high = side_range
+    long_side = int(rng.integers(low + (high - low) // 4, high + 1))
     short_side = int(max(low, round(long_side / rng.uniform(1.05, 1.6))))
     return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
 
@@ -515,13 +518,14 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
         }
 
 
-def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int) -> list[dict]:
+def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int,
+                side_range: tuple[int, int]) -> list[dict]:
     """Rows of one split. Each cartoon has its own generator, so changing a row count only
     adds or removes cartoons at the end instead of redrawing all of them."""
     rows: list[dict] = []
     for cartoon in range(math.ceil(n_rows / rows_per_cartoon)):
         rng = np.random.default_rng([seed, split_index, cartoon])
-        width, height = sample_image_size(rng)
+        width, height = sample_image_size(rng, side_range)
         scene = sample_scene(rng)
         contest_number = first_contest + cartoon
         image = {"bytes": jpeg_bytes(render_scene(scene, rng, width, height)), "path": f"{contest_number}.jpeg"}
@@ -534,13 +538,34 @@ def _check_positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+MIN_IMAGE_SIDE = 64  # render_scene's smallest canvas
+
+
+def _check_side_range(side_range) -> tuple[int, int]:
+    """`side_range` as (low, high) ints with MIN_IMAGE_SIDE <= low <= high, or a ValueError naming it."""
+    try:
+        low, high = side_range
+    except (TypeError, ValueError):
+        raise ValueError(f"image_side_range must be a (min, max) pair of pixel counts, got {side_range!r}") from None
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (low, high)) \
+            or not MIN_IMAGE_SIDE <= low <= high:
+        raise ValueError(f"image_side_range must be two integers with {MIN_IMAGE_SIDE} <= min <= max, "
+                         f"got {side_range!r}")
+    return int(low), int(high)
+
+
 def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: int = 48, test_rows: int = 48,
-                           rows_per_cartoon: int = 4, seed: int = 0) -> Path:
+                           rows_per_cartoon: int = 4, seed: int = 0,
+                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE) -> Path:
     """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
 
     Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
     whose YAML declares the ``matching`` config, so ``datasets.load_dataset(out_dir, "matching")``
     works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
+
+    `image_side_range` bounds each side of a cartoon in pixels. The default gives New Yorker-like
+    sizes; a small range (e.g. 160-260) draws about ten times faster, and its strokes stay
+    visible after the downscale to a small model's image size (a learning test needs that).
     """
     import datasets
 
@@ -550,6 +575,7 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
         _check_positive(name, value)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    side_range = _check_side_range(image_side_range)
     out = Path(out_dir)
     (out / DATASET_CONFIG_NAME).mkdir(parents=True, exist_ok=True)
     for stale in (out / DATASET_CONFIG_NAME).glob("*.parquet"):  # the split globs would pick them up
@@ -561,7 +587,7 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     datasets.disable_progress_bars()  # one bar per tiny shard is noise
     try:
         for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
-            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest)
+            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range)
             first_contest += math.ceil(n_rows / rows_per_cartoon)
             columns = {name: [row[name] for row in rows] for name in features}
             dataset = datasets.Dataset.from_dict(columns, features=features)
@@ -684,11 +710,13 @@ def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
     return tokenizer
 
 
-def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294):
+def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294, dropout: float | None = None):
     """A valid BridgeTowerConfig: BridgeTower Large's shape, or a tiny one for CPU tests.
 
     BridgeTower needs equal text, vision and cross-modal hidden sizes, vision heads = hidden // 64,
     and as many text as vision layers (the top `num_hidden_layers` of each feed the cross-modal ones).
+    `dropout` sets the hidden and attention dropout of the text encoder and the cross-modal layers
+    (the vision encoder has none); None keeps BridgeTower's default, 0.1.
     """
     from transformers import BridgeTowerConfig
 
@@ -699,6 +727,11 @@ def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294):
     patch_size = 14
     if image_size < patch_size:
         raise ValueError(f"image_size must be at least the patch size {patch_size}, got {image_size}")
+    dropout_options = {}
+    if dropout is not None:
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        dropout_options = {"hidden_dropout_prob": float(dropout), "attention_probs_dropout_prob": float(dropout)}
     return BridgeTowerConfig(
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -721,6 +754,7 @@ def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294):
             "pad_token_id": 1,
             "bos_token_id": 0,
             "eos_token_id": 2,
+            **dropout_options,
         },
         vision_config={
             "hidden_size": hidden,
@@ -756,13 +790,19 @@ def _save_image_processor(out_dir: Path, image_size: int) -> None:
 
 
 def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: bool = False,
-                    corpus: Iterable[str] | None = None) -> Path:
+                    corpus: Iterable[str] | None = None, dropout: float | None = None) -> Path:
     """Write a random-weight BridgeTowerForContrastiveLearning directory, loadable offline.
 
     Tiny by default (hidden 64, 2+2 uni-modal layers, 2 cross-modal layers); `large=True` gives
     BridgeTower Large's shape (~866 M parameters, vocabulary 50265). The tokenizer is a byte-level
     BPE trained on `corpus` (default: `default_tokenizer_corpus(seed)`); the tiny model's text
     vocabulary is exactly the tokenizer's. Same seed, same files.
+
+    `dropout` (text and cross-modal layers; None keeps the default 0.1): a model trained from
+    random weights needs 0. At initialisation every caption and every image embeds to nearly the
+    same vector (pairwise cosine ~0.9995); dropout noise on the text side then outweighs the
+    image signal, and the contrastive loss is lowest with all image embeddings equal, so the
+    image tower collapses and text-to-image retrieval stays at chance.
     """
     import torch
     from transformers import BridgeTowerForContrastiveLearning
@@ -770,7 +810,8 @@ def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: boo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(default_tokenizer_corpus(seed) if corpus is None else corpus, out)
-    config = bridgetower_config(large=large, vocab_size=50265 if large else len(tokenizer), image_size=image_size)
+    config = bridgetower_config(large=large, vocab_size=50265 if large else len(tokenizer), image_size=image_size,
+                                dropout=dropout)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = BridgeTowerForContrastiveLearning(config)

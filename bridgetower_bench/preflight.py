@@ -35,6 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
+import datasets
 import PIL
 from PIL import Image, UnidentifiedImageError
 
@@ -53,15 +54,24 @@ _TEXT_DTYPES = ("string", "large_string")
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One unusable row: where it is and why."""
+    """One unusable row: where it is and why.
+
+    `row` counts rows of the split the run uses. When that split was cut from a bigger one (a data set
+    with only a train split is split 60/20/20), `source_row` is the row in the data as loaded, which is
+    what a user can find in their file.
+    """
 
     split: str
     row: int
     column: str
     reason: str
+    source_row: Optional[int] = None
 
     def __str__(self) -> str:
-        return f"split '{self.split}' row {self.row}, column '{self.column}': {self.reason}"
+        where = f"split '{self.split}' row {self.row}"
+        if self.source_row is not None and self.source_row != self.row:
+            where += f" (row {self.source_row} of the data as loaded, before splitting)"
+        return f"{where}, column '{self.column}': {self.reason}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,8 +105,6 @@ def check_splits(
 
 def check_caption_column(dataset, caption_column: str, split: str) -> None:
     """The caption column must hold text; a column of numbers, lists or images is refused as a whole."""
-    import datasets
-
     feature = dataset.features[caption_column]
     if isinstance(feature, datasets.Value) and feature.dtype in _TEXT_DTYPES:
         return
@@ -194,7 +202,7 @@ def _read_cache(cache_file: Path, settings: dict) -> Optional[dict]:
 
 def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Optional[int]):
     """(problems sorted by split and row, the image checker, rows read)."""
-    problems = []
+    found = []  # (split, row, column, reason)
     rows = 0
     with _ImageChecker(num_proc) as checker:
         for split, dataset in splits.items():
@@ -204,15 +212,25 @@ def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Option
                 for image, caption in zip(batch[image_column], batch[caption_column]):
                     reason = caption_problem(caption)
                     if reason:
-                        problems.append(Problem(split, row, caption_column, reason))
+                        found.append((split, row, caption_column, reason))
                     checker.add(image, (split, row))
                     row += 1
             rows += row
-        for (split, row), reason in checker.finish():
-            problems.append(Problem(split, row, image_column, reason))
+        found += [(split, row, image_column, reason) for (split, row), reason in checker.finish()]
+    source_rows = {split: _source_rows(dataset) for split, dataset in splits.items()}
+    problems = [
+        Problem(split, row, column, reason, source_rows[split][row] if source_rows[split] is not None else None)
+        for split, row, column, reason in found
+    ]
     order = {split: i for i, split in enumerate(splits)}
     problems.sort(key=lambda p: (order[p.split], p.row, p.column != image_column))
     return problems, checker, rows
+
+
+def _source_rows(dataset) -> Optional[list]:
+    """Row numbers in the data as loaded, when `dataset` is a shuffled selection of it (else None)."""
+    indices = getattr(dataset, "_indices", None)  # the `datasets` indices mapping of select / train_test_split
+    return indices.column(0).to_pylist() if indices is not None else None
 
 
 def caption_problem(caption: Any) -> Optional[str]:

@@ -40,16 +40,16 @@ def embedded(images, captions) -> datasets.Dataset:
     return datasets.Dataset.from_dict(rows, features=features)
 
 
-def write_csv_dataset(directory, rows):
-    """rows: (image file name or None to leave it missing, image bytes, caption). Writes images + train.csv."""
-    (directory / "images").mkdir(parents=True, exist_ok=True)
+def write_csv(path, rows):
+    """rows: (image file name, image bytes or None to leave the file missing, caption); images beside the csv."""
+    (path.parent / "images").mkdir(parents=True, exist_ok=True)
     lines = ["image_path,caption"]
     for name, image, caption in rows:
         if image is not None:
-            (directory / "images" / name).write_bytes(image)
-        lines.append(f"images/{name},{caption}")
-    (directory / "train.csv").write_text("\n".join(lines) + "\n")
-    return directory / "train.csv"
+            (path.parent / "images" / name).write_bytes(image)
+        lines.append(f"{path.parent / 'images' / name},{caption}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def train_args(fixtures, output_dir, **overrides):
@@ -138,6 +138,15 @@ def test_bad_rows_stop_the_run_or_are_dropped(tmp_path, caplog):
     kept = preflight.check_splits(splits, "image", "caption", drop_bad_rows=True, cache_dir=tmp_path / "c")
     assert list(kept["train"]["caption"]) == ["a", "c"] and list(kept["validation"]["caption"]) == ["e"]
     assert "5 bad rows dropped (--drop_bad_rows):" in caplog.text and "split 'validation' row 1" in caplog.text
+
+
+def test_rows_of_a_split_cut_from_train_are_also_named_as_loaded(tmp_path):
+    raw = embedded([GOOD] * 10, [f"caption {i}" for i in range(7)] + ["", "caption 8", "caption 9"])
+    splits = data.make_splits(datasets.DatasetDict({"train": raw}), seed=0)
+    problems = [p for p in preflight.find_problems(dict(splits), "image", "caption", cache_dir=tmp_path)[0]]
+    assert [p.source_row for p in problems] == [7]
+    assert splits[problems[0].split][problems[0].row]["caption"] == ""
+    assert f"row {problems[0].row} (row 7 of the data as loaded, before splitting), column 'caption'" in str(problems[0])
 
 
 def test_problem_list_is_capped_with_a_count(tmp_path):
@@ -382,28 +391,33 @@ def test_staged_save_publishes_whole_files_only(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def bad_csv(tmp_path):
-    return write_csv_dataset(tmp_path, [
+def bad_dataset(tmp_path):
+    """A data set directory (train / validation / test csv files); its train split has 3 bad rows."""
+    good = [(f"good{i}.jpg", jpeg_bytes(10 + i), f"good picture {i}") for i in range(2)]
+    write_csv(tmp_path / "data" / "validation.csv", good)
+    write_csv(tmp_path / "data" / "test.csv", good)
+    write_csv(tmp_path / "data" / "train.csv", [
         ("0.jpg", jpeg_bytes(0), "first picture"), ("1.jpg", jpeg_bytes(1)[:900], "truncated picture"),
         ("2.jpg", jpeg_bytes(2), "third picture"), ("3.jpg", None, "missing picture"),
         ("4.jpg", jpeg_bytes(4), ""), ("5.jpg", jpeg_bytes(5), "sixth picture"),
         ("6.jpg", jpeg_bytes(6), "seventh picture"), ("7.jpg", jpeg_bytes(7), "eighth picture"),
     ])
+    return tmp_path / "data"
 
 
-def csv_args(fixtures, csv, out, *extra):
-    return ["--model_name_or_path", fixtures["model"], "--train_file", csv, "--output_dir", out, "--do_train",
+def csv_args(fixtures, dataset, out, *extra):
+    return ["--model_name_or_path", fixtures["model"], "--dataset_name", dataset, "--output_dir", out, "--do_train",
             "--per_device_train_batch_size", 4, "--num_train_epochs", 1, "--report_to", "none", "--save_strategy", "no",
             *extra]
 
 
 def test_gaudi_script_stops_before_step_1_listing_the_bad_rows(fixtures, tmp_path):
-    result = run_script("gaudi", csv_args(fixtures, bad_csv(tmp_path), tmp_path / "out", *CPU_FLAGS["gaudi"]), check=False)
+    result = run_script("gaudi", csv_args(fixtures, bad_dataset(tmp_path), tmp_path / "out", *CPU_FLAGS["gaudi"]), check=False)
     assert result.returncode != 0
     assert "ValueError: 3 bad rows found before training (pass --drop_bad_rows to train without them):" in result.stderr
     listed = result.stderr.strip().splitlines()[-3:]
     assert listed[0].startswith("  split 'train' row 1, column 'image_path': cannot decode image file ")
-    assert listed[0].endswith("1.jpg': image file is truncated")
+    assert "1.jpg': image file is truncated" in listed[0]
     assert listed[1].startswith("  split 'train' row 3, column 'image_path': missing image file ")
     assert listed[2] == "  split 'train' row 4, column 'caption': no caption (empty cell)"
     assert "'loss'" not in result.stdout
@@ -411,7 +425,7 @@ def test_gaudi_script_stops_before_step_1_listing_the_bad_rows(fixtures, tmp_pat
 
 def test_cuda_script_drops_bad_rows_when_asked(fixtures, tmp_path):
     out = tmp_path / "out"
-    result = run_script("cuda", csv_args(fixtures, bad_csv(tmp_path), out, "--drop_bad_rows", *CPU_FLAGS["cuda"]))
+    result = run_script("cuda", csv_args(fixtures, bad_dataset(tmp_path), out, "--drop_bad_rows", *CPU_FLAGS["cuda"]))
     assert "3 bad rows dropped (--drop_bad_rows):" in result.stdout + result.stderr
     state = read_json(out / "trainer_state.json")
     assert state["global_step"] == 2  # 5 good rows of 8, 4 per step
@@ -421,11 +435,7 @@ def refusal_cases(fixtures, tmp_path):
     """(script args, the exact last stderr line or a regex for it) for each input that must be refused."""
     model = fixtures["model"]
     base = ["--output_dir", tmp_path / "out", "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
-    numbers = tmp_path / "numbers.csv"
-    numbers.write_text("image_path,caption\n" + "".join(f"images/{i}.jpg,{i}\n" for i in range(4)))
-    (tmp_path / "images").mkdir()
-    for i in range(4):
-        (tmp_path / "images" / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+    numbers = write_csv(tmp_path / "numbers.csv", [(f"{i}.jpg", jpeg_bytes(i), i) for i in range(4)])
     ints = tmp_path / "ints.csv"
     ints.write_text("image_path,caption\n" + "".join(f"{i},picture {i}\n" for i in range(4)))
     config = tmp_path / "args.json"

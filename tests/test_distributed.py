@@ -1,0 +1,78 @@
+"""More than one process: the CUDA script under `torchrun --nproc_per_node 2` on CPU (gloo).
+
+Each rank must train on its own rows (together: every row once), the metrics must be reported and
+written once (rank 0), and the sample counts must add up to what one process sees.
+"""
+
+import json
+import subprocess
+import sys
+
+from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+
+# Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.
+RECORDING_WRAPPER = '''
+import json, os, runpy, sys
+import datasets
+
+fetched = []
+original = datasets.Dataset.__getitems__
+
+def recording(self, keys):
+    fetched.extend(int(k) for k in keys)
+    return original(self, keys)
+
+datasets.Dataset.__getitems__ = recording
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    with open(os.path.join(os.environ["FETCHED_ROWS_DIR"], "rank%s.json" % os.environ.get("RANK", "0")), "w") as f:
+        json.dump(fetched, f)
+'''
+
+ROWS, STEPS, WARMUP = 16, 4, 1
+
+
+def args(fixtures, output_dir, per_device_batch):
+    values = {
+        "model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
+        "image_column": "image", "caption_column": "image_description", "output_dir": output_dir,
+        "per_device_train_batch_size": per_device_batch, "max_train_samples": ROWS, "max_steps": STEPS,
+        "throughput_warmup_steps": WARMUP, "logging_steps": 1, "report_to": "none", "seed": 7, "save_strategy": "no",
+        "dataloader_num_workers": 0,
+    }
+    return [item for key, value in values.items() for item in (f"--{key}", str(value))] + ["--do_train"] + CPU_FLAGS["cuda"]
+
+
+def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
+    wrapper = tmp_path / "record_rows.py"
+    wrapper.write_text(RECORDING_WRAPPER)
+    fetched_dir = tmp_path / "fetched"
+    fetched_dir.mkdir()
+    out = tmp_path / "two"
+    env = script_env(gaudi=False)
+    env["FETCHED_ROWS_DIR"] = str(fetched_dir)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(wrapper), str(REPO / SCRIPTS["cuda"])] + args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    # Disjoint shards that together cover every row once (4 steps x 2 ranks x 2 rows = 16 rows).
+    rank0, rank1 = (json.loads((fetched_dir / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert len(rank0) == len(rank1) == ROWS // 2
+    assert not set(rank0) & set(rank1) and sorted(rank0 + rank1) == list(range(ROWS))
+
+    # Reported once: only rank 0 prints the metrics (and writes the files).
+    assert (result.stdout + result.stderr).count("***** train metrics *****") == 1
+    two = read_json(out / "train_results.json")
+    assert two["world_size"] == 2 and two["per_device_train_batch_size"] == 2
+
+    # The same samples as one process with the same global batch: counted + warm-up = every sample seen.
+    run_script("cuda", args(fixtures, tmp_path / "one", per_device_batch=4))
+    one = read_json(tmp_path / "one" / "train_results.json")
+    for metrics, per_device, world in ((one, 4, 1), (two, 2, 2)):
+        assert metrics["throughput_counted_steps"] == STEPS - WARMUP
+        warmup_samples = WARMUP * per_device * world
+        assert metrics["throughput_counted_samples"] + warmup_samples == STEPS * 4 == ROWS
+    assert one["throughput_counted_samples"] == two["throughput_counted_samples"]
