@@ -35,7 +35,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 SIZE = 294  # BridgeTower's image size: the real geometry
-TOLERANCE = 0.5 / 255  # mean |difference| allowed after normalisation
+# The fidelity bound of the image-pipeline issue: mean |difference| <= 0.5/255 in 0..1 pixel units
+# (images normalised, then the difference read back in pixel units: divided by 1/std).
+TOLERANCE = 0.5 / 255
+# Largest single-pixel difference. On the CPU both paths decode with libjpeg-turbo and agree to 2 levels;
+# nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's: 6 levels were seen on an H200
+# (2026-11-29), with the mean still far inside TOLERANCE (0.02/255 on 193 cartoons).
+MAX_LEVELS = {"cpu": 2, "cuda": 8}
 
 # The decode tests also run on a GPU where there is one (nvJPEG instead of libjpeg-turbo), e.g.
 # `pytest tests/test_device_decode.py -k cuda` on the benchmark machine; CI has none and skips them.
@@ -73,7 +79,10 @@ def host_fast(values, image_size=SIZE):
 
 
 def normalised_mean_difference(a, b):
-    return (normalize_on_device(a, CLIP_MEAN, CLIP_STD) - normalize_on_device(b, CLIP_MEAN, CLIP_STD)).abs().mean().item()
+    """Mean |difference| of the normalised images, in 0..1 pixel units (each channel times its std)."""
+    std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    difference = normalize_on_device(a, CLIP_MEAN, CLIP_STD) - normalize_on_device(b, CLIP_MEAN, CLIP_STD)
+    return (difference.abs() * std).mean().item()
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -95,7 +104,7 @@ def test_cartoons_decode_to_the_fast_pipelines_pixels(device):
     expected = host_fast(values)
     assert got.dtype == torch.uint8 and got.shape == (len(values), 3, SIZE, SIZE)
     assert normalised_mean_difference(got, expected) <= TOLERANCE
-    assert (got.int() - expected.int()).abs().max().item() <= 2
+    assert (got.int() - expected.int()).abs().max().item() <= MAX_LEVELS[device]
     assert counts.metrics() == {"device_decode_images": len(values), "device_decode_fallback_images": 0}
 
 
@@ -328,8 +337,8 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
     for ids, pixels in trained + evaluated:
         assert pixels.dtype == torch.float32 and pixels.shape == (len(ids), 3, SMALL, SMALL)
         difference = (pixels - expected[ids]).abs()
-        assert difference.mean().item() <= TOLERANCE
-        assert difference.max().item() <= 2 / 255 / min(CLIP_STD) + 1e-5
+        assert (difference * torch.tensor(CLIP_STD).view(1, 3, 1, 1)).mean().item() <= TOLERANCE
+        assert difference.max().item() <= MAX_LEVELS[device] / 255 / min(CLIP_STD) + 1e-5
     seen_png = sum(ids.count(3) for ids, _ in trained)
     assert trainer.device_decode_stats() == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
