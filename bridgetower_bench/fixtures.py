@@ -35,6 +35,8 @@ from typing import Callable, Iterable
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
+from .resilience import process_alive
+
 # ---------------------------------------------------------------------------------------------
 # Constants shared by the fixtures
 # ---------------------------------------------------------------------------------------------
@@ -61,6 +63,7 @@ PARTIAL_PREFIX = ".partial-"
 FIXTURES_ENV = "BRIDGETOWER_BENCH_FIXTURES"
 
 IMAGE_SIDE_RANGE = (500, 1100)  # pixels, each side of a synthetic cartoon
+MIN_IMAGE_SIDE = 64  # the smallest canvas render_scene draws on
 JPEG_QUALITY = 90
 
 # ---------------------------------------------------------------------------------------------
@@ -376,12 +379,16 @@ BACKGROUNDS = {"room": _draw_room, "street": _draw_street, "beach": _draw_beach,
 REGION_SPANS = {"left": (0.02, 0.6), "middle": (0.2, 0.8), "right": (0.4, 0.98)}
 
 
-def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int) -> Image.Image:
-    """Draw `scene` as black line art on off-white paper: background, then the objects in their region."""
-    if width < 64 or height < 64:
-        raise ValueError(f"cartoon width and height must be at least 64 pixels, got {width}x{height}")
+def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int,
+                 stroke_scale: float = 1.0) -> Image.Image:
+    """Draw `scene` as black line art on off-white paper: background, then the objects in their region.
+
+    Strokes are about 1/220 of the shorter side wide (at least 2 px), times `stroke_scale`.
+    """
+    if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
+        raise ValueError(f"cartoon width and height must be at least {MIN_IMAGE_SIDE} pixels, got {width}x{height}")
     canvas = Image.new("L", (width, height), 255)
-    pen = _Pen(canvas, rng, width=max(2, round(min(width, height) / 220)))
+    pen = _Pen(canvas, rng, width=max(1, round(stroke_scale * max(2, round(min(width, height) / 220)))))
     ground_y = rng.uniform(0.72, 0.8) * height
     BACKGROUNDS[scene.setting](pen, width, height, ground_y)
 
@@ -519,7 +526,7 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
 
 
 def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int,
-                side_range: tuple[int, int]) -> list[dict]:
+                side_range: tuple[int, int], stroke_scale: float) -> list[dict]:
     """Rows of one split. Each cartoon has its own generator, so changing a row count only
     adds or removes cartoons at the end instead of redrawing all of them."""
     rows: list[dict] = []
@@ -528,7 +535,8 @@ def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int,
         width, height = sample_image_size(rng, side_range)
         scene = sample_scene(rng)
         contest_number = first_contest + cartoon
-        image = {"bytes": jpeg_bytes(render_scene(scene, rng, width, height)), "path": f"{contest_number}.jpeg"}
+        image = {"bytes": jpeg_bytes(render_scene(scene, rng, width, height, stroke_scale)),
+                 "path": f"{contest_number}.jpeg"}
         rows.extend(_matching_rows(rng, scene, contest_number, image, min(rows_per_cartoon, n_rows - len(rows))))
     return rows
 
@@ -536,9 +544,6 @@ def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int,
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-MIN_IMAGE_SIDE = 64  # render_scene's smallest canvas
 
 
 def _check_side_range(side_range) -> tuple[int, int]:
@@ -556,16 +561,18 @@ def _check_side_range(side_range) -> tuple[int, int]:
 
 def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: int = 48, test_rows: int = 48,
                            rows_per_cartoon: int = 4, seed: int = 0,
-                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE) -> Path:
+                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE, stroke_scale: float = 1.0) -> Path:
     """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
 
     Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
     whose YAML declares the ``matching`` config, so ``datasets.load_dataset(out_dir, "matching")``
     works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
 
-    `image_side_range` bounds each side of a cartoon in pixels. The default gives New Yorker-like
-    sizes; a small range (e.g. 160-260) draws about ten times faster, and its strokes stay
-    visible after the downscale to a small model's image size (a learning test needs that).
+    `image_side_range` bounds each side of a cartoon in pixels and `stroke_scale` multiplies the
+    pen width. The defaults give New Yorker-like scans, whose thin strokes fade to faint grey when
+    shrunk to a small model's image size (112 px): a tiny model trained from scratch then learns
+    little beyond the setting. A learning test wants small cartoons (e.g. 160-260 px: ten times
+    faster to draw) with bold strokes (e.g. 2.0).
     """
     import datasets
 
@@ -576,6 +583,8 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     side_range = _check_side_range(image_side_range)
+    if isinstance(stroke_scale, bool) or not isinstance(stroke_scale, (int, float)) or not 0 < stroke_scale <= 10:
+        raise ValueError(f"stroke_scale must be a number in (0, 10], got {stroke_scale!r}")
     out = Path(out_dir)
     (out / DATASET_CONFIG_NAME).mkdir(parents=True, exist_ok=True)
     for stale in (out / DATASET_CONFIG_NAME).glob("*.parquet"):  # the split globs would pick them up
@@ -587,7 +596,7 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     datasets.disable_progress_bars()  # one bar per tiny shard is noise
     try:
         for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
-            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range)
+            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range, stroke_scale)
             first_contest += math.ceil(n_rows / rows_per_cartoon)
             columns = {name: [row[name] for row in rows] for name in features}
             dataset = datasets.Dataset.from_dict(columns, features=features)
@@ -893,18 +902,9 @@ def _remove_dead_partials(root: Path, min_age_s: float = 600.0) -> None:
             old = time.time() - leftover.stat().st_mtime > min_age_s
         except (ValueError, IndexError, OSError):
             continue
-        if old and not _process_alive(pid):
+        if old and not process_alive(pid):
             shutil.rmtree(leftover, ignore_errors=True)
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Bump when a generator's output changes, so that cached fixtures are rebuilt.

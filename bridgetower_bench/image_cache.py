@@ -41,6 +41,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .images import check_pipeline, encoded_image_bytes, make_image_transform
+from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -359,18 +360,9 @@ def _remove_abandoned_partial_files(directory: Path) -> None:
     marker = _partial_suffix(0)[:-1]  # ".partial-<host>-"
     for path in directory.glob(f"*{marker}*"):
         pid = path.name.rpartition("-")[2]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             path.unlink(missing_ok=True)
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _write_atomically(path: Path, text: str, suffix: str) -> None:

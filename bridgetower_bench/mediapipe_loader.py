@@ -44,6 +44,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampler
 
 from .images import to_rgb
+from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -335,21 +336,12 @@ def _remove_stale_temp_files(out_dir: str) -> None:
         match = _TEMP_PID.search(name)
         if not (name.startswith(".") and match and host_suffix in name):
             continue
-        if not _process_alive(int(match.group(1))):
+        if not process_alive(int(match.group(1))):
             try:
                 os.remove(os.path.join(out_dir, name))
             except FileNotFoundError:
                 pass
 
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_manifest(out_dir: str, image_column: str, paths: Sequence[str]) -> None:

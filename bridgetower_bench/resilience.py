@@ -281,3 +281,14 @@ def staged_directory(target_dir: str, publish: bool = True) -> Iterator[str]:
     finally:
         if publish:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a leftover temp file of a live build must not be removed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
