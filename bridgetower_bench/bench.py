@@ -185,9 +185,14 @@ class Plan:
         ] + LOADERS[variant.loader][0]
         return launcher(self.script, self.nproc) + [script] + self.base_args + per_run + self.extra_args
 
-    def run_env(self) -> dict:
+    def run_env(self, variant: Optional["Variant"] = None) -> dict:
         env = dict(os.environ)
         env.update(self.env)
+        if self.device == "cpu" and variant is not None and "OMP_NUM_THREADS" not in os.environ:
+            # On a CPU the loader workers and the training process share the cores: give training the
+            # cores the workers leave (at least one), or every step fights the workers for them.
+            cores = os.cpu_count() or 1
+            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // self.nproc))
         return env
 
 
@@ -530,7 +535,7 @@ def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[
             shutil.rmtree(run_dir)
         started = time.perf_counter()
         try:
-            returncode: Optional[int] = run_process(command, plan.run_env(), log_path)
+            returncode: Optional[int] = run_process(command, plan.run_env(variant), log_path)
         except KeyboardInterrupt:
             returncode = None
         row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started)

@@ -736,10 +736,9 @@ def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294, d
     patch_size = 14
     if image_size < patch_size:
         raise ValueError(f"image_size must be at least the patch size {patch_size}, got {image_size}")
+    _check_dropout(dropout)
     dropout_options = {}
     if dropout is not None:
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         dropout_options = {"hidden_dropout_prob": float(dropout), "attention_probs_dropout_prob": float(dropout)}
     return BridgeTowerConfig(
         hidden_size=hidden,
@@ -776,6 +775,12 @@ def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294, d
     )
 
 
+def _check_dropout(dropout) -> None:
+    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+                                or not 0.0 <= dropout < 1.0):
+        raise ValueError(f"dropout must be a probability in [0, 1) or None, got {dropout!r}")
+
+
 def parameter_count(config) -> int:
     """Parameters of BridgeTowerForContrastiveLearning for `config`, counted without allocating them."""
     import torch
@@ -799,7 +804,8 @@ def _save_image_processor(out_dir: Path, image_size: int) -> None:
 
 
 def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: bool = False,
-                    corpus: Iterable[str] | None = None, dropout: float | None = None) -> Path:
+                    corpus: Iterable[str] | None = None, dropout: float | None = None,
+                    vision_position_scale: float = 1.0) -> Path:
     """Write a random-weight BridgeTowerForContrastiveLearning directory, loadable offline.
 
     Tiny by default (hidden 64, 2+2 uni-modal layers, 2 cross-modal layers); `large=True` gives
@@ -807,12 +813,23 @@ def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: boo
     BPE trained on `corpus` (default: `default_tokenizer_corpus(seed)`); the tiny model's text
     vocabulary is exactly the tokenizer's. Same seed, same files.
 
-    `dropout` (text and cross-modal layers; None keeps the default 0.1): a model trained from
-    random weights needs 0. At initialisation every caption and every image embeds to nearly the
-    same vector (pairwise cosine ~0.9995); dropout noise on the text side then outweighs the
-    image signal, and the contrastive loss is lowest with all image embeddings equal, so the
-    image tower collapses and text-to-image retrieval stays at chance.
+    Two options make the random model learnable from scratch in a few hundred CPU steps (the
+    defaults keep BridgeTower's initialisation):
+
+    * `dropout` (text and cross-modal layers; None keeps 0.1) -- use 0. At initialisation every
+      caption and every image embeds to nearly the same vector (pairwise cosine ~0.9995);
+      dropout noise on the text side then outweighs the image signal, the contrastive loss is
+      lowest with all image embeddings equal, and the image tower collapses: text-image
+      retrieval stays at chance however long it trains.
+    * `vision_position_scale` multiplies the vision tower's initial position embeddings (std
+      hidden_size ** -0.5, 0.125 for the tiny model) -- use 10. With CLIP's normalisation a
+      patch of blank paper embeds to a vector of RMS ~2, so positions are drowned out and the
+      vision tower learns *where* things are (the caption's left/middle/right) very slowly.
     """
+    _check_dropout(dropout)
+    if isinstance(vision_position_scale, bool) or not isinstance(vision_position_scale, (int, float)) \
+            or not vision_position_scale > 0:
+        raise ValueError(f"vision_position_scale must be a positive number, got {vision_position_scale!r}")
     import torch
     from transformers import BridgeTowerForContrastiveLearning
 
@@ -824,6 +841,9 @@ def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, large: boo
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = BridgeTowerForContrastiveLearning(config)
+    if vision_position_scale != 1:
+        with torch.no_grad():
+            model.bridgetower.vision_model.visual.embeddings.position_embedding.weight.mul_(vision_position_scale)
     model.save_pretrained(str(out), safe_serialization=True)
     _save_image_processor(out, image_size)
     return out

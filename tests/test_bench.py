@@ -282,3 +282,13 @@ def test_last_error_line_prefers_the_child_exception_over_launcher_noise():
     ])
     assert bench.last_error_line(log) == "[rank0]: ValueError: --image_column foo not found"
     assert bench.last_error_line("all fine\nlast words\n") == "last words"
+
+
+def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
+    plan = plan_for(["--workers", "0", "2"], accelerator="cpu")
+    threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
+    assert threads == ["8", "6"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
