@@ -241,7 +241,7 @@ def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tm
     (outdated / "gaudi_config.json").write_text("{}")
     (outdated / fixtures.MARKER_FILE).write_text(json.dumps({**fixtures.fixture_params("gaudi_config"), "version": 0}))
     dead_pid = 4_000_000
-    while fixtures._process_alive(dead_pid):
+    while fixtures.process_alive(dead_pid):
         dead_pid += 1
     stale = root / f".partial-{fixtures.DATASET_DIR_NAME}-{dead_pid}-abc123"
     stale.mkdir()
