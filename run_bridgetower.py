@@ -224,8 +224,9 @@ def main():
     image_groups = {split: image_group_ids(split_data[image_column]) for split, split_data in splits.items() if split != "train"}
     image_size = config.vision_config.image_size
     image_transform = make_image_transform(data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std)
-    if data_args.cache_decoded_images:
-        image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
+    if data_args.cache_decoded_images:  # built once, by the first process; the others open it
+        with training_args.main_process_first(desc="decoding each distinct image once into the cache"):
+            image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
     for split, split_data in splits.items():
         split_data.set_transform(data.BatchTransform(image_column, image_transform, split))
 

@@ -224,8 +224,9 @@ def main():
         if data_args.cache_decoded_images:
             raise ValueError("--device_decode decodes on the GPU at every step: drop --cache_decoded_images")
         image_transform, data_args.image_pipeline = EncodedImageTransform(image_size), "fast"
-    if data_args.cache_decoded_images:
-        image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
+    if data_args.cache_decoded_images:  # built once, by the first process; the others open it
+        with training_args.main_process_first(desc="decoding each distinct image once into the cache"):
+            image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
     for split, split_data in splits.items():
         split_data.set_transform(data.BatchTransform(image_column, image_transform, split))
 
