@@ -12,10 +12,11 @@ The idea of NVIDIA DALI and Habana's media pipeline, built from plain PyTorch pa
   the device with ``decode_batch``: one batched ``decode_jpeg`` call per chunk of images, then upstream's
   resize geometry with antialiased bicubic interpolation in float, rounded back to uint8, and the centre
   crop. ``TrainerExtensions`` then normalises them, as it does for the host ``fast`` pipeline.
-* **Overlap** (CUDA): the next batch is decoded in a helper thread on a side CUDA stream while the current
-  step runs; the step's stream waits on an event recorded after that batch's decode. torchvision's nvJPEG
-  call blocks its caller until the decode is done, so the helper thread is what lets the training thread
-  keep queueing the step's kernels meanwhile.
+* **Overlap** (CUDA): the next batch is read from the loader and decoded in a helper thread, on a side CUDA
+  stream, while the current step runs; the step's stream waits on an event recorded after that batch's
+  decode. torchvision's nvJPEG call blocks its caller until the decode is done, and with
+  ``--dataloader_num_workers 0`` reading the rows is host work too, so the helper thread is what lets the
+  training thread keep queueing the step's kernels meanwhile.
 
 Every image the device decoder does not take is counted (``device_decode_stats``) and the count is logged
 once per epoch and per evaluation, so a run that silently decoded on the host cannot pass for a device
@@ -35,7 +36,7 @@ import logging
 import os
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -366,57 +367,51 @@ class DecodedImages:
     counts: DecodeCounts
 
 
-class _DecodeJob:
-    """Stands in the batch dict for an EncodedBatch whose decode is running in the helper thread."""
-
-    def __init__(self, future: Future):
-        self.future = future
-
-    def wait(self) -> DecodedImages:
-        return self.future.result()
-
-
 class DecodeAhead:
-    """Iterates an epoch's batches, keeping the decode of the batch after the one it returns running.
+    """Iterates an epoch's batches while the helper thread reads and decodes the batch after the one returned.
 
-    Each batch comes back with its decode finished on the host side (waiting for it happens inside the
-    trainer's timed fetch, so it counts as data wait), its ``EncodedBatch`` replaced by ``DecodedImages``.
+    The helper takes the next batch from the loader (with ``--dataloader_num_workers 0`` that is where the
+    data set's rows are read and collated) and decodes it, while the training thread runs the step; the
+    training thread only waits when the helper is not done yet, and that wait happens inside the trainer's
+    timed fetch, so it counts as data wait. The loader is only ever touched by one thread at a time.
     """
 
-    def __init__(self, source: Iterator[dict], start_decode: Callable[[EncodedBatch], Future]):
+    def __init__(self, source: Iterator[dict], helper: ThreadPoolExecutor, decode: Callable[[EncodedBatch], DecodedImages]):
         self.source = source
-        self.start_decode = start_decode
-        self.pending: Optional[dict] = None
+        self.helper = helper
+        self.decode = decode
+        self.pending: Optional[Future] = None
         self.exhausted = False
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        current = self.pending if self.pending is not None else self._fetch_and_start()  # StopIteration: epoch over
-        self.pending = self._fetch_and_start_or_none()
-        job = current.get(ENCODED_IMAGES_KEY)
-        if isinstance(job, _DecodeJob):
-            current[ENCODED_IMAGES_KEY] = job.wait()
+        pending, self.pending = self.pending, None  # a failed read is reported once
+        current = pending.result() if pending is not None else self._read_and_decode()
+        if current is None:  # the epoch is over
+            raise StopIteration
+        self.pending = self.helper.submit(self._read_and_decode)
         return current
 
-    def _fetch_and_start_or_none(self) -> Optional[dict]:
-        try:
-            return self._fetch_and_start()
-        except StopIteration:
-            return None
+    def close(self) -> None:
+        """Let a batch read ahead for a step that never runs finish, so the loader is left alone afterwards."""
+        if self.pending is not None and not self.pending.cancel():
+            wait([self.pending])  # its result (or error) belongs to a step that will not run
+        self.pending = None
 
-    def _fetch_and_start(self) -> dict:
+    def _read_and_decode(self) -> Optional[dict]:
+        """The next batch with its ``EncodedBatch`` decoded into ``DecodedImages``; None after the last one."""
         if self.exhausted:
-            raise StopIteration
+            return None
         try:
             batch = dict(next(self.source))
         except StopIteration:
             self.exhausted = True
-            raise
+            return None
         encoded = batch.get(ENCODED_IMAGES_KEY)
         if isinstance(encoded, EncodedBatch):
-            batch[ENCODED_IMAGES_KEY] = _DecodeJob(self.start_decode(encoded))
+            batch[ENCODED_IMAGES_KEY] = self.decode(encoded)
         return batch
 
 
@@ -445,7 +440,7 @@ class DeviceDecodeTrainerMixin:
     ``args.device`` *before* calling ``super()._prepare_inputs``, so ``TrainerExtensions`` normalises them
     exactly as it normalises the host ``fast`` pipeline's uint8 batches (in either mixing order).
     Training, evaluation and prediction all decode here. With ``decode_ahead`` (default: on CUDA devices),
-    training batches are decoded one batch ahead in a helper thread on a side CUDA stream.
+    training batches are read and decoded one batch ahead in a helper thread, on a side CUDA stream.
     """
 
     def __init__(self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs):
@@ -508,23 +503,20 @@ class DeviceDecodeTrainerMixin:
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.decode_ahead:
             if self._decode_ahead_iterator is None or self._decode_ahead_iterator.source is not epoch_iterator:
-                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._start_decode)  # a new epoch
+                if self._decode_thread is None:
+                    self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode")
+                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._decode_thread, self._decode_on_side_stream)
             epoch_iterator = self._decode_ahead_iterator
         return super().get_batch_samples(epoch_iterator, num_batches, device)
 
-    def _start_decode(self, encoded: EncodedBatch) -> Future:
+    def _decode_on_side_stream(self, encoded: EncodedBatch) -> DecodedImages:
         device = self.args.device
-        if self._decode_thread is None:
-            self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode")
-        if device.type == "cuda" and self._decode_stream is None:
-            self._decode_stream = torch.cuda.Stream(device=device)
-        return self._decode_thread.submit(self._decode_on_side_stream, encoded, device)
-
-    def _decode_on_side_stream(self, encoded: EncodedBatch, device: torch.device) -> DecodedImages:
         counts = DecodeCounts()
         if device.type != "cuda":
             return DecodedImages(decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts), None, counts)
-        # The current device and stream are per thread: set both in this helper thread.
+        if self._decode_stream is None:
+            self._decode_stream = torch.cuda.Stream(device=device)
+        # The current device and stream are per thread: set both in the thread that decodes.
         with torch.cuda.device(device), torch.cuda.stream(self._decode_stream):
             pixels = decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts)
             ready = torch.cuda.Event()
@@ -535,7 +527,9 @@ class DeviceDecodeTrainerMixin:
         try:
             result = super().train(*args, **kwargs)
         finally:
-            self._decode_ahead_iterator = None  # drop a batch decoded ahead for a step that never ran
+            if self._decode_ahead_iterator is not None:  # drop a batch decoded ahead for a step that never ran
+                self._decode_ahead_iterator.close()
+                self._decode_ahead_iterator = None
         result.metrics.update(self.device_decode_stats("train"))  # saved with the train metrics
         return result
 

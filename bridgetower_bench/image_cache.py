@@ -15,10 +15,11 @@ and every setting that changes pixels:
                   directory without it is an unfinished build and is rebuilt.
 
 Settings that change pixels (pipeline, image size, torch/torchvision/Pillow versions, the
-format version) are both in the key and checked against the manifest, so a cache built
-with other settings is never reused. Several processes building the same cache at once
-(e.g. distributed ranks) write private temporary files and publish identical results
-atomically; calling this under ``main_process_first()`` avoids the duplicated work.
+format version, and for ``fast-draft`` the JPEG decoder, whose DCT scales differ) are both
+in the key and checked against the manifest, so a cache built with other settings is
+never reused. Several processes building the same cache at once (e.g. distributed ranks)
+write private temporary files and publish identical results atomically; calling this
+under ``main_process_first()`` avoids the duplicated work.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torchvision
 from PIL import Image
 from tqdm import tqdm
 
-from .images import check_pipeline, encoded_image_bytes, make_image_transform
+from .images import check_pipeline, encoded_image_bytes, jpeg_decoder, make_image_transform
 from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,12 @@ def image_digest(value: Any) -> bytes:
 
 
 def cache_settings(pipeline: str, image_size: int, fingerprint: str) -> dict:
-    """Everything that decides a cache's pixels, plus the data set's fingerprint."""
-    return {
+    """Everything that decides a cache's pixels, plus the data set's fingerprint.
+
+    ``fast`` pixels are the same with every JPEG decoder; ``fast-draft`` ones are not, so
+    its settings name the decoder.
+    """
+    settings = {
         "format_version": CACHE_FORMAT_VERSION,
         "pipeline": pipeline,
         "image_size": image_size,
@@ -86,6 +91,9 @@ def cache_settings(pipeline: str, image_size: int, fingerprint: str) -> dict:
         "pillow": PIL.__version__,
         "fingerprint": fingerprint,
     }
+    if pipeline == "fast-draft":
+        settings["jpeg_decoder"] = jpeg_decoder(draft=True)
+    return settings
 
 
 def decoded_image_cache_dir(cache_dir: str | os.PathLike, pipeline: str, image_size: int, fingerprint: str) -> Path:

@@ -13,17 +13,27 @@ geometry: the shorter side resized to S (bicubic, antialiased), the longer side 
     from upstream is that every PIL mode is converted to RGB (upstream only converted
     1-band images, so RGBA, palette, CMYK or 16-bit images broke normalisation).
 ``fast``
-    Decodes to uint8 (torchvision ``decode_jpeg`` for JPEG, PIL otherwise), resizes in
-    uint8 with the antialiased bicubic kernel and the same geometry, crops. Returns
-    uint8, not normalised: normalisation happens on the device (``normalize_on_device``),
-    which also makes host-to-device copies 4x smaller.
+    Decodes to uint8, resizes in uint8 with the antialiased bicubic kernel and the same
+    geometry, crops. Returns uint8, not normalised: normalisation happens on the device
+    (``normalize_on_device``), which also makes host-to-device copies 4x smaller.
+    JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed (about
+    10% faster per core than torchvision's ``decode_jpeg``, which is the fallback), PIL
+    decodes the rest. Both run libjpeg-turbo with the accurate integer IDCT and fancy
+    chroma upsampling, so their pixels are identical, and so is the output. Colour JPEGs
+    are decoded to RGBX: torch's uint8 resize works on 4 interleaved channels (it pads 3
+    to 4 itself), so the padding comes free from the decoder and is dropped in the crop.
+    Grey JPEGs stay 1-channel until after the resize; CMYK/YCCK JPEGs and any JPEG
+    ``simplejpeg`` rejects take the fallback path, so they convert and fail as before.
 ``fast-draft``
     Like ``fast``, but a JPEG at least twice the target size on its shorter side is first
-    downscaled by the JPEG decoder in the DCT domain (1/2, 1/4 or 1/8, via PIL's ``draft``),
-    which saves most of the inverse-DCT and resize work (entropy decoding remains). The
-    resize that follows keeps upstream's geometry exactly; the DCT-domain filter makes it
-    slightly less faithful (about 1/255 mean deviation instead of 0.3/255; measure with
-    ``python -m bridgetower_bench.image_bench``).
+    downscaled by the JPEG decoder in the DCT domain, which saves most of the inverse-DCT
+    and resize work (entropy decoding remains). ``simplejpeg`` decodes at the smallest
+    scale M/8 (M = 1..4) that still covers the resized size; without it PIL's ``draft``
+    does, choosing among 1/8, 1/4 and 1/2. The resize that follows keeps upstream's
+    geometry exactly; the DCT-domain filter makes it less faithful the smaller the scale
+    (about 1/255 mean deviation at 1/2, 1.5/255 at 3/8, 2.5/255 at 1/4, instead of
+    0.3/255; measure with ``python -m bridgetower_bench.image_bench``). Its pixels
+    therefore depend on the decoder (``jpeg_decoder``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
+try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
+    import simplejpeg
+except ImportError:
+    simplejpeg = None
+
 IMAGE_PIPELINES = ("upstream", "fast", "fast-draft")
 
 _UINT8_PIPELINES = ("fast", "fast-draft")
@@ -46,6 +61,8 @@ _ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _WHITE = (255, 255, 255, 255)
+# simplejpeg's name of a JPEG's colour space -> what it decodes it to; others take the fallback path
+_SIMPLEJPEG_MODES = {"YCbCr": "RGBX", "RGB": "RGBX", "Gray": "GRAY"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -209,7 +226,7 @@ class FastTransform:
     """Decode to uint8, resize with upstream's geometry in uint8, crop. Picklable.
 
     With ``draft=True`` (the ``fast-draft`` pipeline) large JPEGs are decoded at a reduced
-    DCT scale by PIL first; everything else takes the ``fast`` path.
+    DCT scale first; everything else takes the ``fast`` path.
     """
 
     def __init__(self, image_size: int, draft: bool = False):
@@ -221,7 +238,7 @@ class FastTransform:
         return resize_and_crop(pixels, self.image_size, full_size)
 
     def decode(self, value: Any) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Decode an image value to a uint8 (C, H, W) tensor (C is 3, or 1 for grey JPEGs).
+        """Decode an image value to a uint8 (C, H, W) tensor (C is 3; 4 for RGBX, 1 for grey JPEGs).
 
         Also returns the (width, height) of the full-resolution image, which differs from
         the tensor's size when the JPEG decoder downscaled it (``fast-draft``).
@@ -230,14 +247,46 @@ class FastTransform:
             return _full_scale(pil_to_uint8_tensor(to_rgb(value)))
         data, label = encoded_image_bytes(value)
         if data.startswith(_JPEG_MAGIC):
-            if self.draft:
-                drafted = self._decode_drafted(data, label)
-                if drafted is not None:
-                    return drafted
-            decoded = _decode_jpeg_or_none(data)
+            decoded = self._decode_jpeg(data, label)
             if decoded is not None:
-                return _full_scale(decoded)
+                return decoded
         return _full_scale(pil_to_uint8_tensor(to_rgb(_open_pil(data, label))))
+
+    def _decode_jpeg(self, data: bytes, label: str) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        """The JPEG decoders in order of preference; None leaves the image to PIL."""
+        decoded = self._decode_simplejpeg(data) if simplejpeg is not None else None
+        if decoded is None and self.draft:
+            decoded = self._decode_drafted(data, label)
+        if decoded is None:
+            pixels = _decode_jpeg_or_none(data)
+            decoded = None if pixels is None else _full_scale(pixels)
+        return decoded
+
+    def _min_decoded_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The resized (width, height) when ``fast-draft`` may decode at a reduced scale, else None."""
+        if not self.draft or min(width, height) < 2 * self.image_size:
+            return None
+        new_w, new_h, _, _ = resize_geometry(width, height, self.image_size)
+        return new_w, new_h
+
+    def _decode_simplejpeg(self, data: bytes) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        """Decode with simplejpeg; None for CMYK/YCCK JPEGs and for anything it rejects.
+
+        Colour gives channels-last RGBX (4, H, W), grey (1, H, W). For ``fast-draft`` the
+        decoder picks the smallest scale M/8, M <= 4 (``min_factor=2``), covering the resized size.
+        """
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            if colorspace not in _SIMPLEJPEG_MODES:
+                return None
+            scaled_to = self._min_decoded_size(width, height)  # None: decode at full scale
+            min_w, min_h = scaled_to or (0, 0)
+            decoded = simplejpeg.decode_jpeg(
+                data, _SIMPLEJPEG_MODES[colorspace], min_height=min_h, min_width=min_w, min_factor=2 if scaled_to else 1
+            )
+        except ValueError:  # simplejpeg's error for corrupt or unsupported data
+            return None
+        return torch.from_numpy(decoded).permute(2, 0, 1), (width, height)
 
     def _decode_drafted(self, data: bytes, label: str) -> tuple[torch.Tensor, tuple[int, int]] | None:
         """PIL decode at a reduced DCT scale; None when the image is under 2x the target.
@@ -249,12 +298,12 @@ class FastTransform:
             img = Image.open(io.BytesIO(data))
         except Exception:
             return None  # let the regular path decode it, or report why it cannot
-        full_size = img.size
-        if img.format != "JPEG" or min(full_size) < 2 * self.image_size:
+        full_size = img.size  # draft shrinks img.size
+        min_size = self._min_decoded_size(*full_size)
+        if img.format != "JPEG" or min_size is None:
             return None
-        new_w, new_h, _, _ = resize_geometry(*full_size, self.image_size)
         try:
-            img.draft("RGB", (new_w, new_h))
+            img.draft("RGB", min_size)
             img.load()
         except Exception as error:
             raise ValueError(f"cannot decode image from {label}: {error}") from error
@@ -293,28 +342,58 @@ def resize_and_crop(
 ) -> torch.Tensor:
     """Resize a uint8 (C, H, W) tensor with upstream's geometry and centre-crop it to 3 x S x S.
 
-    Runs torch's native uint8 antialiased bicubic kernel (the filter upstream applies in
-    float, rounded and clamped to 0..255) with explicit scale factors, which fix where
-    every output pixel samples the input independently of the output size. That allows
+    C is 3, 1 (grey: replicated to 3 after the resize) or 4 (RGBX: the 4th channel is
+    dropped in the crop). Runs torch's native uint8 antialiased bicubic kernel (the filter
+    upstream applies in float, rounded and clamped to 0..255) with explicit scale factors,
+    which fix where every output pixel samples the input independently of the output
+    size. That allows
 
     * computing only the rows and columns up to the crop's bottom-right corner (the same
       values as a full resize followed by the crop, about 10% less work), and
     * ``full_size``: the (width, height) of the full-resolution image when ``pixels`` is a
-      1/2, 1/4 or 1/8 scale JPEG decode. The geometry is then upstream's for the full
-      image, mapped exactly onto the reduced pixels (a reduced decode rounds odd sizes up,
-      so resizing it "to size" would stretch the image slightly).
+      JPEG decoded at a scale M/8 (see ``decoded_scale_eighths``). The geometry is then
+      upstream's for the full image, mapped exactly onto the reduced pixels (a reduced
+      decode rounds sizes up, so resizing it "to size" would stretch the image slightly).
     """
     height, width = pixels.shape[-2:]
     full_w, full_h = full_size if full_size is not None else (width, height)
     new_w, new_h, top, left = resize_geometry(full_w, full_h, image_size)
     if (new_w, new_h) != (width, height) or (full_w, full_h) != (width, height):
-        # output pixels per input pixel; the reduction is 1, 2, 4 or 8 input pixels per decoded one
-        scale_h = new_h / full_h * round(full_h / height)
-        scale_w = new_w / full_w * round(full_w / width)
+        # output pixels per decoded pixel: upstream's per full-resolution pixel, times 8/M of those per decoded one
+        eighths = decoded_scale_eighths((full_w, full_h), (width, height))
+        scale_h = new_h / full_h * 8 / eighths
+        scale_w = new_w / full_w * 8 / eighths
         corner = [top + image_size, left + image_size]
         pixels = torch.ops.aten._upsample_bicubic2d_aa(pixels[None], corner, False, scale_h, scale_w)[0]
-    cropped = pixels[:, top : top + image_size, left : left + image_size]
+    cropped = pixels[:3, top : top + image_size, left : left + image_size]
     return cropped.expand(3, -1, -1).contiguous()
+
+
+def decoded_scale_eighths(full_size: tuple[int, int], decoded_size: tuple[int, int]) -> int:
+    """The M of a JPEG decoded at scale M/8 (1..8; 8 is full scale), from the two (width, height) sizes.
+
+    libjpeg's scaled decode makes each side ``ceil(full * M / 8)``, for PIL's ``draft``
+    (M = 4, 2, 1) as for simplejpeg (any M). Once the shorter side is 8 or more, different
+    M give different sizes; below that the largest fitting M is taken. ``ValueError`` when
+    no M fits both sides.
+    """
+    for eighths in range(8, 0, -1):
+        if all(-(-full * eighths // 8) == decoded for full, decoded in zip(full_size, decoded_size)):
+            return eighths
+    raise ValueError(
+        f"a {decoded_size[0]}x{decoded_size[1]} image is no M/8 scale (M = 1..8) of a {full_size[0]}x{full_size[1]} one"
+    )
+
+
+def jpeg_decoder(draft: bool = False) -> str:
+    """Which decoder the fast pipelines use for colour and grey JPEGs, e.g. ``"simplejpeg 1.9.0"``.
+
+    ``fast`` pixels are the same whichever it is; ``fast-draft`` pixels (``draft=True``) are
+    not, as the decoders choose different DCT scales.
+    """
+    if simplejpeg is not None:
+        return f"simplejpeg {simplejpeg.__version__}"
+    return "PIL draft" if draft else "torchvision decode_jpeg"
 
 
 def make_image_transform(

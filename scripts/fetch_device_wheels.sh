@@ -2,7 +2,8 @@
 # Download the Python wheels the lent H200 machine lacks into .whl/ (git-ignored), for Python 3.12 on
 # manylinux x86_64. That machine has Python 3.12, torch, torchvision, numpy, Pillow, pyarrow, pandas and
 # most small libraries, but newer transformers / tokenizers / huggingface_hub / accelerate than we pin and
-# no datasets (docs: /work/shared/DESIGN.md section 7). The benchmark installs these with
+# no datasets (docs: /work/shared/DESIGN.md section 7); simplejpeg (the fast pipelines' JPEG decoder) is
+# fetched too, so the device decodes as we do here. The benchmark installs these with
 # `pip install --target /tmp/site` and puts that folder first on PYTHONPATH, so they shadow its copies.
 #
 #   bash scripts/fetch_device_wheels.sh        # then carry .whl to the device
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-FROM_REQUIREMENTS=(transformers tokenizers huggingface_hub datasets evaluate accelerate)
+FROM_REQUIREMENTS=(transformers tokenizers huggingface_hub datasets evaluate accelerate simplejpeg)
 EXTRA_PINS=(dill==0.4.1 multiprocess==0.70.19)
 
 pin_of() {  # the name==version line of requirements.txt for a package

@@ -311,7 +311,7 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
 
 @pytest.mark.parametrize(
     "device, decode_ahead, workers",
-    [("cpu", False, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],  # None: on for CUDA
+    [("cpu", False, 0), ("cpu", True, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],  # None: on for CUDA
 )
 def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, device, decode_ahead, workers):
     data = CaptionedImages()
@@ -342,6 +342,49 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
     seen_png = sum(ids.count(3) for ids, _ in trained)
     assert trainer.device_decode_stats() == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
+
+
+def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_failing_batch():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bridgetower_bench.device_decode import DecodeAhead
+
+    readers = []
+
+    def batches():
+        for index in range(4):
+            readers.append(threading.current_thread().name)
+            if index == 2:
+                raise ValueError("cannot decode image from 'row 2'")
+            yield {"index": index, "encoded_images": f"encoded {index}"}
+
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode")
+    ahead = DecodeAhead(batches(), helper, decode=lambda encoded: encoded)  # only EncodedBatch values are decoded
+    assert next(ahead)["index"] == 0  # the first batch of an epoch is read by the caller
+    assert next(ahead)["index"] == 1  # ... the next ones by the helper, one batch ahead
+    with pytest.raises(ValueError, match="row 2"):  # the error of the batch read ahead surfaces when it is due
+        next(ahead)
+    with pytest.raises(StopIteration):
+        next(ahead)
+    assert readers[0] == threading.current_thread().name
+    assert all(name.startswith("device-decode") for name in readers[1:]) and len(readers) == 3
+    ahead.close()
+    helper.shutdown()
+
+
+def test_decode_ahead_close_waits_for_the_batch_read_ahead():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bridgetower_bench.device_decode import DecodeAhead
+
+    helper = ThreadPoolExecutor(max_workers=1)
+    ahead = DecodeAhead(iter([{"index": i} for i in range(5)]), helper, decode=lambda encoded: encoded)
+    next(ahead)
+    pending = ahead.pending
+    ahead.close()
+    assert pending.done() and ahead.pending is None
+    helper.shutdown()
 
 
 # ------------------------------------------------------------------------------------------------------

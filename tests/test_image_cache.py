@@ -15,11 +15,12 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from bridgetower_bench import image_cache  # noqa: E402
+from bridgetower_bench import image_cache, images  # noqa: E402
 from bridgetower_bench.image_cache import (  # noqa: E402
     MANIFEST_FILE,
     PIXELS_FILE,
     DecodedImageCache,
+    decoded_image_cache_dir,
     open_decoded_image_cache,
 )
 from bridgetower_bench.images import make_image_transform  # noqa: E402
@@ -102,6 +103,19 @@ def test_other_settings_never_reuse_a_cache(image_values, tmp_path, changed):
     other = open_cache(image_values, tmp_path, **changed)
     assert other.built and other.directory != first.directory
     assert other(image_values[0]).shape == (3, changed.get("image_size", SIZE), changed.get("image_size", SIZE))
+
+
+def test_only_fast_draft_caches_depend_on_the_jpeg_decoder(image_values, tmp_path, monkeypatch):
+    """fast pixels are identical with simplejpeg and without; fast-draft ones are not (other DCT scales)."""
+    pytest.importorskip("simplejpeg")
+    draft = open_cache(image_values, tmp_path, pipeline="fast-draft")
+    assert draft.manifest["jpeg_decoder"].startswith("simplejpeg ")
+    with_simplejpeg = {p: decoded_image_cache_dir(tmp_path, p, SIZE, "data-v1") for p in ("fast", "fast-draft")}
+    monkeypatch.setattr(images, "simplejpeg", None)
+    assert decoded_image_cache_dir(tmp_path, "fast", SIZE, "data-v1") == with_simplejpeg["fast"]
+    assert decoded_image_cache_dir(tmp_path, "fast-draft", SIZE, "data-v1") != with_simplejpeg["fast-draft"]
+    pil_draft = open_cache(image_values, tmp_path, pipeline="fast-draft")
+    assert pil_draft.built and pil_draft.manifest["jpeg_decoder"] == "PIL draft"
 
 
 def test_manifest_from_other_library_versions_is_rebuilt(image_values, tmp_path):
