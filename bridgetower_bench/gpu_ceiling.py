@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from transformers import AutoImageProcessor, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
+from .step_profile import StepProfiler
 from .trainer import TrainerExtensions, WarmupTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class CeilingArguments:
     model_name_or_path: str = field(metadata={"help": "Model directory (as for run_bridgetower_cuda.py)."})
     max_seq_length: int = field(default=128, metadata={"help": "Tokens per caption, as the runs pad them."})
     freeze_text_pooler: bool = field(default=True, metadata={"help": "Remove the unused text pooler, as the script does by default."})
+    profile_steps: int = field(default=0, metadata={"help": "Profile this many optimizer steps after the warm-up "
+                               "(torch.profiler): profile.txt and profile_trace.json in --output_dir; the profiled steps run slower, so "
+                               "take samples/s from a run without it. 0: no profile."})
 
 
 class _StepTokens(Dataset):
@@ -94,6 +98,10 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
         raise ValueError("--max_steps must be a positive number of steps: the ceiling has no data set to count epochs over")
     if ceiling_args.max_seq_length < 1:
         raise ValueError(f"--max_seq_length must be positive; got {ceiling_args.max_seq_length}")
+    if ceiling_args.profile_steps < 0 or (ceiling_args.profile_steps
+                                          and training_args.throughput_warmup_steps + ceiling_args.profile_steps > training_args.max_steps):
+        raise ValueError(f"--profile_steps {ceiling_args.profile_steps} must be 0, or fit after the "
+                         f"{training_args.throughput_warmup_steps} warm-up steps within --max_steps {training_args.max_steps}")
     set_seed(training_args.seed)
     image_processor = AutoImageProcessor.from_pretrained(ceiling_args.model_name_or_path)
     model = BridgeTowerForContrastiveLearning.from_pretrained(ceiling_args.model_name_or_path)
@@ -116,7 +124,13 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
         loader=CEILING_LOADER,
         image_pipeline="none",
     )
+    profiler = None
+    if ceiling_args.profile_steps:
+        profiler = StepProfiler(training_args.throughput_warmup_steps, ceiling_args.profile_steps, training_args.output_dir)
+        trainer.add_callback(profiler)
     metrics = trainer.train().metrics
+    if profiler is not None and profiler.written:
+        logger.info("step profile written to %s", profiler.written)
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     return metrics

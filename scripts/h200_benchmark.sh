@@ -20,7 +20,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 #
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself
 # (SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
-# worker counts; CHECK=0 skips the device decode check. Here, with the project's Python 3.11 venv (the carried wheels are for 3.12), skip the
+# worker counts; CHECK=0 skips the device decode check; PROFILE=0 the profiled ceiling run (its
+# profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). Here, with the project's Python 3.11 venv (the carried wheels are for 3.12), skip the
 # install line:
 #     PATH=$PWD/.venv/bin:$PATH PYTHONPATH=$PWD SMOKE=1 WORKERS=0 bash <(tail -n +2 scripts/h200_benchmark.sh)
 set -uo pipefail
@@ -38,6 +39,7 @@ TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and th
 WORKERS=${WORKERS:-0 2 1}     # in this order
 SETUPS=${SETUPS:-eager fused}
 CHECK=${CHECK:-1}             # 0 skips the device decode check (section 2)
+PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3a)
 MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
 DEVICE_FLAGS=(--bf16)
 SETUP="BridgeTower Large (random weights), bf16"
@@ -146,6 +148,7 @@ run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics lan
         echo "$name failed(rc=$rc) $(( SECONDS - started )) $setup" >> "$WORK/status.txt"
         stamp "$name: FAILED (rc=$rc) after $(( SECONDS - started ))s"; tail -n 5 "$WORK/logs/$name.log"
     fi
+    if [[ -f "$RUNS/$name/profile.txt" ]]; then cp "$RUNS/$name/profile.txt" "$OUT/$name.txt"; fi
     rm -rf "${RUNS:?}/$name"
 }
 
@@ -177,6 +180,11 @@ for setup in $SETUPS; do
         BEST=$setup BEST_SPS=$sps
     fi
 done
+if [[ $PROFILE == 1 ]]; then  # where the step's time goes: a separate run, as profiling slows the steps
+    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.gpu_ceiling --model_name_or_path "$MODEL" \
+        "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps 8 --throughput_warmup_steps 5 \
+        --profile_steps 3 --logging_steps 10 --save_strategy no --report_to none --seed 42
+fi
 stamp "loader matrix with the '$BEST' set-up (ceiling $BEST_SPS samples/s)"
 
 # 3b. The loader matrix: device decoding first (the targets), the eager ceiling, then the host paths.
