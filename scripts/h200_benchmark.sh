@@ -34,6 +34,7 @@ STEPS=${STEPS:-15}            # optimizer steps per run; the first WARMUP are no
 WARMUP=${WARMUP:-5}
 DEADLINE_S=${DEADLINE_S:-470} # start no run after this many seconds of the script
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-120}
+MIN_RUN_S=${MIN_RUN_S:-45}    # start no run that the deadline would cut shorter than this (a run takes 25-45 s)
 TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and the loader's own prefetch
 
 WORKERS=${WORKERS:-0 2 1}     # in this order
@@ -44,7 +45,7 @@ MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
 DEVICE_FLAGS=(--bf16)
 SETUP="BridgeTower Large (random weights), bf16"
 if [[ "$SMOKE" == 1 ]]; then
-    BATCH=4 STEPS=3 WARMUP=1 TRAIN_ROWS=32
+    BATCH=4 STEPS=3 WARMUP=1 TRAIN_ROWS=32 MIN_RUN_S=5
     MODEL_FLAGS=() MODEL_DIR=tiny-bridgetower
     DEVICE_FLAGS=(--use_cpu)
     SETUP="SMOKE TEST: tiny BridgeTower on CPU, fp32"
@@ -129,7 +130,7 @@ COMMON=(--model_name_or_path "$MODEL" --dataset_name "$DATA" --dataset_config_na
 run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics land in $WORK/results/NAME.json
     local name=$1 setup=$2 max_limit=$3; shift 3
     local left=$(( DEADLINE_S - SECONDS ))
-    if (( left <= 0 )); then
+    if (( left <= 0 || left + 30 < MIN_RUN_S )); then
         stamp "$name: skipped (out of time)"; echo "$name skipped 0 $setup" >> "$WORK/status.txt"; return
     fi
     local limit=$(( max_limit < left + 30 ? max_limit : left + 30 ))
