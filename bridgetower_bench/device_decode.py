@@ -503,14 +503,18 @@ class DeviceDecodeTrainerMixin:
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.decode_ahead:
             if self._decode_ahead_iterator is None or self._decode_ahead_iterator.source is not epoch_iterator:
-                if self._decode_thread is None:  # on CUDA its current device is the training device (per rank)
-                    on_cuda = self.args.device.type == "cuda"
-                    self._decode_thread = ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix="device-decode",
-                        initializer=torch.cuda.set_device if on_cuda else None, initargs=(self.args.device,) if on_cuda else ())
-                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._decode_thread, self._decode_on_side_stream)
+                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._helper_thread(), self._decode_on_side_stream)
             epoch_iterator = self._decode_ahead_iterator
         return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def _helper_thread(self) -> ThreadPoolExecutor:
+        """The one thread that reads and decodes ahead; on CUDA its current device is this rank's device."""
+        if self._decode_thread is None:
+            device = self.args.device
+            set_device = (torch.cuda.set_device, (device,)) if device.type == "cuda" else (None, ())
+            self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode",
+                                                     initializer=set_device[0], initargs=set_device[1])
+        return self._decode_thread
 
     def _decode_on_side_stream(self, encoded: EncodedBatch) -> DecodedImages:
         device = self.args.device
