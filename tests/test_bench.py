@@ -240,6 +240,18 @@ def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
         assert flags in text
 
 
+def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synthetic_ones(fixtures, tmp_path):
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    command = " ".join(plan_for([], accelerator="cpu").command(bench.Variant(0, "torch", "upstream", 1), tmp_path))
+    assert "--per_device_train_batch_size 8 --max_seq_length 32" in command
+    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
+    data = load_dataset(str(fixtures["dataset"]), "matching", cache_dir=str(tmp_path / "hf-cache"))
+    longest = max(len(ids) for split in data.values() for ids in tokenizer(list(split["image_description"]))["input_ids"])
+    assert 8 < longest <= 32
+
+
 def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     gpu = plan_for(["--nproc", "2", "--extra-args", "--seed 3"], accelerator="cuda")
     command = gpu.command(gpu.variants[0], tmp_path / "run")

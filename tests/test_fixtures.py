@@ -125,6 +125,47 @@ def test_large_config_is_bridgetower_large_with_about_866m_parameters():
     assert abs(fixtures.parameter_count(config) - 866e6) < 2e6
 
 
+def test_default_fixture_model_sees_bridgetower_images_through_few_coarse_patches(tmp_path, one_torch_thread):
+    """The local preset's model: 294-px inputs (the image pipelines' full work), 7 x 7 patches of 42 px and
+    one layer per tower, so a CPU training step costs less than loading its images."""
+    from transformers import BridgeTowerForContrastiveLearning
+
+    model = BridgeTowerForContrastiveLearning.from_pretrained(make_tiny_model(tmp_path, **fixtures.DEFAULT_MODEL_OPTIONS))
+    config = model.config
+    assert (config.vision_config.image_size, config.vision_config.patch_size) == (294, 42)
+    assert (config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers, config.num_hidden_layers) \
+        == (1, 1, 1)
+    ids = torch.tensor([[0, 100, 101, 2]])
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.zeros(1, 3, 294, 294),
+                output_hidden_states=True)
+    assert out.image_embeds.shape == (1, 32)
+    # vision tokens, sequence first (nn.MultiheadAttention layout): 49 patches and the class token
+    assert out.hidden_states[1][0].shape == (7 * 7 + 1, 1, 64)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"patch_size": 0}, "patch_size"),
+    ({"layers": 0}, "layers"),
+    ({"layers": 1.5}, "layers"),
+    ({"large": True, "layers": 3}, "layers"),
+    ({"image_size": 40, "patch_size": 42}, "image_size"),
+])
+def test_bad_model_shape_options_are_refused_by_name(options, named):
+    with pytest.raises(ValueError, match=named):
+        fixtures.bridgetower_config(vocab_size=100, **{"large": False, **options})
+
+
+def test_cli_model_options_default_to_the_default_fixture_and_keep_large_at_its_own_shape(capsys):
+    assert fixtures._model_options(fixtures._parse_args(["model"])) == fixtures.DEFAULT_MODEL_OPTIONS
+    assert fixtures._model_options(fixtures._parse_args(["model", "--layers", "2", "--patch-size", "14"])) == {
+        **fixtures.DEFAULT_MODEL_OPTIONS, "layers": 2, "patch_size": 14}
+    assert fixtures._model_options(fixtures._parse_args(["model", "--large"])) == {
+        "seed": 0, "image_size": 294, "large": True}
+    with pytest.raises(SystemExit):
+        fixtures._parse_args(["model", "--large", "--layers", "2"])
+    assert "--layers" in capsys.readouterr().err
+
+
 def test_empty_tokenizer_corpus_is_refused(tmp_path):
     with pytest.raises(ValueError, match="corpus"):
         make_tiny_model(tmp_path, corpus=["", "  "])

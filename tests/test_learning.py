@@ -1,9 +1,10 @@
 """The tiny model learns: a few hundred CPU steps of the real script on the synthetic cartoons
 raise validation recall@1 far above its value at initialisation.
 
-The fixtures differ from the defaults in ways documented in make_tiny_model and
-make_synthetic_dataset, each needed for a random-weight model to learn in a minute rather than
-not at all:
+The model has make_tiny_model's default shape (14-px patches, two layers per tower; the local
+preset's model, DEFAULT_MODEL_OPTIONS, is coarser still, built for speed, not learning). The fixtures
+differ from the defaults in ways documented in make_tiny_model and make_synthetic_dataset, each needed
+for a random-weight model to learn in a minute rather than not at all:
 - no dropout: with it the image tower collapses to one embedding and retrieval stays at chance;
 - vision position embeddings 10x BridgeTower's initial scale: otherwise they are drowned by the
   patch embeddings of blank paper, and left/middle/right is learned very slowly;
