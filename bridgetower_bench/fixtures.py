@@ -940,7 +940,7 @@ FIXTURES_VERSION = 2
 # pipelines do exactly the work they do for BridgeTower Large, but through 42-px patches (7 x 7) and one
 # layer per tower: one training step then costs a few ms per sample on one CPU core, less than upstream's
 # image loading (about 10 ms per image per core). The local preset is thereby loader-bound like the
-# published accelerator runs (on an H100, upstream loses ~45 % of its speed at workers=0), rather than
+# published accelerator runs (on the H100s, upstream lost 44 % of its speed at workers=0), rather than
 # bound by a CPU forward pass, and the loader settings it sweeps show on the CPU.
 DEFAULT_MODEL_OPTIONS = {"seed": 0, "image_size": 294, "patch_size": 42, "layers": 1, "large": False}
 DEFAULT_DATASET_OPTIONS = {"train_rows": 192, "validation_rows": 48, "test_rows": 48, "rows_per_cartoon": 4,

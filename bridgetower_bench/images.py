@@ -430,5 +430,5 @@ def normalize_on_device(
     std_t = torch.as_tensor(std, dtype=torch.float64).view(-1, 1, 1)
     scale = (1.0 / (255.0 * std_t)).to(device=x.device, dtype=torch.float32)
     shift = (-mean_t / std_t).to(device=x.device, dtype=torch.float32)
-    normalised = x.to(torch.float32).mul_(scale).add_(shift)
+    normalised = x.to(torch.float32, copy=True).mul_(scale).add_(shift)  # never in place on the input
     return normalised.to(dtype)

@@ -386,6 +386,9 @@ def test_normalize_on_device_matches_torchvision_normalize():
     assert torch.allclose(normalize_on_device(batch[0], CLIP_MEAN, CLIP_STD), expected[0], atol=1e-6)
     as_bf16 = normalize_on_device(batch, CLIP_MEAN, CLIP_STD, dtype=torch.bfloat16)
     assert as_bf16.dtype == torch.bfloat16 and torch.allclose(as_bf16.float(), expected, atol=2e-2)
+    already_float = batch.float()
+    normalize_on_device(already_float, CLIP_MEAN, CLIP_STD)
+    assert torch.equal(already_float, batch.float())  # the input is never normalised in place
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
