@@ -22,6 +22,7 @@ from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum.habana.utils import set_seed
 
 from bridgetower_bench import data, preflight, resilience
+from bridgetower_bench.attention import use_attention
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.mediapipe_loader import MediaPipeTrainerMixin, choose_loader, feed_media_pipeline
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
@@ -169,6 +170,7 @@ def main():
     )
     config = model.config
     data.check_max_seq_length(data_args.max_seq_length, config)
+    use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
 
     if model_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None

@@ -19,9 +19,11 @@ from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser, Tr
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
 from bridgetower_bench import data, preflight, resilience
+from bridgetower_bench.attention import use_attention
 from bridgetower_bench.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
 from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
+from bridgetower_bench.layer_compile import compile_repeated_layers
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.trainer import WarmupTrainingArguments as TrainingArguments
@@ -165,6 +167,9 @@ def main():
     )
     config = model.config
     data.check_max_seq_length(data_args.max_seq_length, config)
+    use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
+    if training_args.compile_layers:  # each repeated layer in place: names, checkpoints, autocast unchanged
+        compile_repeated_layers(model, backend=training_args.compile_layers)
 
     if model_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None

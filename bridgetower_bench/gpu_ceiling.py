@@ -22,6 +22,8 @@ from torch.utils.data import Dataset
 from transformers import AutoImageProcessor, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
+from .attention import use_attention
+from .layer_compile import compile_repeated_layers
 from .step_profile import StepProfiler
 from .trainer import TrainerExtensions, WarmupTrainingArguments
 
@@ -105,6 +107,9 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
     set_seed(training_args.seed)
     image_processor = AutoImageProcessor.from_pretrained(ceiling_args.model_name_or_path)
     model = BridgeTowerForContrastiveLearning.from_pretrained(ceiling_args.model_name_or_path)
+    use_attention(model, training_args.attn_implementation)  # the script's speed options, as it applies them
+    if training_args.compile_layers:
+        compile_repeated_layers(model, backend=training_args.compile_layers)
     if ceiling_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None
     training_args.remove_unused_columns = False  # the token items are not model inputs

@@ -24,10 +24,12 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from transformers import TrainingArguments
 
+from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
 from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit, staged_directory, write_json_atomically
 from .run_record import describe_run
@@ -36,12 +38,30 @@ from .throughput import ThroughputCallback
 
 @dataclass
 class WarmupTrainingArguments(TrainingArguments):
-    """TrainingArguments plus GaudiTrainingArguments' `throughput_warmup_steps`, for the CUDA/CPU script."""
+    """TrainingArguments plus what the CUDA/CPU script trains with beyond them.
+
+    `throughput_warmup_steps` and `attn_implementation` are GaudiTrainingArguments' own (same names and
+    defaults); `compile_layers` is this script's alone.
+    """
 
     throughput_warmup_steps: int = field(
         default=0,
         metadata={"help": "Number of first optimizer steps left out of the throughput figures (as on Gaudi)."},
     )
+    attn_implementation: str = field(
+        default="eager",
+        metadata={"help": "Text and cross-modal attention: eager (transformers' code, as upstream) or sdpa (the same function in one fused torch call).",
+                  "choices": ATTENTION_IMPLEMENTATIONS},
+    )
+    compile_layers: Optional[str] = field(
+        default=None,
+        metadata={"help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compile_layers and self.torch_compile:
+            raise ValueError("--compile_layers and --torch_compile both compile the model: pass one of them")
 
 
 class TrainerExtensions:
@@ -49,7 +69,12 @@ class TrainerExtensions:
         super().__init__(*args, **kwargs)
         self.image_mean = tuple(image_mean) if image_mean is not None else None
         self.image_std = tuple(image_std) if image_std is not None else None
-        self.run_facts = {"loader": loader, "image_pipeline": image_pipeline}
+        self.run_facts = {
+            "loader": loader,
+            "image_pipeline": image_pipeline,
+            "attn_implementation": getattr(self.args, "attn_implementation", "eager"),
+            "compile_layers": getattr(self.args, "compile_layers", None) or "no",
+        }
         self.throughput = ThroughputCallback(
             warmup_steps=getattr(self.args, "throughput_warmup_steps", 0) or 0,
             world_size=self.args.world_size,

@@ -67,6 +67,7 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
 
     train = read_json(out / "train_results.json")
     assert train["loader"] == "torch" and train["image_pipeline"] == "upstream"
+    assert train["attn_implementation"] == "eager" and train["compile_layers"] == "no"
     assert train["world_size"] == 1 and train["per_device_train_batch_size"] == 4
     assert train["train_samples_per_second"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
     for split in ("eval", "test"):
