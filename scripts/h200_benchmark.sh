@@ -39,7 +39,7 @@ TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and th
 WORKERS=${WORKERS:-0 2 1}     # in this order
 SETUPS=${SETUPS:-eager sdpa sdpa-compiled}  # ceilings in this order
 CHECK=${CHECK:-1}             # 0 skips the device decode check (section 2)
-PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3a)
+PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3b)
 MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
 DEVICE_FLAGS=(--bf16)
 SETUP="BridgeTower Large (random weights), bf16"
@@ -86,7 +86,7 @@ EOF
 
 # 1. Fixtures: the random-weight model and the synthetic data set, built side by side, while the GPU tests
 #    run (nvJPEG against the host fast pipeline; the trainer's decode look-ahead; sdpa against eager) -------
-stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows; device decode tests"
+stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows; GPU tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py tests/test_attention.py -k cuda \
     > "$WORK/logs/pytest_cuda.log" 2>&1 &
 pytest_pid=$!
