@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "tests" / "habana_shim"
@@ -30,6 +31,11 @@ def script_env(gaudi: bool) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
+
+# Tests parametrised over DEVICES also run on a GPU where there is one (`pytest -k cuda` on the benchmark
+# machine, as scripts/h200_benchmark.sh does); CI has none and skips them.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 SCRIPTS = {"gaudi": "run_bridgetower.py", "cuda": "run_bridgetower_cuda.py"}
 # Flags each script needs to run on CPU. The Gaudi script runs optimum-habana's GaudiTrainer without an HPU.

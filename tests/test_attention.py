@@ -10,10 +10,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 
 from bridgetower_bench import fixtures as fixture_builders
 from bridgetower_bench.attention import SdpaBridgeTowerSelfAttention, use_attention
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+from conftest import DEVICES
 
 
 def tiny_model(dropout=0.0, device="cpu"):

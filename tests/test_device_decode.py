@@ -30,6 +30,7 @@ from bridgetower_bench.device_decode import (
 from bridgetower_bench.fixtures import CLIP_MEAN, CLIP_STD, draw_cartoon, jpeg_bytes
 from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+from conftest import DEVICES, needs_cuda
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -43,10 +44,7 @@ TOLERANCE = 0.5 / 255
 # (2026-11-29), with the mean still far inside TOLERANCE (0.02/255 on 193 cartoons).
 MAX_LEVELS = {"cpu": 2, "cuda": 8}
 
-# The decode tests also run on a GPU where there is one (nvJPEG instead of libjpeg-turbo), e.g.
-# `pytest tests/test_device_decode.py -k cuda` on the benchmark machine; CI has none and skips them.
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+# The decode tests also run on a GPU where there is one (nvJPEG instead of libjpeg-turbo): DEVICES.
 
 
 def cartoon(width, height, seed=0):
