@@ -48,6 +48,7 @@ from transformers import TrainerCallback
 
 from .images import FastTransform, encoded_image_bytes, normalize_on_device, resize_geometry
 from .resilience import ImageLoadError
+from .throughput import synchronize_device
 
 logger = logging.getLogger(__name__)
 
@@ -578,11 +579,11 @@ def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[
         return torch.cat([decode_batch(b[ENCODED_IMAGES_KEY], device, image_size, counts=count_into) for b in batches])
 
     got = decode_all(counts)  # also the warm-up (decoder and allocator start-up)
-    _synchronize(device)
+    synchronize_device(device)
     started = time.perf_counter()
     for _ in range(repeats):
         decode_all()
-    _synchronize(device)
+    synchronize_device(device)
     device_seconds = (time.perf_counter() - started) / repeats
     got = got.cpu()
     pixel_diff = (got.float() - expected.float()).abs()
@@ -599,10 +600,6 @@ def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[
         **counts.metrics(),
     }
 
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main(argv=None) -> None:

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
+from .throughput import synchronize_device
+
 PROFILE_TABLE = "profile.txt"
 PROFILE_TRACE = "profile_trace.json"
 
@@ -43,13 +45,13 @@ class StepProfiler(TrainerCallback):
             if self.device_type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self.profiler = torch.profiler.profile(activities=activities)
-            _synchronize(args.device)
+            synchronize_device(args.device)
             self.profiler.__enter__()
             self.started_at = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.profiler is not None and state.global_step >= self.start_step + self.steps:
-            _synchronize(args.device)
+            synchronize_device(args.device)
             wall = time.perf_counter() - self.started_at
             self.profiler.__exit__(None, None, None)
             self._write(wall, state.global_step - self.start_step)
@@ -86,7 +88,3 @@ def _device_sort_key(averages) -> str:
     """torch 2.4 renamed the profiler's cuda_* figures to device_*; sort by whichever this torch has."""
     return "self_device_time_total" if averages and hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
 
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -6,6 +6,11 @@ accumulates the time the training loop spends blocked on the next batch during t
 
     samples/s          = samples fetched for the counted steps / (end of last step - end of warm-up)
     data_wait_fraction = time blocked on the loader during that window / that window
+
+Both ends of the window wait for the device to finish the work queued so far (`synchronize_device`), and
+no other step does: the host may run ahead of the device (it does once the Trainer's per-step NaN check
+is off, `--logging_nan_inf_filter False`), and the clock must read when the device is done, not when the
+host has queued the step.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ import logging
 import time
 from typing import Callable, Optional
 
+import torch
 from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
 
 class ThroughputCallback(TrainerCallback):
-    def __init__(self, warmup_steps: int = 0, world_size: int = 1, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, warmup_steps: int = 0, world_size: int = 1, clock: Callable[[], float] = time.perf_counter,
+                 synchronize: Optional[Callable[[torch.device], None]] = None):
         self.warmup_steps = max(0, int(warmup_steps))
         self.world_size = world_size
         self.clock = clock
+        self.synchronize = synchronize or synchronize_device
         self._reset(first_step=0)
 
     def _reset(self, first_step: int) -> None:
@@ -45,9 +53,13 @@ class ThroughputCallback(TrainerCallback):
             self.window_start = self.train_start
 
     def on_step_end(self, args, state, control, **kwargs):
+        window_starts = state.global_step - self.first_step == self.warmup_steps
+        last_step = bool(state.max_steps) and state.global_step >= state.max_steps
+        if window_starts or last_step:
+            self.synchronize(args.device)
         now = self.clock()
         self.last_step, self.last_step_end = state.global_step, now
-        if state.global_step - self.first_step == self.warmup_steps:
+        if window_starts:
             self.window_start = now
 
     # Called by the trainer around every fetch of a batch -------------------------------------------
@@ -87,3 +99,13 @@ class ThroughputCallback(TrainerCallback):
             "data_wait_fraction": min(1.0, wait / elapsed),
             "world_size": self.world_size,
         }
+
+
+def synchronize_device(device: torch.device) -> None:
+    """Wait until ``device`` has run everything queued on it (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu":  # hpu (habana_frameworks registers torch.hpu), xpu, mps
+        backend = getattr(torch, device.type, None)
+        if backend is not None and hasattr(backend, "synchronize"):
+            backend.synchronize()

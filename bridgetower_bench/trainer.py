@@ -74,6 +74,7 @@ class TrainerExtensions:
             "image_pipeline": image_pipeline,
             "attn_implementation": getattr(self.args, "attn_implementation", "eager"),
             "compile_layers": getattr(self.args, "compile_layers", None) or "no",
+            "logging_nan_inf_filter": bool(self.args.logging_nan_inf_filter),  # True: the host waits every step
         }
         self.throughput = ThroughputCallback(
             warmup_steps=getattr(self.args, "throughput_warmup_steps", 0) or 0,

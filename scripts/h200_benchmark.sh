@@ -4,11 +4,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/gpu_ceiling.py).
 #
 # The ceiling is measured for each training set-up, which changes how fast the model trains, not what it
-# computes: "eager" (the Trainer's defaults and transformers' attention code, as the published GPU runs),
-# "sdpa" (--attn_implementation sdpa: the text and cross-modal attention in one fused call) and
-# "sdpa-compiled" (also --compile_layers inductor: every repeated layer compiled in place); "fused"
-# (--optim adamw_torch_fused) is there too, off by default (within noise of eager on 2026-11-30). The
-# loader matrix then runs with the fastest, and every row's "% of ceiling" is against its own set-up's.
+# computes. A set-up is a dash-joined list of parts: "eager" (the Trainer's defaults and transformers'
+# attention code, as the published GPU runs), "sdpa" (--attn_implementation sdpa: the text and cross-modal
+# attention in one fused call), "nosync" (--logging_nan_inf_filter False: the Trainer's per-step NaN check
+# reads the loss on the host, which waits for the device at every step and leaves it idle while the host
+# clips, steps the optimizer and starts the next forward), "compiled" (--compile_layers inductor: every
+# repeated layer compiled in place) and "fused" (--optim adamw_torch_fused; within noise of eager on
+# 2026-11-30). The default ladder adds one part at a time, so that each part's gain reads off side by
+# side. The loader matrix then runs with the fastest, and every row's "% of ceiling" is against its own
+# set-up's. (Throughput windows wait for the device at both ends, so "nosync" is timed fairly.)
 #
 # On the device machine, from the repo root, with the wheels of scripts/fetch_device_wheels.sh carried:
 #     run(command="bash scripts/h200_benchmark.sh", carry=[".whl"], timeout_s=600)
@@ -37,7 +41,7 @@ MIN_RUN_S=${MIN_RUN_S:-45}    # start no run that the deadline would cut shorter
 TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and the loader's own prefetch
 
 WORKERS=${WORKERS:-0 2 1}     # in this order
-SETUPS=${SETUPS:-eager sdpa sdpa-compiled}  # ceilings in this order
+SETUPS=${SETUPS:-eager sdpa sdpa-nosync sdpa-nosync-compiled}  # ceilings in this order
 CHECK=${CHECK:-1}             # 0 skips the device decode check (section 2)
 PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3b)
 MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
@@ -51,14 +55,19 @@ if [[ "$SMOKE" == 1 ]]; then
 fi
 
 setup_flags() {  # the training flags of a set-up, one per line (see the header)
-    case $1 in
-        eager) ;;
-        fused) printf '%s\n' --optim adamw_torch_fused ;;
-        sdpa) printf '%s\n' --attn_implementation sdpa ;;
-        sdpa-compiled) printf '%s\n' --attn_implementation sdpa --compile_layers inductor ;;
-        *) echo "unknown set-up $1" >&2; return 1 ;;
-    esac
+    local part
+    for part in ${1//-/ }; do
+        case $part in
+            eager) ;;
+            sdpa) printf '%s\n' --attn_implementation sdpa ;;
+            nosync) printf '%s\n' --logging_nan_inf_filter False ;;
+            compiled) printf '%s\n' --compile_layers inductor ;;
+            fused) printf '%s\n' --optim adamw_torch_fused ;;
+            *) echo "unknown set-up part '$part' in '$1'" >&2; return 1 ;;
+        esac
+    done
 }
+for setup in $SETUPS; do setup_flags "$setup" > /dev/null || exit 1; done  # before any device time is spent
 
 mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
 exec > >(tee "$OUT/h200_console.log") 2>&1

@@ -76,6 +76,7 @@ def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_mo
     train = read_json(out / "train_results.json")
     assert math.isfinite(train["train_loss"]) and train["train_samples_per_second"] > 0
     assert train["attn_implementation"] == "sdpa" and train["compile_layers"] == "eager"  # saved with the figures
+    assert train["logging_nan_inf_filter"] is True  # the Trainer's default
 
     both = run_script("cuda", [str(tmp_path / "other") if a == str(out) else a for a in args] + ["--torch_compile"], check=False)
     assert both.returncode != 0
@@ -90,7 +91,9 @@ def test_the_ceiling_takes_the_same_speed_options(two_layer_model, tmp_path, cap
         metrics = main(["--model_name_or_path", str(two_layer_model), "--output_dir", str(tmp_path), "--use_cpu",
                         "--per_device_train_batch_size", "2", "--max_steps", "2", "--throughput_warmup_steps", "1",
                         "--max_seq_length", "16", "--report_to", "none", "--save_strategy", "no",
-                        "--attn_implementation", "sdpa", "--compile_layers", "eager"])
+                        "--attn_implementation", "sdpa", "--compile_layers", "eager",
+                        "--logging_nan_inf_filter", "False"])
     assert "--attn_implementation sdpa: 10 text and cross-modal attention modules" in caplog.text
     assert "--compile_layers eager: 8 repeated layers compiled in place" in caplog.text
     assert metrics["train_samples_per_second"] > 0
+    assert metrics["logging_nan_inf_filter"] is False  # the H200 script's "nosync" part, saved with the figures

@@ -20,15 +20,18 @@ class FakeClock:
         return self.now
 
 
+CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
+
+
 def simulate(callback, clock, steps, warmup_seconds, step_seconds, wait_seconds, batch=4, first_step=0):
-    state = SimpleNamespace(global_step=first_step)
-    callback.on_train_begin(None, state, None)
+    state = SimpleNamespace(global_step=first_step, max_steps=first_step + steps)
+    callback.on_train_begin(CPU_ARGS, state, None)
     for step in range(first_step + 1, first_step + steps + 1):
         clock.now += wait_seconds
         callback.record_fetch(wait_seconds, batch)
         clock.now += warmup_seconds if step - first_step <= callback.warmup_steps else step_seconds
         state.global_step = step
-        callback.on_step_end(None, state, None)
+        callback.on_step_end(CPU_ARGS, state, None)
 
 
 def test_warmup_steps_are_left_out_of_samples_per_second():
@@ -62,6 +65,31 @@ def test_warmup_longer_than_the_run_falls_back_to_every_step():
     assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_warmup_steps"] == 0
     assert metrics["train_samples_per_second"] == pytest.approx(12 / 8.0)
     assert metrics["data_wait_fraction"] == pytest.approx(0.5)
+
+
+class HostAheadOfDevice:
+    """A device that still has `backlog_seconds` of queued work whenever the host asks it to catch up."""
+
+    def __init__(self, clock, backlog_seconds):
+        self.clock, self.backlog_seconds, self.synced_at = clock, backlog_seconds, []
+
+    def __call__(self, device):
+        self.synced_at.append(self.clock.now)
+        self.clock.now += self.backlog_seconds
+
+
+def test_window_ends_wait_for_the_device_and_no_other_step_does():
+    # Host time 0.5 s per step, but the device is 2 s behind at any moment: without waiting, the window
+    # would read 10 steps in 5 s. Waiting at its start and end counts the device's time: 10 steps in 5 s
+    # plus the final backlog (the start's backlog is drained before the window opens).
+    clock = FakeClock()
+    device = HostAheadOfDevice(clock, backlog_seconds=2.0)
+    callback = ThroughputCallback(warmup_steps=3, clock=clock, synchronize=device)
+    simulate(callback, clock, steps=13, warmup_seconds=1.0, step_seconds=0.5, wait_seconds=0.0, batch=4)
+    assert len(device.synced_at) == 2  # end of warm-up, last step: no per-step synchronisation
+    metrics = callback.metrics()
+    assert metrics["throughput_counted_seconds"] == pytest.approx(10 * 0.5 + 2.0)
+    assert metrics["train_samples_per_second"] == pytest.approx(40 / 7.0)
 
 
 # --- the same figures from a real transformers Trainer with an artificial per-step delay ----------------
