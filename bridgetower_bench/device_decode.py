@@ -601,7 +601,6 @@ def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[
     }
 
 
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bridgetower_bench.device_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="+", help="image files and/or parquet files with an image column")

@@ -87,4 +87,3 @@ def _self_device_us(event) -> float:
 def _device_sort_key(averages) -> str:
     """torch 2.4 renamed the profiler's cuda_* figures to device_*; sort by whichever this torch has."""
     return "self_device_time_total" if averages and hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
-
