@@ -7,7 +7,7 @@
    that running them costs next to nothing (hidden size 64, Large's 24 + 24 + 6 layers, 1 thread).
    It leaves out the optimizer, the gradient clipping and the Trainer's own work.
 
-    python docs/results/cpu-2026-11-30d/step_cost.py      (about 2 minutes, 8 GB of memory)
+    python docs/results/cpu-2026-11-30d/step_cost.py      (2-3 minutes here, 15 GB of memory at its peak)
 """
 import collections
 import sys
