@@ -20,16 +20,16 @@ $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
 	touch $@
 
 bench: $(VENV)/.installed-cuda
-	$(PY) -m bridgetower_bench.bench $(BENCH_ARGS)
+	$(PY) -m bridgetower_bench.tools.bench $(BENCH_ARGS)
 
 test: $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest
 
 fixtures: $(VENV)/.installed-cuda
-	$(PY) -m bridgetower_bench.fixtures
+	$(PY) -m bridgetower_bench.tools.fixtures
 
 cuda-script: $(VENV)/.installed-cuda
-	$(PY) -m bridgetower_bench.make_cuda_script
+	$(PY) -m bridgetower_bench.tools.make_cuda_script
 
 check-cuda-script: $(VENV)/.installed-cuda
-	$(PY) -m bridgetower_bench.make_cuda_script --check
+	$(PY) -m bridgetower_bench.tools.make_cuda_script --check

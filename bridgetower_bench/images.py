@@ -32,7 +32,7 @@ geometry: the shorter side resized to S (bicubic, antialiased), the longer side 
     does, choosing among 1/8, 1/4 and 1/2. The resize that follows keeps upstream's
     geometry exactly; the DCT-domain filter makes it less faithful the smaller the scale
     (about 1/255 mean deviation at 1/2, 1.5/255 at 3/8, 2.5/255 at 1/4, instead of
-    0.3/255; measure with ``python -m bridgetower_bench.image_bench``). Its pixels
+    0.3/255; measure with ``python -m bridgetower_bench.tools.image_bench``). Its pixels
     therefore depend on the decoder (``jpeg_decoder``).
 """
 

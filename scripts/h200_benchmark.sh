@@ -1,7 +1,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 # H200 benchmark of BridgeTower Large contrastive training on one GPU (random weights, synthetic cartoons):
 # samples/s, MFU, data_wait_fraction and peak GPU memory for dataloader workers 0/1/2 x image paths
-# {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/gpu_ceiling.py).
+# {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/tools/gpu_ceiling.py).
 #
 # The ceiling is measured for each training set-up, which changes how fast the model trains, not what it
 # computes. A set-up is a dash-joined list of parts: "eager" (the Trainer's defaults and transformers'
@@ -99,9 +99,9 @@ stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS trai
 timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py tests/test_attention.py -k cuda \
     > "$WORK/logs/pytest_cuda.log" 2>&1 &
 pytest_pid=$!
-python3 -m bridgetower_bench.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
+python3 -m bridgetower_bench.tools.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
 model_pid=$!
-python3 -m bridgetower_bench.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
+python3 -m bridgetower_bench.tools.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
     --validation-rows 16 --test-rows 16 > "$WORK/logs/fixtures_dataset.log" 2>&1
 dataset_rc=$?
 wait "$model_pid"
@@ -125,7 +125,7 @@ mkdir -p "$RUNS"
 if [[ $CHECK == 1 ]]; then
     stamp "device decode check"
     photo=$(python3 -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
-    timeout 90 python3 -m bridgetower_bench.device_decode "$DATA"/matching/train-*.parquet $photo --limit 193 \
+    timeout 90 python3 -m bridgetower_bench.tools.device_decode_check "$DATA"/matching/train-*.parquet $photo --limit 193 \
         --batch-size "$BATCH" --json "$OUT/device_decode_check.json" 2>&1 | grep -v Warning || echo "device decode check failed"
 fi
 
@@ -169,7 +169,7 @@ samples_per_s() {  # the samples/s of a finished run, or 0
 }
 
 ceiling() {  # ceiling SETUP: the data-free ceiling of one training set-up
-    run "ceiling_$1" "$1" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.gpu_ceiling --model_name_or_path "$MODEL" \
+    run "ceiling_$1" "$1" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps "$STEPS" \
         --throughput_warmup_steps "$WARMUP" --logging_steps 10 --save_strategy no --report_to none --seed 42
 }
@@ -196,7 +196,7 @@ stamp "loader matrix with the '$BEST' set-up (ceiling $BEST_SPS samples/s)"
 set -- $WORKERS
 matrix_run "$1" device
 if [[ $PROFILE == 1 ]]; then
-    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.gpu_ceiling --model_name_or_path "$MODEL" \
+    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps 8 --throughput_warmup_steps 5 \
         --profile_steps 3 --logging_steps 10 --save_strategy no --report_to none --seed 42
 fi

@@ -58,6 +58,6 @@ def read_json(path) -> dict:
 @pytest.fixture(scope="session")
 def fixtures():
     """The embedded default fixtures (tiny model, synthetic New Yorker-shaped data, Gaudi config), built once."""
-    from bridgetower_bench.fixtures import ensure_default_fixtures
+    from bridgetower_bench.tools.fixtures import ensure_default_fixtures
 
     return ensure_default_fixtures()

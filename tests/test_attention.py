@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning, BridgeTowerSelfAttention
 
-from bridgetower_bench import fixtures as fixture_builders
+from bridgetower_bench.tools import fixtures as fixture_builders
 from bridgetower_bench.attention import SdpaBridgeTowerSelfAttention, use_attention
 from conftest import DEVICES
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from PIL import Image
 
-from bridgetower_bench import bench
+from bridgetower_bench.tools import bench, bench_report
 
 # A small but real sweep: 3 steps of batch 2, the first one warm-up.
 TINY_RUN = "--max_steps 3 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 --max_eval_samples 8"
@@ -114,7 +114,7 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     assert [r["status"] for r in saved] == [r["status"] for r in rows]
     assert not (out / "runs" / status[("upstream", 0)]["run_id"] / "model.safetensors").exists()
 
-    table = bench.render_all(out, rows, {"preset": "local", "model": "stand-in"})
+    table = bench_report.render_all(out, rows, {"preset": "local", "model": "stand-in"})
     assert "| CPU stand-in x1 | failed | failed | failed | 10.0 (x1.00) | failed | failed |" in table
     assert "## Failed runs" in table and "invalid choice" in table
     with Image.open(out / "chart.png") as chart:
@@ -182,16 +182,16 @@ HAND_MADE = [
 
 
 def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_loader():
-    summary = bench.summarise(HAND_MADE)
+    summary = bench_report.summarise(HAND_MADE)
     fallback_column = f"workers=2 + {FALLBACK} (asked: mediapipe)"
 
     assert summary.devices == ["Gaudi2 x8", "H100 x1"]
     assert summary.columns == ["workers=0", "workers=1", "workers=2", fallback_column]
-    assert bench.speedup(summary, "Gaudi2 x8", "workers=1") == pytest.approx(1.40)
-    assert bench.speedup(summary, "Gaudi2 x8", fallback_column) == pytest.approx(2.10)
-    assert bench.speedup(summary, "H100 x1", "workers=1") is None
+    assert bench_report.speedup(summary, "Gaudi2 x8", "workers=1") == pytest.approx(1.40)
+    assert bench_report.speedup(summary, "Gaudi2 x8", fallback_column) == pytest.approx(2.10)
+    assert bench_report.speedup(summary, "H100 x1", "workers=1") is None
 
-    table = bench.render_table(summary)
+    table = bench_report.render_table(summary)
     assert f"| device | workers=0 | workers=1 | workers=2 | {fallback_column} |" in table
     assert "| Gaudi2 x8 | 100.0 (x1.00) | 140.0 (x1.40) | 200.0 (x2.00) [1 failed] | 210.0 (x2.10) |" in table
     assert "| H100 x1 | - | 50.0 | - | - |" in table
@@ -201,7 +201,7 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
 
 
 def test_vs_published_lines_up_node_per_device_and_speedups():
-    text = bench.render_vs_published(bench.summarise(HAND_MADE), {"preset": "blog", "model": bench.BLOG_MODEL})
+    text = bench_report.render_vs_published(bench_report.summarise(HAND_MADE), {"preset": "blog", "model": bench.BLOG_MODEL})
 
     header = "| configuration | Gaudi2 x8 (this run) | H100 x1 (this run) | Gaudi2 HPU (published) | H100 GPU (published) | A100 80GB GPU (published) |"
     assert text.count(header) == 3
@@ -228,7 +228,7 @@ def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
     labels = [bench.configuration_label(v.workers, v.loader) for v in plan.variants]
     assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
     command = plan.command(plan.variants[-1], tmp_path / "run")
-    assert command[:7] == [sys.executable, "-m", "bridgetower_bench.launch_gaudi", "--world_size", "8", "--use_mpi",
+    assert command[:7] == [sys.executable, "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi",
                            str(bench.SCRIPTS["gaudi"])]
     text = " ".join(command)
     for flags in ("--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bridgetower_bench import compare
+from bridgetower_bench.tools import compare
 
 
 def _write_run(root, name, files):

@@ -27,7 +27,7 @@ from bridgetower_bench.device_decode import (
     decode_batch,
     device_decoder_declines,
 )
-from bridgetower_bench.fixtures import CLIP_MEAN, CLIP_STD, draw_cartoon, jpeg_bytes
+from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD, draw_cartoon, jpeg_bytes
 from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
 from conftest import DEVICES, needs_cuda
@@ -391,7 +391,7 @@ def test_decode_ahead_close_waits_for_the_batch_read_ahead():
 
 
 def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
-    from bridgetower_bench.gpu_ceiling import CEILING_LOADER, main
+    from bridgetower_bench.tools.gpu_ceiling import CEILING_LOADER, main
 
     metrics = main([
         "--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu",
@@ -406,7 +406,7 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_
 
 
 def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
-    from bridgetower_bench.gpu_ceiling import main
+    from bridgetower_bench.tools.gpu_ceiling import main
 
     common = ["--model_name_or_path", str(fixtures["model"]), "--use_cpu", "--per_device_train_batch_size", "2",
               "--max_steps", "3", "--throughput_warmup_steps", "1", "--max_seq_length", "16",

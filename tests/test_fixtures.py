@@ -16,8 +16,8 @@ import torch
 from datasets import Features, Image as ImageFeature, List, Value, load_dataset
 from PIL import Image
 
-from bridgetower_bench import fixtures
-from bridgetower_bench.fixtures import (
+from bridgetower_bench.tools import fixtures
+from bridgetower_bench.tools.fixtures import (
     Scene,
     describe,
     draw_cartoon,

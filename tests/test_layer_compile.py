@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench import fixtures as fixture_builders
+from bridgetower_bench.tools import fixtures as fixture_builders
 from bridgetower_bench.layer_compile import compile_repeated_layers, repeated_layers
 from conftest import read_json, run_script
 from test_scripts import base_args
@@ -84,7 +84,7 @@ def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_mo
 
 
 def test_the_ceiling_takes_the_same_speed_options(two_layer_model, tmp_path, caplog):
-    from bridgetower_bench.gpu_ceiling import main
+    from bridgetower_bench.tools.gpu_ceiling import main
 
     torch._dynamo.reset()
     with caplog.at_level("INFO", logger="bridgetower_bench"):

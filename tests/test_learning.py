@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 import torch
 
-from bridgetower_bench import fixtures
-from bridgetower_bench.fixtures import make_synthetic_dataset, make_tiny_model
+from bridgetower_bench.tools import fixtures
+from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model
 from conftest import CPU_FLAGS, read_json, run_script
 
 IMAGE_SIZE = 84  # 6 x 6 patches of 14 px: a third cheaper per step than 112 px, and learns as well

@@ -169,7 +169,7 @@ def test_patch_check_passes():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "bridgetower_bench.make_cuda_script", "--check"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "bridgetower_bench.tools.make_cuda_script", "--check"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

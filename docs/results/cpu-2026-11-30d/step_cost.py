@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from bridgetower_bench.fixtures import bridgetower_config  # noqa: E402
+from bridgetower_bench.tools.fixtures import bridgetower_config  # noqa: E402
 
 BATCH, TOKENS, IMAGE = 48, 128, 294
 MATRIX_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}

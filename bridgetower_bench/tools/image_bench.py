@@ -1,9 +1,9 @@
 """Micro-benchmark of the image pipelines, one core: speed and fidelity to upstream.
 
-    python -m bridgetower_bench.image_bench [--images N] [--repeat R] [--image-size 294] [--json out.json]
+    python -m bridgetower_bench.tools.image_bench [--images N] [--repeat R] [--image-size 294] [--json out.json]
                                             [--without-simplejpeg]
 
-For two image sets - synthetic line-art cartoons (``bridgetower_bench.fixtures.draw_cartoon``,
+For two image sets - synthetic line-art cartoons (``bridgetower_bench.tools.fixtures.draw_cartoon``,
 800 x 650 JPEGs like the DESIGN notes' measurements) and real photographs shipped by installed
 packages (matplotlib's ``grace_hopper.jpg``; scikit-learn's ``china.jpg`` and ``flower.jpg``
 when it is installed) - it measures images/s on one core (``torch.set_num_threads(1)``) for
@@ -34,9 +34,9 @@ import torch
 from PIL import Image
 from torchvision.io import decode_jpeg
 
-from . import images
-from .image_cache import open_decoded_image_cache
-from .images import jpeg_decoder, make_image_transform
+from .. import images
+from ..image_cache import open_decoded_image_cache
+from ..images import jpeg_decoder, make_image_transform
 
 CARTOON_SIZE = (800, 650)
 # Targets from the project issue: speed as a multiple of upstream (or of the decode-only rate of

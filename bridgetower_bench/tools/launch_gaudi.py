@@ -1,6 +1,6 @@
 """Launch run_bridgetower.py on several HPUs of one Gaudi node (the published runs use 8, with MPI).
 
-    python -m bridgetower_bench.launch_gaudi --world_size 8 --use_mpi \\
+    python -m bridgetower_bench.tools.launch_gaudi --world_size 8 --use_mpi \\
         run_bridgetower.py --output_dir /tmp/bridgetower-test --model_name_or_path ... (script flags)
 
 Built on optimum-habana's DistributedRunner, which writes the mpirun (or torch.distributed)

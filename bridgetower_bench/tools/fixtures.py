@@ -15,7 +15,7 @@ that cannot reach the Hugging Face Hub.
 * ``make_gaudi_config`` writes ``gaudi_config.json`` as ``Habana/clip`` has it.
 * ``ensure_default_fixtures`` builds the three defaults once under a cache directory.
 
-Command line: ``python -m bridgetower_bench.fixtures --help``.
+Command line: ``python -m bridgetower_bench.tools.fixtures --help``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
-from .resilience import process_alive
+from ..resilience import process_alive
 
 # ---------------------------------------------------------------------------------------------
 # Constants shared by the fixtures
@@ -626,7 +626,7 @@ def _write_dataset_card(out: Path, features, split_sizes: dict[str, int]) -> Non
     MetadataConfigs({DATASET_CONFIG_NAME: {"data_files": data_files}}).to_dataset_card_data(card)
     body = (
         "# Synthetic New Yorker caption contest (`matching` layout)\n\n"
-        "Generated offline by `python -m bridgetower_bench.fixtures dataset`. Same columns and file\n"
+        "Generated offline by `python -m bridgetower_bench.tools.fixtures dataset`. Same columns and file\n"
         "layout as the `matching` config of `jmhessel/newyorker_caption_contest`, with line-art\n"
         "cartoons whose `image_description` says what is drawn (objects, how many, where, setting).\n"
     )
@@ -873,7 +873,7 @@ def default_fixtures_root() -> Path:
     configured = os.environ.get(FIXTURES_ENV)
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[1] / ".cache" / "fixtures"
+    return Path(__file__).resolve().parents[2] / ".cache" / "fixtures"
 
 
 def is_complete(fixture_dir, params: dict) -> bool:
@@ -991,7 +991,7 @@ def ensure_default_fixtures(root=None) -> dict[str, Path]:
 
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.fixtures",
+        prog="python -m bridgetower_bench.tools.fixtures",
         description="Write offline fixtures: random-weight BridgeTower model, synthetic New Yorker "
                     "`matching` data set, Habana/clip Gaudi config.")
     parser.add_argument("what", nargs="?", default="all", choices=("model", "dataset", "gaudi-config", "all"))

@@ -8,7 +8,7 @@ are done and stops it ``steps`` steps later, then writes to ``out_dir``
   ratio, then the operators and kernels that take the most device time (CPU time on a CPU run);
 * ``profile_trace.json``: the timeline, for chrome://tracing or Perfetto.
 
-The data-free ceiling uses it (``python -m bridgetower_bench.gpu_ceiling ... --profile_steps 3``) to show
+The data-free ceiling uses it (``python -m bridgetower_bench.tools.gpu_ceiling ... --profile_steps 3``) to show
 why the step runs at the MFU it does: a device busy most of the wall time points at the kernels; a device
 often idle points at the host (Python dispatch, synchronisations).
 """
@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
-from .throughput import synchronize_device
+from ..throughput import synchronize_device
 
 PROFILE_TABLE = "profile.txt"
 PROFILE_TRACE = "profile_trace.json"

@@ -1,6 +1,6 @@
 """Does a dataloader worker's own memory grow with the decode-once cache? A benchmark that prints figures.
 
-    python -m bridgetower_bench.cache_memory_bench [--small 64] [--large 1024] [--workers 2]
+    python -m bridgetower_bench.tools.cache_memory_bench [--small 64] [--large 1024] [--workers 2]
 
 Builds two decoded-image caches (a small and a large one, distinct images), reads every entry through
 a torch DataLoader with `--workers` worker processes, and reports each worker's own memory
@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .fixtures import draw_cartoon, jpeg_bytes
-from .image_cache import open_decoded_image_cache
+from ..image_cache import open_decoded_image_cache
 
 
 def _status_kib(field: str, source: str = "status") -> int:

@@ -1,7 +1,7 @@
 """Compare training runs side by side: throughput next to retrieval quality.
 
-    python -m bridgetower_bench.compare runs/a runs/b
-    python -m bridgetower_bench.compare --group upstream=runs/u1,runs/u2,runs/u3 \\
+    python -m bridgetower_bench.tools.compare runs/a runs/b
+    python -m bridgetower_bench.tools.compare --group upstream=runs/u1,runs/u2,runs/u3 \\
         --group fast=runs/f1,runs/f2,runs/f3 --json comparison.json
 
 Each DIR is a run's output directory holding all_results.json and/or train_results.json,
@@ -265,7 +265,7 @@ def render_markdown(report: dict) -> str:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.compare",
+        prog="python -m bridgetower_bench.tools.compare",
         description="Print a markdown table of training runs side by side: throughput "
         "(samples/s, data-wait share, loader, image pipeline) and retrieval quality "
         "(eval/test recall@k, mean ranks, losses).",

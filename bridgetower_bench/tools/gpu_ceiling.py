@@ -7,7 +7,7 @@ pipelines' batches are). Its samples/s is what the benchmark's runs would reach 
 a run's samples/s over it is that run's loading efficiency. Throughput is counted exactly as in the
 runs (after ``--throughput_warmup_steps``) and saved as ``train_results.json`` in ``--output_dir``.
 
-    python -m bridgetower_bench.gpu_ceiling --model_name_or_path DIR --output_dir OUT --bf16 \\
+    python -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path DIR --output_dir OUT --bf16 \\
         --per_device_train_batch_size 48 --max_steps 13 --throughput_warmup_steps 3 --report_to none
 """
 
@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 from transformers import AutoImageProcessor, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from .attention import use_attention
-from .layer_compile import compile_repeated_layers
+from ..attention import use_attention
+from ..layer_compile import compile_repeated_layers
 from .step_profile import StepProfiler
-from .trainer import TrainerExtensions, WarmupTrainingArguments
+from ..trainer import TrainerExtensions, WarmupTrainingArguments
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Generate run_bridgetower_cuda.py from run_bridgetower.py and the numbered patches in patches/.
 
-    python -m bridgetower_bench.make_cuda_script           # (re)write run_bridgetower_cuda.py
-    python -m bridgetower_bench.make_cuda_script --check   # exit 1 if the committed file differs
+    python -m bridgetower_bench.tools.make_cuda_script           # (re)write run_bridgetower_cuda.py
+    python -m bridgetower_bench.tools.make_cuda_script --check   # exit 1 if the committed file differs
 
 The patches are ordinary unified diffs, applied in file-name order with `patch` (GNU patch),
 each to the output of the previous one, starting from the Gaudi script. To change a patch:
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = "run_bridgetower.py"
 CUDA_SCRIPT = "run_bridgetower_cuda.py"
 
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
             sys.stdout.writelines(
                 difflib.unified_diff(current.splitlines(True), expected.splitlines(True), f"{CUDA_SCRIPT} (committed)", f"{CUDA_SCRIPT} (generated)")
             )
-            print(f"\n{CUDA_SCRIPT} differs from {GAUDI_SCRIPT} + patches/: run python -m bridgetower_bench.make_cuda_script")
+            print(f"\n{CUDA_SCRIPT} differs from {GAUDI_SCRIPT} + patches/: run python -m bridgetower_bench.tools.make_cuda_script")
             return 1
         print(f"{CUDA_SCRIPT} equals {GAUDI_SCRIPT} + {len(patch_files())} patches")
         return 0

@@ -1,0 +1,350 @@
+"""The benchmark sweep's report: tables, the comparison with the published figures, and the chart.
+
+`render_all(out, rows, meta)` turns the sweep's rows (results.json) into table.md, vs_published.md and
+chart.png. Cells are the median over repeats of one configuration on one device.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+from ..mediapipe_loader import TORCH_LOADER
+from ..resilience import atomic_path
+
+OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
+
+BLOG_MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
+
+# DESIGN.md §1: the published whole-node (8 devices) throughput, samples/s.
+PUBLISHED_DEVICES = 8
+PUBLISHED_BATCH = 48
+PUBLISHED = {
+    "Gaudi2 HPU": {"workers=0": 601.5, "workers=1": 747.4, "workers=2": 768.7, "workers=2 + mediapipe": 847.7},
+    "H100 GPU": {"workers=0": 336.5, "workers=1": 580.1, "workers=2": 602.1},
+    "A100 80GB GPU": {"workers=0": 227.5, "workers=1": 339.7, "workers=2": 345.4},
+}
+PUBLISHED_CONFIGS = ("workers=0", "workers=1", "workers=2", "workers=2 + mediapipe")
+
+
+def configuration_label(workers: int, loader: str = TORCH_LOADER, image_pipeline: str = "upstream") -> str:
+    """The column heading of a configuration, in the published wording ("workers=2 + mediapipe")."""
+    label = f"workers={workers}"
+    if loader != TORCH_LOADER:
+        label += f" + {loader}"
+    if image_pipeline != "upstream":
+        label += f", {image_pipeline} images"
+    return label
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries: one cell per (device, configuration), medians over repeats
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """The repeats of one configuration on one device."""
+
+    node: list[float] = field(default_factory=list)  # samples/s of the whole node, per finished repeat
+    per_device: list[float] = field(default_factory=list)
+    data_wait: list[float] = field(default_factory=list)
+    recall: list[float] = field(default_factory=list)  # eval i2t recall@1, when evaluated
+    failed: int = 0
+    recorded_loaders: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> Optional[float]:
+        return statistics.median(self.node) if self.node else None
+
+    @property
+    def median_per_device(self) -> Optional[float]:
+        return statistics.median(self.per_device) if self.per_device else None
+
+
+@dataclass
+class Summary:
+    """Rows (devices) x columns (configurations) of cells, with each device's speedup baseline."""
+
+    devices: list[str]
+    columns: list[str]
+    cells: dict  # (device, column) -> Cell
+    baselines: dict  # device -> column its speedups are against (absent: no workers=0 run finished)
+    failures: list[dict]
+    repeats: int
+    notes: dict  # facts shared by all rows: warm-up, counted steps, batch sizes
+
+
+def device_label(row: Mapping) -> str:
+    n = row.get("world_size") or 1
+    return f"{row.get('device_name') or row.get('device_type') or 'unknown device'} x{n}"
+
+
+def summarise(rows: Sequence[Mapping]) -> Summary:
+    """Group finished and failed runs into cells; interrupted runs are left out."""
+    rows = [r for r in rows if r.get("status") in (OK, FAILED)]
+    groups: dict = {}  # (device, (loader asked for, image pipeline, workers)) -> Cell
+    for row in rows:
+        config = (row["requested_loader"], row["image_pipeline"], row["workers"])
+        cell = groups.setdefault((device_label(row), config), Cell())
+        if row["status"] == OK:
+            cell.node.append(float(row["train_samples_per_second"]))
+            cell.per_device.append(float(row.get("train_samples_per_second_per_device", row["train_samples_per_second"])))
+            if row.get("data_wait_fraction") is not None:
+                cell.data_wait.append(float(row["data_wait_fraction"]))
+            if row.get("eval_i2t_recall@1") is not None:
+                cell.recall.append(float(row["eval_i2t_recall@1"]))
+            cell.recorded_loaders.append(str(row.get("loader")))
+        else:
+            cell.failed += 1
+
+    # Columns: image pipelines in the order they ran, the PyTorch loader first, then by workers.
+    pipelines = list(dict.fromkeys(r["image_pipeline"] for r in rows))
+    configs = sorted({config for _, config in groups}, key=lambda c: (pipelines.index(c[1]), c[0] != TORCH_LOADER, c[0], c[2]))
+    columns, cells = [], {}
+    for config in configs:
+        for (device, cfg), cell in groups.items():
+            if cfg == config:
+                column = _column_label(config, cell)
+                if column not in columns:
+                    columns.append(column)
+                cells[(device, column)] = cell
+
+    devices = list(dict.fromkeys(device_label(r) for r in rows))
+    baselines = {d: b for d in devices if (b := _baseline_column(d, columns, cells))}
+    ok_rows = [r for r in rows if r["status"] == OK]
+    notes = {
+        key: sorted({r[key] for r in ok_rows if r.get(key) is not None})
+        for key in ("throughput_warmup_steps", "throughput_counted_steps", "per_device_train_batch_size", "world_size")
+    }
+    repeats = max((r.get("repeat", 1) for r in rows), default=0)
+    return Summary(devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes)
+
+
+def _column_label(config: tuple, cell: Cell) -> str:
+    """A configuration's heading, naming the loader its runs recorded, never only the one asked for:
+    a "mediapipe" run that fell back to the PyTorch loader shows the string it saved."""
+    loader, pipeline, workers = config
+    recorded = sorted(set(cell.recorded_loaders))
+    shown = loader if recorded in ([], [loader]) else f"{' / '.join(recorded)} (asked: {loader})"
+    return configuration_label(workers, shown, pipeline)
+
+
+def _baseline_column(device: str, columns: Sequence[str], cells: Mapping) -> Optional[str]:
+    """workers=0 with the PyTorch loader and upstream images, else the first workers=0 PyTorch column."""
+    candidates = [c for c in columns if c.startswith("workers=0") and " + " not in c and cells.get((device, c)) and cells[(device, c)].median]
+    if "workers=0" in candidates:
+        return "workers=0"
+    return candidates[0] if candidates else None
+
+
+def speedup(summary: Summary, device: str, column: str) -> Optional[float]:
+    """Median samples/s of a cell divided by the median of its device's baseline cell."""
+    baseline = summary.baselines.get(device)
+    cell = summary.cells.get((device, column))
+    if not baseline or cell is None or cell.median is None:
+        return None
+    return cell.median / summary.cells[(device, baseline)].median
+
+
+def _fmt(value: Optional[float]) -> str:
+    """samples/s as published (one decimal), with one more below 10 so small CPU figures keep two digits."""
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def _markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|"] + [line(row) for row in rows])
+
+
+def cell_text(summary: Summary, device: str, column: str) -> str:
+    """"samples/s (xspeedup)", with failures counted, or "failed" / "-"."""
+    cell = summary.cells.get((device, column))
+    if cell is None:
+        return "-"
+    if cell.median is None:
+        return "failed" if cell.failed == 1 else f"failed x{cell.failed}"
+    text = _fmt(cell.median)
+    ratio = speedup(summary, device, column)
+    if ratio is not None:
+        text += f" (x{ratio:.2f})"
+    if cell.failed:
+        text += f" [{cell.failed} failed]"
+    return text
+
+
+def render_table(summary: Summary) -> str:
+    """table.md: the published post's layout, plus data-wait and failure notes."""
+    if not summary.devices:
+        return "# BridgeTower fine-tuning throughput\n\nNo run finished.\n"
+    header = ["device"] + summary.columns
+    body = [[device] + [cell_text(summary, device, c) for c in summary.columns] for device in summary.devices]
+    parts = ["# BridgeTower fine-tuning throughput (samples/s, whole node)", "", _markdown_table(header, body), ""]
+    parts.append(_notes(summary))
+
+    wait_rows = []
+    for device in summary.devices:
+        wait = []
+        for column in summary.columns:
+            cell = summary.cells.get((device, column))
+            wait.append(f"{100 * statistics.median(cell.data_wait):.0f}%" if cell and cell.data_wait else "-")
+        wait_rows.append([device] + wait)
+    parts += ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
+
+    if any(len(cell.node) > 1 for cell in summary.cells.values()):
+        spread_rows = [[device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices]
+        parts += ["", "## Spread over repeats (min-max samples/s, number of finished runs)", "", _markdown_table(header, spread_rows)]
+
+    if any(cell.recall for cell in summary.cells.values()):
+        recall_rows = [[device] + [f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
+                                   if (device, c) in summary.cells and summary.cells[(device, c)].recall else "-"
+                                   for c in summary.columns] for device in summary.devices]
+        parts += ["", "## Retrieval quality: eval image->text recall@1 (median)", "", _markdown_table(header, recall_rows)]
+
+    if summary.failures:
+        parts += ["", "## Failed runs", ""]
+        parts += [f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}" for r in summary.failures]
+    return "\n".join(parts) + "\n"
+
+
+def _spread(cell: Optional[Cell]) -> str:
+    if cell is None or not cell.node:
+        return "-"
+    return f"{_fmt(min(cell.node))}-{_fmt(max(cell.node))} (n={len(cell.node)})"
+
+
+def _notes(summary: Summary) -> str:
+    notes = summary.notes
+
+    def facts(key):
+        return ", ".join(str(v) for v in notes.get(key, [])) or "?"
+
+    lines = [
+        f"Steady-state samples/s of all devices of a row together ({facts('world_size')}), after {facts('throughput_warmup_steps')} "
+        f"warm-up step(s), over {facts('throughput_counted_steps')} counted step(s); per-device batch "
+        f"{facts('per_device_train_batch_size')}; median of up to {summary.repeats} repeat(s).",
+    ]
+    for device, baseline in summary.baselines.items():
+        lines.append(f"(xN): speedup against `{baseline}` on {device}.")
+    return "\n".join(lines)
+
+
+def render_vs_published(summary: Summary, meta: Mapping) -> str:
+    """vs_published.md: our cells beside DESIGN.md §1, whole node and per device (published = node / 8)."""
+    rows_order = list(summary.columns) + [c for c in PUBLISHED_CONFIGS if c not in summary.columns]
+    published_devices = list(PUBLISHED)
+    ours = summary.devices
+
+    def node_value(device, column):
+        cell = summary.cells.get((device, column))
+        return cell.median if cell else None
+
+    def per_device_value(device, column):
+        cell = summary.cells.get((device, column))
+        return cell.median_per_device if cell else None
+
+    def published_value(device, column, per_device):
+        value = PUBLISHED[device].get(column)
+        if value is None:
+            return "n/a" if column in PUBLISHED_CONFIGS else "-"
+        return _fmt(value / PUBLISHED_DEVICES if per_device else value)
+
+    def published_speedup(device, column):
+        value, base = PUBLISHED[device].get(column), PUBLISHED[device]["workers=0"]
+        return f"x{value / base:.2f}" if value is not None else ("n/a" if column in PUBLISHED_CONFIGS else "-")
+
+    header = ["configuration"] + [f"{d} (this run)" for d in ours] + [f"{d} (published)" for d in published_devices]
+    node_rows = [[c] + [_fmt(node_value(d, c)) for d in ours] + [published_value(d, c, False) for d in published_devices] for c in rows_order]
+    device_rows = [[c] + [_fmt(per_device_value(d, c)) for d in ours] + [published_value(d, c, True) for d in published_devices] for c in rows_order]
+    speedup_rows = [[c] + [f"x{s:.2f}" if (s := speedup(summary, d, c)) is not None else "-" for d in ours]
+                    + [published_speedup(d, c) for d in published_devices] for c in rows_order]
+
+    model = meta.get("model", "?")
+    world_sizes = summary.notes.get("world_size", [])
+    if meta.get("preset") != "blog":
+        verdict = "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
+    elif world_sizes == [PUBLISHED_DEVICES]:
+        verdict = "The published recipe at the published scale: the numbers compare directly."
+    else:
+        verdict = (f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
+                   f"{PUBLISHED_DEVICES}: compare the per-device figures.")
+    parts = [
+        "# This run beside the published figures",
+        "",
+        _markdown_table(["", "this run", "published"], [
+            ["model", model, f"{BLOG_MODEL} (866 M parameters)"],
+            ["devices", ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?", str(PUBLISHED_DEVICES)],
+            ["per-device batch", ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?", str(PUBLISHED_BATCH)],
+            ["warm-up steps", ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?", "3"],
+        ]),
+        "",
+        verdict,
+        "",
+        "## Whole node, samples/s",
+        "",
+        _markdown_table(header, node_rows),
+        "",
+        f"## Per device, samples/s (published: node / {PUBLISHED_DEVICES})",
+        "",
+        _markdown_table(header, device_rows),
+        "",
+        "## Speedup against workers=0 of the same device",
+        "",
+        _markdown_table(header, speedup_rows),
+        "",
+        "n/a: not published for that device; -: not run (or no run finished).",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def render_chart(summary: Summary, path: Path) -> None:
+    """chart.png: grouped bars, one group per configuration, one bar per device, labelled with samples/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns, devices = summary.columns or ["(no runs)"], summary.devices or ["(no device)"]
+    width = 0.8 / len(devices)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(columns) + 2), 4.5))
+    for i, device in enumerate(devices):
+        xs = [j + (i - (len(devices) - 1) / 2) * width for j in range(len(columns))]
+        cells = [summary.cells.get((device, c)) for c in columns]
+        bars = ax.bar(xs, [cell.median if cell and cell.median else 0.0 for cell in cells], width, label=device)
+        for bar, column, cell in zip(bars, columns, cells):
+            if cell is None:
+                continue
+            ratio = speedup(summary, device, column)
+            text = "failed" if cell.median is None else f"{cell.median:.3g}" + (f"\nx{ratio:.2f}" if ratio is not None else "")
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels([textwrap.fill(c, 28) for c in columns], fontsize=8)
+    ax.set_ylabel("samples/s (whole node)")
+    ax.set_title("BridgeTower contrastive fine-tuning throughput")
+    ax.margins(y=0.2)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
+    """Write table.md, vs_published.md and chart.png; return the table text."""
+    summary = summarise(rows)
+    table = render_table(summary)
+    _write_atomically(out / "table.md", table)
+    _write_atomically(out / "vs_published.md", render_vs_published(summary, meta))
+    render_chart(summary, out / "chart.png")
+    return table
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    with atomic_path(str(path)) as temporary:
+        Path(temporary).write_text(text)
