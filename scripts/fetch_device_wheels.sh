@@ -2,7 +2,7 @@
 # Download the Python wheels the lent H200 machine lacks into .whl/ (git-ignored), for Python 3.12 on
 # manylinux x86_64. That machine has Python 3.12, torch, torchvision, numpy, Pillow, pyarrow, pandas and
 # most small libraries, but newer transformers / tokenizers / huggingface_hub / accelerate than we pin and
-# no datasets (docs: /work/shared/DESIGN.md section 7); simplejpeg (the fast pipelines' JPEG decoder) is
+# no datasets; simplejpeg (the fast pipelines' JPEG decoder) is
 # fetched too, so the device decodes as we do here. The benchmark installs these with
 # `pip install --target /tmp/site` and puts that folder first on PYTHONPATH, so they shadow its copies.
 #

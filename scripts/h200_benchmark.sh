@@ -1,4 +1,4 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+#!/usr/bin/env bash
 # H200 benchmark of BridgeTower Large contrastive training on one GPU (random weights, synthetic cartoons):
 # samples/s, MFU, data_wait_fraction and peak GPU memory for dataloader workers 0/1/2 x image paths
 # {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/tools/gpu_ceiling.py).
@@ -14,8 +14,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # side. The loader matrix then runs with the fastest, and every row's "% of ceiling" is against its own
 # set-up's. (Throughput windows wait for the device at both ends, so "nosync" is timed fairly.)
 #
-# On the device machine, from the repo root, with the wheels of scripts/fetch_device_wheels.sh carried:
-#     run(command="bash scripts/h200_benchmark.sh", carry=[".whl"], timeout_s=600)
+# On a GPU machine, from the repo root: bash scripts/h200_benchmark.sh
+# A machine without network (and with another transformers than ours) takes the wheels that
+# scripts/fetch_device_wheels.sh downloads elsewhere into .whl/: when .whl/ holds wheels, they are installed
+# into $SITE (default /tmp/site) first and put first on PYTHONPATH, so they shadow the machine's own copies.
 # Budget: under 10 minutes in all. No run starts after DEADLINE_S seconds; each is killed at its limit.
 # Runs go in order of importance, so a short budget loses the least useful ones.
 # Writes to $OUT (default bench_out/h200): h200_table.md, h200_results.json, device_decode_check.json,
@@ -24,10 +26,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself
 # (SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
 # worker counts; CHECK=0 skips the device decode check; PROFILE=0 the profiled ceiling run (its
-# profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). Here, with the project's Python 3.11 venv (the carried wheels are for 3.12), skip the
-# install line:
-#     PATH=$PWD/.venv/bin:$PATH PYTHONPATH=$PWD SMOKE=1 WORKERS=0 bash <(tail -n +2 scripts/h200_benchmark.sh)
+# profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). With
+# the project's venv on a CPU machine (WHEELS= skips the wheel install):
+#     PATH=$PWD/.venv/bin:$PATH WHEELS= SMOKE=1 WORKERS=0 bash scripts/h200_benchmark.sh
 set -uo pipefail
+
+WHEELS=${WHEELS-.whl}
+if [[ -n "$WHEELS" ]] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+    SITE=${SITE:-/tmp/site}
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH=$SITE:$PWD
+else
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 OUT=${OUT:-$PWD/bench_out/h200}
 WORK=${WORK:-/tmp/h200_bench}
@@ -212,8 +223,8 @@ for log in "$WORK"/logs/*.log; do echo "===== $(basename "$log")"; tail -n 40 "$
 python3 - "$WORK" "$OUT" "$SETUP" "$BATCH" "$STEPS" "$WARMUP" <<'EOF'
 import json, os, sys
 work, out, setup, batch, steps, warmup = *sys.argv[1:4], *map(int, sys.argv[4:])
-TFLOP_PER_SAMPLE, PEAK_TFLOPS = 1.4, 790.0  # DESIGN.md section 6: training cost per sample, measured bf16 peak
-PUBLISHED_PER_H100 = 602.1 / 8  # DESIGN.md section 1: H100 node at workers=2, per GPU
+TFLOP_PER_SAMPLE, PEAK_TFLOPS = 1.4, 790.0  # docs/PUBLISHED.md, cost model: training cost per sample, measured bf16 peak
+PUBLISHED_PER_H100 = 602.1 / 8  # docs/PUBLISHED.md: H100 node at workers=2, per GPU
 status, setups = {}, {}
 for line in open(os.path.join(work, "status.txt")):
     name, state, _seconds, run_setup = line.split()

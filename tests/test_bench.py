@@ -20,7 +20,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
     out = tmp_path / "bench"
 
-    code = bench.main(["--workers", "0", "1", "--eval", "--extra-args", TINY_RUN, "--out", str(out)])
+    code = bench.main(["--workers", "0", "1", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)])
 
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -257,12 +257,15 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     command = gpu.command(gpu.variants[0], tmp_path / "run")
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
-    assert [v.loader for v in gpu.variants] == ["torch", "torch", "torch", "device_decode"]
+    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [
+        ("torch", "upstream")] * 3 + [("device_decode", "upstream")] + [("torch", "fast")] * 3, \
+        "the local preset sets upstream's images beside ours; the device loader runs once"
+    assert {v.image_pipeline for v in plan_for(["--preset", "blog"], accelerator="cuda").variants} == {"upstream"}
 
     gaudi_on_cpu = plan_for(["--script", "gaudi", "--workers", "0"], accelerator="cpu")
     command = " ".join(gaudi_on_cpu.command(gaudi_on_cpu.variants[0], tmp_path / "run"))
     assert "run_bridgetower.py" in command and "--use_cpu --use_lazy_mode False" in command
-    assert "--use_habana" not in command and [v.loader for v in gaudi_on_cpu.variants] == ["torch"]
+    assert "--use_habana" not in command and [v.loader for v in gaudi_on_cpu.variants] == ["torch", "torch"]
 
 
 @pytest.mark.parametrize("argv, accelerator, message", [
@@ -278,6 +281,19 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
 def test_bad_command_lines_are_refused_with_the_flag_named(argv, accelerator, message):
     with pytest.raises(ValueError, match=message):
         plan_for(argv, accelerator)
+
+
+def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
+    rows = [{"status": "ok", "requested_loader": loader, "image_pipeline": pipeline, "workers": w, "repeat": 1,
+             "train_samples_per_second": 10.0 + w, "loader": loader, "device_name": "CPU", "world_size": 1}
+            for pipeline in ("upstream", "fast") for w in (0, 1, 2) for loader in ("torch",)]
+    rows.append({**rows[-1], "requested_loader": "device_decode", "loader": "device_decode", "image_pipeline": "upstream"})
+
+    groups, series = bench_report.chart_groups(bench_report.summarise(rows))
+
+    assert groups == ["workers=0", "workers=1", "workers=2"]
+    assert [label for label, _, _ in series] == ["upstream images", "+ device_decode", "fast images"]
+    assert [suffix for _, _, suffix in series] == ["", " + device_decode", ", fast images"]
 
 
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
@@ -299,7 +315,7 @@ def test_last_error_line_prefers_the_child_exception_over_launcher_noise():
 def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
-    plan = plan_for(["--workers", "0", "2"], accelerator="cpu")
+    plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
     threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
     assert threads == ["8", "6"]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins

@@ -31,7 +31,7 @@ BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px pa
 published accelerator runs the local preset is bound by image loading, not by the model. On the shared
 2-core development machine a run took about 8 s and the default sweep under a minute: CPU figures are
 noisy there, so use --repeats and read the data-wait column. `blog` is the published
-command line (DESIGN.md §1).
+command line (docs/PUBLISHED.md).
 
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
@@ -76,6 +76,8 @@ LOADERS = {
 }
 # The hardware loader of each accelerator, swept by default next to the PyTorch loader.
 NATIVE_LOADER = {"hpu": "mediapipe", "cuda": "device_decode"}
+# The local preset's image pipelines: upstream's transform (the reproduction) beside ours (the improvement).
+DEFAULT_LOCAL_PIPELINES = ("upstream", "fast")
 # Flags the sweep sets per run: --extra-args must not override them.
 SWEEP_FLAGS = ("--output_dir", "--dataloader_num_workers", "--image_pipeline", "--mediapipe_dataloader", "--device_decode")
 
@@ -127,12 +129,15 @@ def expand_matrix(
     repeats: int,
     loader_workers: Optional[Sequence[int]] = None,
 ) -> list[Variant]:
-    """All runs, repeat by repeat: the PyTorch loader at every `workers` setting, other loaders at `loader_workers`."""
+    """All runs, repeat by repeat: the PyTorch loader at every `workers` setting with every image pipeline; other
+    loaders (they decode on the device, so the host pipeline hardly matters) at `loader_workers`, with the first."""
     loader_workers = list(loader_workers) if loader_workers else [max(workers)]
     variants = []
     for repeat in range(1, repeats + 1):
         for pipeline in image_pipelines:
             for loader in loaders:
+                if loader != TORCH_LOADER and pipeline != image_pipelines[0]:
+                    continue
                 for w in workers if loader == TORCH_LOADER else loader_workers:
                     variants.append(Variant(workers=w, loader=loader, image_pipeline=pipeline, repeat=repeat))
     return variants
@@ -274,7 +279,7 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool) -> list[str]:
 
 
 def blog_preset_args() -> list[str]:
-    """The published run's flags (DESIGN.md §1), less the device flags. No checkpoints: they would
+    """The published run's flags (docs/PUBLISHED.md), less the device flags. No checkpoints: they would
     only add write time inside the measured window."""
     return [
         "--model_name_or_path", BLOG_MODEL,
@@ -318,8 +323,9 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         raise ValueError(f"--repeats {args.repeats}: must be 1 or more")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc {args.nproc}: must be 1 or more")
-    if not args.image_pipelines:
-        raise ValueError("--image-pipelines: give at least one pipeline")
+
+    # The local preset shows the reproduction and the improvement side by side; the published run, upstream's images.
+    image_pipelines = args.image_pipelines or (list(DEFAULT_LOCAL_PIPELINES) if args.preset == "local" else ["upstream"])
 
     accelerator = accelerator or detect_accelerator()
     script = args.script if args.script != "auto" else ("gaudi" if accelerator == "hpu" else "cuda")
@@ -367,7 +373,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         script=script,
         device=device,
         nproc=nproc,
-        variants=expand_matrix(args.workers, loaders, args.image_pipelines, args.repeats, args.loader_workers),
+        variants=expand_matrix(args.workers, loaders, image_pipelines, args.repeats, args.loader_workers),
         base_args=base,
         extra_args=parse_extra_args(args.extra_args),
         env=env,
@@ -573,7 +579,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help=f"Loaders: {', '.join(LOADERS)} (default: torch, plus mediapipe on an HPU or device_decode on a GPU).")
     parser.add_argument("--loader-workers", type=int, nargs="+", default=None,
                         help="Worker settings for loaders other than torch (default: the largest --workers).")
-    parser.add_argument("--image-pipelines", nargs="+", default=["upstream"], help="Host image pipelines (default: upstream).")
+    parser.add_argument("--image-pipelines", nargs="+", default=None,
+                        help=f"Host image pipelines (default: {' '.join(DEFAULT_LOCAL_PIPELINES)} for the local preset, upstream for blog).")
     parser.add_argument("--nproc", type=int, default=None, help="Devices per run (default: 1; 8 for --preset blog).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument("--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results.")

@@ -3,7 +3,7 @@
 # The data-free ceiling for eager / sdpa / sdpa + --compile_layers inductor, two rounds, on a tiny
 # model with 14-px patches (442 image tokens: the attention-heavy shape) and two layers per stack.
 set -e
-W=${W:-/tmp/speed_options}
+W=${W:-speed_options_out}
 .venv/bin/python -m bridgetower_bench.tools.fixtures model --layers 2 --patch-size 14 --out "$W/model" > /dev/null
 for round in 1 2; do
   for setup in eager sdpa sdpa-compiled; do
