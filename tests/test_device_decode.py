@@ -27,7 +27,8 @@ from bridgetower_bench.device_decode import (
     decode_batch,
     device_decoder_declines,
 )
-from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD, draw_cartoon, jpeg_bytes
+from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
+from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
 from conftest import DEVICES, needs_cuda

@@ -16,18 +16,9 @@ import torch
 from datasets import Features, Image as ImageFeature, List, Value, load_dataset
 from PIL import Image
 
-from bridgetower_bench.tools import fixtures
-from bridgetower_bench.tools.fixtures import (
-    Scene,
-    describe,
-    draw_cartoon,
-    ensure_default_fixtures,
-    jpeg_bytes,
-    make_gaudi_config,
-    make_synthetic_dataset,
-    make_tiny_model,
-    render_scene,
-)
+from bridgetower_bench.tools import cartoons, fixtures
+from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
+from bridgetower_bench.tools.fixtures import ensure_default_fixtures, make_gaudi_config, make_synthetic_dataset, make_tiny_model
 
 CAPTION = "Two houses and a tree on the left side of a city street."
 SMALL_ROWS = {"train_rows": 6, "validation_rows": 3, "test_rows": 3, "rows_per_cartoon": 2}
@@ -184,7 +175,7 @@ def test_dataset_loads_as_matching_config_with_exact_features_and_split_sizes(da
 
 def test_images_are_embedded_jpegs_of_realistic_size(dataset_dir, tmp_path):
     train = _load(dataset_dir, tmp_path)["train"]
-    low, high = fixtures.IMAGE_SIDE_RANGE
+    low, high = cartoons.IMAGE_SIDE_RANGE
     for row in train.cast_column("image", ImageFeature(decode=False)):
         assert row["image"]["bytes"][:2] == b"\xff\xd8"
     for image in train["image"]:
@@ -229,11 +220,11 @@ def test_caption_says_what_is_drawn():
 def test_different_contents_always_get_different_captions():
     scenes = [
         Scene(setting, region, things)
-        for setting, region in itertools.product(fixtures.SETTINGS, fixtures.REGIONS)
+        for setting, region in itertools.product(cartoons.SETTINGS, cartoons.REGIONS)
         for n_kinds in (1, 2)
-        for kinds in itertools.permutations(fixtures.THINGS, n_kinds)
+        for kinds in itertools.permutations(cartoons.THINGS, n_kinds)
         for counts in itertools.product((1, 2, 3), repeat=n_kinds)
-        if sum(counts) <= fixtures.MAX_OBJECTS
+        if sum(counts) <= cartoons.MAX_OBJECTS
         for things in [tuple(zip(kinds, counts))]
     ]
     # Two kinds listed in another order are the same contents; captions may differ for those,

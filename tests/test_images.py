@@ -50,7 +50,7 @@ def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 def cartoon_jpeg(seed: int, width: int, height: int) -> bytes:
-    from bridgetower_bench.tools.fixtures import draw_cartoon, jpeg_bytes
+    from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 
     img, _ = draw_cartoon(np.random.default_rng(seed), width, height)
     return jpeg_bytes(img)

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridgetower_bench.tools import fixtures
+from bridgetower_bench.tools import cartoons
 from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model
 from conftest import CPU_FLAGS, read_json, run_script
 
@@ -115,14 +115,14 @@ def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_pos
 
 def test_small_cartoons_stay_in_their_side_range_and_bold_strokes_lay_more_ink():
     rng = np.random.default_rng(0)
-    sizes = [fixtures.sample_image_size(rng, (160, 260)) for _ in range(200)]
+    sizes = [cartoons.sample_image_size(rng, (160, 260)) for _ in range(200)]
     assert all(160 <= side <= 260 for size in sizes for side in size)
     assert {w > h for w, h in sizes} == {True, False}  # landscape and portrait both occur
 
-    scene = fixtures.Scene("park", "middle", (("house", 2),))
+    scene = cartoons.Scene("park", "middle", (("house", 2),))
 
     def dark_pixels(stroke_scale):
-        image = fixtures.render_scene(scene, np.random.default_rng(5), 220, 180, stroke_scale)
+        image = cartoons.render_scene(scene, np.random.default_rng(5), 220, 180, stroke_scale)
         return int((np.asarray(image.convert("L")) < 128).sum())
     assert dark_pixels(2.0) > 1.5 * dark_pixels(1.0)
 

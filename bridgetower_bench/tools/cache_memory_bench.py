@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .fixtures import draw_cartoon, jpeg_bytes
+from .cartoons import draw_cartoon, jpeg_bytes
 from ..image_cache import open_decoded_image_cache
 
 

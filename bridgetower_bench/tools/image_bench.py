@@ -3,7 +3,7 @@
     python -m bridgetower_bench.tools.image_bench [--images N] [--repeat R] [--image-size 294] [--json out.json]
                                             [--without-simplejpeg]
 
-For two image sets - synthetic line-art cartoons (``bridgetower_bench.tools.fixtures.draw_cartoon``,
+For two image sets - synthetic line-art cartoons (``bridgetower_bench.tools.cartoons.draw_cartoon``,
 800 x 650 JPEGs like the DESIGN notes' measurements) and real photographs shipped by installed
 packages (matplotlib's ``grace_hopper.jpg``; scikit-learn's ``china.jpg`` and ``flower.jpg``
 when it is installed) - it measures images/s on one core (``torch.set_num_threads(1)``) for
@@ -57,7 +57,7 @@ TARGETS = {
 
 def cartoon_jpegs(n_images: int, seed: int = 0) -> list[bytes]:
     """``n_images`` synthetic line-art cartoons as JPEG bytes."""
-    from .fixtures import draw_cartoon, jpeg_bytes
+    from .cartoons import draw_cartoon, jpeg_bytes
 
     rng = np.random.default_rng(seed)
     return [jpeg_bytes(draw_cartoon(rng, *CARTOON_SIZE)[0]) for _ in range(n_images)]
