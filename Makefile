@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench test fixtures cuda-script check-cuda-script
+.PHONY: bench test fixtures cuda-script check-cuda-script not-in-habana-container
 
 $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
 	$(PY) -m pip install -r requirements-test.txt
 	touch $@
 
-bench: $(VENV)/.installed-cuda
+# Habana's container keeps its own torch: there, make bench refuses and says what to run instead.
+not-in-habana-container:
+	@PYTHON=$(PYTHON) sh scripts/refuse_in_habana_container.sh
+
+bench: not-in-habana-container $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.bench $(BENCH_ARGS)
 
 test: $(VENV)/.installed-test

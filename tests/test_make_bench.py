@@ -1,0 +1,38 @@
+"""`make bench` inside Habana's container refuses to build a venv with PyPI's torch, and says what to run."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GUARD = REPO / "scripts" / "refuse_in_habana_container.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("hl-smi") is not None,
+                                reason="needs make, and a machine that is not a Gaudi node")
+
+
+def fake_hl_smi(tmp_path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "hl-smi"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_make_bench_refuses_inside_a_habana_container_before_building_anything(tmp_path):
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "-C", str(REPO), "bench", f"VENV={venv}"], env=fake_hl_smi(tmp_path),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
+    assert "pip install -r requirements-gaudi.txt" in result.stderr
+    assert not venv.exists(), "no venv (and no PyPI torch) may be installed there"
+
+
+def test_the_guard_lets_other_machines_through():
+    result = subprocess.run(["sh", str(GUARD)], env={**os.environ, "PYTHON": "python3"}, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
