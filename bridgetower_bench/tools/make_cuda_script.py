@@ -47,12 +47,12 @@ def generate(repo: Path = REPO) -> str:
         return work.read_text()
 
 
-def main(argv=None) -> int:
+def main(argv=None, repo: Path = REPO) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if run_bridgetower_cuda.py is out of date")
     args = parser.parse_args(argv)
-    expected = generate()
-    target = REPO / CUDA_SCRIPT
+    expected = generate(repo)
+    target = repo / CUDA_SCRIPT
     if args.check:
         current = target.read_text() if target.exists() else ""
         if current != expected:
@@ -61,10 +61,10 @@ def main(argv=None) -> int:
             )
             print(f"\n{CUDA_SCRIPT} differs from {GAUDI_SCRIPT} + patches/: run python -m bridgetower_bench.tools.make_cuda_script")
             return 1
-        print(f"{CUDA_SCRIPT} equals {GAUDI_SCRIPT} + {len(patch_files())} patches")
+        print(f"{CUDA_SCRIPT} equals {GAUDI_SCRIPT} + {len(patch_files(repo))} patches")
         return 0
     target.write_text(expected)
-    print(f"wrote {target} from {GAUDI_SCRIPT} + {len(patch_files())} patches")
+    print(f"wrote {target} from {GAUDI_SCRIPT} + {len(patch_files(repo))} patches")
     return 0
 
 

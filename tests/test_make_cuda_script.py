@@ -1,0 +1,49 @@
+"""The drift check between the Gaudi script, the patches and the committed CUDA script fails when they disagree."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bridgetower_bench.tools import make_cuda_script
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def copy(tmp_path):
+    for name in ("run_bridgetower.py", "run_bridgetower_cuda.py"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "patches", tmp_path / "patches")
+    return tmp_path
+
+
+def test_the_committed_cuda_script_is_the_generated_one(copy, capsys):
+    assert make_cuda_script.main(["--check"], repo=copy) == 0
+
+
+def test_a_hand_edit_of_the_cuda_script_fails_the_check_with_the_diff(copy, capsys):
+    cuda = copy / "run_bridgetower_cuda.py"
+    cuda.write_text(cuda.read_text().replace("set_seed(training_args.seed)", "set_seed(training_args.seed + 1)"))
+
+    assert make_cuda_script.main(["--check"], repo=copy) == 1
+    printed = capsys.readouterr().out
+    assert "-    set_seed(training_args.seed + 1)" in printed and "+    set_seed(training_args.seed)" in printed
+
+
+def test_a_gaudi_change_the_cuda_script_lacks_fails_the_check_and_regenerating_mends_it(copy, capsys):
+    gaudi = copy / "run_bridgetower.py"
+    gaudi.write_text(gaudi.read_text().replace("# 2. Logging.", "# 2. Logging (changed on the Gaudi side)."))
+
+    assert make_cuda_script.main(["--check"], repo=copy) == 1
+    assert make_cuda_script.main([], repo=copy) == 0
+    assert "# 2. Logging (changed on the Gaudi side)." in (copy / "run_bridgetower_cuda.py").read_text()
+    assert make_cuda_script.main(["--check"], repo=copy) == 0
+
+
+def test_a_patch_that_no_longer_applies_is_named(copy):
+    gaudi = copy / "run_bridgetower.py"
+    gaudi.write_text(gaudi.read_text().replace("from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
+                                               "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments"))
+    with pytest.raises(SystemExit, match="patches/01-trainer-classes.patch does not apply"):
+        make_cuda_script.main(["--check"], repo=copy)
