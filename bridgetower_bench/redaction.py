@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-REDACTED = "<redacted>"
+REDACTED = "REDACTED"  # no character a shell would quote: commands stay readable
 
 _SECRET_WORDS = {"token", "password", "passwd", "secret", "apikey"}
 # Values this short are not scrubbed from free text (a flag's "True", a "1"): scrubbing them would

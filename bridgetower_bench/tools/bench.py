@@ -22,8 +22,8 @@ Written to --out (default bench_out/<timestamp>):
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
 These records are made to be shared: credential values (--token, --hub_token, HF_TOKEN, ...; see
-bridgetower_bench.redaction) are replaced by <redacted> in the commands and in the runs' output, and
-paths are written relative to --out (`<out>/...` in commands) or to the repository.
+bridgetower_bench.redaction) are replaced by REDACTED in the commands and in the runs' output, and
+paths are written relative to --out (`$OUT/...` in commands) or to the repository.
 
 Presets. `local` (default) runs the embedded fixtures (bridgetower_bench.tools.fixtures: random-weight
 tiny BridgeTower, synthetic New Yorker-shaped data) offline on whatever device is present: per-device
@@ -467,7 +467,7 @@ def _relative(path: Path, out: Path) -> str:
 
 def shareable_args(args: Sequence[str], out: Path) -> list[str]:
     """Arguments as the records (results, log headers) show them: credential values redacted, the
-    interpreter as `python`, paths inside the sweep's output directory as `<out>/...` and paths inside
+    interpreter as `python`, paths inside the sweep's output directory as `$OUT/...` and paths inside
     the repository relative to it (the runs' working directory), so that a shared record exposes
     neither secrets nor the machine's layout. The runs themselves get the real arguments."""
     shown = []
@@ -475,7 +475,7 @@ def shareable_args(args: Sequence[str], out: Path) -> list[str]:
         if arg == sys.executable:
             shown.append("python")
             continue
-        for root, name in ((out, "<out>/"), (REPO, "")):
+        for root, name in ((out, "$OUT/"), (REPO, "")):
             arg = arg.replace(str(root) + os.sep, name)
             flag, eq, value = arg.rpartition("=")
             if value == str(root):  # the directory itself, alone or as --flag=<root>
@@ -484,12 +484,22 @@ def shareable_args(args: Sequence[str], out: Path) -> list[str]:
     return shown
 
 
+def shareable_command(command: Sequence[str], out: Path) -> str:
+    """`shareable_args` as one shell line: run from the repository root with OUT set to the sweep's directory."""
+
+    def quote(arg: str) -> str:
+        head, placeholder, tail = arg.partition("$OUT")
+        return "".join([shlex.quote(head) if head else "", placeholder, shlex.quote(tail) if tail else ""])
+
+    return " ".join(quote(arg) for arg in shareable_args(command, out))
+
+
 def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir: Path, log_path: Path,
                 command: list[str], wall_seconds: float, out: Optional[Path] = None) -> dict:
     """One results row: what was asked, what the run recorded, and whether it worked.
 
     Paths are relative to `out` (default: the directory above the runs' directory) and the command is
-    shown as `shareable_args` shows it."""
+    shown as `shareable_command` shows it."""
     out = out or run_dir.parent.parent
     row = {
         "run_id": variant.run_id,
@@ -507,7 +517,7 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         "wall_seconds": round(wall_seconds, 1),
         "log": _relative(log_path, out),
         "output_dir": _relative(run_dir, out),
-        "command": shlex.join(shareable_args(command, out)),
+        "command": shareable_command(command, out),
     }
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
@@ -565,7 +575,7 @@ def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[
         started = time.perf_counter()
         try:
             env = plan.run_env(variant)
-            returncode: Optional[int] = run_process(command, env, log_path, shlex.join(shareable_args(command, out)),
+            returncode: Optional[int] = run_process(command, env, log_path, shareable_command(command, out),
                                                     frozenset(secret_values(command, env)))
         except KeyboardInterrupt:
             returncode = None
