@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, script_env
 
 from bridgetower_bench import redaction
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools import bench, bench_report
 
 # --------------------------------------------------------------------------------------------- the rule
 
@@ -160,6 +160,37 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
         header = (out / name).read_text().split("\n\n", 1)[0] if name == row["log"] else (out / name).read_text()
         assert str(out) not in header and str(REPO) not in header, name
     assert f"--output_dir $OUT/runs/{row['run_id']} " in row["command"] and row["command"].startswith("python ")
+
+
+# A run that prints what it received, then fails naming it: the worst case for the log and the error column.
+ECHOING_SCRIPT = '''
+import os, sys
+token = sys.argv[sys.argv.index("--token") + 1]
+print("arguments:", sys.argv[1:], "HF_TOKEN:", os.environ.get("HF_TOKEN"), flush=True)
+received = token == {token!r} and os.environ.get("HF_TOKEN") == {env!r}
+raise SystemExit(f"ValueError: invalid token {{token}}" if received else 9)
+'''
+
+
+def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, monkeypatch):
+    token, in_env = "hf_FAKEprinted0007", "hf_FAKEprintedEnv0008"
+    script = tmp_path / "echo.py"
+    script.write_text(ECHOING_SCRIPT.format(token=token, env=in_env))
+    monkeypatch.setenv("HF_TOKEN", in_env)
+    plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1,
+                      variants=bench.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
+                      base_args=[], extra_args=["--token", token], script_path=script)
+    out = tmp_path / "out"
+
+    rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
+
+    assert rows[0]["returncode"] == 1, "the run received the real --token and HF_TOKEN (9: it did not)"
+    assert rows[0]["error"] == "ValueError: invalid token REDACTED"
+    log = (out / rows[0]["log"]).read_text()
+    assert "arguments:" in log and "HF_TOKEN: REDACTED" in log
+    bench_report.render_all(out, rows, {"preset": "local", "model": "echo"})
+    assert "invalid token REDACTED" in (out / "table.md").read_text()
+    assert _files_containing(out, [token, in_env]) == []
 
 
 def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it(fixtures, tmp_path):
