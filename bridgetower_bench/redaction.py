@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -100,8 +101,8 @@ def without_secrets(arguments):
 
 def secret_values(args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None,
                   configs: Iterable[Any] = ()) -> set[str]:
-    """The credential values in an argument list, an environment and JSON configurations: what
-    `scrub` removes from free text (a run's output)."""
+    """The credential values in an argument list, an environment and JSON configurations (credential
+    keys, and argument lists inside them): what `scrub` removes from free text (a run's output)."""
     values: set[str] = set()
     value_follows = False
     for arg in args:
@@ -124,7 +125,9 @@ def secret_values(args: Sequence[str] = (), env: Optional[Mapping[str, str]] = N
                     values.add(v)
                 else:
                     walk(v)
-        elif isinstance(config, list):
+        elif isinstance(config, (list, tuple)):
+            if config and all(isinstance(v, str) for v in config):  # an argument list
+                values.update(secret_values(config))
             for v in config:
                 walk(v)
 
@@ -141,3 +144,22 @@ def scrub(text, secrets: Iterable[str]):
         else:
             text = text.replace(value, REDACTED)
     return text
+
+
+def shareable(record: Any, args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> Any:
+    """A JSON-able record (dicts, lists, strings, numbers) made safe to share, for any tool that writes
+    one: the value of every credential key is redacted, every list of strings is treated as an
+    argument list (`redact_args`), and every credential value found in `args`, in `env` (default: this
+    process's environment) or in the record itself is scrubbed from its strings."""
+    secrets = secret_values(args, os.environ if env is None else env, configs=[record])
+
+    def walk(value):
+        if isinstance(value, Mapping):
+            return {k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, str) for v in value):
+                value = redact_args(value)
+            return [walk(v) for v in value]
+        return scrub(value, secrets) if isinstance(value, str) else value
+
+    return walk(record)

@@ -64,6 +64,20 @@ def test_credential_environment_variables_are_dropped():
     assert redaction.scrub("saw hf_A and hf_B", redaction.secret_values(env=env)) == "saw REDACTED and REDACTED"
 
 
+def test_a_tool_record_is_made_shareable_in_one_call(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_fromEnv1")
+    record = {"command": ["python", "x.py", "--hub_token", "hf_B", "--api-key=k9999"],
+              "env": {"HF_TOKEN": "hf_fromEnv1", "HABANA_VISIBLE_DEVICES": "all"},
+              "message": "login with hf_fromEnv1 failed; --hub_token hf_B", "steps": [1, 2]}
+
+    shared = redaction.shareable(record, args=["--token", "hf_Arg12"])
+
+    assert shared == {"command": ["python", "x.py", "--hub_token", "REDACTED", "--api-key=REDACTED"],
+                      "env": {"HF_TOKEN": "REDACTED", "HABANA_VISIBLE_DEVICES": "all"},
+                      "message": "login with REDACTED failed; --hub_token REDACTED", "steps": [1, 2]}
+    assert record["command"][3] == "hf_B", "the record itself is not modified"
+
+
 def test_saved_training_arguments_lose_their_token_and_the_live_ones_keep_it(tmp_path):
     from transformers import TrainingArguments
 
