@@ -215,20 +215,21 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
         "model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"]),
         "dataset_config_name": "matching", "image_column": "image", "caption_column": "image_description",
         "remove_unused_columns": False, "do_train": True, "max_steps": 2, "per_device_train_batch_size": 2,
-        "max_seq_length": 32, "save_strategy": "no", "report_to": "none", "use_cpu": True,
+        "max_seq_length": 32, "save_strategy": "no", "report_to": "none", "use_cpu": True, "use_lazy_mode": False,
         "output_dir": str(output_dir), "token": token, "hub_token": hub,
     }))
     before = config.read_bytes()
     proof = tmp_path / "received.json"
     receiver = tmp_path / "receiver.py"
-    receiver.write_text(RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower_cuda.py")))
+    receiver.write_text(RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py")))  # the Gaudi script, on CPU
 
-    result = subprocess.run([sys.executable, str(receiver), str(config)], cwd=REPO, env=script_env(gaudi=False),
+    result = subprocess.run([sys.executable, str(receiver), str(config)], cwd=REPO, env=script_env(gaudi=True),
                             capture_output=True, text=True, timeout=600)
 
     assert result.returncode == 0, result.stderr[-3000:]
     received = json.loads(proof.read_text())
     assert (received["token"], received["hub_token"]) == (_digest(token), _digest(hub))
     assert (output_dir / "training_args.bin").is_file() and (output_dir / "train_results.json").is_file()
+    assert token not in result.stdout + result.stderr and hub not in result.stdout + result.stderr, "nor in its output"
     assert _files_containing(output_dir, [token, hub]) == []
     assert config.read_bytes() == before, "the user's configuration file is never modified"
