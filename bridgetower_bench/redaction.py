@@ -50,13 +50,13 @@ def redact_args(args: Sequence[str]) -> list[str]:
     `--use_auth_token`) takes no value, and the next flag is kept."""
     redacted: list[str] = []
     value_follows = False
-    for arg in args:
+    for arg in map(str, args):
         if value_follows and not arg.startswith("-"):
             redacted.append(REDACTED)
             value_follows = False
             continue
         value_follows = False
-        secret = _secret_flag(str(arg))
+        secret = _secret_flag(arg)
         if secret is not None and secret[1] is not None:
             redacted.append(f"{secret[0]}={REDACTED}")
             continue
