@@ -14,7 +14,7 @@ It
 - stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
   saves a checkpoint and ends with one clear message; rerunning the same command resumes;
 - writes metrics, trainer state, the final model and its processors atomically (no half-written
-  file after a kill).
+  file after a kill), and blanks credentials (--hub_token) in the training_args.bin saved with them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from transformers import TrainingArguments
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
 from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit, staged_directory, write_json_atomically
+from .redaction import without_secrets
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -171,6 +172,17 @@ class TrainerExtensions:
             super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
         if self.args.push_to_hub:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save(self, output_dir=None, state_dict=None):
+        """As the backend's _save (final model and checkpoints), but the training_args.bin saved next to
+        the weights holds no credential (--hub_token and the like are blanked in the saved copy; the
+        run keeps the real value for pushing)."""
+        super()._save(output_dir, state_dict=state_dict)
+        saved = without_secrets(self.args)
+        path = os.path.join(output_dir if output_dir is not None else self.args.output_dir, "training_args.bin")
+        if saved is not self.args and os.path.exists(path):
+            with atomic_path(path) as temporary:
+                torch.save(saved, temporary)
 
     def save_processors(self, *processors) -> None:
         """save_pretrained() each of `processors` (tokenizer, image processor) into output_dir, atomically, once."""

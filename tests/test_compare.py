@@ -134,6 +134,9 @@ def test_groups_print_mean_spread_and_verdict_and_write_json(tmp_path, capsys):
 
     report = json.loads(out_json.read_text())
     assert set(report["runs"]) == {"u1", "u2", "f1", "f2"}
+    # Directories beside the JSON file are named relative to it: a shared file shows no machine paths.
+    assert report["groups"]["fast"]["dirs"] == ["f1", "f2"] and report["runs"]["u1"]["dir"] == "u1"
+    assert str(tmp_path) not in out_json.read_text()
     assert report["groups"]["fast"]["stats"]["train_samples_per_second"]["mean"] == pytest.approx(765.0)
     by_metric = {c["metric"]: c for c in report["comparisons"]}
     assert by_metric["eval_t2i_recall@1"]["verdict"] == "within spread"

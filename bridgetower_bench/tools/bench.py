@@ -21,6 +21,9 @@ Written to --out (default bench_out/<timestamp>):
     table.md             samples/s per device (rows) and configuration (columns), the published layout
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
+These records are made to be shared: credential values (--token, --hub_token, HF_TOKEN, ...; see
+bridgetower_bench.redaction) are replaced by REDACTED in the commands and in the runs' output, and
+paths are written relative to --out (`$OUT/...` in commands) or to the repository.
 
 Presets. `local` (default) runs the embedded fixtures (bridgetower_bench.tools.fixtures: random-weight
 tiny BridgeTower, synthetic New Yorker-shaped data) offline on whatever device is present: per-device
@@ -57,6 +60,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..mediapipe_loader import TORCH_LOADER
+from ..redaction import redact_args, scrub, secret_values
 from ..resilience import atomic_path
 from ..retrieval import summarise_quality
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
@@ -414,15 +418,25 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
-def run_process(command: list[str], env: dict, log_path: Path) -> int:
-    """Run `command` with its output in `log_path`; Ctrl-C stops it (and its children) and is re-raised."""
+def run_process(command: list[str], env: dict, log_path: Path, shown_command: Optional[str] = None,
+                secrets: frozenset = frozenset()) -> int:
+    """Run `command` with its output in `log_path`; Ctrl-C stops it (and its children) and is re-raised.
+
+    The log starts with `shown_command` (default: `command`). With `secrets`, the output passes through
+    the sweep line by line and each of them is replaced by a placeholder on its way to the log.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        log.write("$ " + shlex.join(command) + "\n\n")
+    with open(log_path, "wb") as log:
+        log.write(("$ " + (shown_command or shlex.join(command)) + "\n\n").encode())
         log.flush()
         # Its own session: the terminal's Ctrl-C reaches only us, and we stop the whole group cleanly.
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE if secrets else log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            if secrets:
+                for line in proc.stdout:
+                    log.write(scrub(line, secrets))
+                    log.flush()
             return proc.wait()
         except BaseException:
             _stop(proc)
@@ -449,9 +463,50 @@ def _discard_weights(run_dir: Path) -> None:
             path.unlink()
 
 
+def _relative(path: Path, out: Path) -> str:
+    """`path` as records name it: relative to the sweep's output directory when inside it."""
+    try:
+        return str(path.relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def shareable_args(args: Sequence[str], out: Path) -> list[str]:
+    """Arguments as the records (results, log headers) show them: credential values redacted, the
+    interpreter as `python`, paths inside the sweep's output directory as `$OUT/...` and paths inside
+    the repository relative to it (the runs' working directory), so that a shared record exposes
+    neither secrets nor the machine's layout. The runs themselves get the real arguments."""
+    shown = []
+    for arg in redact_args(args):
+        if arg == sys.executable:
+            shown.append("python")
+            continue
+        for root, name in ((out, "$OUT/"), (REPO, "")):
+            arg = arg.replace(str(root) + os.sep, name)
+            flag, eq, value = arg.rpartition("=")
+            if value == str(root):  # the directory itself, alone or as --flag=<root>
+                arg = flag + eq + (name.rstrip("/") or ".")
+        shown.append(arg)
+    return shown
+
+
+def shareable_command(command: Sequence[str], out: Path) -> str:
+    """`shareable_args` as one shell line: run from the repository root with OUT set to the sweep's directory."""
+
+    def quote(arg: str) -> str:
+        head, placeholder, tail = arg.partition("$OUT")
+        return "".join([shlex.quote(head) if head else "", placeholder, shlex.quote(tail) if tail else ""])
+
+    return " ".join(quote(arg) for arg in shareable_args(command, out))
+
+
 def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir: Path, log_path: Path,
-                command: list[str], wall_seconds: float) -> dict:
-    """One results row: what was asked, what the run recorded, and whether it worked."""
+                command: list[str], wall_seconds: float, out: Optional[Path] = None) -> dict:
+    """One results row: what was asked, what the run recorded, and whether it worked.
+
+    Paths are relative to `out` (default: the directory above the runs' directory) and the command is
+    shown as `shareable_command` shows it."""
+    out = out or run_dir.parent.parent
     row = {
         "run_id": variant.run_id,
         "script": plan.script,
@@ -466,9 +521,9 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         "loader": None,
         "returncode": returncode,
         "wall_seconds": round(wall_seconds, 1),
-        "log": str(log_path),
-        "output_dir": str(run_dir),
-        "command": shlex.join(command),
+        "log": _relative(log_path, out),
+        "output_dir": _relative(run_dir, out),
+        "command": shareable_command(command, out),
     }
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
@@ -485,7 +540,7 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         if returncode < 0:
             row["error"] = f"killed by signal {signal.Signals(-returncode).name}" + (f"; {row['error']}" if row["error"] else "")
     elif "train_samples_per_second" not in train:
-        row["status"], row["error"] = FAILED, f"exited 0 but {run_dir / 'train_results.json'} has no train_samples_per_second"
+        row["status"], row["error"] = FAILED, f"exited 0 but {row['output_dir']}/train_results.json has no train_samples_per_second"
     else:
         row["status"], row["error"] = OK, ""
     return row
@@ -525,10 +580,12 @@ def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[
             shutil.rmtree(run_dir)
         started = time.perf_counter()
         try:
-            returncode: Optional[int] = run_process(command, plan.run_env(variant), log_path)
+            env = plan.run_env(variant)
+            returncode: Optional[int] = run_process(command, env, log_path, shareable_command(command, out),
+                                                    frozenset(secret_values(command, env)))
         except KeyboardInterrupt:
             returncode = None
-        row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started)
+        row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
         rows.append(row)
         if not keep_weights:
             _discard_weights(run_dir)
@@ -544,7 +601,7 @@ def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
     document = {
         "bench": {
             "preset": plan.preset, "script": plan.script, "device": plan.device, "nproc": plan.nproc,
-            "base_args": plan.base_args, "extra_args": plan.extra_args,
+            "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
             "variants": [asdict(v) for v in plan.variants],
         },
         "runs": rows,
@@ -603,7 +660,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset)")
     if args.dry_run:
         for variant in plan.variants:
-            print(shlex.join(plan.command(variant, out / "runs" / variant.run_id)))
+            print(shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id))))
         return 0
     if plan.env.get("PATH", "").startswith(str(HABANA_SHIM)):
         print(f"note: no Habana software here; the Gaudi script runs on CPU with the stand-ins in {HABANA_SHIM}")

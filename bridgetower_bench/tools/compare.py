@@ -293,8 +293,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     sys.stdout.write(render_markdown(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(relative_dirs(report, Path(args.json).resolve().parent), indent=2) + "\n")
     return 0
+
+
+def relative_dirs(report: Any, base: Path) -> Any:
+    """`report` as the JSON file shows it: run directories inside `base` (the file's own directory) named
+    relative to it, so that a shared comparison does not expose the machine's layout; others as given."""
+    dirs = {d for run in report["runs"].values() for d in [run["dir"]]} | {d for g in report["groups"].values() for d in g["dirs"]}
+    shown = {}
+    for d in dirs:
+        try:
+            shown[d] = str(Path(d).resolve().relative_to(base))
+        except ValueError:
+            shown[d] = d
+
+    def walk(value):
+        if isinstance(value, dict):
+            return {shown.get(k, k): walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return shown.get(value, value) if isinstance(value, str) else value
+
+    return walk(report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,235 @@
+"""Shareable records carry no credentials: the rule for names, each form a credential takes, and a real
+sweep and a real run whose files are searched for fake tokens the runs provably received."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, script_env
+
+from bridgetower_bench import redaction
+from bridgetower_bench.tools import bench, bench_report
+
+# --------------------------------------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("name", [
+    "--token", "--hub_token", "--push_to_hub_token", "--use_auth_token", "token", "api_key", "hf_api_key",
+    "wandb_api_key", "--db_password", "--client-secret", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY",
+    "AWS_SECRET_ACCESS_KEY", "--Hub-Token", "openai_apikey",
+])
+def test_credential_names_are_recognised(name):
+    assert redaction.is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", [
+    "--tokenizer_name", "--max_tokens_per_batch", "--max_seq_length", "--pad_to_max_length", "--use_fast_tokenizer",
+    "--include_tokens_per_second", "--keyboard", "HF_HOME", "--output_dir",
+])
+def test_ordinary_flags_are_left_alone(name):
+    assert not redaction.is_secret_name(name)
+
+
+def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
+    args = ["--token", "hf_A", "--hub_token=hf_B", "--use_auth_token", "--do_train", "--tokenizer_name", "tok",
+            "--push_to_hub_token", "hf_C", "--max_seq_length", "32", "--client_secret="]
+    assert redaction.redact_args(args) == [
+        "--token", "REDACTED", "--hub_token=REDACTED", "--use_auth_token", "--do_train", "--tokenizer_name", "tok",
+        "--push_to_hub_token", "REDACTED", "--max_seq_length", "32", "--client_secret=REDACTED",
+    ]
+    assert args[1] == "hf_A", "the caller's list (what the run gets) is not modified"
+    assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
+
+
+def test_a_json_configuration_is_copied_redacted_and_the_file_is_untouched(tmp_path):
+    config = {"token": "hf_A", "model_name_or_path": "m", "nested": [{"wandb_api_key": "k123"}], "hub_token": None}
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps(config))
+    before = path.read_bytes()
+
+    copied = redaction.read_config(str(path))
+
+    assert copied == {"token": "REDACTED", "model_name_or_path": "m", "nested": [{"wandb_api_key": "REDACTED"}], "hub_token": None}
+    assert path.read_bytes() == before
+    assert redaction.secret_values(configs=[config]) == {"hf_A", "k123"}
+
+
+def test_credential_environment_variables_are_dropped():
+    env = {"HF_TOKEN": "hf_A", "HUGGING_FACE_HUB_TOKEN": "hf_B", "WANDB_API_KEY": "k", "HF_HOME": "/h", "PATH": "/bin"}
+    assert redaction.redact_environment(env) == {"HF_HOME": "/h", "PATH": "/bin"}
+    assert redaction.scrub("saw hf_A and hf_B", redaction.secret_values(env=env)) == "saw REDACTED and REDACTED"
+
+
+def test_a_tool_record_is_made_shareable_in_one_call(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_fromEnv1")
+    record = {"command": ["python", "x.py", "--hub_token", "hf_B", "--api-key=k9999"],
+              "env": {"HF_TOKEN": "hf_fromEnv1", "HABANA_VISIBLE_DEVICES": "all"},
+              "message": "login with hf_fromEnv1 failed; --hub_token hf_B", "steps": [1, 2]}
+
+    shared = redaction.shareable(record, args=["--token", "hf_Arg12"])
+
+    assert shared == {"command": ["python", "x.py", "--hub_token", "REDACTED", "--api-key=REDACTED"],
+                      "env": {"HF_TOKEN": "REDACTED", "HABANA_VISIBLE_DEVICES": "all"},
+                      "message": "login with REDACTED failed; --hub_token REDACTED", "steps": [1, 2]}
+    assert record["command"][3] == "hf_B", "the record itself is not modified"
+
+
+def test_saved_training_arguments_lose_their_token_and_the_live_ones_keep_it(tmp_path):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), hub_token="hf_live", report_to="none")
+    saved = redaction.without_secrets(args)
+    assert saved.hub_token is None and args.hub_token == "hf_live" and saved.output_dir == args.output_dir
+    assert redaction.without_secrets(saved) is saved, "nothing to blank: the same object"
+
+
+# --------------------------------------------------------------------------------------------- real runs
+
+# Stands in for the training script: records digests of what the process received (its arguments, its
+# HF_TOKEN, and the credential fields the script's argument parser produced) in a file outside the
+# sweep's output directory, then runs the real script in this process.
+RECEIVER = '''
+import dataclasses, hashlib, json, os, runpy, sys
+from transformers import HfArgumentParser
+
+PROOF, REAL = {proof!r}, {real!r}
+digest = lambda value: hashlib.sha256(str(value).encode()).hexdigest()
+seen = {{"argv": [digest(a) for a in sys.argv[1:]], "HF_TOKEN": digest(os.environ.get("HF_TOKEN"))}}
+
+def recording(parse):
+    def parse_and_record(self, *args, **kwargs):
+        parsed = parse(self, *args, **kwargs)
+        for group in parsed:
+            if dataclasses.is_dataclass(group):
+                for name in ("token", "hub_token"):
+                    if getattr(group, name, None):
+                        seen[name] = digest(getattr(group, name))
+        with open(PROOF, "w") as f:
+            json.dump(seen, f)
+        return parsed
+    return parse_and_record
+
+HfArgumentParser.parse_args_into_dataclasses = recording(HfArgumentParser.parse_args_into_dataclasses)
+HfArgumentParser.parse_dict = recording(HfArgumentParser.parse_dict)
+sys.argv[0] = REAL
+runpy.run_path(REAL, run_name="__main__")
+'''
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _files_containing(root: Path, secrets) -> list[str]:
+    """Every file under `root` (and every member of a zip file, such as torch.save's) holding one of `secrets`."""
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        blobs = [(str(path.relative_to(root)), path.read_bytes())]
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                blobs += [(f"{path.relative_to(root)}:{name}", archive.read(name)) for name in archive.namelist()]
+        found += [f"{name} holds {secret}" for name, blob in blobs for secret in secrets if secret.encode() in blob]
+    return found
+
+
+def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, tmp_path, monkeypatch):
+    overridden, on_command_line, hub, in_env = "hf_FAKEspaceForm0001", "hf_FAKEequalsForm0002", "hf_FAKEhubToken0003", "hf_FAKEenvToken0004"
+    proof = tmp_path / "received.json"
+    receiver = tmp_path / "receiver.py"
+    receiver.write_text(RECEIVER.format(proof=str(proof), real=str(bench.SCRIPTS["cuda"])))
+    monkeypatch.setitem(bench.SCRIPTS, "cuda", receiver)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("HF_TOKEN", in_env)
+    out = tmp_path / "bench"
+
+    # --token given twice (argparse keeps the last): both forms are on the command line the records show.
+    extra = (f"--max_steps 2 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 "
+             f"--token {overridden} --token={on_command_line} --hub_token {hub}")
+    code = bench.main(["--workers", "0", "--keep-weights", "--extra-args", extra, "--out", str(out)])
+
+    results = json.loads((out / "results.json").read_text())
+    row = results["runs"][0]
+    assert code == 0 and row["status"] == "ok", row.get("error")
+    received = json.loads(proof.read_text())
+    assert _digest(overridden) in received["argv"] and _digest(f"--token={on_command_line}") in received["argv"]
+    assert received["token"] == _digest(on_command_line), "the script parsed the real --token"
+    assert received["hub_token"] == _digest(hub), "the script parsed the real --hub_token"
+    assert received["HF_TOKEN"] == _digest(in_env), "the run's environment kept HF_TOKEN"
+
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"results.json", "results.csv", "table.md", f"logs/{row['run_id']}.log",
+            f"runs/{row['run_id']}/train_results.json", f"runs/{row['run_id']}/training_args.bin"} <= written
+    assert _files_containing(out, [overridden, on_command_line, hub, in_env]) == []
+    assert "--token REDACTED --token=REDACTED --hub_token REDACTED" in row["command"]
+    assert "REDACTED" in " ".join(results["bench"]["extra_args"])
+
+    # Paths are named relative to the sweep's output directory (or the repository), never absolute.
+    assert (row["log"], row["output_dir"]) == (f"logs/{row['run_id']}.log", f"runs/{row['run_id']}")
+    assert (out / row["log"]).is_file() and (out / row["output_dir"] / "train_results.json").is_file()
+    for name in ("results.json", "results.csv", "table.md", row["log"]):
+        header = (out / name).read_text().split("\n\n", 1)[0] if name == row["log"] else (out / name).read_text()
+        assert str(out) not in header and str(REPO) not in header, name
+    assert f"--output_dir $OUT/runs/{row['run_id']} " in row["command"] and row["command"].startswith("python ")
+
+
+# A run that prints what it received, then fails naming it: the worst case for the log and the error column.
+ECHOING_SCRIPT = '''
+import os, sys
+token = sys.argv[sys.argv.index("--token") + 1]
+print("arguments:", sys.argv[1:], "HF_TOKEN:", os.environ.get("HF_TOKEN"), flush=True)
+received = token == {token!r} and os.environ.get("HF_TOKEN") == {env!r}
+raise SystemExit(f"ValueError: invalid token {{token}}" if received else 9)
+'''
+
+
+def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, monkeypatch):
+    token, in_env = "hf_FAKEprinted0007", "hf_FAKEprintedEnv0008"
+    script = tmp_path / "echo.py"
+    script.write_text(ECHOING_SCRIPT.format(token=token, env=in_env))
+    monkeypatch.setenv("HF_TOKEN", in_env)
+    plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1,
+                      variants=bench.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
+                      base_args=[], extra_args=["--token", token], script_path=script)
+    out = tmp_path / "out"
+
+    rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
+
+    assert rows[0]["returncode"] == 1, "the run received the real --token and HF_TOKEN (9: it did not)"
+    assert rows[0]["error"] == "ValueError: invalid token REDACTED"
+    log = (out / rows[0]["log"]).read_text()
+    assert "arguments:" in log and "HF_TOKEN: REDACTED" in log
+    bench_report.render_all(out, rows, {"preset": "local", "model": "echo"})
+    assert "invalid token REDACTED" in (out / "table.md").read_text()
+    assert _files_containing(out, [token, in_env]) == []
+
+
+def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it(fixtures, tmp_path):
+    token, hub = "hf_FAKEjsonToken0005", "hf_FAKEjsonHub0006"
+    output_dir = tmp_path / "run"
+    config = tmp_path / "args.json"
+    config.write_text(json.dumps({
+        "model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"]),
+        "dataset_config_name": "matching", "image_column": "image", "caption_column": "image_description",
+        "remove_unused_columns": False, "do_train": True, "max_steps": 2, "per_device_train_batch_size": 2,
+        "max_seq_length": 32, "save_strategy": "no", "report_to": "none", "use_cpu": True, "use_lazy_mode": False,
+        "output_dir": str(output_dir), "token": token, "hub_token": hub,
+    }))
+    before = config.read_bytes()
+    proof = tmp_path / "received.json"
+    receiver = tmp_path / "receiver.py"
+    receiver.write_text(RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py")))  # the Gaudi script, on CPU
+
+    result = subprocess.run([sys.executable, str(receiver), str(config)], cwd=REPO, env=script_env(gaudi=True),
+                            capture_output=True, text=True, timeout=600)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    received = json.loads(proof.read_text())
+    assert (received["token"], received["hub_token"]) == (_digest(token), _digest(hub))
+    assert (output_dir / "training_args.bin").is_file() and (output_dir / "train_results.json").is_file()
+    assert token not in result.stdout + result.stderr and hub not in result.stdout + result.stderr, "nor in its output"
+    assert _files_containing(output_dir, [token, hub]) == []
+    assert config.read_bytes() == before, "the user's configuration file is never modified"
