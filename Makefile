@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench test fixtures cuda-script check-cuda-script not-in-habana-container
+.PHONY: bench test mutate fixtures cuda-script check-cuda-script not-in-habana-container
 
 $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ bench: not-in-habana-container $(VENV)/.installed-cuda
 
 test: $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest
+
+# Mutation testing of the modules users' results depend on (slow; not part of `make test`).
+MUTATE_ARGS ?=
+mutate: $(VENV)/.installed-test
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) tests/mutate.py $(MUTATE_ARGS)
 
 fixtures: $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.fixtures
