@@ -96,6 +96,7 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
         assert stack[pinned]["result"] == "ok", stack[pinned]
     assert stack["torch"]["result"] == "ok"
     assert stack["Gaudi driver"]["result"] == "warning"  # no hl-smi here
+    assert stack["media pipeline"]["result"] == "warning" and "habana_frameworks.mediapipe" in stack["media pipeline"]["detail"]
 
     steps = {row["name"]: row for row in record["steps"]}
     torch_step = steps["1hpu-pytorch-loader"]

@@ -174,11 +174,25 @@ def stack_rows(hpus: Hpus) -> list[Row]:
     try:
         import torch
 
-        rows.append(Row("torch", OK, f"{torch.__version__} (Habana's build, from its image; never pinned here)"))
+        rows.append(Row("torch", OK, f"{torch.__version__} (the image's own; never pinned or installed here)"))
     except Exception as error:
         rows.append(Row("torch", FAILED, f"cannot be imported: {type(error).__name__}: {error}"))
+    rows.append(media_pipeline_row())
     rows += [requirement_row(line) for line in pinned_requirements()]
     return rows
+
+
+def media_pipeline_row() -> Row:
+    """Whether --mediapipe_dataloader can start here (its step then shows whether it runs)."""
+    from ..mediapipe_loader import mediapipe_unavailable_reason
+
+    reason = mediapipe_unavailable_reason()
+    if reason:
+        return Row("media pipeline", WARNING, f"cannot start: {reason}")
+    try:
+        return Row("media pipeline", OK, f"habana-media-loader {metadata.version('habana-media-loader')}")
+    except metadata.PackageNotFoundError:
+        return Row("media pipeline", OK, "habana_frameworks.mediapipe importable")
 
 
 # ----------------------------------------------------------------------------------------
