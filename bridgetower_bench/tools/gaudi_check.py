@@ -74,10 +74,30 @@ class Row:
 class Hpus:
     count: int
     name: str
+    media_pipeline: Optional[str] = None  # why --mediapipe_dataloader cannot start, None when it can
 
 
 def probe_hpus() -> "Hpus | str":
-    """The visible HPUs, or why this is not a Gaudi node (one line)."""
+    """The visible HPUs, or why this is not a Gaudi node (one line).
+
+    Asked in a child process, so that this one never opens an HPU that its training steps need.
+    """
+    code = "import json; from bridgetower_bench.tools.gaudi_check import hpus_here; print(json.dumps(hpus_here()))"
+    try:
+        child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "the HPU query did not answer within 600 s"
+    lines = child.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        error = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the HPU query failed (exit status {child.returncode}): {error}"
+    return answer if isinstance(answer, str) else Hpus(**answer)
+
+
+def hpus_here() -> "dict | str":
+    """What ``probe_hpus`` reports, found in this process: HPU count and kind, media pipeline, or why not."""
     try:
         import habana_frameworks.torch.hpu as hpu
     except ModuleNotFoundError:
@@ -87,9 +107,12 @@ def probe_hpus() -> "Hpus | str":
     try:
         if not hpu.is_available():
             return "no HPU is visible"
-        return Hpus(int(hpu.device_count()), str(hpu.get_device_name()))
+        count, name = int(hpu.device_count()), str(hpu.get_device_name())
     except Exception as error:  # the Habana runtime raises assorted types when no device is usable
         return f"cannot query the HPUs: {type(error).__name__}: {error}"
+    from ..mediapipe_loader import mediapipe_unavailable_reason
+
+    return {"count": count, "name": name, "media_pipeline": mediapipe_unavailable_reason()}
 
 
 # ----------------------------------------------------------------------------------------
@@ -177,18 +200,15 @@ def stack_rows(hpus: Hpus) -> list[Row]:
         rows.append(Row("torch", OK, f"{torch.__version__} (the image's own; never pinned or installed here)"))
     except Exception as error:
         rows.append(Row("torch", FAILED, f"cannot be imported: {type(error).__name__}: {error}"))
-    rows.append(media_pipeline_row())
+    rows.append(media_pipeline_row(hpus))
     rows += [requirement_row(line) for line in pinned_requirements()]
     return rows
 
 
-def media_pipeline_row() -> Row:
+def media_pipeline_row(hpus: Hpus) -> Row:
     """Whether --mediapipe_dataloader can start here (its step then shows whether it runs)."""
-    from ..mediapipe_loader import mediapipe_unavailable_reason
-
-    reason = mediapipe_unavailable_reason()
-    if reason:
-        return Row("media pipeline", WARNING, f"cannot start: {reason}")
+    if hpus.media_pipeline:
+        return Row("media pipeline", WARNING, f"cannot start: {hpus.media_pipeline}")
     try:
         return Row("media pipeline", OK, f"habana-media-loader {metadata.version('habana-media-loader')}")
     except metadata.PackageNotFoundError:
