@@ -297,13 +297,18 @@ class _ImageStore:
 
     def _store(self, data: bytes, digest: str, label: str) -> str:
         target = os.path.join(self.out_dir, digest + ".jpg")
-        if os.path.exists(target):  # finished by an earlier (possibly killed) build
-            return target
+        if os.path.exists(target) and _holds_decoder_ready_jpeg(target):  # finished by an earlier (killed) build
+            return target  # (one an earlier version wrote as it was, e.g. a grey JPEG, is written again)
         encoded = data if is_decoder_ready_jpeg(data) else transcode_to_jpeg(data, label)
         _write_atomically(target, encoded)
         with self._count_lock:
             self.written += 1
         return target
+
+
+def _holds_decoder_ready_jpeg(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return is_decoder_ready_jpeg(handle.read())
 
 
 def _temp_suffix() -> str:

@@ -207,6 +207,21 @@ def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
         assert handle.read() == colour
 
 
+def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_path):
+    grey = encode(Image.linear_gradient("L").resize((16, 12)), "JPEG", quality=95)
+    ds = image_dataset([grey, solid_jpeg((9, 80, 9))])
+    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    # What the previous version left: the grey JPEG copied as it was, under a version-1 manifest.
+    with open(first[0], "wb") as handle:
+        handle.write(grey)
+    manifest = tmp_path / "fp" / ml.MANIFEST_NAME
+    manifest.write_text(manifest.read_text().replace(f'"version": {ml._MANIFEST_VERSION}', '"version": 1'))
+
+    again = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    assert again == first
+    assert Image.open(again[0]).mode == "RGB" and ml.is_decoder_ready_jpeg(open(again[0], "rb").read())
+
+
 def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
     jpeg_file, png_file = tmp_path / "photo.jpg", tmp_path / "drawing.png"
     jpeg_file.write_bytes(solid_jpeg((1, 2, 3)))
