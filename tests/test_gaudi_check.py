@@ -143,12 +143,12 @@ def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shi
     from bridgetower_bench.tools import fixtures
 
     monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    out = tmp_path / "check"
     outcomes = {
         "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5},
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25},
-        "8hpu-launcher": "RuntimeError: synStatus 26 [Device not found]",
+        "8hpu-launcher": f"RuntimeError: synStatus 26 [Device not found] writing {out}/8hpu-launcher/run",
     }
-    out = tmp_path / "check"
     status = gc.main(["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
                      probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes))
     assert status == 1
@@ -157,7 +157,7 @@ def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shi
     assert steps["1hpu-media-pipeline"]["result"] == "ok" and steps["1hpu-media-pipeline"]["samples_per_second"] == 140.25
     launcher = steps["8hpu-launcher"]
     assert launcher["result"] == "failed"
-    assert launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found]"
+    assert launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
     assert launcher["command"][:6] == ["python", "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
     table = capsys.readouterr().out
     assert "RuntimeError: synStatus 26" in table and "140.2" in table

@@ -372,15 +372,29 @@ def short_loader(loader: Optional[str]) -> str:
     return loader.split(" (", 1)[0] + (" (fallback)" if " (" in loader else "")
 
 
-def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row]) -> dict:
-    return {
+def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row], output_dir: Path) -> dict:
+    """The shareable record; paths in error lines are made relative too (the home directory as ~)."""
+    prefixes = [(f"{output_dir}{os.sep}", ""), (str(output_dir), "."), (f"{REPO}{os.sep}", ""), (str(Path.home()), "~")]
+
+    def scrub(value):
+        if isinstance(value, str):
+            for prefix, replacement in prefixes:
+                value = value.replace(prefix, replacement)
+            return value
+        if isinstance(value, list):
+            return [scrub(item) for item in value]
+        if isinstance(value, dict):
+            return {key: scrub(item) for key, item in value.items()}
+        return value
+
+    return scrub({
         "tool": "python -m bridgetower_bench.tools.gaudi_check",
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hpus": asdict(hpus) if hpus else None,
         "passed": not any(row.result == FAILED for row in stack + steps),
         "stack": [asdict(row) for row in stack],
         "steps": [asdict(row) for row in steps],
-    }
+    })
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -420,7 +434,7 @@ def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: O
     steps = run_steps(plan_steps(fixtures, output_dir, args.max_steps), hpus, output_dir, runner)
     print()
     print(format_table(stack + steps), end="")
-    report = record(hpus, stack, steps)
+    report = record(hpus, stack, steps, output_dir)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(str(json_path)) as temporary:
         Path(temporary).write_text(json.dumps(report, indent=2) + "\n")
