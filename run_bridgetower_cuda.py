@@ -66,7 +66,7 @@ class DataTrainingArguments:
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many validation and test rows."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Redo the tokenization and the image check instead of using their caches."})
     preprocessing_num_workers: Optional[int] = field(default=None, metadata={"help": "Processes for preprocessing."})
-    mediapipe_dataloader: bool = field(default=False, metadata={"help": "Gaudi only: decode and resize images on the HPU (media pipeline)."})
+    mediapipe_dataloader: bool = field(default=False, metadata={"help": "Gaudi only: decode and resize images on the HPU (media pipeline); it prefetches --dataloader_num_workers + 1 batches, at most 3."})
     image_pipeline: str = field(
         default="upstream",
         metadata={"help": "Host image path: upstream (exact reproduction), fast (uint8, same pixels), fast-draft (JPEG DCT downscale).", "choices": IMAGE_PIPELINES},

@@ -54,7 +54,7 @@ SUPPORTED_DEVICES = ("GAUDI2", "GAUDI3")
 
 JPEG_QUALITY = 95
 MANIFEST_NAME = "manifest.json"
-_MANIFEST_VERSION = 1
+_MANIFEST_VERSION = 2
 _CHUNK_ROWS = 256  # rows read (and images held in memory) at a time while materialising
 _INPUTS_ATTRIBUTE = "_bridgetower_mediapipe_inputs"
 
@@ -162,12 +162,12 @@ def jpeg_frame_header(data: bytes) -> Optional[tuple[int, int, int]]:
 def is_decoder_ready_jpeg(data: bytes) -> bool:
     """Whether encoded bytes can go to the HPU decoder as they are.
 
-    Only baseline JPEGs (SOF0: 8-bit, Huffman, sequential) with one (grey) or three (YCbCr)
-    components qualify; progressive, arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, and every
-    other format, are transcoded.
+    Only colour baseline JPEGs (SOF0: 8-bit, Huffman, sequential, three YCbCr components) qualify,
+    the one kind Habana documents for its decoder; grey (one-component), progressive,
+    arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, and every other format, are transcoded to RGB.
     """
     frame = jpeg_frame_header(data)
-    return frame is not None and frame[0] == _SOF_BASELINE and frame[1] == 8 and frame[2] in (1, 3)
+    return frame is not None and frame[0] == _SOF_BASELINE and frame[1] == 8 and frame[2] == 3
 
 
 def transcode_to_jpeg(data: bytes, label: str) -> bytes:
@@ -297,13 +297,18 @@ class _ImageStore:
 
     def _store(self, data: bytes, digest: str, label: str) -> str:
         target = os.path.join(self.out_dir, digest + ".jpg")
-        if os.path.exists(target):  # finished by an earlier (possibly killed) build
-            return target
+        if os.path.exists(target) and _holds_decoder_ready_jpeg(target):  # finished by an earlier (killed) build
+            return target  # (one an earlier version wrote as it was, e.g. a grey JPEG, is written again)
         encoded = data if is_decoder_ready_jpeg(data) else transcode_to_jpeg(data, label)
         _write_atomically(target, encoded)
         with self._count_lock:
             self.written += 1
         return target
+
+
+def _holds_decoder_ready_jpeg(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return is_decoder_ready_jpeg(handle.read())
 
 
 def _temp_suffix() -> str:
@@ -528,7 +533,9 @@ def _as_token_matrix(values, name: str) -> np.ndarray:
 #       crop_d, dtype) taking (images, mean, inv_std) on the 0..255 scale;
 #   media_types dtype.NDT/UINT32/FLOAT32, readerOutType.FILE_LIST;
 #   plugins.iterator_pytorch.HPUGenericPytorchIterator(mediapipe=...): iter() restarts the
-#       pipeline, next() returns the graph outputs as torch tensors on the HPU.
+#       pipeline, next() returns the graph outputs as torch tensors on the HPU;
+#   MediaPipe.del_iter() (stops the pipeline's worker, frees its device memory, releases the
+#       device) and MediaPipe.close() (frees the compiled graph); both do nothing when repeated.
 #
 # Geometry: the decoder cannot resize each image to its own aspect-preserving size (a batch has
 # one output shape), so it takes the centred square of side min(width, height) and resizes that to
@@ -559,17 +566,20 @@ def _media_api():
     )
 
 
+MAX_PREFETCH_DEPTH = 3  # Habana documents prefetch depths 1 to 3
+
+
 def prefetch_depth_for(num_workers: int) -> int:
     """Media-pipeline prefetch depth for ``--dataloader_num_workers``.
 
     The pipeline has no worker processes: the host only lists file names, the device decodes. What
     workers buy the PyTorch loader, batches prepared ahead, is the pipeline's prefetch depth:
-    ``num_workers + 1`` batches in flight. The published "workers=2 + mediapipe" run thus gets
-    depth 3, the fixed depth upstream used.
+    ``num_workers + 1`` batches in flight, capped at 3, the deepest Habana documents. The published
+    "workers=2 + mediapipe" run thus gets depth 3, the fixed depth upstream used.
     """
     if not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"--dataloader_num_workers must be a non-negative integer, got {num_workers!r}")
-    return num_workers + 1
+    return min(num_workers + 1, MAX_PREFETCH_DEPTH)
 
 
 def normalisation_constants(mean, std) -> tuple[np.ndarray, np.ndarray]:
@@ -687,6 +697,8 @@ class MediaPipeDataLoader(DataLoaderStateMixin):
     Yields ``{"pixel_values": float32 [B, 3, S, S] on the HPU, "input_ids", "attention_mask": int64
     [B, L], "return_loss": True}`` like the PyTorch collate. ``len()`` is the number of batches;
     ``set_epoch`` reaches the sampler. ``num_workers`` sets the prefetch depth (``prefetch_depth_for``).
+    One pipeline per loader, built once and restarted each epoch; ``close()`` releases it (its
+    device memory and decoder), as does dropping the loader or the end of the process.
     Like accelerate's own loaders it keeps the GradientState informed, so ``gather_for_metrics``
     drops the samples a sharded evaluation padded (``world_size`` = number of ranks).
 
@@ -736,6 +748,15 @@ class MediaPipeDataLoader(DataLoaderStateMixin):
             std=inputs.std,
         )
         self._iterator = api.HPUGenericPytorchIterator(mediapipe=pipe)
+        self._release = weakref.finalize(self, _release_pipeline, pipe, plan_key)  # also runs at exit
+
+    @property
+    def closed(self) -> bool:
+        return not self._release.alive
+
+    def close(self) -> None:
+        """Release the pipeline's device memory and decoder; the loader cannot be iterated after."""
+        self._release()
 
     def __len__(self) -> int:
         return self._num_batches
@@ -744,6 +765,8 @@ class MediaPipeDataLoader(DataLoaderStateMixin):
         self._reader.set_epoch(epoch)
 
     def __iter__(self):
+        if self.closed:
+            raise RuntimeError("this media-pipeline loader was closed")
         batches = list(self._reader)  # the epoch's order, fixed before the pipeline starts reading it
         if len(batches) != self._num_batches:
             raise RuntimeError(f"the sampler gave {len(batches)} batches this epoch, {self._num_batches} expected")
@@ -766,6 +789,15 @@ class MediaPipeDataLoader(DataLoaderStateMixin):
             self.end()
 
 
+def _release_pipeline(pipe, plan_key: str) -> None:
+    """Stop a media pipeline and free what it holds on the device (the loader's finalizer)."""
+    _EPOCH_PLANS.pop(plan_key, None)
+    try:
+        pipe.del_iter()
+    finally:
+        pipe.close()
+
+
 # ----------------------------------------------------------------------------------------
 # Trainer integration
 # ----------------------------------------------------------------------------------------
@@ -780,6 +812,11 @@ class MediaPipeTrainerMixin:
     mixin shards the same way itself: training with a DistributedSampler (looping to full batches
     unless --dataloader_drop_last, like GaudiTrainer's padding), evaluation batch-round-robin like
     accelerate (transformers' ShardSampler), so ``gather_for_metrics`` trims the padding.
+
+    Each data set gets one pipeline per role (training, evaluation), built on first use and reused:
+    evaluating every N steps does not pile up pipelines. The training pipeline is released when
+    ``train()`` returns, the others by ``release_media_pipelines()``, when the trainer is dropped,
+    or at the end of the process.
     """
 
     def get_train_dataloader(self):
@@ -787,7 +824,7 @@ class MediaPipeTrainerMixin:
             raise ValueError("Trainer: training requires a train_dataset.")
         batch_size = getattr(self, "_train_batch_size", None) or self.args.train_batch_size
         sampler = self._mediapipe_train_sampler(self.train_dataset, batch_size)
-        return self._mediapipe_loader(self.train_dataset, sampler, batch_size)
+        return self._mediapipe_loader("train", self.train_dataset, sampler, batch_size)
 
     def get_eval_dataloader(self, eval_dataset=None):
         if eval_dataset is None and self.eval_dataset is None:
@@ -810,14 +847,30 @@ class MediaPipeTrainerMixin:
                 "that epoch restarts from its first batch (as with --ignore_data_skip)"
             )
             self.args.ignore_data_skip = True
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.release_media_pipelines(role="train")
+
+    def release_media_pipelines(self, role: Optional[str] = None) -> None:
+        """Release the media pipelines built so far (only ``role``'s: "train" or "eval", if given)."""
+        loaders = self.__dict__.get("_media_pipeline_loaders", {})
+        for key in [key for key in loaders if role in (None, key[0])]:
+            loaders.pop(key).close()
 
     def _mediapipe_eval_loader(self, dataset):
         batch_size = self.args.eval_batch_size
-        return self._mediapipe_loader(dataset, self._mediapipe_eval_sampler(dataset, batch_size), batch_size)
+        loader = self.__dict__.get("_media_pipeline_loaders", {}).get(("eval", id(dataset), batch_size))
+        if loader is not None:  # (it holds the data set, so the id names that one) sequential: same batches again
+            return loader
+        return self._mediapipe_loader("eval", dataset, self._mediapipe_eval_sampler(dataset, batch_size), batch_size)
 
-    def _mediapipe_loader(self, dataset, sampler, batch_size):
-        return MediaPipeDataLoader(
+    def _mediapipe_loader(self, role, dataset, sampler, batch_size):
+        loaders = self.__dict__.setdefault("_media_pipeline_loaders", {})
+        key = (role, id(dataset), batch_size)
+        if key in loaders:  # a data set given again (another train() call): its old pipeline goes first
+            loaders.pop(key).close()
+        loaders[key] = MediaPipeDataLoader(
             dataset,
             sampler,
             batch_size,
@@ -825,6 +878,7 @@ class MediaPipeTrainerMixin:
             num_workers=self.args.dataloader_num_workers,
             world_size=self.args.world_size,
         )
+        return loaders[key]
 
     def _mediapipe_train_sampler(self, dataset, batch_size):
         sampler = self._get_train_sampler()

@@ -180,6 +180,7 @@ def _cases():
         "rgba_png": encode(rgba, "PNG"),
         "16bit_png": encode(sixteen, "PNG"),
         "progressive_jpeg": encode(Image.new("RGB", (16, 12), (70, 70, 20)), "JPEG", progressive=True),
+        "grey_baseline_jpeg": encode(gradient, "JPEG", quality=95),  # Habana documents colour JPEGs only
     }
 
 
@@ -199,11 +200,26 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
     assert np.abs(np.asarray(decoded, dtype=np.float64) - expected).mean() < 4
 
 
-def test_baseline_grey_jpeg_is_copied_as_it_is(tmp_path):
-    grey = encode(Image.new("L", (16, 12), 90), "JPEG", quality=90)
-    (path,) = ml.materialise_images(image_dataset([grey]), "image", str(tmp_path), "fp")
+def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
+    colour = encode(Image.new("RGB", (16, 12), (90, 40, 10)), "JPEG", quality=90)
+    (path,) = ml.materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")
     with open(path, "rb") as handle:
-        assert handle.read() == grey
+        assert handle.read() == colour
+
+
+def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_path):
+    grey = encode(Image.linear_gradient("L").resize((16, 12)), "JPEG", quality=95)
+    ds = image_dataset([grey, solid_jpeg((9, 80, 9))])
+    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    # What the previous version left: the grey JPEG copied as it was, under a version-1 manifest.
+    with open(first[0], "wb") as handle:
+        handle.write(grey)
+    manifest = tmp_path / "fp" / ml.MANIFEST_NAME
+    manifest.write_text(manifest.read_text().replace(f'"version": {ml._MANIFEST_VERSION}', '"version": 1'))
+
+    again = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    assert again == first
+    assert Image.open(again[0]).mode == "RGB" and ml.is_decoder_ready_jpeg(open(again[0], "rb").read())
 
 
 def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
@@ -291,11 +307,28 @@ class FakeOp:
 
 
 class FakeMediaPipe:
+    """Records every pipeline built and its release: del_iter() (device memory) then close() (the graph)."""
+
     created = []
 
     def __init__(self, device, batch_size, prefetch_depth, pipe_name):
         self.settings = dict(device=device, batch_size=batch_size, prefetch_depth=prefetch_depth, pipe_name=pipe_name)
+        self.calls = []
         FakeMediaPipe.created.append(self)
+
+    def del_iter(self):
+        self.calls.append("del_iter")
+
+    def close(self):
+        self.calls.append("close")
+
+    @property
+    def released(self):
+        return self.calls[-2:] == ["del_iter", "close"]
+
+    @classmethod
+    def counts(cls):
+        return len(cls.created), sum(pipe.released for pipe in cls.created)
 
 
 class FakeIterator:
@@ -352,6 +385,10 @@ def _install_module(monkeypatch, name, **attributes):
 @pytest.fixture
 def fake_habana(monkeypatch):
     """Install a fake Habana stack; returns the fake hpu module (set .device_name to change the device)."""
+    return install_fake_habana(monkeypatch)
+
+
+def install_fake_habana(monkeypatch):
     FakeMediaPipe.created.clear()
     enum = lambda *names: SimpleNamespace(**{n: n for n in names})  # noqa: E731
     fn = SimpleNamespace(
@@ -431,6 +468,58 @@ def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_pa
                 torch.testing.assert_close(image[:, 4, 4], expected.float(), atol=0.05, rtol=0)
     (pipe,) = FakeMediaPipe.created
     assert pipe.settings["prefetch_depth"] == 3 and pipe.settings["batch_size"] == 3
+
+
+@pytest.mark.parametrize("workers, depth", [(0, 1), (1, 2), (2, 3), (3, 3), (16, 3)])
+def test_prefetch_depth_follows_workers_within_habanas_documented_range(fake_habana, tmp_path, workers, depth):
+    ds = attached_dataset(tmp_path)
+    ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=workers)
+    (pipe,) = FakeMediaPipe.created
+    assert pipe.settings["prefetch_depth"] == depth
+
+
+def test_closed_loader_has_released_its_pipeline_and_refuses_to_iterate(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path)
+    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    assert len(list(loader)) == 3 and FakeMediaPipe.counts() == (1, 0)
+    loader.close()
+    loader.close()
+    (pipe,) = FakeMediaPipe.created
+    assert pipe.calls == ["del_iter", "close"]  # once, device memory first
+    with pytest.raises(RuntimeError, match="closed"):
+        list(loader)
+
+
+def test_dropped_loader_releases_its_pipeline(fake_habana, tmp_path):
+    ds = attached_dataset(tmp_path)
+    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    list(loader)
+    del loader
+    import gc
+
+    gc.collect()
+    assert FakeMediaPipe.counts() == (1, 1)
+
+
+def test_pipelines_left_open_are_released_at_process_exit(tmp_path):
+    # A child process builds a loader with the fake stack and exits without closing it.
+    child = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import pytest, test_mediapipe_loader as t
+from torch.utils.data import SequentialSampler
+t.FakeMediaPipe.close = lambda self: print("closed", self.settings["pipe_name"], "after", self.calls, flush=True)
+patch = pytest.MonkeyPatch()
+t.install_fake_habana(patch)
+ds = t.attached_dataset(__import__("pathlib").Path({str(tmp_path)!r}))
+loader = t.ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+list(loader)
+print("exiting", flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[-2:] == ["exiting", "closed bridgetower-mediapipe-0 after ['del_iter']"]
 
 
 def test_loader_needs_attached_inputs(fake_habana):
@@ -554,3 +643,40 @@ def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_pa
     model.rows_seen.clear()
     assert "eval_loss" in trainer.evaluate()
     assert model.rows_seen == [[0, 1], [2, 3], [4, 5], [6]]
+
+
+def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana, tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, Trainer):
+        pass
+
+    ds = attached_dataset(tmp_path / "images")
+    test_ds = attached_dataset(tmp_path / "images")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, per_device_eval_batch_size=2,
+        max_steps=6, eval_strategy="steps", eval_steps=2, use_cpu=True, report_to=[], remove_unused_columns=False,
+        save_strategy="no", disable_tqdm=True,
+    )
+    model = RowRecordingModel()
+    trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
+    trainer.train()  # evaluates at steps 2, 4 and 6
+    assert FakeMediaPipe.counts() == (2, 1)  # one training pipeline, released when train() returned; one eval
+    for _ in range(3):
+        trainer.evaluate()
+    trainer.predict(test_ds)
+    trainer.predict(test_ds)
+    assert FakeMediaPipe.counts() == (3, 1)  # + one for the test set, reused
+    model.rows_seen.clear()
+    trainer.evaluate()
+    assert model.rows_seen == [[0, 1], [2, 3], [4, 5], [6]]  # a reused pipeline gives the whole set again
+
+    trainer.release_media_pipelines()
+    assert FakeMediaPipe.counts() == (3, 3)
+    trainer.evaluate()  # a fresh one after the release
+    assert FakeMediaPipe.counts() == (4, 3)
+    del trainer
+    import gc
+
+    gc.collect()
+    assert FakeMediaPipe.counts() == (4, 4)

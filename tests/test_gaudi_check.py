@@ -1,0 +1,186 @@
+"""The Gaudi self-check, as far as a machine without an HPU allows.
+
+Off Gaudi it must say so and exit 2. Its stack checks run for real under tests/habana_shim (the shim
+answers optimum-habana's `pip list` probe); the training steps take a stand-in HPU count and step
+runner: one runs the real Gaudi script on CPU (so the media-pipeline step must fail: the script falls
+back to the PyTorch loader here), another reports results or a crash without training.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bridgetower_bench.tools import gaudi_check as gc
+from conftest import CPU_FLAGS, REPO, SHIM, script_env
+
+HABANA_ONLY_FLAGS = {"--use_habana": 0, "--use_lazy_mode": 0, "--use_hpu_graphs_for_inference": 0, "--gaudi_config_name": 1}
+
+
+@pytest.mark.parametrize("with_shim", [False, True], ids=["no-habana", "shim-without-hpu"])
+def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
+    env = script_env(gaudi=with_shim)
+    out = tmp_path / "check"
+    result = subprocess.run(
+        [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
+    assert ("no HPU is visible" if with_shim else "habana_frameworks is not installed") in result.stdout
+    assert not out.exists()
+
+
+@pytest.fixture
+def habana_shim(monkeypatch):
+    """The shim for this process: its habana_frameworks first on sys.path, its `pip` first on PATH."""
+    monkeypatch.syspath_prepend(str(SHIM))
+    monkeypatch.setenv("PATH", str(SHIM / "bin") + os.pathsep + os.environ["PATH"])
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] == "habana_frameworks":
+            del sys.modules[name]
+
+
+def one_gaudi2():
+    return gc.Hpus(1, "GAUDI2 (test stand-in)", media_pipeline="habana_frameworks.mediapipe is not installed")
+
+
+def run_on_cpu(step):
+    """Runs the step's real Gaudi-script command on CPU under the shim, Habana-only flags left out."""
+    command, skip = [], 0
+    for part in step.command:
+        if skip:
+            skip -= 1
+        elif part in HABANA_ONLY_FLAGS:
+            skip = HABANA_ONLY_FLAGS[part]
+        else:
+            command.append(part)
+    with open(step.log, "w") as log:
+        returncode = subprocess.run(
+            command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), stdout=log, stderr=subprocess.STDOUT, timeout=600
+        ).returncode
+    return gc.Ran(returncode, "on CPU under tests/habana_shim (no HPU here)")
+
+
+def all_strings(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from all_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from all_strings(item)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
+    out = tmp_path / "check"
+    (out / "fixtures").mkdir(parents=True)
+    for built in fixtures.values():  # the session's fixtures, where the check builds its own
+        (out / "fixtures" / built.name).symlink_to(built)
+    status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=one_gaudi2, runner=run_on_cpu)
+    printed = capsys.readouterr().out
+    print(printed)
+    assert status == 1  # the media-pipeline step cannot pass without an HPU
+
+    record = json.loads((out / "gaudi_check.json").read_text())
+    assert record["passed"] is False and record["hpus"]["count"] == 1
+    stack = {row["name"]: row for row in record["stack"]}
+    assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
+    assert stack["optimum-habana"]["result"] == "ok" and stack["optimum-habana"]["detail"].startswith("1.21.2")
+    for pinned in ("transformers", "accelerate", "datasets"):
+        assert stack[pinned]["result"] == "ok", stack[pinned]
+    assert stack["torch"]["result"] == "ok"
+    assert stack["Gaudi driver"]["result"] == "warning"  # no hl-smi here
+    assert stack["media pipeline"]["result"] == "warning" and "habana_frameworks.mediapipe" in stack["media pipeline"]["detail"]
+
+    steps = {row["name"]: row for row in record["steps"]}
+    torch_step = steps["1hpu-pytorch-loader"]
+    assert torch_step["result"] == "ok" and torch_step["loader"] == "torch", torch_step
+    assert torch_step["samples_per_second"] > 0 and torch_step["seconds"] > 0
+    assert "on CPU" in torch_step["detail"]
+    media = steps["1hpu-media-pipeline"]
+    assert media["result"] == "failed" and "--mediapipe_dataloader" in media["command"]
+    assert media["loader"].startswith("torch (media pipeline unavailable")
+    assert media["detail"].startswith("the mediapipe loader did not run; the run says: torch (media pipeline unavailable")
+    assert (steps["8hpu-launcher"]["result"], steps["8hpu-launcher"]["detail"]) == ("skipped", "needs 8 HPUs, 1 visible")
+
+    # What a user attaches to a bug report: paths relative to the output directory, no environment.
+    assert torch_step["command"][:2] == ["python", "run_bridgetower.py"]
+    assert "--use_hpu_graphs_for_inference" in torch_step["command"]
+    assert torch_step["command"][torch_step["command"].index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
+    assert (out / torch_step["log"]).is_file()
+    text = json.dumps(record)
+    for string in all_strings(record):
+        assert not os.path.isabs(string), string
+    assert str(tmp_path) not in text and str(REPO) not in text and os.environ["PATH"] not in text
+
+    for row in record["stack"] + record["steps"]:  # one table, every row
+        assert any(line.startswith(row["name"]) and row["result"] in line for line in printed.splitlines())
+
+
+def reports(outcomes):
+    """A runner that trains nothing: per step, results for the script to have saved, or a crash."""
+
+    def runner(step):
+        outcome = outcomes[step.name]
+        step.run_dir.mkdir(parents=True)
+        if isinstance(outcome, str):
+            step.log.write_text(f"Traceback (most recent call last):\n  ...\n{outcome}\nmpirun: one process exited\n")
+            return gc.Ran(1)
+        (step.run_dir / "train_results.json").write_text(json.dumps(outcome))
+        step.log.write_text("done\n")
+        return gc.Ran(0)
+
+    return runner
+
+
+def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shim, tmp_path, capsys, monkeypatch):
+    from bridgetower_bench.tools import fixtures
+
+    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    out = tmp_path / "check"
+    outcomes = {
+        "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5},
+        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25},
+        "8hpu-launcher": f"RuntimeError: synStatus 26 [Device not found] writing {out}/8hpu-launcher/run",
+    }
+    status = gc.main(["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
+                     probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes))
+    assert status == 1
+    record = json.loads((tmp_path / "report.json").read_text())
+    steps = {row["name"]: row for row in record["steps"]}
+    assert steps["1hpu-media-pipeline"]["result"] == "ok" and steps["1hpu-media-pipeline"]["samples_per_second"] == 140.25
+    launcher = steps["8hpu-launcher"]
+    assert launcher["result"] == "failed"
+    assert launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
+    assert launcher["command"][:6] == ["python", "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
+    table = capsys.readouterr().out
+    assert "RuntimeError: synStatus 26" in table and "140.2" in table
+
+    outcomes["8hpu-launcher"] = {"loader": "torch", "train_samples_per_second": 790.0}
+    assert gc.main(["--output_dir", str(tmp_path / "again")], probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes)) == 0
+
+
+def test_gaudi_software_and_pins_are_compared_not_installed():
+    assert gc.compare_gaudi_software("1.24.2", "1.24.0", "1.21.2").result == "ok"
+    mismatch = gc.compare_gaudi_software("1.23.0", "1.24.0", "1.21.2")
+    assert mismatch.result == "warning" and "validated with 1.24.0" in mismatch.detail
+    assert gc.compare_gaudi_software(None, "1.24.0", "1.21.2").result == "warning"
+
+    versions = {"transformers": "4.56.0", "accelerate": "1.10.1"}
+
+    def installed(name):
+        if name not in versions:
+            raise gc.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    assert gc.requirement_row("transformers==4.55.4", installed).result == "warning"
+    assert gc.requirement_row("accelerate==1.10.1", installed).result == "ok"
+    missing = gc.requirement_row("optimum-habana==1.21.2", installed)
+    assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
+    assert {"optimum-habana==1.21.2", "transformers==4.55.4"} <= set(gc.pinned_requirements())
