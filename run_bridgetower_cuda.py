@@ -75,7 +75,7 @@ class DataTrainingArguments:
     cache_decoded_images: bool = field(default=False, metadata={"help": "Decode and resize each distinct image once, into a memory-mapped cache (fast pipelines)."})
     decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default bridgetower_bench/decoded_images under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
     preflight_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where the image and caption check keeps its outcome (default bridgetower_bench/preflight under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
-    max_image_pixels: int = field(default=preflight.DEFAULT_MAX_IMAGE_PIXELS, metadata={"help": "Pixel budget of one image, as decoded and as resized before the centre crop; a bigger image is a bad row (about 40 bytes a pixel in the upstream pipeline)."})
+    max_image_pixels: int = field(default=preflight.DEFAULT_MAX_IMAGE_PIXELS, metadata={"help": "Pixel budget of one image, as decoded and as resized before the centre crop; a bigger image is a bad row. The upstream pipeline needs about 31 bytes a pixel."})
     drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing, undecodable or over --max_image_pixels or whose caption is empty (found before training), instead of stopping."})
 
     device_decode: bool = field(default=False, metadata={"help": "Decode, resize and normalise JPEGs on the GPU (nvJPEG); loader workers ship encoded bytes."})

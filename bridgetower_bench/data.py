@@ -73,15 +73,18 @@ def load_raw_datasets(
         expanded = os.path.expanduser(dataset_name)
         if dataset_name.startswith((".", "/", "~")) and not os.path.isdir(expanded):
             raise UserInputError(f"--dataset_name={dataset_name}: no such directory")
-        return load_dataset(
-            expanded,
-            dataset_config_name,
-            cache_dir=cache_dir,
-            keep_in_memory=False,
-            data_dir=data_dir,
-            token=token,
-            revision=dataset_revision,
-        )
+        try:
+            return load_dataset(
+                expanded,
+                dataset_config_name,
+                cache_dir=cache_dir,
+                keep_in_memory=False,
+                data_dir=data_dir,
+                token=token,
+                revision=dataset_revision,
+            )
+        except DatasetGenerationError as error:  # a file of the data set cannot be read
+            raise UserInputError(f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}") from None
     raw = DatasetDict()
     for split, path, flag in (("train", train_file, "--train_file"), ("validation", validation_file, "--validation_file")):
         if path is None:
@@ -110,8 +113,11 @@ def load_data_file(path: str, flag: str, split: str, *, cache_dir: Optional[str]
         cause = error.__cause__ if isinstance(error, DatasetGenerationError) and error.__cause__ else error
         if "corresponds to no data" in str(cause):
             raise UserInputError(f"{flag}={path}: the file holds no rows") from None
-        first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        raise UserInputError(f"{flag}={path}: cannot be read as {builder}: {first_line}") from None
+        raise UserInputError(f"{flag}={path}: cannot be read as {builder}: {_first_line(cause)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 class _ResolveRelativePaths:
@@ -148,13 +154,19 @@ def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
         return dataset
     dataset = DatasetDict(dict(dataset))
     missing = [s for s in ("validation", "test") if s not in dataset]
-    if missing == ["validation", "test"]:
-        first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
-        second = first["test"].train_test_split(test_size=0.5, shuffle=False)
-        dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
-    elif missing:
-        split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
-        dataset["train"], dataset[missing[0]] = split["train"], split["test"]
+    try:
+        if missing == ["validation", "test"]:
+            first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
+            second = first["test"].train_test_split(test_size=0.5, shuffle=False)
+            dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
+        elif missing:
+            split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
+            dataset["train"], dataset[missing[0]] = split["train"], split["test"]
+    except ValueError:  # a split would be empty
+        raise UserInputError(
+            f"the train split has {len(dataset['train'])} rows: too few to split off {' and '.join(missing)} "
+            "(give more rows, or the missing splits)"
+        ) from None
     return dataset
 
 

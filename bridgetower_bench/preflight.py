@@ -54,9 +54,10 @@ logger = logging.getLogger(__name__)
 
 PREFLIGHT_VERSION = 2
 # An image may hold at most this many pixels, decoded and resized before the centre crop. The `upstream`
-# pipeline holds an image as float32 several times over while it resizes it: about 40 bytes a pixel,
-# 2 GB for 50 MP, in every loader worker. 50 MP admits the photographs of current cameras; Pillow's own
-# limit (89 MP warns, 179 MP fails) would admit 7 GB per image, and does not see the aspect ratio.
+# pipeline holds an image as float32 several times over while it resizes it: about 31 bytes a pixel
+# (1.5 GB for a 48 MP photograph), in every loader worker at once. 50 MP admits the photographs of
+# current cameras; Pillow's own limit (89 MP warns, 179 MP fails) would admit 5.5 GB for one image and
+# does not see the aspect ratio (a 100000x10 strip is resized to 2940000x294 before the crop).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 # What pandas' csv reader (and so upstream's data loading) takes for a missing value.
 MISSING_VALUE_MARKERS = frozenset({

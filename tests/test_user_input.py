@@ -68,7 +68,7 @@ def early_refusals(model, tmp_path):
     """name -> (args, the exact stderr line), for inputs refused before the data or the model is loaded."""
     good = tmp_path / "good.csv"
     (tmp_path / "a.jpg").write_bytes(jpeg(0))
-    good.write_text("image_path,caption\na.jpg,a picture\n")
+    good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
     out = tmp_path / "out"
     common = ["--model_name_or_path", model, "--train_file", good, "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
     malformed, listed, number = tmp_path / "malformed.json", tmp_path / "list.json", tmp_path / "number.json"
@@ -200,6 +200,17 @@ def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path, capsys):
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == "run_bridgetower_cuda.py: error: " + BAD_FILES["invalid UTF-8 csv"][2].format(path)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_are_named(tmp_path):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "train.csv").write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
+    with pytest.raises(UserInputError, match=r"^--dataset_name=.*set: cannot be read: 'utf-8' codec can't decode byte 0xff"):
+        data.load_raw_datasets(dataset_name=str(tmp_path / "set"), dataset_config_name=None, dataset_revision="main",
+                               data_dir=None, train_file=None, validation_file=None, cache_dir=str(tmp_path / "hf"), token=None)
+    two_rows = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"image": ["a", "b"], "caption": ["x", "y"]})})
+    with pytest.raises(UserInputError, match="^the train split has 2 rows: too few to split off validation and test"):
+        data.make_splits(two_rows, seed=0)
 
 
 # ---------------------------------------------------------------------------------------------
