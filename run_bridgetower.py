@@ -172,7 +172,7 @@ def main():
         trust_remote_code=model_args.trust_remote_code,
     )
     config = model.config
-    data.check_max_seq_length(data_args.max_seq_length, config)
+    data.check_max_seq_length(data_args.max_seq_length, config, tokenizer)
     use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
 
     if model_args.freeze_text_pooler:

@@ -170,7 +170,7 @@ def main():
         trust_remote_code=model_args.trust_remote_code,
     )
     config = model.config
-    data.check_max_seq_length(data_args.max_seq_length, config)
+    data.check_max_seq_length(data_args.max_seq_length, config, tokenizer)
     use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
     if training_args.compile_layers:  # each repeated layer in place: names, checkpoints, autocast unchanged
         compile_repeated_layers(model, backend=training_args.compile_layers)

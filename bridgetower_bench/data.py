@@ -266,8 +266,17 @@ def collate_fn(examples: list[dict]) -> dict:
     }
 
 
-def check_max_seq_length(max_seq_length: int, config) -> None:
-    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)."""
+def check_max_seq_length(max_seq_length: int, config, tokenizer=None) -> None:
+    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)
+    and leave room for at least one caption token beside the tokenizer's special tokens (with fewer, the
+    tokenizer cannot truncate and the captions come out longer than asked)."""
+    if tokenizer is not None:
+        needed = tokenizer.num_special_tokens_to_add() + 1
+        if max_seq_length < needed:
+            raise UserInputError(
+                f"--max_seq_length={max_seq_length} leaves no room for a caption: the tokenizer adds "
+                f"{needed - 1} special tokens; use at least {needed}"
+            )
     positions = getattr(config.text_config, "max_position_embeddings", None)
     if positions is None:
         return

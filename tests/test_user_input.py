@@ -164,6 +164,17 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
 
 
+def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path, capsys):
+    status, stderr = run_cuda_script(["--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"],
+                                      "--dataset_config_name", "matching", "--image_column", "image", "--caption_column",
+                                      "image_description", "--max_seq_length", 2, "--output_dir", tmp_path / "out",
+                                      "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]], capsys)
+    assert status == 2
+    assert stderr.strip().splitlines()[-1] == ("run_bridgetower_cuda.py: error: --max_seq_length=2 leaves no room for a caption: "
+                                               "the tokenizer adds 2 special tokens; use at least 3")
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Data files `datasets` cannot read: one line naming the file
 # ---------------------------------------------------------------------------------------------
