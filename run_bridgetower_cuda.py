@@ -27,6 +27,7 @@ from bridgetower_bench.layer_compile import compile_repeated_layers
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.trainer import WarmupTrainingArguments as TrainingArguments
+from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class DataTrainingArguments:
     caption_column: Optional[str] = field(default="caption", metadata={"help": "Column with the captions."})
     train_file: Optional[str] = field(default=None, metadata={"help": "Training data: a csv, json or jsonl file."})
     validation_file: Optional[str] = field(default=None, metadata={"help": "Validation data: a csv, json or jsonl file."})
-    max_seq_length: Optional[int] = field(default=128, metadata={"help": "Captions are padded or truncated to this many tokens."})
+    max_seq_length: Optional[int] = field(default=128, metadata={"help": "Captions are padded or truncated to this many tokens (at least 1)."})
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many training rows."})
     max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many validation and test rows."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Redo the tokenization and the image check instead of using their caches."})
@@ -72,8 +73,10 @@ class DataTrainingArguments:
         metadata={"help": "Host image path: upstream (exact reproduction), fast (uint8, same pixels), fast-draft (JPEG DCT downscale).", "choices": IMAGE_PIPELINES},
     )
     cache_decoded_images: bool = field(default=False, metadata={"help": "Decode and resize each distinct image once, into a memory-mapped cache (fast pipelines)."})
-    decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default ~/.cache/bridgetower_bench/decoded_images)."})
-    drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing or undecodable or whose caption is empty (found before training), instead of stopping."})
+    decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default bridgetower_bench/decoded_images under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
+    preflight_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where the image and caption check keeps its outcome (default bridgetower_bench/preflight under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
+    max_image_pixels: int = field(default=preflight.DEFAULT_MAX_IMAGE_PIXELS, metadata={"help": "Pixel budget of one image, as decoded and as resized before the centre crop; a bigger image is a bad row. The upstream pipeline needs about 31 bytes a pixel."})
+    drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing, undecodable or over --max_image_pixels or whose caption is empty (found before training), instead of stopping."})
 
     device_decode: bool = field(default=False, metadata={"help": "Decode, resize and normalise JPEGs on the GPU (nvJPEG); loader workers ship encoded bytes."})
 
@@ -90,13 +93,13 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer):
 
 
 def main():
-    # 1. Parse the arguments: flags, or a single .json file holding all of them. Gaudi-only flags are refused.
+    # 1. Parse the arguments: flags, or a single .json file holding all of them. Values no run can use
+    #    (a batch size of 0, an --output_dir that is a file, ...) are refused before anything is written.
+    #    Gaudi-only flags are refused.
     refuse_unsupported_flags(sys.argv)
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
-    if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        model_args, data_args, training_args = preflight.parse_json_arguments(parser, sys.argv[1])
-    else:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, training_args = preflight.parse_arguments(parser, sys.argv)
+    preflight.check_arguments(data_args, training_args)
 
     # 2. Logging.
     logging.basicConfig(
@@ -140,6 +143,7 @@ def main():
         validation_file=data_args.validation_file,
         cache_dir=model_args.cache_dir,
         token=model_args.token,
+        image_column=data_args.image_column,
     )
 
     # 5. Load the pretrained model, tokenizer and image processor (only its mean and std are used).
@@ -166,7 +170,7 @@ def main():
         trust_remote_code=model_args.trust_remote_code,
     )
     config = model.config
-    data.check_max_seq_length(data_args.max_seq_length, config)
+    data.check_max_seq_length(data_args.max_seq_length, config, tokenizer)
     use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
     if training_args.compile_layers:  # each repeated layer in place: names, checkpoints, autocast unchanged
         compile_repeated_layers(model, backend=training_args.compile_layers)
@@ -188,7 +192,7 @@ def main():
         return
     for split in wanted:
         if split not in dataset:
-            raise ValueError(f"the data set has no '{split}' split (it has: {', '.join(dataset)})")
+            raise UserInputError(f"the data set has no '{split}' split (it has: {', '.join(dataset)})")
     column_names = dataset[wanted[0]].column_names
 
     # 6. The image and caption columns.
@@ -203,12 +207,14 @@ def main():
         if limit is not None:
             split_data = split_data.select(range(min(len(split_data), limit)))
         splits[split] = data.prepare_image_column(split_data, image_column, split)
-    # Bad data stops the run here, before step 1: missing, undecodable or truncated images, empty captions
+    # Bad data stops the run here, before step 1: missing, undecodable, truncated or oversized images, empty captions
     # (or, with --drop_bad_rows, their rows are left out). Checked once per data set, then cached.
     with training_args.main_process_first(desc="checking images and captions"):
         splits = preflight.check_splits(
             splits, image_column, caption_column, num_proc=data_args.preprocessing_num_workers,
             drop_bad_rows=data_args.drop_bad_rows, overwrite_cache=data_args.overwrite_cache,
+            cache_dir=data_args.preflight_cache_dir, image_size=config.vision_config.image_size,
+            max_image_pixels=data_args.max_image_pixels,
         )
     for split, split_data in splits.items():
         splits[split] = data.tokenize_split(
@@ -227,11 +233,11 @@ def main():
     image_transform = make_image_transform(data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std)
     if data_args.device_decode:  # workers ship JPEG bytes; the GPU decodes them with the `fast` pipeline's geometry
         if data_args.cache_decoded_images:
-            raise ValueError("--device_decode decodes on the GPU at every step: drop --cache_decoded_images")
+            raise UserInputError("--device_decode decodes on the GPU at every step: drop --cache_decoded_images")
         image_transform, data_args.image_pipeline = EncodedImageTransform(image_size), "fast"
     if data_args.cache_decoded_images:  # built once, by the first process; the others open it
         with training_args.main_process_first(desc="decoding each distinct image once into the cache"):
-            image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size)
+            image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size, image_transform)
     for split, split_data in splits.items():
         split_data.set_transform(data.BatchTransform(image_column, image_transform, split))
 
@@ -293,4 +299,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)  # bad input ends in one line and exit status 2; anything else keeps its traceback

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerSelfAttention
 
+from .user_errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -60,7 +62,7 @@ def use_attention(model: torch.nn.Module, implementation: str) -> int:
     back and forth is allowed; parameters and buffers are never touched.
     """
     if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"--attn_implementation {implementation!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        raise UserInputError(f"--attn_implementation {implementation!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     target = SdpaBridgeTowerSelfAttention if implementation == "sdpa" else BridgeTowerSelfAttention
     changed = 0
     for module in model.modules():

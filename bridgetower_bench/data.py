@@ -1,29 +1,38 @@
 """Data: load the image-caption data set, make the splits, check columns, tokenize, transform, collate.
 
 Both training scripts call these functions in the same order as upstream's steps 4, 6 and 7.
-Every user-input problem raises a ValueError that names the flag, file, column or row at fault.
+Every user-input problem raises a UserInputError (a ValueError) that names the flag, file, column or row
+at fault.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Optional, Sequence
 
 import datasets
 import torch
 from datasets import DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 
 from .resilience import ImageLoadError, image_label
+from .user_errors import UserInputError
+
+logger = logging.getLogger(__name__)
 
 # Data files the scripts accept, and the `datasets` builder that reads each.
 DATA_FILE_BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json"}
+# csv cells are read as written: only an empty cell is a missing value (pandas would also turn NaN, NA,
+# null, None, ... into one, and a message could then not say what the cell holds).
+CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
 
 
 def data_file_builder(path: str, flag: str) -> str:
     """The `datasets` builder for a --train_file / --validation_file, or a ValueError naming the flag."""
     extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
     if extension not in DATA_FILE_BUILDERS:
-        raise ValueError(
+        raise UserInputError(
             f"{flag}={path}: unsupported file extension '.{extension}'; use one of "
             + ", ".join("." + e for e in DATA_FILE_BUILDERS)
         )
@@ -33,10 +42,10 @@ def data_file_builder(path: str, flag: str) -> str:
 def check_data_arguments(dataset_name: Optional[str], train_file: Optional[str], validation_file: Optional[str]) -> None:
     """Upstream's checks on the data flags, as clear errors instead of asserts."""
     if dataset_name is None and train_file is None and validation_file is None:
-        raise ValueError("Need either --dataset_name or --train_file / --validation_file.")
+        raise UserInputError("Need either --dataset_name or --train_file / --validation_file.")
     builders = {data_file_builder(p, f) for p, f in ((train_file, "--train_file"), (validation_file, "--validation_file")) if p}
     if len(builders) > 1:
-        raise ValueError(
+        raise UserInputError(
             f"--train_file={train_file} and --validation_file={validation_file} must have the same format (csv or json)."
         )
 
@@ -51,68 +60,87 @@ def load_raw_datasets(
     validation_file: Optional[str],
     cache_dir: Optional[str],
     token: Optional[str],
+    image_column: Optional[str] = None,
 ) -> DatasetDict:
-    """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files."""
+    """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files.
+
+    image_column: the --image_column (None: the first column), whose relative paths in data files are
+    resolved against the file's directory.
+    """
     check_data_arguments(dataset_name, train_file, validation_file)
     if dataset_name is not None:
         # A name that is clearly a path (./x, /x, ~/x) must exist: otherwise `datasets` would try the hub.
         expanded = os.path.expanduser(dataset_name)
         if dataset_name.startswith((".", "/", "~")) and not os.path.isdir(expanded):
-            raise ValueError(f"--dataset_name={dataset_name}: no such directory")
-        return load_dataset(
-            expanded,
-            dataset_config_name,
-            cache_dir=cache_dir,
-            keep_in_memory=False,
-            data_dir=data_dir,
-            token=token,
-            revision=dataset_revision,
-        )
-    data_files = {}
-    builder = None
+            raise UserInputError(f"--dataset_name={dataset_name}: no such directory")
+        try:
+            return load_dataset(
+                expanded,
+                dataset_config_name,
+                cache_dir=cache_dir,
+                keep_in_memory=False,
+                data_dir=data_dir,
+                token=token,
+                revision=dataset_revision,
+            )
+        except DatasetGenerationError as error:  # a file of the data set cannot be read
+            raise UserInputError(f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}") from None
+    raw = DatasetDict()
     for split, path, flag in (("train", train_file, "--train_file"), ("validation", validation_file, "--validation_file")):
         if path is None:
             continue
         if not os.path.isfile(path):
-            raise ValueError(f"{flag}={path}: no such file")
-        data_files[split] = path
-        builder = data_file_builder(path, flag)
-    raw = load_dataset(builder, data_files=data_files, cache_dir=cache_dir, token=token)
-    # A relative image path that does not exist from the working directory is read relative to its data file.
-    for split, path in data_files.items():
-        raw[split] = raw[split].map(
-            _ResolveRelativePaths(os.path.dirname(os.path.abspath(path))),
-            batched=True,
-            desc=f"Resolving image paths in {path}",
-        )
+            raise UserInputError(f"{flag}={path}: no such file")
+        raw[split] = load_data_file(path, flag, split, cache_dir=cache_dir, token=token)
+        # A relative image path that does not exist from the working directory is read relative to its data file.
+        column = image_column if image_column is not None else raw[split].column_names[0]
+        if column in raw[split].column_names:
+            raw[split] = raw[split].map(
+                _ResolveRelativePaths(column, os.path.dirname(os.path.abspath(path)), os.getcwd()),
+                batched=True,
+                desc=f"Resolving image paths in {path}",
+            )
     return raw
 
 
-class _ResolveRelativePaths:
-    """In string columns holding image file names, prefix the data file's directory where that finds the file."""
+def load_data_file(path: str, flag: str, split: str, *, cache_dir: Optional[str] = None, token: Optional[str] = None):
+    """One csv / json / jsonl file as a Dataset; a file `datasets` cannot read is refused naming it."""
+    builder = data_file_builder(path, flag)
+    options = CSV_OPTIONS if builder == "csv" else {}
+    try:
+        return load_dataset(builder, data_files={split: path}, split=split, cache_dir=cache_dir, token=token, **options)
+    except (DatasetGenerationError, ValueError) as error:  # ValueError: a file with no rows
+        cause = error.__cause__ if isinstance(error, DatasetGenerationError) and error.__cause__ else error
+        if "corresponds to no data" in str(cause):
+            raise UserInputError(f"{flag}={path}: the file holds no rows") from None
+        raise UserInputError(f"{flag}={path}: cannot be read as {builder}: {_first_line(cause)}") from None
 
-    def __init__(self, base_dir: str):
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+class _ResolveRelativePaths:
+    """In the image column, prefix the data file's directory to a relative path where that finds the file.
+
+    Only that column is touched (a caption may look like a file name), and each value on its own: an
+    empty cell stays empty without keeping the other rows of its batch from being resolved. The working
+    directory is part of the state, so the cached result of one directory is not reused from another.
+    """
+
+    def __init__(self, column: str, base_dir: str, working_dir: str):
+        self.column = column
         self.base_dir = base_dir
+        self.working_dir = working_dir
 
     def __call__(self, batch: dict) -> dict:
-        out = {}
-        for column, values in batch.items():
-            if values and all(isinstance(v, str) for v in values) and any(_is_image_file_name(v) for v in values):
-                out[column] = [self._resolve(v) for v in values]
-        return out
+        return {self.column: [self._resolve(v) if isinstance(v, str) and v else v for v in batch[self.column]]}
 
     def _resolve(self, path: str) -> str:
         if os.path.isabs(path) or os.path.exists(path):
             return path
         candidate = os.path.join(self.base_dir, path)
         return candidate if os.path.exists(candidate) else path
-
-
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
-
-
-def _is_image_file_name(value: str) -> bool:
-    return value.lower().endswith(_IMAGE_SUFFIXES)
 
 
 def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
@@ -126,13 +154,19 @@ def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
         return dataset
     dataset = DatasetDict(dict(dataset))
     missing = [s for s in ("validation", "test") if s not in dataset]
-    if missing == ["validation", "test"]:
-        first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
-        second = first["test"].train_test_split(test_size=0.5, shuffle=False)
-        dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
-    elif missing:
-        split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
-        dataset["train"], dataset[missing[0]] = split["train"], split["test"]
+    try:
+        if missing == ["validation", "test"]:
+            first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
+            second = first["test"].train_test_split(test_size=0.5, shuffle=False)
+            dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
+        elif missing:
+            split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
+            dataset["train"], dataset[missing[0]] = split["train"], split["test"]
+    except ValueError:  # a split would be empty
+        raise UserInputError(
+            f"the train split has {len(dataset['train'])} rows: too few to split off {' and '.join(missing)} "
+            "(give more rows, or the missing splits)"
+        ) from None
     return dataset
 
 
@@ -141,7 +175,7 @@ def resolve_column(column_names: Sequence[str], requested: Optional[str], flag: 
     if requested is None:
         return column_names[fallback_index]
     if requested not in column_names:
-        raise ValueError(f"{flag}={requested} is not a column of the data set; available columns: {', '.join(column_names)}")
+        raise UserInputError(f"{flag}={requested} is not a column of the data set; available columns: {', '.join(column_names)}")
     return requested
 
 
@@ -155,7 +189,7 @@ def prepare_image_column(dataset: datasets.Dataset, image_column: str, split: st
         return dataset.cast_column(image_column, datasets.Image(decode=False)) if feature.decode else dataset
     if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
         return dataset
-    raise ValueError(
+    raise UserInputError(
         f"--image_column={image_column} in split '{split}' holds {feature!r}, which is neither an image nor an image path"
     )
 
@@ -172,7 +206,7 @@ class TokenizeCaptions:
         captions = batch[self.caption_column]
         for row, caption in zip(indices, captions):
             if not isinstance(caption, str) or not caption.strip():
-                raise ValueError(
+                raise UserInputError(
                     f"--caption_column={self.caption_column}: row {row} holds {caption!r}, not a non-empty string"
                 )
         tokens = self.tokenizer(list(captions), max_length=self.max_seq_length, padding="max_length", truncation=True)
@@ -232,29 +266,57 @@ def collate_fn(examples: list[dict]) -> dict:
     }
 
 
-def check_max_seq_length(max_seq_length: int, config) -> None:
-    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)."""
+def check_max_seq_length(max_seq_length: int, config, tokenizer=None) -> None:
+    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)
+    and leave room for at least one caption token beside the tokenizer's special tokens (with fewer, the
+    tokenizer cannot truncate and the captions come out longer than asked)."""
+    if tokenizer is not None:
+        needed = tokenizer.num_special_tokens_to_add() + 1
+        if max_seq_length < needed:
+            raise UserInputError(
+                f"--max_seq_length={max_seq_length} leaves no room for a caption: the tokenizer adds "
+                f"{needed - 1} special tokens; use at least {needed}"
+            )
     positions = getattr(config.text_config, "max_position_embeddings", None)
     if positions is None:
         return
     usable = positions - 2 if getattr(config.text_config, "pad_token_id", None) is not None else positions
     if max_seq_length > usable:
-        raise ValueError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
+        raise UserInputError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
 
 
-DEFAULT_DECODED_IMAGE_CACHE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "decoded_images")
+def cache_dir(name: str, flag_value: Optional[str] = None) -> str:
+    """Where one of our caches lives: the flag's directory when given; else `bridgetower_bench/<name>` under
+    $HF_HOME (beside the Hugging Face caches the data comes from), else under $XDG_CACHE_HOME, else under
+    ~/.cache. Unset or empty variables are skipped."""
+    if flag_value:
+        return os.path.expanduser(flag_value)
+    root = os.environ.get("HF_HOME") or os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(root), "bridgetower_bench", name)
 
 
-def decoded_image_cache(splits: dict, image_column: str, data_args, image_size: int):
-    """--cache_decoded_images: one decode-once cache over the images of every split this run uses."""
+def decoded_image_cache(splits: dict, image_column: str, data_args, image_size: int, image_transform: Callable):
+    """--cache_decoded_images: one decode-once cache over the images of every split this run uses.
+
+    A cache directory that cannot be written is not fatal: the run warns and decodes every image at every
+    step with `image_transform`, as without the flag.
+    """
     from .image_cache import open_decoded_image_cache
 
+    directory = cache_dir("decoded_images", data_args.decoded_image_cache_dir)
     combined = datasets.concatenate_datasets([d.select_columns([image_column]) for d in splits.values()])
-    return open_decoded_image_cache(
-        combined[image_column],
-        pipeline=data_args.image_pipeline,
-        image_size=image_size,
-        cache_dir=os.path.expanduser(data_args.decoded_image_cache_dir or DEFAULT_DECODED_IMAGE_CACHE_DIR),
-        fingerprint="-".join(d._fingerprint for d in splits.values()),
-        num_proc=data_args.preprocessing_num_workers,
-    )
+    try:
+        return open_decoded_image_cache(
+            combined[image_column],
+            pipeline=data_args.image_pipeline,
+            image_size=image_size,
+            cache_dir=directory,
+            fingerprint="-".join(d._fingerprint for d in splits.values()),
+            num_proc=data_args.preprocessing_num_workers,
+        )
+    except OSError as error:
+        logger.warning(
+            f"--cache_decoded_images: cannot write the decoded image cache in {directory} ({error}); "
+            "training without it (set --decoded_image_cache_dir to a writable directory to use it)"
+        )
+        return image_transform

@@ -8,7 +8,8 @@ error naming every Gaudi-only flag they passed.
 from __future__ import annotations
 
 import json
-import os
+
+from .user_errors import UserInputError
 
 HPU_ONLY_FLAGS = (
     "use_habana",
@@ -24,10 +25,18 @@ HPU_ONLY_FLAGS = (
 
 
 def hpu_only_flags_in(argv: list[str]) -> list[str]:
-    """The Gaudi-only flags in a command line (or in its single .json configuration file)."""
-    if len(argv) == 2 and argv[1].endswith(".json") and os.path.isfile(argv[1]):
-        with open(argv[1]) as f:
-            names = list(json.load(f))
+    """The Gaudi-only flags in a command line (or in its single .json configuration file).
+
+    A configuration file that cannot be read, or holds no JSON object, names none here: the argument
+    parser that follows refuses it with its own one-line error.
+    """
+    if len(argv) == 2 and argv[1].endswith(".json"):
+        try:
+            with open(argv[1]) as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            return []
+        names = list(config) if isinstance(config, dict) else []
     else:
         names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--")]
     names = [n.replace("-", "_") for n in names]
@@ -37,8 +46,8 @@ def hpu_only_flags_in(argv: list[str]) -> list[str]:
 def refuse_unsupported_flags(argv: list[str]) -> None:
     flags = hpu_only_flags_in(argv)
     if flags:
-        raise SystemExit(
-            f"error: {', '.join(flags)} {'is' if len(flags) == 1 else 'are'} Gaudi-only "
+        raise UserInputError(
+            f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} Gaudi-only "
             "(Habana HPU) and not supported by run_bridgetower_cuda.py; remove "
             f"{'it' if len(flags) == 1 else 'them'}, or run run_bridgetower.py on a Gaudi machine."
         )

@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from .images import check_pipeline, encoded_image_bytes, jpeg_decoder, make_image_transform
 from .resilience import process_alive
+from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def open_decoded_image_cache(
 def _check_arguments(pipeline: str, image_size: int, fingerprint: str, num_proc: int | None) -> None:
     check_pipeline(pipeline)
     if pipeline not in CACHEABLE_PIPELINES:
-        raise ValueError(
+        raise UserInputError(
             f"--image_pipeline={pipeline} cannot be cached: the decoded image cache (--cache_decoded_images) "
             f"stores uint8 pixels, which only --image_pipeline {' and '.join(CACHEABLE_PIPELINES)} produce"
         )
@@ -263,7 +264,7 @@ def build_decoded_image_cache(
         directory.mkdir(parents=True, exist_ok=True)
         (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
     except OSError as error:
-        raise ValueError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
+        raise OSError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
     _remove_abandoned_partial_files(directory)
     suffix = _partial_suffix(os.getpid())
     pixels_tmp = directory / (PIXELS_FILE + suffix)

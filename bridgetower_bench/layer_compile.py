@@ -20,6 +20,8 @@ import logging
 
 import torch
 
+from .user_errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 
@@ -40,7 +42,7 @@ def compile_repeated_layers(model: torch.nn.Module, backend: str = "inductor") -
     """Compile each repeated layer of ``model`` in place with ``backend``; returns how many were compiled."""
     if backend not in torch._dynamo.list_backends(exclude_tags=()):
         known = ", ".join(torch._dynamo.list_backends())
-        raise ValueError(f"--compile_layers {backend!r}: not a torch.compile backend here (known: {known})")
+        raise UserInputError(f"--compile_layers {backend!r}: not a torch.compile backend here (known: {known})")
     layers = repeated_layers(model)
     for layer in layers:
         layer.compile(backend=backend)

@@ -43,6 +43,7 @@ from PIL import Image
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampler
 
+from .data import cache_dir as bench_cache_dir
 from .images import to_rgb
 from .resilience import process_alive
 
@@ -921,11 +922,8 @@ def _shuffles(sampler, world_size: int) -> bool:
     )
 
 
-DEFAULT_IMAGE_FILE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "mediapipe_images")
-
-
 def feed_media_pipeline(dataset, image_column: str, image_size: int, mean, std, num_proc=None, cache_dir=None) -> MediaPipeInputs:
     """What the Gaudi script calls per split: image files on disk for the HPU decoder, then the loader's inputs."""
-    cache_dir = os.path.expanduser(cache_dir or DEFAULT_IMAGE_FILE_DIR)
+    cache_dir = bench_cache_dir("mediapipe_images", cache_dir)  # under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache
     paths = materialise_images(dataset, image_column, cache_dir, dataset._fingerprint, num_proc)
     return attach_mediapipe_inputs(dataset, paths, image_size, mean, std)

@@ -3,27 +3,33 @@
 `check_splits` looks at every row of the splits a run uses (after --max_train_samples /
 --max_eval_samples):
 
-- the caption column must hold text, and every caption must be a non-empty string;
-- every image must exist and decode completely (PIL `load()`: a truncated file fails).
+- the caption column must hold text, and every caption must be a non-empty string that is not a
+  missing-value marker (NaN, NA, null, ...);
+- every image must exist, fit the pixel budget (--max_image_pixels, both as decoded and as resized
+  before the centre crop, so that no image's size or aspect ratio decides the run's memory) and decode
+  completely (PIL `load()`: a truncated file fails).
 
 Identical image bytes are decoded once (the New Yorker data shows each cartoon in many rows), and
 JPEGs are decoded at reduced scale (PIL `draft`: the entropy decoder still reads every byte, so a
 truncated file is still caught, but the inverse DCT does a fraction of the work). The distinct images
 are checked in parallel by --preprocessing_num_workers processes.
 
-The outcome is cached as a small json file in ~/.cache/bridgetower_bench/preflight/, keyed by the
-splits' fingerprints; it also records size and modification time of every image file the rows point
+The outcome is cached as a small json file in --preflight_cache_dir (default: see `data.cache_dir`),
+keyed by the splits' fingerprints and the settings; it also records size and modification time of every image file the rows point
 to, so a file that changed or vanished since is checked again. An unchanged data set is checked once.
+A cache that cannot be written is skipped with a warning.
 
-Problems stop the run with one ValueError listing them (split, row, column, reason);
+Problems stop the run with one UserInputError listing them (split, row, column, reason);
 --drop_bad_rows trains without those rows instead and logs which they were.
 
-`parse_json_arguments` reads a single .json configuration file and names unknown keys in one line.
+`parse_arguments` reads the flags or a single .json configuration file (naming unknown keys in one
+line), and `check_arguments` refuses values no run can use before anything is loaded or written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -39,12 +45,25 @@ import datasets
 import PIL
 from PIL import Image, UnidentifiedImageError
 
+from .data import cache_dir as bench_cache_dir
+from .images import resize_geometry
 from .resilience import write_json_atomically
+from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_VERSION = 1
-DEFAULT_PREFLIGHT_CACHE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "preflight")
+PREFLIGHT_VERSION = 2
+# An image may hold at most this many pixels, decoded and resized before the centre crop. The `upstream`
+# pipeline holds an image as float32 several times over while it resizes it: about 31 bytes a pixel
+# (1.5 GB for a 48 MP photograph), in every loader worker at once. 50 MP admits the photographs of
+# current cameras; Pillow's own limit (89 MP warns, 179 MP fails) would admit 5.5 GB for one image and
+# does not see the aspect ratio (a 100000x10 strip is resized to 2940000x294 before the crop).
+DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+# What pandas' csv reader (and so upstream's data loading) takes for a missing value.
+MISSING_VALUE_MARKERS = frozenset({
+    "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
+    "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
+})
 MAX_LISTED = 20  # problems named in the error / log; the cache file holds them all
 _DRAFT_SIZE = (64, 64)  # JPEGs decode at the smallest DCT scale still at least this big
 _ROWS_PER_BATCH = 1024  # rows read from the data set at a time
@@ -88,17 +107,22 @@ def check_splits(
     drop_bad_rows: bool = False,
     overwrite_cache: bool = False,
     cache_dir: Optional[str] = None,
+    image_size: Optional[int] = None,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> dict:
-    """The splits, checked: a ValueError listing the bad rows, or (drop_bad_rows) the splits without them."""
+    """The splits, checked: a UserInputError listing the bad rows, or (drop_bad_rows) the splits without them."""
     for split, dataset in splits.items():
+        if len(dataset) == 0:
+            raise UserInputError(f"split '{split}' has no rows")
         check_caption_column(dataset, caption_column, split)
     problems, cache_file = find_problems(
-        splits, image_column, caption_column, num_proc=num_proc, overwrite_cache=overwrite_cache, cache_dir=cache_dir
+        splits, image_column, caption_column, num_proc=num_proc, overwrite_cache=overwrite_cache, cache_dir=cache_dir,
+        image_size=image_size, max_image_pixels=max_image_pixels,
     )
     if not problems:
         return splits
     if not drop_bad_rows:
-        raise ValueError(describe_problems(problems, "found before training (pass --drop_bad_rows to train without them)", cache_file))
+        raise UserInputError(describe_problems(problems, "found before training (pass --drop_bad_rows to train without them)", cache_file))
     logger.warning(describe_problems(problems, "dropped (--drop_bad_rows)", cache_file))
     return drop_rows(splits, problems)
 
@@ -109,7 +133,7 @@ def check_caption_column(dataset, caption_column: str, split: str) -> None:
     if isinstance(feature, datasets.Value) and feature.dtype in _TEXT_DTYPES:
         return
     held = f"{feature.dtype} values" if isinstance(feature, datasets.Value) else f"{type(feature).__name__} values"
-    raise ValueError(f"--caption_column={caption_column} in split '{split}' holds {held}, not text")
+    raise UserInputError(f"--caption_column={caption_column} in split '{split}' holds {held}, not text")
 
 
 def describe_problems(problems: list[Problem], what: str, cache_file: Optional[Path] = None) -> str:
@@ -133,7 +157,7 @@ def drop_rows(splits: dict, problems: list[Problem]) -> dict:
             continue
         rows = [row for row in range(len(dataset)) if row not in bad_rows[split]]
         if not rows:
-            raise ValueError(f"--drop_bad_rows: every row of split '{split}' is bad; nothing is left to use")
+            raise UserInputError(f"--drop_bad_rows: every row of split '{split}' is bad; nothing is left to use")
         kept[split] = dataset.select(rows)
     return kept
 
@@ -151,17 +175,25 @@ def find_problems(
     num_proc: Optional[int] = None,
     overwrite_cache: bool = False,
     cache_dir: Optional[str] = None,
+    image_size: Optional[int] = None,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[list[Problem], Path]:
-    """Every bad row of `splits` (dict of split name -> datasets.Dataset), and the cache file holding them."""
+    """Every bad row of `splits` (dict of split name -> datasets.Dataset), and the cache file holding them.
+
+    cache_dir: where the outcome is cached (None: `data.cache_dir("preflight")`). image_size: the model's
+    input size, for the pixel budget of the resized image (None: only the decoded size is budgeted).
+    """
     settings = {
         "version": PREFLIGHT_VERSION,
         "pillow": PIL.__version__,
         "image_column": image_column,
         "caption_column": caption_column,
+        "image_size": image_size,
+        "max_image_pixels": max_image_pixels,
         "fingerprints": {split: dataset._fingerprint for split, dataset in splits.items()},
     }
     key = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=12).hexdigest()
-    cache_file = Path(os.path.expanduser(cache_dir or DEFAULT_PREFLIGHT_CACHE_DIR)) / f"{key}.json"
+    cache_file = Path(bench_cache_dir("preflight", cache_dir)) / f"{key}.json"
     names = ", ".join(splits)
     cached = None if overwrite_cache else _read_cache(cache_file, settings)
     if cached is not None:
@@ -169,19 +201,26 @@ def find_problems(
         return [Problem(**p) for p in cached["problems"]], cache_file
 
     start = time.perf_counter()
-    problems, checker, rows = _scan(splits, image_column, caption_column, num_proc)
+    check_image = functools.partial(image_problem, max_pixels=max_image_pixels, image_size=image_size)
+    problems, checker, rows = _scan(splits, image_column, caption_column, num_proc, check_image)
     logger.info(
         f"Preflight: checked {rows} rows of {names} ({len(checker.rows_of)} distinct images) in "
         f"{time.perf_counter() - start:.1f} s: {len(problems)} bad."
     )
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(str(cache_file), {
-        "settings": settings,
-        "rows_checked": rows,
-        "distinct_images": len(checker.rows_of),
-        "files": checker.file_stats,
-        "problems": [dataclasses.asdict(p) for p in problems],
-    })
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(str(cache_file), {
+            "settings": settings,
+            "rows_checked": rows,
+            "distinct_images": len(checker.rows_of),
+            "files": checker.file_stats,
+            "problems": [dataclasses.asdict(p) for p in problems],
+        })
+    except OSError as error:
+        logger.warning(
+            f"Preflight: cannot write its cache {cache_file} ({error}); the next run checks again "
+            "(--preflight_cache_dir sets a writable place)."
+        )
     return problems, cache_file
 
 
@@ -200,11 +239,11 @@ def _read_cache(cache_file: Path, settings: dict) -> Optional[dict]:
     return cached
 
 
-def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Optional[int]):
+def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Optional[int], check_image=None):
     """(problems sorted by split and row, the image checker, rows read)."""
     found = []  # (split, row, column, reason)
     rows = 0
-    with _ImageChecker(num_proc) as checker:
+    with _ImageChecker(num_proc, check_image) as checker:
         for split, dataset in splits.items():
             columns = dataset.select_columns(list(dict.fromkeys([image_column, caption_column])))
             row = 0
@@ -236,11 +275,13 @@ def _source_rows(dataset) -> Optional[list]:
 def caption_problem(caption: Any) -> Optional[str]:
     """Why a caption cannot be used, or None."""
     if caption is None:
-        return "no caption (empty cell)"
+        return "no caption (empty cell or missing value)"
     if not isinstance(caption, str):
         return f"caption {caption!r} is not text"
     if not caption.strip():
         return f"empty caption {caption!r}"
+    if caption.strip() in MISSING_VALUE_MARKERS:
+        return f"caption {caption!r} is a missing-value marker, not a caption"
     return None
 
 
@@ -250,8 +291,9 @@ class _ImageChecker:
     Distinct means identical embedded bytes (by blake2b digest) or the same file path.
     """
 
-    def __init__(self, num_proc: Optional[int]):
+    def __init__(self, num_proc: Optional[int], check_image=None):
         self.num_proc = num_proc or 1
+        self.check_image = check_image or image_problem
         self.rows_of: dict[tuple, list] = {}  # image key -> the (split, row) showing it
         self.file_stats: dict[str, Optional[list]] = {}  # path -> [size, mtime_ns] (None: missing)
         self._pending: list[tuple[tuple, Any]] = []  # (key, payload) not yet decoded
@@ -275,7 +317,7 @@ class _ImageChecker:
             return
         self.rows_of[key] = [where]
         if payload is None:
-            self._failed[key] = "no image (neither embedded bytes nor a path)"
+            self._failed[key] = "no image (empty cell: neither embedded bytes nor a path)"
             return
         self._pending.append((key, payload))
         if len(self._pending) >= _IMAGES_PER_ROUND:
@@ -304,9 +346,9 @@ class _ImageChecker:
         payloads = [payload for _, payload in self._pending]
         if self._pool is not None:
             chunksize = max(1, len(payloads) // (self.num_proc * 4))
-            reasons = self._pool.map(image_problem, payloads, chunksize=chunksize)
+            reasons = self._pool.map(self.check_image, payloads, chunksize=chunksize)
         else:
-            reasons = [image_problem(payload) for payload in payloads]
+            reasons = [self.check_image(payload) for payload in payloads]
         for (key, _), reason in zip(self._pending, reasons):
             if reason:
                 self._failed[key] = reason
@@ -321,8 +363,14 @@ def _file_stat(path: str) -> Optional[list]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def image_problem(payload: bytes | str) -> Optional[str]:
-    """Why an image (encoded bytes, or a file path) cannot be used, or None when it decodes completely."""
+def image_problem(
+    payload: bytes | str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, image_size: Optional[int] = None
+) -> Optional[str]:
+    """Why an image (encoded bytes, or a file path) cannot be used, or None when it decodes completely.
+
+    Its size is read from the header first: an image over the pixel budget, as decoded or (image_size
+    given) as resized before the centre crop, is refused without being decoded.
+    """
     if isinstance(payload, str):
         label = f"image file {payload!r}"
         try:
@@ -336,6 +384,9 @@ def image_problem(payload: bytes | str) -> Optional[str]:
         data, label = payload, "embedded image"
     try:
         with Image.open(io.BytesIO(data)) as img:
+            too_big = pixel_budget_problem(img.size, max_pixels, image_size)
+            if too_big:
+                return f"{label}: {too_big}"
             img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
             img.load()
     except UnidentifiedImageError:
@@ -343,6 +394,76 @@ def image_problem(payload: bytes | str) -> Optional[str]:
     except Exception as error:  # PIL raises many types for bad data
         return f"cannot decode {label}: {error}"
     return None
+
+
+def pixel_budget_problem(size: tuple[int, int], max_pixels: int, image_size: Optional[int] = None) -> Optional[str]:
+    """Why an image of this (width, height) is over the budget, or None."""
+    width, height = size
+    if width * height > max_pixels:
+        return f"{width}x{height} is {width * height:,} pixels, over the budget of {max_pixels:,} (--max_image_pixels)"
+    if image_size and width > 0 and height > 0:
+        new_w, new_h = resize_geometry(width, height, image_size)[:2]
+        if new_w * new_h > max_pixels:
+            return (
+                f"{width}x{height} is resized to {new_w}x{new_h} before the centre crop, {new_w * new_h:,} pixels, "
+                f"over the budget of {max_pixels:,} (--max_image_pixels; the aspect ratio is too extreme)"
+            )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_arguments(parser, argv: list[str]) -> tuple:
+    """Step 1: the argument dataclasses from the command line, or from its single .json configuration file.
+
+    A value an arguments class refuses (its __post_init__ raises ValueError) is a UserInputError.
+    """
+    try:
+        if len(argv) == 2 and argv[1].endswith(".json"):
+            return parse_json_arguments(parser, argv[1])
+        return parser.parse_args_into_dataclasses(args=argv[1:])
+    except UserInputError:
+        raise
+    except ValueError as error:  # one line, though the message may span several
+        raise UserInputError(" ".join(str(error).split())) from None
+
+
+def check_arguments(data_args, training_args) -> None:
+    """Refuse, before anything is loaded or written, values no run can use."""
+    at_least = [
+        ("--max_seq_length", data_args.max_seq_length, 1),
+        ("--max_train_samples", data_args.max_train_samples, 1),
+        ("--max_eval_samples", data_args.max_eval_samples, 1),
+        ("--preprocessing_num_workers", data_args.preprocessing_num_workers, 1),
+        ("--max_image_pixels", data_args.max_image_pixels, 1),
+        ("--per_device_train_batch_size", training_args.per_device_train_batch_size, 1),
+        ("--per_device_eval_batch_size", training_args.per_device_eval_batch_size, 1),
+        ("--gradient_accumulation_steps", training_args.gradient_accumulation_steps, 1),
+        ("--dataloader_num_workers", training_args.dataloader_num_workers, 0),
+    ]
+    for flag, value, minimum in at_least:
+        if value is not None and value < minimum:
+            raise UserInputError(f"{flag}={value}: must be {'positive' if minimum == 1 else 'at least ' + str(minimum)}")
+    check_output_dir_path(training_args.output_dir)
+
+
+def check_output_dir_path(output_dir: Optional[str]) -> None:
+    """--output_dir must be a directory, or a path where one can be created (checked before anything is written)."""
+    if not output_dir:
+        return
+    path = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserInputError(f"--output_dir={output_dir} is a file, not a directory")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserInputError(f"--output_dir={output_dir} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserInputError(f"--output_dir={output_dir}: {existing} is not writable")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,15 +478,15 @@ def parse_json_arguments(parser, json_file: str) -> tuple:
         with open(path) as f:
             config = json.load(f)
     except OSError as error:
-        raise ValueError(f"{path}: cannot read the configuration file ({error.strerror or error})") from None
+        raise UserInputError(f"{path}: cannot read the configuration file ({error.strerror or error})") from None
     except ValueError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+        raise UserInputError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{path}: a configuration file holds one JSON object mapping argument names to values")
+        raise UserInputError(f"{path}: a configuration file holds one JSON object mapping argument names to values")
     known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(
+        raise UserInputError(
             f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
             "(see --help for the arguments this script takes)"
         )

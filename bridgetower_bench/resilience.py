@@ -29,6 +29,8 @@ from typing import Iterator, Optional
 import torch
 from transformers import TrainerCallback
 
+from .user_errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +218,7 @@ def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: b
     if do_train:
         last = last_complete_checkpoint(output_dir)
         if last is None:
-            raise ValueError(
+            raise UserInputError(
                 f"--output_dir={output_dir} already exists and is not empty ({contents}) but holds no checkpoint to "
                 "resume from. Use --overwrite_output_dir to overcome."
             )
@@ -224,7 +226,7 @@ def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: b
             logger.info(f"Checkpoint detected, resuming training at {last}. Pass --overwrite_output_dir to start over.")
         return last
     if not is_previous_run(output_dir):
-        raise ValueError(
+        raise UserInputError(
             f"--output_dir={output_dir} already exists and holds files that are not from a run of this script "
             f"({contents}). Use --overwrite_output_dir to write into it anyway."
         )

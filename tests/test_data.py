@@ -74,9 +74,9 @@ def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
         "--image_column", "picture", "--caption_column", "image_description", "--output_dir", tmp_path / "o",
         "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"],
     ], check=False)
-    assert result.returncode != 0
+    assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("ValueError: --image_column=picture is not a column")
+    assert last.startswith("run_bridgetower_cuda.py: error: --image_column=picture is not a column")
     assert "image, contest_number" in last and "image_description" in last
 
 
