@@ -190,11 +190,12 @@ def release_all() -> None:
 
 
 def remove_leftovers(output_dir: str) -> None:
-    """Remove staging directories and `*.partial-<pid>` files whose writer is dead."""
-    removed = []
+    """Remove staging directories, and `*.partial-<pid>` files of names runs wrote, whose writer is dead."""
+    removed, ours = [], set(read_record(output_dir)["written"]) | {RECORD_NAME}
     for name in os.listdir(output_dir):
         path = os.path.join(output_dir, name)
-        match = _STAGING.match(name) or _PARTIAL.match(name)
+        partial = _PARTIAL.match(name)
+        match = _STAGING.match(name) or (partial if partial and partial.group(1) in ours else None)
         pid = int(match.groups()[-1]) if match else None
         if name == _LEGACY_STAGING or (pid is not None and pid != os.getpid() and not process_alive(pid)):
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)

@@ -110,12 +110,14 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
     dead, alive = dead_pid(), os.getppid()
     (out / f"all_results.json.partial-{dead}").write_text('{"eval_lo')
     (out / f"all_results.json.partial-{alive}").write_text("{")
+    (out / f"notes.txt.partial-{dead}").write_text("not ours")
     (out / f".staging-{dead}").mkdir()
     (out / f".staging-{dead}" / "config.json").write_text("{}")
     with caplog.at_level(logging.WARNING, logger="bridgetower_bench"):
         run_directory.claim(str(out))
     run_directory.release(str(out))
-    assert sorted(os.listdir(out)) == sorted([run_directory.LOCK_NAME, run_directory.RECORD_NAME, f"all_results.json.partial-{alive}"])
+    assert sorted(os.listdir(out)) == sorted([run_directory.LOCK_NAME, run_directory.RECORD_NAME, f"all_results.json.partial-{alive}",
+                                            f"notes.txt.partial-{dead}"])
     assert f"removed what killed writes left: .staging-{dead}, all_results.json.partial-{dead}" in caplog.text
 
 
