@@ -126,8 +126,8 @@ def main():
 
     # 3. Claim output_dir: one run at a time (a lock), files of anyone else never overwritten or deleted. A
     #    publication a killed run committed is finished, its leftovers cleared. Training resumes from the last
-    #    complete checkpoint, unless told to overwrite; a run whose trained model is published goes on to the
-    #    phases it has not finished.
+    #    complete checkpoint, unless told to overwrite; a run whose model is published, trained as far as this
+    #    command asks, goes on to the phases it has not finished.
     last_checkpoint = resilience.check_output_dir(
         training_args.output_dir,
         overwrite_output_dir=training_args.overwrite_output_dir,
@@ -136,7 +136,9 @@ def main():
     )
     with training_args.main_process_first(desc="claiming --output_dir", local=False):
         run_directory.claim(training_args.output_dir, holder=training_args.process_index == 0)
-    trained = training_args.do_train and not training_args.overwrite_output_dir and run_directory.finished_training(training_args.output_dir)
+    trained = training_args.do_train and not training_args.overwrite_output_dir and run_directory.finished_training(
+        training_args.output_dir, training_args.max_steps, training_args.num_train_epochs
+    )
     if trained:
         logger.info(f"{training_args.output_dir} holds this run's trained model: not training again (--overwrite_output_dir does)")
 

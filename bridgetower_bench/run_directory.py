@@ -25,6 +25,7 @@ import atexit
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -104,10 +105,21 @@ def is_ours(output_dir: str, name: str) -> bool:
     return name in read_record(output_dir)["written"]
 
 
-def finished_training(output_dir: str) -> bool:
-    """Whether output_dir holds a published trained model (its train_results.json is part of the set)."""
-    return "train_results.json" in read_record(output_dir)["current"] and os.path.isfile(
-        os.path.join(output_dir, "train_results.json"))
+def finished_training(output_dir: str, max_steps: int, num_train_epochs: float) -> bool:
+    """Whether output_dir holds a published model trained as far as asked (the same --max_steps, or the same
+    --num_train_epochs when --max_steps is not set): its train_results.json and trainer state are part of the set."""
+    if "train_results.json" not in read_record(output_dir)["current"]:
+        return False
+    try:
+        with open(os.path.join(output_dir, "trainer_state.json")) as f:
+            state = json.load(f)
+        if state["global_step"] < state["max_steps"]:
+            return False
+        if max_steps > 0:
+            return state["max_steps"] == max_steps
+        return state["num_train_epochs"] == math.ceil(num_train_epochs)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
