@@ -7,10 +7,11 @@
   boundary and stops; the run then ends with `TrainingInterrupted` (exit status 128 + signal
   number, the shell's convention for "killed by that signal", so schedulers and `&&` chains see an
   unfinished run). Rerunning the same command resumes from the checkpoint.
+  A signal after the last step (or while results are being saved) waits until the final results
+  are saved completely, then ends the run the same way (`stopped_after_saving`).
 - `check_output_dir`: the checkpoint to resume from, or a refusal when --output_dir holds anything
-  other than a previous run of the scripts.
-- `atomic_path` / `write_json_atomically` / `staged_directory`: files appear complete or not at
-  all, so a kill never leaves a half-written metrics file or model.
+  that runs of the scripts did not write (run_directory.py keeps that record and the lock).
+- `atomic_path` / `write_json_atomically`: a file appears complete or not at all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -82,7 +82,7 @@ def image_label(value) -> str:
 class StopOnSignal(TrainerCallback):
     """Turn SIGTERM/SIGINT during training into "save a checkpoint after this step, then stop".
 
-    The handlers are installed only while `installed()` is active (around `Trainer.train`), before
+    The handlers are installed around `Trainer.train` (`install`, `restore`), before
     the DataLoader workers are forked: workers inherit them, so Ctrl-C in a terminal (which signals
     the whole process group) does not kill a worker under the main process. After a first signal,
     that signal's previous handler is restored: sending it again acts at once (a second Ctrl-C
@@ -100,28 +100,37 @@ class StopOnSignal(TrainerCallback):
         self.sync_every_steps = max(1, int(sync_every_steps))
         self.received: Optional[int] = None  # the signal number, once one arrived
         self.stopped_at: Optional[int] = None  # the global step the run stopped at because of it
+        self.training_done = False  # the last step is done: a signal now waits for the final results to be saved
         self._previous: dict = {}
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        self.received, self.stopped_at = None, None
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signal handlers can only be set from the main thread
-            return
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        self.install()
         try:
             yield
         finally:
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler)
-            self._previous = {}
+            self.restore()
+
+    def install(self) -> None:
+        """Start catching SIGTERM/SIGINT (a fresh start forgets an earlier signal); no-op when already catching."""
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return  # (signal handlers can only be set from the main thread)
+        self.received, self.stopped_at, self.training_done = None, None, False
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
-            logger.warning(
-                "%s received: training stops and saves a checkpoint after the current step "
-                "(send it again to stop at once).", signal.Signals(signum).name
-            )
+            if self.training_done:
+                what = "the run stops once the final results being saved are complete"
+            else:
+                what = "training stops and saves a checkpoint after the current step"
+            logger.warning("%s received: %s (send it again to stop at once).", signal.Signals(signum).name, what)
         self.received = signum
         if signum in self._previous:
             signal.signal(signum, self._previous[signum])
@@ -131,6 +140,7 @@ class StopOnSignal(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
+        self.training_done = state.global_step >= state.max_steps
         return control
 
     def _all_ranks_stop(self, args, state) -> bool:
@@ -157,6 +167,16 @@ class StopOnSignal(TrainerCallback):
         )
         return TrainingInterrupted(message, self.received)
 
+    def stopped_after_saving(self, output_dir: str) -> Optional[TrainingInterrupted]:
+        """The exception ending the run when a signal arrived after training or while results were being saved."""
+        if self.received is None:
+            return None
+        message = (
+            f"Stopped by {signal.Signals(self.received).name} after saving completely what the run had done so far in "
+            f"{output_dir}. Rerun the same command (without --overwrite_output_dir) to do the phases that are left."
+        )
+        return TrainingInterrupted(message, self.received)
+
 
 def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:
     """Print the interruption's message (once, from the main process) and raise it."""
@@ -170,8 +190,6 @@ def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> 
 # --output_dir: resume a previous run, never overwrite anything else
 # ---------------------------------------------------------------------------------------------
 
-# What the scripts (and the Trainer) leave in an output directory.
-RUN_MARKERS = ("trainer_state.json", "all_results.json", "train_results.json", "eval_results.json", "test_results.json")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -200,37 +218,30 @@ def last_complete_checkpoint(output_dir: str) -> Optional[str]:
     return None
 
 
-def is_previous_run(output_dir: str) -> bool:
-    """Whether output_dir holds a run of these scripts: metrics, trainer state or checkpoints."""
-    return any(os.path.isfile(os.path.join(output_dir, m)) for m in RUN_MARKERS) or bool(checkpoints(output_dir))
-
-
 def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: bool, resume_from_checkpoint) -> Optional[str]:
     """The checkpoint to resume training from (None: start afresh), or a ValueError when output_dir must not be written.
 
-    Without --overwrite_output_dir, a non-empty output_dir is only used when
-    - training: it holds a (complete) checkpoint to resume from (upstream's rule);
-    - evaluating or predicting only: it holds a previous run of these scripts (its results files are updated).
+    output_dir must be absent, empty or hold only what runs of these scripts wrote (see run_directory):
+    files of anyone else are never overwritten or deleted, --overwrite_output_dir or not. Without
+    --overwrite_output_dir, training resumes from the last complete checkpoint there (upstream's rule).
     """
-    if overwrite_output_dir or not os.path.isdir(output_dir) or not os.listdir(output_dir):
+    from .run_directory import foreign_entries  # (run_directory builds on this module)
+
+    if not os.path.isdir(output_dir):
         return None
-    contents = ", ".join(sorted(os.listdir(output_dir))[:5]) + (", ..." if len(os.listdir(output_dir)) > 5 else "")
-    if do_train:
-        last = last_complete_checkpoint(output_dir)
-        if last is None:
-            raise UserInputError(
-                f"--output_dir={output_dir} already exists and is not empty ({contents}) but holds no checkpoint to "
-                "resume from. Use --overwrite_output_dir to overcome."
-            )
-        if resume_from_checkpoint is None:
-            logger.info(f"Checkpoint detected, resuming training at {last}. Pass --overwrite_output_dir to start over.")
-        return last
-    if not is_previous_run(output_dir):
+    foreign = foreign_entries(output_dir)
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise UserInputError(
-            f"--output_dir={output_dir} already exists and holds files that are not from a run of this script "
-            f"({contents}). Use --overwrite_output_dir to write into it anyway."
+            f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
         )
-    return None
+    if overwrite_output_dir or not do_train:
+        return None
+    last = last_complete_checkpoint(output_dir)
+    if last is not None and resume_from_checkpoint is None:
+        logger.info(f"Checkpoint detected, resuming training at {last}. Pass --overwrite_output_dir to start over.")
+    return last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,33 +267,6 @@ def write_json_atomically(path: str, obj) -> None:
         with open(temporary, "w") as f:
             json.dump(obj, f, indent=4, sort_keys=True)
             f.write("\n")
-
-
-STAGING_DIR_NAME = ".partial-save"
-
-
-@contextmanager
-def staged_directory(target_dir: str, publish: bool = True) -> Iterator[str]:
-    """Yield a staging directory inside `target_dir`; on success its files are moved into `target_dir`.
-
-    Each file lands with one os.replace (same filesystem), so `target_dir` never holds a half-written
-    file: a kill during the save leaves only the staging directory, which the next save clears.
-    `publish=False` (processes other than the one that saves) moves nothing.
-    """
-    staging = os.path.join(target_dir, STAGING_DIR_NAME)
-    if publish:
-        shutil.rmtree(staging, ignore_errors=True)
-    try:
-        yield staging
-        if publish and os.path.isdir(staging):
-            for root, _, files in os.walk(staging):
-                destination = os.path.join(target_dir, os.path.relpath(root, staging))
-                os.makedirs(destination, exist_ok=True)
-                for name in files:
-                    os.replace(os.path.join(root, name), os.path.join(destination, name))
-    finally:
-        if publish:
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def process_alive(pid: int) -> bool:

@@ -13,8 +13,11 @@ It
   which loader and image pipeline actually ran, next to the train metrics;
 - stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
   saves a checkpoint and ends with one clear message; rerunning the same command resumes;
-- writes metrics, trainer state, the final model and its processors atomically (no half-written
-  file after a kill), and blanks credentials (--hub_token) in the training_args.bin saved with them.
+- publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
+  after any kill output_dir holds the previous set or the new one, never a mix; SIGTERM/SIGINT after
+  the last step waits until the set is published, then ends the run;
+- records the checkpoints it writes, and rotation deletes only those.
+- blanks credentials (--hub_token) in the training_args.bin saved with the weights.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from transformers import TrainingArguments
 
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
-from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit, staged_directory, write_json_atomically
+from . import run_directory
 from .redaction import without_secrets
+from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -84,6 +88,8 @@ class TrainerExtensions:
         self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()
         self.add_callback(self.stop_on_signal)
+        self._staging = None  # inside `publishing()`: where the files being published are saved
+        self._publishing_model = False
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _prepare_inputs(self, inputs):
@@ -112,14 +118,22 @@ class TrainerExtensions:
 
     # results -------------------------------------------------------------------------------------------
     def train(self, *args, **kwargs):
-        with self.stop_on_signal.installed():
-            try:
-                result = super().train(*args, **kwargs)
-            except ImageLoadError as error:
-                raise self._checkpoint_after_image_error(error) from None
+        # The signal handlers stay installed after a finished training: a signal then waits until the final
+        # model is published (`publishing`), so that no signal can lose a finished training.
+        self.stop_on_signal.install()
+        try:
+            result = super().train(*args, **kwargs)
+        except ImageLoadError as error:
+            self.stop_on_signal.restore()
+            raise self._checkpoint_after_image_error(error) from None
+        except BaseException:
+            self.stop_on_signal.restore()
+            raise
         interrupted = self.stop_on_signal.interruption(self.state, self.args.output_dir)
         if interrupted is not None:
+            self.stop_on_signal.restore()
             report_and_exit(interrupted, self.is_world_process_zero())
+        self.stop_on_signal.training_done = True
         steady = self.throughput.metrics()
         if steady and "train_samples_per_second" in result.metrics:
             # Keep the trainer's own figure for reference; ours has the same meaning on every backend.
@@ -159,17 +173,49 @@ class TrainerExtensions:
         with _one_line_image_errors():
             return super().predict(*args, **kwargs)
 
-    # atomic saves ---------------------------------------------------------------------------------------
+    # publication: the final files appear as one set --------------------------------------------------
+    @contextmanager
+    def publishing(self):
+        """Everything saved inside this block appears in output_dir together, or not at all.
+
+        save_model, save_processors, save_metrics and save_state write into the block's staging directory;
+        called outside a block, each is a publication of its own. SIGTERM/SIGINT wait until the set is
+        published (so do signals since the last training step); the run then ends with exit status 128 +
+        signal number, everything it did saved.
+        """
+        if self._staging is not None:  # nested: part of the enclosing publication
+            yield self._staging
+            return
+        self.stop_on_signal.install()
+        try:
+            with run_directory.publication(self.args.output_dir, publish=self.args.should_save) as staging:
+                self._staging = staging
+                yield staging
+        finally:
+            self._staging, self._publishing_model = None, False
+            self.stop_on_signal.restore()
+        stopped = self.stop_on_signal.stopped_after_saving(self.args.output_dir)
+        if stopped is not None:
+            if self.args.world_size > 1 and torch.distributed.is_initialized():
+                torch.distributed.barrier()  # no rank exits (and gets the job torn down) before the set is published
+            report_and_exit(stopped, self.is_world_process_zero())
+
     def save_model(self, output_dir=None, _internal_call: bool = False):
-        """The final model lands whole: saved into a staging directory, then moved into place file by file.
+        """The final model and its config, published with the rest of the set (see `publishing`).
 
         Checkpoints (`_internal_call`) are written in place: one counts only once its trainer_state.json,
         written last, is readable (resilience.last_complete_checkpoint).
         """
         if _internal_call:
             return super().save_model(output_dir, _internal_call=True)
-        with staged_directory(output_dir or self.args.output_dir, publish=self.args.should_save) as staging:
-            super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
+        if output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir):
+            with run_directory.publication(output_dir, publish=self.args.should_save) as staging:
+                super().save_model(staging, _internal_call=True)
+        else:
+            with self.publishing() as staging:
+                self._publishing_model = True
+                super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
+                run_directory.fault_point()
         if self.args.push_to_hub:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -185,30 +231,57 @@ class TrainerExtensions:
                 torch.save(saved, temporary)
 
     def save_processors(self, *processors) -> None:
-        """save_pretrained() each of `processors` (tokenizer, image processor) into output_dir, atomically, once."""
-        if self.args.should_save:
-            with staged_directory(self.args.output_dir) as staging:
+        """save_pretrained() each of `processors` (tokenizer, image processor) into output_dir, with the set."""
+        with self.publishing() as staging:
+            if self.args.should_save:
                 for processor in processors:
                     processor.save_pretrained(staging)
+                run_directory.fault_point()
 
     def save_metrics(self, split, metrics, combined=True):
-        """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), each file replaced atomically."""
-        if not self.is_world_process_zero():
-            return
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        write_json_atomically(os.path.join(self.args.output_dir, f"{split}_results.json"), metrics)
-        if combined:
-            path = os.path.join(self.args.output_dir, "all_results.json")
-            combined_metrics = {}
-            if os.path.exists(path):
-                with open(path) as f:
-                    combined_metrics = json.load(f)
-            write_json_atomically(path, {**combined_metrics, **metrics})
+        """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), published with the set.
+
+        A new model's all_results.json starts afresh: the previous model's eval/test results do not describe it.
+        """
+        with self.publishing() as staging:
+            if not self.is_world_process_zero():
+                return
+            with open(os.path.join(staging, f"{split}_results.json"), "w") as f:
+                json.dump(metrics, f, indent=4, sort_keys=True)
+            if combined:  # merged into this set's all_results.json, else the published one (unless replaced)
+                path = os.path.join(staging, "all_results.json")
+                if not os.path.exists(path) and not self._publishing_model:
+                    path = os.path.join(self.args.output_dir, "all_results.json")
+                combined_metrics = {}
+                if os.path.exists(path):
+                    with open(path) as f:
+                        combined_metrics = json.load(f)
+                with open(os.path.join(staging, "all_results.json"), "w") as f:
+                    json.dump({**combined_metrics, **metrics}, f, indent=4, sort_keys=True)
+            run_directory.fault_point()
 
     def save_state(self):
+        with self.publishing() as staging:
+            if self.is_world_process_zero():
+                self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+                run_directory.fault_point()
+
+    # ownership: what this run writes into output_dir is recorded first ---------------------------------
+    def _save_checkpoint(self, model, trial):
+        if self.args.should_save:
+            run_directory.record_written(self._get_output_dir(trial=trial), [f"checkpoint-{self.state.global_step}"])
+        return super()._save_checkpoint(model, trial)
+
+    def _sorted_checkpoints(self, output_dir=None, *args, **kwargs):
+        """Rotation (save_total_limit) and best-model bookkeeping see only the checkpoints runs of ours wrote."""
+        found = super()._sorted_checkpoints(output_dir, *args, **kwargs)
+        ours = set(run_directory.read_record(output_dir or self.args.output_dir)["written"])
+        return [path for path in found if os.path.basename(path) in ours]
+
+    def create_model_card(self, *args, **kwargs):
         if self.is_world_process_zero():
-            with atomic_path(os.path.join(self.args.output_dir, "trainer_state.json")) as temporary:
-                self.state.save_to_json(temporary)
+            run_directory.record_written(self.args.output_dir, ["README.md"])
+        return super().create_model_card(*args, **kwargs)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from bridgetower_bench import data, preflight, resilience
+from bridgetower_bench import data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
 from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
@@ -251,6 +251,60 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert resumed.state.global_step == 6
 
 
+def _trainer_on(fixtures, ds, out, callbacks=(), **overrides):
+    from transformers import BridgeTowerForContrastiveLearning, Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class BridgeTowerTrainer(TrainerExtensions, Trainer):
+        pass
+
+    options = dict(output_dir=str(out), per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=2,
+                   use_cpu=True, seed=3, report_to="none", save_strategy="no", dataloader_num_workers=0,
+                   remove_unused_columns=False, disable_tqdm=True)
+    options.update(overrides)
+    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
+    return BridgeTowerTrainer(model=model, args=WarmupTrainingArguments(**options), train_dataset=ds, eval_dataset=ds,
+                              data_collator=data.collate_fn, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
+                              callbacks=list(callbacks))
+
+
+class _SignalDuringLastEvaluation(TrainerCallback):
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if state.global_step == state.max_steps and not getattr(self, "sent", False):
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops(fixtures, tmp_path):
+    from transformers import AutoTokenizer
+
+    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    out = tmp_path / "out"
+    trainer = _trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
+    before = signal.getsignal(signal.SIGTERM)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    with pytest.raises(resilience.TrainingInterrupted) as stopped:
+        trainer.save_model()  # the final save: the signal waited for it
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert stopped.value.message.startswith(f"Stopped by SIGTERM after saving completely what the run had done so far in {out}.")
+    assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures, tmp_path):
+    from transformers import AutoTokenizer
+
+    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    out = tmp_path / "out"
+    (out / "checkpoint-0").mkdir(parents=True)  # someone else's, numbered below ours
+    (out / "checkpoint-0" / "weights.pt").write_text("not ours")
+    _trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-0", "checkpoint-3"]
+    assert (out / "checkpoint-0" / "weights.pt").read_text() == "not ours"
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. SIGTERM / SIGINT: checkpoint at the next step boundary, rerun resumes to the same weights
 # ---------------------------------------------------------------------------------------------
@@ -332,15 +386,16 @@ def test_output_dir_rules(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("years of work")
-    for do_train in (True, False):
-        with pytest.raises(ValueError, match=r"--output_dir=.*foreign already exists .*\(thesis\.tex\).*--overwrite_output_dir"):
-            check(str(foreign), overwrite_output_dir=False, do_train=do_train, resume_from_checkpoint=None)
-    assert check(str(foreign), overwrite_output_dir=True, do_train=False, resume_from_checkpoint=None) is None
+    for do_train, overwrite in ((True, False), (False, False), (True, True)):
+        with pytest.raises(ValueError, match=r"--output_dir=.*foreign holds files this script did not write \(thesis\.tex\)"):
+            check(str(foreign), overwrite_output_dir=overwrite, do_train=do_train, resume_from_checkpoint=None)
 
     previous = tmp_path / "previous"
     previous.mkdir()
     (previous / "all_results.json").write_text("{}")
+    run_directory.record_written(str(previous), ["all_results.json", "checkpoint-2", "checkpoint-10", "checkpoint-12"])
     assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
+    assert check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) is None  # afresh
 
     make_checkpoint(previous / "checkpoint-2")
     make_checkpoint(previous / "checkpoint-10")
@@ -363,13 +418,12 @@ def test_atomic_json_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch
     assert read_json(path) == {"eval_loss": 1.0} and os.listdir(tmp_path) == ["eval_results.json"]
 
 
-def test_staged_save_publishes_whole_files_only(tmp_path):
+def test_a_failed_publication_leaves_the_previous_files_alone(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "config.json").write_text("old")
     with pytest.raises(RuntimeError):
-        with resilience.staged_directory(str(target)) as staging:
-            os.makedirs(staging)
+        with run_directory.publication(str(target)) as staging:
             with open(os.path.join(staging, "config.json"), "w") as f:
                 f.write("new")
             with open(os.path.join(staging, "model.safetensors"), "wb") as f:
@@ -377,12 +431,11 @@ def test_staged_save_publishes_whole_files_only(tmp_path):
                 raise RuntimeError("killed mid-save")
     assert sorted(os.listdir(target)) == ["config.json"] and (target / "config.json").read_text() == "old"
 
-    with resilience.staged_directory(str(target)) as staging:
-        os.makedirs(staging)
+    with run_directory.publication(str(target)) as staging:
         for name in ("config.json", "model.safetensors"):
             with open(os.path.join(staging, name), "w") as f:
                 f.write("new")
-    assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(target)) == [".bridgetower-run.json", "config.json", "model.safetensors"]
     assert (target / "config.json").read_text() == "new"
 
 
@@ -465,13 +518,19 @@ def refusal_cases(fixtures, tmp_path):
             f"{config}: unknown arguments fp17, learning_rate_typo (see --help for the arguments this script takes)"),
         "evaluation into a foreign output_dir": (
             ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, "--do_eval", "--report_to", "none", *CPU_FLAGS["cuda"]],
-            f"--output_dir={foreign} already exists and holds files that are not from a run of this script "
-            "(notes.txt). Use --overwrite_output_dir to write into it anyway."),
+            f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"),
+        "training over a foreign output_dir with --overwrite_output_dir": (
+            ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, "--overwrite_output_dir", "--do_train",
+             "--report_to", "none", *CPU_FLAGS["cuda"]],
+            f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"),
     }
 
 
 CASES = ["missing dataset directory", "caption column of numbers", "max_seq_length beyond the model",
-         "image column of numbers", "json configuration with unknown keys", "evaluation into a foreign output_dir"]
+         "image column of numbers", "json configuration with unknown keys", "evaluation into a foreign output_dir",
+         "training over a foreign output_dir with --overwrite_output_dir"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,0 +1,312 @@
+"""--output_dir under faults: one run at a time, nothing foreign touched or deleted, leftovers of killed writes
+cleared, and the final set (model, config, processors, metrics, trainer state) published all-or-nothing at
+every kill point; a signal after training never loses it, and rerunning completes the phases left."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bridgetower_bench import resilience, run_directory
+from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+
+
+def hold_lock_in_another_process(output_dir):
+    """A second process that claims output_dir and keeps it until killed."""
+    code = ("import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1]); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(output_dir)], cwd=REPO, env=script_env(False),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
+    out = tmp_path / "out"
+    holder = hold_lock_in_another_process(out)
+    try:
+        with pytest.raises(run_directory.OutputDirInUse) as refused:
+            run_directory.claim(str(out))
+        assert str(refused.value).startswith(f"--output_dir={out} is in use by another run (process {holder.pid} on host ")
+        run_directory.claim(str(out), holder=False)  # another process of the same distributed job: no refusal
+    finally:
+        holder.kill()
+        holder.wait()
+    with caplog.at_level(logging.WARNING, logger="bridgetower_bench"):
+        run_directory.claim(str(out))
+    try:
+        assert f"taking over the stale lock of process {holder.pid} on host " in caplog.text
+        # The lock is ours now: another process is refused.
+        other = subprocess.run([sys.executable, "-c", "import sys; from bridgetower_bench import run_directory; "
+                                "run_directory.claim(sys.argv[1])", str(out)], cwd=REPO, env=script_env(False),
+                               capture_output=True, text=True)
+        assert other.returncode != 0 and f"process {os.getpid()} on host" in other.stderr
+    finally:
+        run_directory.release(str(out))
+    assert os.listdir(out) == [], "a run that wrote nothing leaves the directory as it found it"
+
+
+def test_script_refuses_an_output_dir_another_run_holds(fixtures, tmp_path):
+    out = tmp_path / "out"
+    holder = hold_lock_in_another_process(out)
+    try:
+        result = run_script("cuda", [
+            "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name",
+            "matching", "--image_column", "image", "--caption_column", "image_description", "--output_dir", out,
+            "--do_train", "--max_steps", 1, "--report_to", "none", *CPU_FLAGS["cuda"]], check=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"--output_dir={out} is in use by another run (process {holder.pid} on host " in last, result.stderr[-2000:]
+    assert "'loss'" not in result.stdout and os.listdir(out) == [run_directory.LOCK_NAME]
+
+
+# ---------------------------------------------------------------------------------------------
+# What is ours: refuse foreign files, clear leftovers of killed writes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_text("ours")
+    (out / "checkpoint-5").mkdir()
+    run_directory.record_written(str(out), ["model.safetensors", "checkpoint-5"])
+    for overwrite in (True, False):
+        assert resilience.check_output_dir(str(out), overwrite_output_dir=overwrite, do_train=True, resume_from_checkpoint=None) is None
+    (out / "README.md").write_text("my notes")
+    (out / "checkpoint-7").mkdir()
+    for overwrite in (True, False):
+        with pytest.raises(ValueError, match=rf"^--output_dir={out} holds files this script did not write \(README\.md, "
+                                             r"checkpoint-7\); it never overwrites or deletes them"):
+            resilience.check_output_dir(str(out), overwrite_output_dir=overwrite, do_train=True, resume_from_checkpoint=None)
+
+
+def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those_of_live_ones(tmp_path, caplog):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_directory.record_written(str(out), ["all_results.json"])
+    dead, alive = dead_pid(), os.getppid()
+    (out / f"all_results.json.partial-{dead}").write_text('{"eval_lo')
+    (out / f"all_results.json.partial-{alive}").write_text("{")
+    (out / f"notes.txt.partial-{dead}").write_text("not ours")
+    (out / f".staging-{dead}").mkdir()
+    (out / f".staging-{dead}" / "config.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="bridgetower_bench"):
+        run_directory.claim(str(out))
+    run_directory.release(str(out))
+    assert sorted(os.listdir(out)) == sorted([run_directory.LOCK_NAME, run_directory.RECORD_NAME, f"all_results.json.partial-{alive}",
+                                            f"notes.txt.partial-{dead}"])
+    assert f"removed what killed writes left: .staging-{dead}, all_results.json.partial-{dead}" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Publication: a kill at every step leaves one complete set
+# ---------------------------------------------------------------------------------------------
+
+
+def _trainer(fixtures, out):
+    from transformers import BridgeTowerForContrastiveLearning, Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class BridgeTowerTrainer(TrainerExtensions, Trainer):
+        pass
+
+    args = WarmupTrainingArguments(output_dir=str(out), use_cpu=True, report_to="none", disable_tqdm=True)
+    return BridgeTowerTrainer(model=BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"]), args=args)
+
+
+def _make_generation(trainer, generation):
+    """Set number `generation`: every weight equal to it, its loss and step too."""
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.fill_(float(generation))
+    trainer.state.global_step = generation
+
+
+def _publish(trainer, processors, generation):
+    """The script's step 9."""
+    with trainer.publishing():
+        trainer.save_model()
+        trainer.save_processors(*processors)
+        trainer.save_metrics("train", {"train_loss": float(generation)})
+        trainer.save_state()
+
+
+def _published_generation(out) -> int:
+    """Which set output_dir holds, checking that every file of it belongs to that same set."""
+    from transformers import AutoImageProcessor, AutoTokenizer, BridgeTowerForContrastiveLearning
+
+    model = BridgeTowerForContrastiveLearning.from_pretrained(str(out))
+    values = {float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).unique()}
+    assert len(values) == 1, f"weights of two sets: {sorted(values)[:4]}"
+    AutoTokenizer.from_pretrained(str(out))
+    AutoImageProcessor.from_pretrained(str(out))
+    generations = {
+        "weights": values.pop() if len(values) == 1 else values,
+        "train_results.json": read_json(out / "train_results.json")["train_loss"],
+        "all_results.json": read_json(out / "all_results.json")["train_loss"],
+        "trainer_state.json": read_json(out / "trainer_state.json")["global_step"],
+    }
+    if generations["weights"] == 1:  # set 1 was evaluated too
+        generations["eval_results.json"] = read_json(out / "eval_results.json")["eval_loss"]
+        generations["all_results.json (eval)"] = read_json(out / "all_results.json")["eval_loss"]
+    else:
+        assert not (out / "eval_results.json").exists() and "eval_loss" not in read_json(out / "all_results.json"), \
+            "the previous model's eval results stayed next to the new model"
+    assert len(set(map(float, generations.values()))) == 1, f"a mix of two sets: {generations}"
+    return int(generations["weights"])
+
+
+def _wait(pid, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the publishing child hung for {seconds} s")
+
+
+def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_set(fixtures, tmp_path):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    out, pristine = tmp_path / "out", tmp_path / "pristine"
+    trainer = _trainer(fixtures, out)
+    processors = (AutoTokenizer.from_pretrained(fixtures["model"]), AutoImageProcessor.from_pretrained(fixtures["model"]))
+    _make_generation(trainer, 1)
+    _publish(trainer, processors, generation=1)
+    trainer.save_metrics("eval", {"eval_loss": 1.0})  # set 1's eval results: a new model replaces them
+    shutil.copytree(out, pristine)
+    assert _published_generation(out) == 1
+
+    _make_generation(trainer, 2)
+    outcomes = []
+    for step in range(1, 60):
+        pid = os.fork()
+        if pid == 0:  # the child publishes set 2 and is killed at its `step`-th write or rename
+            status = 3
+            try:
+                torch.set_num_threads(1)  # (the parent's OpenMP threads do not exist in a forked child)
+                os.environ[run_directory.FAULT_ENV] = f"{step}:SIGKILL"
+                run_directory._steps_done = 0
+                _publish(trainer, processors, generation=2)
+                status = 0
+            finally:
+                os._exit(status)
+        status = _wait(pid, seconds=120)
+        if os.WIFEXITED(status):
+            assert os.WEXITSTATUS(status) == 0
+            break  # `step` is past the last step: the publication ran to its end
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        # What the next start of either script does first, then a reader.
+        run_directory.finish_publication(str(out))
+        run_directory.remove_leftovers(str(out))
+        outcomes.append(_published_generation(out))
+        assert run_directory.foreign_entries(str(out)) == []
+        assert not [n for n in os.listdir(out) if n.startswith((".staging-", ".publishing")) or ".partial-" in n]
+        shutil.rmtree(out)
+        shutil.copytree(pristine, out)
+    # Killed before the commit point: the old set; from it on: the new set, whatever step it was killed at.
+    assert len(outcomes) >= 15, outcomes
+    commit = outcomes.index(2)
+    assert outcomes == [1] * commit + [2] * (len(outcomes) - commit) and commit >= 4, outcomes
+    assert _published_generation(out) == 2  # the publication that was not killed
+
+
+# ---------------------------------------------------------------------------------------------
+# The scripts: a kill or signal during the final save, then rerunning the same command
+# ---------------------------------------------------------------------------------------------
+
+
+def script_command(kind, fixtures, out):
+    return [
+        "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching",
+        "--image_column", "image", "--caption_column", "image_description", "--output_dir", out, "--do_train", "--do_eval",
+        "--per_device_train_batch_size", 4, "--max_train_samples", 16, "--max_eval_samples", 8, "--max_steps", 2,
+        "--save_strategy", "no", "--logging_steps", 1, "--report_to", "none", "--dataloader_num_workers", 0,
+        "--image_pipeline", "fast",
+        *CPU_FLAGS[kind],
+    ]
+
+
+def run_with_fault(kind, args, fault):
+    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
+    env = {**script_env(kind == "gaudi"), run_directory.FAULT_ENV: fault}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def assert_rerun_only_evaluates(kind, args, out):
+    pending = out / run_directory.PUBLISHING_NAME / "model.safetensors"  # committed, not yet moved into place
+    weights = load_file(str(pending if pending.exists() else out / "model.safetensors"))
+    rerun = run_script(kind, args)
+    assert "'loss'" not in rerun.stdout, "the finished training was done again"
+    assert "not training again" in rerun.stdout + rerun.stderr
+    assert "eval_loss" in read_json(out / "eval_results.json") and "train_loss" in read_json(out / "all_results.json")
+    again = load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+@pytest.mark.parametrize("step", [4, 10])
+def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(step, fixtures, tmp_path):
+    """Step 4: before the commit point (the staged set is discarded; with --save_strategy no the rerun trains
+    again). Step 10: after it, two files moved (the rerun finishes the publication, then only evaluates)."""
+    out = tmp_path / "out"
+    args = script_command("cuda", fixtures, out)
+    killed = run_with_fault("cuda", args, f"{step}:SIGKILL")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if step < 7:
+        rerun = run_script("cuda", args)
+        assert "'loss'" in rerun.stdout and read_json(out / "trainer_state.json")["global_step"] == 2
+        assert "eval_loss" in read_json(out / "eval_results.json")
+    else:
+        assert_rerun_only_evaluates("cuda", args, out)
+    assert not [n for n in os.listdir(out) if n.startswith((".staging-", ".publishing"))]
+
+
+def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_the_phases_left(fixtures, tmp_path):
+    out = tmp_path / "out"
+    args = script_command("gaudi", fixtures, out)
+    # SIGTERM in the middle of the final save (after the weights were staged), --save_strategy no.
+    stopped = run_with_fault("gaudi", args, "2:SIGTERM")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"Stopped by SIGTERM after saving completely what the run had done so far in {out}. Rerun the same command "
+        "(without --overwrite_output_dir) to do the phases that are left.")
+    assert read_json(out / "trainer_state.json")["global_step"] == 2 and not (out / "eval_results.json").exists()
+
+    # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
+    cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]
+    process = subprocess.Popen(cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if "Running Evaluation" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    process.communicate(timeout=300)
+    assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+    assert_rerun_only_evaluates("gaudi", args, out)
