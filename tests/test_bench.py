@@ -224,6 +224,28 @@ def test_vs_published_lines_up_node_per_device_and_speedups():
     assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
 
 
+def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
+    def split_row(workers, persistent, start_seconds, steady_seconds, repeat=1):
+        counted_seconds = 10.0  # 50 counted steps, 2 of them epoch starts
+        return {**row(80.0, workers, device="CPU", world_size=1, repeat=repeat), "persistent_workers": persistent,
+                "throughput_counted_steps": 50, "throughput_steps_per_epoch": 24, "throughput_epoch_starts": 2,
+                "data_wait_seconds_epoch_start": start_seconds, "data_wait_seconds_steady": steady_seconds,
+                "data_wait_fraction_epoch_start": start_seconds / counted_seconds,
+                "data_wait_fraction_steady": steady_seconds / counted_seconds}
+
+    rows = [split_row(2, False, 1.2, 0.96), split_row(2, False, 1.6, 0.96, repeat=2), split_row(2, True, 0.1, 0.48),
+            {**row(90.0, 0, device="CPU", world_size=1), "throughput_epoch_starts": 0}]  # no boundary counted: no split
+    table = bench_report.render_table(bench_report.summarise(rows))
+
+    assert "| device | workers=0 | workers=2 | workers=2 (persistent) |" in table
+    assert "Shape: 24 optimizer steps per epoch; 0, 2 epoch start(s) inside the counted window." in table
+    split = table.split("## Data wait at epoch starts beside the steady state (median)")[1]
+    # medians over the two repeats: 1.4 s at epoch starts (14 % of 10 s, 700 ms per start), 0.96 s over 48 steps (20 ms each)
+    assert "| CPU x1 | workers=2 | 2 | 14.0% | 9.6% | x1.46 | 1.40 s | 700 ms | 20 ms |" in split
+    assert "| CPU x1 | workers=2 (persistent) | 2 | 1.0% | 4.8% | x0.21 | 0.10 s | 50 ms | 10 ms |" in split
+    assert "| CPU x1 | workers=0 |" not in split
+
+
 # ---------------------------------------------------------------------------------------------
 # Command lines and bad input
 # ---------------------------------------------------------------------------------------------
