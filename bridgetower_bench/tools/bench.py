@@ -11,27 +11,32 @@ with its own output directory; its figures come from the train_results.json the 
 
 Matrix: every --image-pipelines x --workers with the PyTorch loader, plus every other --loaders
 entry (mediapipe on Gaudi, device_decode on NVIDIA) at --loader-workers (default: the largest
---workers value, as in the published "workers=2 + mediapipe" column), times --repeats. Repeats
-are the outer loop, so slow drift of the machine spreads over all configurations.
+--workers value, as in the published "workers=2 + mediapipe" column), times --repeats. Runs that
+have loader workers are also made with each --persistent-workers setting (default: without and with
+for the local preset; without, upstream's default, for the blog preset) and each --prefetch-factors
+value. Repeats are the outer loop, so slow drift of the machine spreads over all configurations.
 
 Written to --out (default bench_out/<timestamp>):
     logs/<run>.log       each run's command line and full output
     runs/<run>/          each run's output directory (weights deleted unless --keep-weights)
     results.json / .csv  one row per run, rewritten after every run (Ctrl-C keeps the finished rows)
-    table.md             samples/s per device (rows) and configuration (columns), the published layout
+    table.md             samples/s per device (rows) and configuration (columns), the published layout;
+                         the data wait, and its split between epoch-start steps and the steady state
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
 
 Presets. `local` (default) runs the embedded fixtures (bridgetower_bench.tools.fixtures: random-weight
 tiny BridgeTower, synthetic New Yorker-shaped data) offline on whatever device is present: per-device
 batch 8, captions padded to 32 tokens (the synthetic ones have at most 16; upstream's default pads to
-128), 3 warm-up steps + 10 counted steps (13 in all; the 192-row train split is 24 steps, so no
-epoch boundary falls inside the window), logging every 10 steps, no checkpoints. The tiny model takes
-BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px patches), so like the
-published accelerator runs the local preset is bound by image loading, not by the model. On the shared
-2-core development machine a run took about 8 s and the default sweep under a minute: CPU figures are
-noisy there, so use --repeats and read the data-wait column. `blog` is the published
-command line (DESIGN.md §1).
+128), logging every 10 steps, no checkpoints. Its default shape (`--shape published`) is the published
+run's: the 192 training rows make 24 optimizer steps per epoch (published: about 9.8k rows / 384 per
+step, 25.5), and 53 steps with 3 warm-up put two epoch starts (steps 25 and 49) inside the 50 counted
+steps, so the loader's restart at each epoch is measured as it is in the published 5-epoch runs.
+`--shape within-epoch` runs 13 steps (3 warm-up + 10 counted) inside the first epoch: the steady state
+alone. The tiny model takes BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px
+patches), so like the published accelerator runs the local preset is bound by image loading, not by the
+model. CPU figures on a shared machine are noisy: use --repeats and read the data-wait columns. `blog`
+is the published command line (DESIGN.md §1).
 
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
