@@ -379,6 +379,6 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
     plan = plan_for(["--workers", "0", "2"], accelerator="cpu")
     threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
-    assert threads == ["8", "6"]
+    assert threads == ["8", "6", "6"]  # workers 0, 2, 2 (persistent)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
