@@ -7,6 +7,17 @@ accumulates the time the training loop spends blocked on the next batch during t
     samples/s          = samples fetched for the counted steps / (end of last step - end of warm-up)
     data_wait_fraction = time blocked on the loader during that window / that window
 
+Epoch starts are accounted for apart: the first optimizer step of every epoch after the first one this
+`train()` call trains ("epoch-start steps") waits for a fresh pass of the loader (without persistent
+workers, for new worker processes), where the other steps find batches prefetched. Inside the window:
+
+    data_wait_seconds_epoch_start  = time blocked on the loader in the epoch-start steps
+    data_wait_fraction_epoch_start = that / the window
+    data_wait_seconds_steady, data_wait_fraction_steady: the same for every other counted step
+
+so the two fractions add up to `data_wait_fraction`. `throughput_epoch_starts` counts the epoch-start
+steps in the window and `throughput_steps_per_epoch` is the run's optimizer steps per epoch.
+
 Both ends of the window wait for the device to finish the work queued so far (`synchronize_device`), and
 no other step does: the host may run ahead of the device (it does once the Trainer's per-step NaN check
 is off, `--logging_nan_inf_filter False`), and the clock must read when the device is done, not when the
@@ -44,6 +55,12 @@ class ThroughputCallback(TrainerCallback):
         self.all_samples = 0
         self.wait_seconds = 0.0
         self.all_wait_seconds = 0.0
+        self.steps_per_epoch: Optional[int] = None
+        self.epochs_begun = 0
+        self.step_waits: dict[int, float] = {}  # global step -> seconds blocked on the loader for it
+        self.epoch_start_steps: list[int] = []  # global steps that began an epoch (after this call's first)
+        self._step_wait = 0.0
+        self._step_is_epoch_start = False
 
     # Trainer events ------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
@@ -51,8 +68,21 @@ class ThroughputCallback(TrainerCallback):
         self.train_start = self.clock()
         if self.warmup_steps == 0:
             self.window_start = self.train_start
+        loader = kwargs.get("train_dataloader")
+        try:
+            self.steps_per_epoch = max(len(loader) // max(1, getattr(args, "gradient_accumulation_steps", 1)), 1)
+        except TypeError:  # no loader given, or one without a length
+            self.steps_per_epoch = None
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.epochs_begun += 1
+        self._step_is_epoch_start = self.epochs_begun > 1  # the first one is the start of training
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.step_waits[state.global_step] = self._step_wait
+        if self._step_is_epoch_start:
+            self.epoch_start_steps.append(state.global_step)
+        self._step_wait, self._step_is_epoch_start = 0.0, False
         window_starts = state.global_step - self.first_step == self.warmup_steps
         last_step = bool(state.max_steps) and state.global_step >= state.max_steps
         if window_starts or last_step:
@@ -64,6 +94,7 @@ class ThroughputCallback(TrainerCallback):
 
     # Called by the trainer around every fetch of a batch -------------------------------------------
     def record_fetch(self, seconds: float, num_samples: int) -> None:
+        self._step_wait += seconds
         self.all_wait_seconds += seconds
         self.all_samples += num_samples
         if self.window_start is not None:
@@ -89,6 +120,11 @@ class ThroughputCallback(TrainerCallback):
             counted_steps = steps_run
         elapsed = max(elapsed, 1e-9)
         node_samples = samples * self.world_size
+        first_counted = self.first_step + warmup + 1
+        epoch_starts = [step for step in self.epoch_start_steps if step >= first_counted]
+        epoch_start_wait = sum(self.step_waits.get(step, 0.0) for step in epoch_starts)
+        steady_wait = max(0.0, wait - epoch_start_wait)
+        shape = {"throughput_steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}
         return {
             "train_samples_per_second": node_samples / elapsed,
             "train_samples_per_second_per_device": node_samples / elapsed / self.world_size,
@@ -97,6 +133,12 @@ class ThroughputCallback(TrainerCallback):
             "throughput_counted_samples": node_samples,
             "throughput_counted_seconds": elapsed,
             "data_wait_fraction": min(1.0, wait / elapsed),
+            "throughput_epoch_starts": len(epoch_starts),
+            "data_wait_seconds_epoch_start": epoch_start_wait,
+            "data_wait_fraction_epoch_start": min(1.0, epoch_start_wait / elapsed),
+            "data_wait_seconds_steady": steady_wait,
+            "data_wait_fraction_steady": min(1.0, steady_wait / elapsed),
+            **shape,
             "world_size": self.world_size,
         }
 

@@ -12,8 +12,10 @@ from PIL import Image
 
 from bridgetower_bench.tools import bench, bench_report
 
-# A small but real sweep: 3 steps of batch 2, the first one warm-up.
-TINY_RUN = "--max_steps 3 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 --max_eval_samples 8"
+# A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
+# so steps 3 and 5 begin epochs inside the counted window.
+TINY_RUN = ("--max_train_samples 4 --max_steps 5 --throughput_warmup_steps 1 --per_device_train_batch_size 2 "
+            "--logging_steps 1 --max_eval_samples 8")
 
 
 def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path, monkeypatch, capsys):
@@ -25,13 +27,17 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     printed = capsys.readouterr().out
     assert code == 0, printed
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert [(r["workers"], r["status"]) for r in runs] == [(0, "ok"), (1, "ok")]
+    assert [(r["workers"], r["persistent_workers"], r["status"]) for r in runs] == [(0, False, "ok"), (1, False, "ok"), (1, True, "ok")]
+    assert "--dataloader_persistent_workers True" in runs[2]["command"] and "--dataloader_persistent_workers" not in runs[1]["command"]
     for row in runs:
         assert row["loader"] == "torch" and row["image_pipeline"] == "upstream" and row["script"] == "cuda"
         assert row["device_name"].startswith("CPU") and row["world_size"] == 1
         assert row["per_device_train_batch_size"] == 2
-        assert row["throughput_warmup_steps"] == 1 and row["throughput_counted_steps"] == 2
+        assert row["throughput_warmup_steps"] == 1 and row["throughput_counted_steps"] == 4
+        assert row["throughput_steps_per_epoch"] == 2 and row["throughput_epoch_starts"] == 2
         assert row["train_samples_per_second"] > 0 and 0 <= row["data_wait_fraction"] <= 1
+        assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(row["data_wait_fraction"])
+        assert row["data_wait_seconds_epoch_start"] > 0
         assert row["version_torch"] and row["version_transformers"]
         assert 0 <= row["eval_i2t_recall@1"] <= 1 and row["eval_loss"] > 0
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
@@ -39,17 +45,22 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
 
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))
-    assert [r["workers"] for r in csv_rows] == ["0", "1"]
+    assert [r["workers"] for r in csv_rows] == ["0", "1", "1"]
     assert float(csv_rows[1]["train_samples_per_second"]) == pytest.approx(runs[1]["train_samples_per_second"])
 
     table = (out / "table.md").read_text()
-    assert "| device | workers=0 | workers=1 |" in table and "(x1.00)" in table
+    assert "| device | workers=0 | workers=1 | workers=1 (persistent) |" in table and "(x1.00)" in table
+    assert "Shape: 2 optimizer steps per epoch; 2 epoch start(s) inside the counted window." in table
+    assert "## Data wait at epoch starts beside the steady state (median)" in table
+    split = table.split("## Data wait at epoch starts beside the steady state (median)")[1].split("##")[0]
+    for label in ("workers=0", "workers=1", "workers=1 (persistent)"):
+        assert f"| {label} | 2 | " in split, f"{label}: 2 epoch starts counted, side by side with the steady wait"
     assert table in printed, "the table is printed at the end"
     assert "## Retrieval quality: eval image->text recall@1" in table
     assert "Gaudi2 HPU (published)" in (out / "vs_published.md").read_text()
     with Image.open(out / "chart.png") as chart:
         assert chart.size[0] > 100 and chart.size[1] > 100
-    assert printed.count("start  workers=") == 2 and "samples/s" in printed
+    assert printed.count("start  workers=") == 3 and "samples/s" in printed and "at 2 epoch start(s)" in printed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,6 +224,28 @@ def test_vs_published_lines_up_node_per_device_and_speedups():
     assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
 
 
+def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
+    def split_row(workers, persistent, start_seconds, steady_seconds, repeat=1):
+        counted_seconds = 10.0  # 50 counted steps, 2 of them epoch starts
+        return {**row(80.0, workers, device="CPU", world_size=1, repeat=repeat), "persistent_workers": persistent,
+                "throughput_counted_steps": 50, "throughput_steps_per_epoch": 24, "throughput_epoch_starts": 2,
+                "data_wait_seconds_epoch_start": start_seconds, "data_wait_seconds_steady": steady_seconds,
+                "data_wait_fraction_epoch_start": start_seconds / counted_seconds,
+                "data_wait_fraction_steady": steady_seconds / counted_seconds}
+
+    rows = [split_row(2, False, 1.2, 0.96), split_row(2, False, 1.6, 0.96, repeat=2), split_row(2, True, 0.1, 0.48),
+            {**row(90.0, 0, device="CPU", world_size=1), "throughput_epoch_starts": 0}]  # no boundary counted: no split
+    table = bench_report.render_table(bench_report.summarise(rows))
+
+    assert "| device | workers=0 | workers=2 | workers=2 (persistent) |" in table
+    assert "Shape: 24 optimizer steps per epoch; 0, 2 epoch start(s) inside the counted window." in table
+    split = table.split("## Data wait at epoch starts beside the steady state (median)")[1]
+    # medians over the two repeats: 1.4 s at epoch starts (14 % of 10 s, 700 ms per start), 0.96 s over 48 steps (20 ms each)
+    assert "| CPU x1 | workers=2 | 2 | 14.0% | 9.6% | x1.46 | 1.40 s | 700 ms | 20 ms |" in split
+    assert "| CPU x1 | workers=2 (persistent) | 2 | 1.0% | 4.8% | x0.21 | 0.10 s | 50 ms | 10 ms |" in split
+    assert "| CPU x1 | workers=0 |" not in split
+
+
 # ---------------------------------------------------------------------------------------------
 # Command lines and bad input
 # ---------------------------------------------------------------------------------------------
@@ -257,9 +290,9 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     command = gpu.command(gpu.variants[0], tmp_path / "run")
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
-    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [
-        ("torch", "upstream")] * 3 + [("device_decode", "upstream")] + [("torch", "fast")] * 3, \
-        "the local preset sets upstream's images beside ours; the device loader runs once"
+    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [("torch", "upstream")] * 5 + [
+        ("device_decode", "upstream")] * 2 + [("torch", "fast")] * 5, \
+        "the local preset sets upstream's images beside ours, with and without persistent workers; the device loader runs with the first"
     assert {v.image_pipeline for v in plan_for(["--preset", "blog"], accelerator="cuda").variants} == {"upstream"}
 
     gaudi_on_cpu = plan_for(["--script", "gaudi", "--workers", "0"], accelerator="cpu")
@@ -277,6 +310,9 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     (["--script", "gaudi", "--nproc", "8"], "cpu", "--nproc 8: the Gaudi script runs several processes only on HPUs"),
     (["--extra-args", "--output_dir /tmp/x"], "cpu", "--extra-args: --output_dir is set per run by the sweep"),
     (["--extra-args", "--seed '3"], "cpu", "--extra-args .*No closing quotation"),
+    (["--extra-args=--dataloader_persistent_workers"], "cpu", "--extra-args: --dataloader_persistent_workers is set per run"),
+    (["--preset", "blog", "--shape", "within-epoch"], "cpu", "--shape within-epoch: only the local preset"),
+    (["--prefetch-factors", "0"], "cpu", "--prefetch-factors 0: must be 1 or more"),
 ])
 def test_bad_command_lines_are_refused_with_the_flag_named(argv, accelerator, message):
     with pytest.raises(ValueError, match=message):
@@ -296,10 +332,52 @@ def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
     assert [suffix for _, _, suffix in series] == ["", " + device_decode", ", fast images"]
 
 
+def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(tmp_path):
+    def shape(argv):
+        command = plan_for(argv, accelerator="cpu").command(bench.Variant(2), tmp_path)
+        value = {flag: int(command[command.index(flag) + 1]) for flag in
+                 ("--max_train_samples", "--per_device_train_batch_size", "--max_steps", "--throughput_warmup_steps")}
+        steps_per_epoch = -(-value["--max_train_samples"] // value["--per_device_train_batch_size"])
+        counted = range(value["--throughput_warmup_steps"] + 1, value["--max_steps"] + 1)
+        return steps_per_epoch, [step for step in counted if (step - 1) % steps_per_epoch == 0]
+
+    steps_per_epoch, epoch_starts = shape([])
+    assert 24 <= steps_per_epoch <= 26, "the published run: about 9.8k rows / 384 per step"
+    assert len(epoch_starts) >= 2 and epoch_starts[0] == steps_per_epoch + 1
+    assert bench.local_train_rows() >= steps_per_epoch * 8, "the fixture has the rows the preset asks for"
+    assert shape(["--shape", "within-epoch"])[1] == [], "the short variant stays inside the first epoch"
+    assert "2 epoch start(s) counted (steps 25, 49)" in bench.describe_shape("published")
+
+
+def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
+    plan = plan_for(["--image-pipelines", "fast"], accelerator="cpu")
+    assert [v.label for v in plan.variants] == [
+        "workers=0, fast images", "workers=1, fast images", "workers=1 (persistent), fast images",
+        "workers=2, fast images", "workers=2 (persistent), fast images"]
+    for variant in plan.variants:
+        command = plan.command(variant, tmp_path / variant.run_id)
+        assert ("--dataloader_persistent_workers" in command) == variant.persistent_workers
+    assert len({v.run_id for v in plan.variants}) == len(plan.variants)
+
+    chosen = plan_for(["--workers", "0", "2", "--persistent-workers", "yes", "--prefetch-factors", "4"], accelerator="cuda")
+    assert [v.label for v in chosen.variants] == ["workers=0", "workers=2 (persistent, prefetch 4)",
+                                                  "workers=2 (persistent, prefetch 4) + device_decode"]
+    command = " ".join(chosen.command(chosen.variants[1], tmp_path / "run"))
+    assert "--dataloader_persistent_workers True --dataloader_prefetch_factor 4" in command
+    assert "--dataloader_persistent_workers" not in chosen.command(chosen.variants[0], tmp_path / "run")
+
+    gaudi = plan_for(["--preset", "blog"], accelerator="hpu")  # upstream's loader settings: the published table
+    assert not any(v.persistent_workers for v in gaudi.variants)
+    with_mediapipe = plan_for(["--preset", "blog", "--persistent-workers", "no", "yes"], accelerator="hpu")
+    assert [v.label for v in with_mediapipe.variants] == [
+        "workers=0", "workers=1", "workers=1 (persistent)", "workers=2", "workers=2 (persistent)", "workers=2 + mediapipe"]
+
+
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
     assert bench.main(["--dry-run", "--workers", "0", "2", "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("run_bridgetower") >= 2 and "--dataloader_num_workers 2" in printed
+    assert printed.count("run_bridgetower") >= 3 and "--dataloader_num_workers 2" in printed
+    assert "--dataloader_persistent_workers True" in printed and "2 epoch start(s) counted" in printed
     assert not (tmp_path / "out").exists()
 
 
@@ -317,6 +395,6 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
     plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
     threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
-    assert threads == ["8", "6"]
+    assert threads == ["8", "6", "6"]  # workers 0, 2, 2 (persistent)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"

@@ -325,8 +325,9 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
         image_mean=CLIP_MEAN, image_std=CLIP_STD, loader="device_decode", image_pipeline="fast",
         decode_ahead=decode_ahead,
     )
-    trainer.train()  # 5 steps of 3 over 6 images: three epochs, so a new look-ahead each epoch
+    metrics = trainer.train().metrics  # 5 steps of 3 over 6 images: three epochs, so a new look-ahead each epoch
     trainer.evaluate()
+    assert trainer.throughput.epoch_start_steps == [3, 5] and metrics["throughput_epoch_starts"] == 2
     assert trainer.args.device.type == device
     assert (trainer._decode_thread is not None) == (decode_ahead or device == "cuda")  # the look-ahead ran
     expected = data.expected_pixels()

@@ -680,3 +680,36 @@ def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana,
 
     gc.collect()
     assert FakeMediaPipe.counts() == (4, 4)
+
+
+def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fake_habana, tmp_path, monkeypatch):
+    import time
+
+    from transformers import Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, TrainerExtensions, Trainer):
+        pass
+
+    restarted_after_step = []
+    restart = FakeIterator.__iter__
+
+    def slow_restart(self):  # the pipeline's restart at every epoch takes (at least) 0.2 s
+        restarted_after_step.append(trainer.state.global_step)
+        time.sleep(0.2)
+        return restart(self)
+
+    monkeypatch.setattr(FakeIterator, "__iter__", slow_restart)
+    args = WarmupTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, num_train_epochs=2, use_cpu=True,
+        report_to="none", remove_unused_columns=False, save_strategy="no", disable_tqdm=True, throughput_warmup_steps=1,
+    )
+    trainer = MediaPipeTrainer(model=RowRecordingModel(), args=args, train_dataset=attached_dataset(tmp_path / "images"))
+    metrics = trainer.train().metrics
+
+    steps_per_epoch = -(-len(COLOURS) // 3)
+    assert restarted_after_step == [0, steps_per_epoch]  # before step 1, and inside the next epoch's first step
+    assert trainer.throughput.epoch_start_steps == [steps_per_epoch + 1]
+    assert metrics["throughput_steps_per_epoch"] == steps_per_epoch and metrics["throughput_epoch_starts"] == 1
+    assert metrics["data_wait_seconds_epoch_start"] == trainer.throughput.step_waits[steps_per_epoch + 1] >= 0.2

@@ -158,3 +158,104 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
     recovered = (first * 0.25 + 0.5) * 255
     assert torch.allclose(recovered, recovered.round(), atol=1e-3)
     assert set(recovered.round().int().unique().tolist()) <= set(range(12))
+
+
+# --- epoch starts: the first step of every epoch after the first, accounted for apart ---------------------
+
+
+def simulate_epochs(callback, clock, steps, steps_per_epoch, wait_of_step, step_seconds=1.0, batch=4):
+    """Trainer events for `steps` optimizer steps, `steps_per_epoch` per epoch; step k waits `wait_of_step(k)`."""
+    state = SimpleNamespace(global_step=0, max_steps=steps)
+    callback.on_train_begin(CPU_ARGS, state, None, train_dataloader=[None] * steps_per_epoch)
+    for step in range(1, steps + 1):
+        if (step - 1) % steps_per_epoch == 0:
+            callback.on_epoch_begin(CPU_ARGS, state, None)
+        wait = wait_of_step(step)
+        clock.now += wait
+        callback.record_fetch(wait, batch)
+        clock.now += step_seconds
+        state.global_step = step
+        callback.on_step_end(CPU_ARGS, state, None)
+
+
+def test_epoch_start_steps_are_the_first_step_of_each_later_epoch_inside_the_window():
+    # 5 steps per epoch, 3 warm-up steps, 14 steps: epochs begin at steps 1, 6 and 11; step 1 starts training
+    # (and is warm-up anyway), so 6 and 11 are the counted epoch starts. They wait 2 s, every other step 0.5 s.
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=3, clock=clock)
+    simulate_epochs(callback, clock, steps=14, steps_per_epoch=5, wait_of_step=lambda k: 2.0 if k in (1, 6, 11) else 0.5)
+    metrics = callback.metrics()
+
+    assert callback.epoch_start_steps == [6, 11]
+    assert metrics["throughput_steps_per_epoch"] == 5 and metrics["throughput_epoch_starts"] == 2
+    # 11 counted steps (4..14): 2 epoch starts of 3 s (2 s waiting), 9 others of 1.5 s (0.5 s waiting): 19.5 s.
+    assert metrics["throughput_counted_seconds"] == pytest.approx(19.5)
+    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(4.0)
+    assert metrics["data_wait_seconds_steady"] == pytest.approx(4.5)
+    assert metrics["data_wait_fraction_epoch_start"] == pytest.approx(4.0 / 19.5)
+    assert metrics["data_wait_fraction_steady"] == pytest.approx(4.5 / 19.5)
+    assert metrics["data_wait_fraction_epoch_start"] + metrics["data_wait_fraction_steady"] == pytest.approx(metrics["data_wait_fraction"])
+
+
+def test_an_epoch_start_inside_the_warmup_is_not_counted():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=3, clock=clock)
+    simulate_epochs(callback, clock, steps=8, steps_per_epoch=2, wait_of_step=lambda k: 1.0 if k % 2 else 0.0)
+    metrics = callback.metrics()
+    assert callback.epoch_start_steps == [3, 5, 7]
+    assert metrics["throughput_epoch_starts"] == 2  # steps 5 and 7; step 3 is warm-up
+    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+
+
+def test_a_run_inside_one_epoch_has_no_epoch_start_wait():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=3, clock=clock)
+    simulate(callback, clock, steps=13, warmup_seconds=1.0, step_seconds=0.75, wait_seconds=0.25)
+    metrics = callback.metrics()
+    assert metrics["throughput_epoch_starts"] == 0 and metrics["data_wait_seconds_epoch_start"] == 0.0
+    assert metrics["data_wait_fraction_steady"] == pytest.approx(metrics["data_wait_fraction"])
+
+
+class SlowEpochStarts(torch.utils.data.Sampler):
+    """Sequential order; every new pass (epoch) first sleeps `delay` seconds, as new loader workers start."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay, self.passes = n, delay, 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        self.passes += 1
+        time.sleep(self.delay)
+        return iter(range(self.n))
+
+
+class EpochStartTrainer(TrainerExtensions, Trainer):
+    def _get_train_sampler(self, *args, **kwargs):
+        return self.slow_sampler
+
+
+def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_step(tmp_path):
+    # 8 rows, batch 2: 4 steps per epoch; 11 steps with 2 warm-up: epochs begin at steps 1, 5 and 9.
+    args = WarmupTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=11, throughput_warmup_steps=2,
+        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+    )
+    trainer = EpochStartTrainer(
+        model=SlowModel(delay=0.0), args=args, train_dataset=SlowData(8, delay=0.0),
+        image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25),
+    )
+    trainer.slow_sampler = SlowEpochStarts(8, delay=0.3)
+    metrics = trainer.train().metrics
+    recorded = trainer.throughput
+
+    assert trainer.slow_sampler.passes == 3
+    assert recorded.epoch_start_steps == [5, 9]
+    assert metrics["throughput_steps_per_epoch"] == 4 and metrics["throughput_epoch_starts"] == 2
+    assert all(recorded.step_waits[step] >= 0.3 for step in (1, 5, 9))  # each pass's sleep landed on its first step
+    counted = [step for step in recorded.step_waits if step > 2]
+    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(recorded.step_waits[5] + recorded.step_waits[9])
+    assert metrics["data_wait_seconds_steady"] == pytest.approx(
+        sum(recorded.step_waits[step] for step in counted if step not in (5, 9)), abs=1e-9)
+    assert metrics["data_wait_seconds_epoch_start"] > metrics["data_wait_seconds_steady"]

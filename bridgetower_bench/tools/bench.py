@@ -1,6 +1,6 @@
 """The benchmark sweep: run a training script over a matrix of loader settings and tabulate throughput.
 
-    python -m bridgetower_bench.tools.bench                       # local preset: tiny model, synthetic data, ~1 min on 2 CPU cores
+    python -m bridgetower_bench.tools.bench                       # local preset: tiny model, synthetic data, ~1.5 min on 2 idle CPU cores
     python -m bridgetower_bench.tools.bench --preset blog         # the published run: BridgeTower Large, New Yorker, 8 devices
     python -m bridgetower_bench.tools.bench --workers 0 2 --image-pipelines upstream fast --repeats 3 --eval
     python -m bridgetower_bench.tools.bench --dry-run             # print the commands only
@@ -11,14 +11,17 @@ with its own output directory; its figures come from the train_results.json the 
 
 Matrix: every --image-pipelines x --workers with the PyTorch loader, plus every other --loaders
 entry (mediapipe on Gaudi, device_decode on NVIDIA) at --loader-workers (default: the largest
---workers value, as in the published "workers=2 + mediapipe" column), times --repeats. Repeats
-are the outer loop, so slow drift of the machine spreads over all configurations.
+--workers value, as in the published "workers=2 + mediapipe" column), times --repeats. Runs that
+have loader workers are also made with each --persistent-workers setting (default: without and with
+for the local preset; without, upstream's default, for the blog preset) and each --prefetch-factors
+value. Repeats are the outer loop, so slow drift of the machine spreads over all configurations.
 
 Written to --out (default bench_out/<timestamp>):
     logs/<run>.log       each run's command line and full output
     runs/<run>/          each run's output directory (weights deleted unless --keep-weights)
     results.json / .csv  one row per run, rewritten after every run (Ctrl-C keeps the finished rows)
-    table.md             samples/s per device (rows) and configuration (columns), the published layout
+    table.md             samples/s per device (rows) and configuration (columns), the published layout;
+                         the data wait, and its split between epoch-start steps and the steady state
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
 These records are made to be shared: credential values (--token, --hub_token, HF_TOKEN, ...; see
@@ -28,13 +31,15 @@ paths are written relative to --out (`$OUT/...` in commands) or to the repositor
 Presets. `local` (default) runs the embedded fixtures (bridgetower_bench.tools.fixtures: random-weight
 tiny BridgeTower, synthetic New Yorker-shaped data) offline on whatever device is present: per-device
 batch 8, captions padded to 32 tokens (the synthetic ones have at most 16; upstream's default pads to
-128), 3 warm-up steps + 10 counted steps (13 in all; the 192-row train split is 24 steps, so no
-epoch boundary falls inside the window), logging every 10 steps, no checkpoints. The tiny model takes
-BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px patches), so like the
-published accelerator runs the local preset is bound by image loading, not by the model. On the shared
-2-core development machine a run took about 8 s and the default sweep under a minute: CPU figures are
-noisy there, so use --repeats and read the data-wait column. `blog` is the published
-command line (docs/PUBLISHED.md).
+128), logging every 10 steps, no checkpoints. Its default shape (`--shape published`) is the published
+run's: the 192 training rows make 24 optimizer steps per epoch (published: about 9.8k rows / 384 per
+step, 25.5), and 53 steps with 3 warm-up put two epoch starts (steps 25 and 49) inside the 50 counted
+steps, so the loader's restart at each epoch is measured as it is in the published 5-epoch runs.
+`--shape within-epoch` runs 13 steps (3 warm-up + 10 counted) inside the first epoch: the steady state
+alone. The tiny model takes BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px
+patches), so like the published accelerator runs the local preset is bound by image loading, not by the
+model. CPU figures on a shared machine are noisy: use --repeats and read the data-wait columns. `blog`
+is the published command line (docs/PUBLISHED.md).
 
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
@@ -83,7 +88,11 @@ NATIVE_LOADER = {"hpu": "mediapipe", "cuda": "device_decode"}
 # The local preset's image pipelines: upstream's transform (the reproduction) beside ours (the improvement).
 DEFAULT_LOCAL_PIPELINES = ("upstream", "fast")
 # Flags the sweep sets per run: --extra-args must not override them.
-SWEEP_FLAGS = ("--output_dir", "--dataloader_num_workers", "--image_pipeline", "--mediapipe_dataloader", "--device_decode")
+SWEEP_FLAGS = ("--output_dir", "--dataloader_num_workers", "--image_pipeline", "--mediapipe_dataloader", "--device_decode",
+               "--dataloader_persistent_workers", "--dataloader_prefetch_factor")
+# Loaders whose batches come from PyTorch DataLoader workers, so that persistent workers and the prefetch
+# factor apply (the media pipeline has no such workers).
+WORKER_LOADERS = (TORCH_LOADER, "device_decode")
 
 BLOG_DATASET = "jmhessel/newyorker_caption_contest"
 DATASET_CONFIG = "matching"
@@ -92,15 +101,21 @@ DATASET_CONFIG = "matching"
 CSV_COLUMNS = (
     "run_id", "status", "returncode", "error", "device_name", "device_type", "script", "preset",
     "world_size", "per_device_train_batch_size", "requested_loader", "loader", "image_pipeline", "workers",
-    "repeat", "throughput_warmup_steps", "throughput_counted_steps", "throughput_counted_samples",
-    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction", "train_loss",
+    "persistent_workers", "prefetch_factor", "repeat", "throughput_warmup_steps", "throughput_counted_steps",
+    "throughput_counted_samples", "throughput_steps_per_epoch", "throughput_epoch_starts",
+    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
+    "data_wait_fraction_epoch_start", "data_wait_fraction_steady", "data_wait_seconds_epoch_start",
+    "data_wait_seconds_steady", "train_loss",
     "version_torch", "version_transformers", "wall_seconds", "log", "output_dir", "command",
 )
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (
     "device_name", "device_type", "world_size", "per_device_train_batch_size", "loader", "image_pipeline",
     "throughput_warmup_steps", "throughput_counted_steps", "throughput_counted_samples",
-    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction", "train_loss",
+    "throughput_steps_per_epoch", "throughput_epoch_starts",
+    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
+    "data_wait_fraction_epoch_start", "data_wait_fraction_steady", "data_wait_seconds_epoch_start",
+    "data_wait_seconds_steady", "train_loss",
 )
 
 
@@ -118,12 +133,19 @@ class Variant:
     loader: str = TORCH_LOADER
     image_pipeline: str = "upstream"
     repeat: int = 1
+    persistent_workers: bool = False  # --dataloader_persistent_workers: the loader's workers live across epochs
+    prefetch_factor: Optional[int] = None  # --dataloader_prefetch_factor (None: PyTorch's default, 2)
 
     @property
     def run_id(self) -> str:
         """A file-system-safe name, unique within a sweep."""
-        name = f"w{self.workers}-{self.loader}-{self.image_pipeline}-r{self.repeat}"
+        name = f"w{self.workers}{'p' if self.persistent_workers else ''}"
+        name += f"{f'-prefetch{self.prefetch_factor}' if self.prefetch_factor else ''}-{self.loader}-{self.image_pipeline}-r{self.repeat}"
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
+
+    @property
+    def label(self) -> str:
+        return configuration_label(self.workers, self.loader, self.image_pipeline, self.persistent_workers, self.prefetch_factor)
 
 
 def expand_matrix(
@@ -132,9 +154,15 @@ def expand_matrix(
     image_pipelines: Sequence[str],
     repeats: int,
     loader_workers: Optional[Sequence[int]] = None,
+    persistent: Sequence[bool] = (False,),
+    prefetch_factors: Sequence[Optional[int]] = (None,),
 ) -> list[Variant]:
     """All runs, repeat by repeat: the PyTorch loader at every `workers` setting with every image pipeline; other
-    loaders (they decode on the device, so the host pipeline hardly matters) at `loader_workers`, with the first."""
+    loaders (they decode on the device, so the host pipeline hardly matters) at `loader_workers`, with the first.
+
+    Where a loader has PyTorch workers (`workers` > 0, not the media pipeline), every `persistent` and
+    `prefetch_factors` setting is run; elsewhere they mean nothing and the run is made once, without them.
+    """
     loader_workers = list(loader_workers) if loader_workers else [max(workers)]
     variants = []
     for repeat in range(1, repeats + 1):
@@ -143,7 +171,11 @@ def expand_matrix(
                 if loader != TORCH_LOADER and pipeline != image_pipelines[0]:
                     continue
                 for w in workers if loader == TORCH_LOADER else loader_workers:
-                    variants.append(Variant(workers=w, loader=loader, image_pipeline=pipeline, repeat=repeat))
+                    has_workers = w > 0 and loader in WORKER_LOADERS
+                    settings = [(p, f) for p in persistent for f in prefetch_factors] if has_workers else [(False, None)]
+                    for keep, prefetch in dict.fromkeys(settings):
+                        variants.append(Variant(workers=w, loader=loader, image_pipeline=pipeline, repeat=repeat,
+                                                persistent_workers=keep, prefetch_factor=prefetch))
     return variants
 
 
@@ -165,6 +197,7 @@ class Plan:
     extra_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)  # environment overrides for the runs
     script_path: Optional[Path] = None  # default: SCRIPTS[script]
+    shape: str = ""  # what the counted window spans (describe_shape)
     expected_device_name: str = ""  # for rows of runs that failed before recording theirs
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
@@ -174,6 +207,10 @@ class Plan:
             "--dataloader_num_workers", str(variant.workers),
             "--image_pipeline", variant.image_pipeline,
         ] + LOADERS[variant.loader][0]
+        if variant.persistent_workers:
+            per_run += ["--dataloader_persistent_workers", "True"]
+        if variant.prefetch_factor:
+            per_run += ["--dataloader_prefetch_factor", str(variant.prefetch_factor)]
         return launcher(self.script, self.nproc) + [script] + self.base_args + per_run + self.extra_args
 
     def run_env(self, variant: Optional["Variant"] = None) -> dict:
@@ -257,9 +294,45 @@ def fixture_paths(build: bool) -> dict:
     }
 
 
-def local_preset_args(paths: Mapping[str, str], eval_: bool) -> list[str]:
-    """The local preset: small, but a real steady-state window (10 counted steps of batch 8), and
-    bound by image loading as the published runs are (see the module docstring)."""
+# The local preset's shapes. `published`: the published run's epochs, about 25 optimizer steps each (there
+# about 9.8k rows / (48 x 8 devices) = 25.5; here the fixture's 192 training rows / 8 = 24), over a counted
+# window that crosses two epoch boundaries (steps 25 and 49 begin epochs 2 and 3). `within-epoch`: 10
+# counted steps inside the first epoch, the steady state alone.
+LOCAL_BATCH = 8
+LOCAL_WARMUP_STEPS = 3
+SHAPES = ("published", "within-epoch")
+
+
+def local_train_rows() -> int:
+    from . import fixtures
+
+    return int(fixtures.DEFAULT_DATASET_OPTIONS["train_rows"])
+
+
+def local_shape(shape: str) -> dict:
+    """Training rows, steps per epoch and total steps of a local-preset shape."""
+    rows = local_train_rows()
+    steps_per_epoch = -(-rows // LOCAL_BATCH)
+    if shape == "within-epoch":
+        return {"train_rows": rows, "steps_per_epoch": steps_per_epoch, "max_steps": LOCAL_WARMUP_STEPS + 10}
+    # two full epochs after the warm-up, then the first two steps of the third epoch past the second boundary
+    return {"train_rows": rows, "steps_per_epoch": steps_per_epoch, "max_steps": LOCAL_WARMUP_STEPS + 2 * steps_per_epoch + 2}
+
+
+def describe_shape(shape: str) -> str:
+    """One line for the sweep's output and its results: what the counted window spans."""
+    facts = local_shape(shape)
+    counted = range(LOCAL_WARMUP_STEPS + 1, facts["max_steps"] + 1)
+    starts = [step for step in counted if (step - 1) % facts["steps_per_epoch"] == 0]
+    return (f"{shape}: {facts['train_rows']} training rows / batch {LOCAL_BATCH} = {facts['steps_per_epoch']} steps per epoch, "
+            f"{facts['max_steps']} steps ({LOCAL_WARMUP_STEPS} warm-up), {len(starts)} epoch start(s) counted"
+            + (f" (steps {', '.join(map(str, starts))})" if starts else ""))
+
+
+def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "published") -> list[str]:
+    """The local preset: small, in the published run's epoch shape (or one epoch's steady state, see
+    `local_shape`), and bound by image loading as the published runs are (see the module docstring)."""
+    facts = local_shape(shape)
     args = [
         "--model_name_or_path", paths["model"],
         "--dataset_name", paths["dataset"],
@@ -267,10 +340,11 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool) -> list[str]:
         "--image_column", "image",
         "--caption_column", "image_description",
         "--do_train",
-        "--per_device_train_batch_size", "8",
+        "--max_train_samples", str(facts["train_rows"]),
+        "--per_device_train_batch_size", str(LOCAL_BATCH),
         "--max_seq_length", "32",
-        "--max_steps", "13",
-        "--throughput_warmup_steps", "3",
+        "--max_steps", str(facts["max_steps"]),
+        "--throughput_warmup_steps", str(LOCAL_WARMUP_STEPS),
         "--logging_steps", "10",
         "--remove_unused_columns", "False",
         "--save_strategy", "no",
@@ -317,6 +391,23 @@ def parse_extra_args(text: str) -> list[str]:
     return extra
 
 
+SHAPE_FLAGS = ("--max_steps", "--num_train_epochs", "--max_train_samples", "--per_device_train_batch_size",
+               "--throughput_warmup_steps", "--gradient_accumulation_steps")
+
+
+def plan_shape(args: argparse.Namespace) -> str:
+    """The shape line of a plan; --extra-args that change it make it say so (the runs then record the real one)."""
+    if any(arg.split("=", 1)[0] in SHAPE_FLAGS for arg in parse_extra_args(args.extra_args)):
+        return "shape set by --extra-args"
+    return describe_shape(args.shape or "published") if args.preset == "local" else "the published run's 5 epochs"
+
+
+def persistent_settings(args: argparse.Namespace) -> list[bool]:
+    """--persistent-workers as booleans; by default both for the local preset, upstream's (no) for the blog one."""
+    chosen = args.persistent_workers or (["no", "yes"] if args.preset == "local" else ["no"])
+    return [choice == "yes" for choice in dict.fromkeys(chosen)]
+
+
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
     """Check the command line and turn it into a Plan. `accelerator` overrides detection (tests, dry runs)."""
     if any(w < 0 for w in args.workers):
@@ -330,6 +421,10 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
 
     # The local preset shows the reproduction and the improvement side by side; the published run, upstream's images.
     image_pipelines = args.image_pipelines or (list(DEFAULT_LOCAL_PIPELINES) if args.preset == "local" else ["upstream"])
+    if args.shape is not None and args.preset != "local":
+        raise ValueError(f"--shape {args.shape}: only the local preset has shapes (--preset blog runs the published 5 epochs)")
+    if args.prefetch_factors and any(f < 1 for f in args.prefetch_factors):
+        raise ValueError(f"--prefetch-factors {' '.join(map(str, args.prefetch_factors))}: must be 1 or more")
 
     accelerator = accelerator or detect_accelerator()
     script = args.script if args.script != "auto" else ("gaudi" if accelerator == "hpu" else "cuda")
@@ -354,7 +449,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
 
     if args.preset == "local":
         paths = fixture_paths(build=build_fixtures)
-        base = local_preset_args(paths, args.eval)
+        base = local_preset_args(paths, args.eval, args.shape or "published")
         gaudi_config = paths["gaudi_config"]
     else:
         base = blog_preset_args()
@@ -377,7 +472,9 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         script=script,
         device=device,
         nproc=nproc,
-        variants=expand_matrix(args.workers, loaders, image_pipelines, args.repeats, args.loader_workers),
+        variants=expand_matrix(args.workers, loaders, image_pipelines, args.repeats, args.loader_workers,
+                               persistent=persistent_settings(args), prefetch_factors=args.prefetch_factors or [None]),
+        shape=plan_shape(args),
         base_args=base,
         extra_args=parse_extra_args(args.extra_args),
         env=env,
@@ -514,6 +611,8 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         "requested_loader": variant.loader,
         "image_pipeline": variant.image_pipeline,
         "workers": variant.workers,
+        "persistent_workers": variant.persistent_workers,
+        "prefetch_factor": variant.prefetch_factor,
         "repeat": variant.repeat,
         "world_size": plan.nproc,
         "device_name": plan.expected_device_name,
@@ -548,11 +647,16 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
 
 def describe_row(row: dict) -> str:
     """One progress line with a run's figures (or its error)."""
-    label = configuration_label(row["workers"], row["requested_loader"], row["image_pipeline"])
+    label = configuration_label(row["workers"], row["requested_loader"], row["image_pipeline"],
+                                row.get("persistent_workers", False), row.get("prefetch_factor"))
     if row["status"] == OK:
         text = (f"{label}: {row['train_samples_per_second']:.2f} samples/s "
                 f"({row['train_samples_per_second_per_device']:.2f}/device), "
-                f"data wait {100 * row.get('data_wait_fraction', 0):.0f}%, loader {row['loader']}")
+                f"data wait {100 * row.get('data_wait_fraction', 0):.0f}%")
+        if row.get("throughput_epoch_starts"):
+            text += (f" ({100 * row['data_wait_fraction_epoch_start']:.0f}% at {row['throughput_epoch_starts']} epoch start(s), "
+                     f"{100 * row['data_wait_fraction_steady']:.0f}% steady)")
+        text += f", loader {row['loader']}"
         if "eval_i2t_recall@1" in row:
             text += f", eval i2t R@1 {row['eval_i2t_recall@1']:.3f}"
         return text + f", {row['wall_seconds']:.0f} s"
@@ -574,7 +678,7 @@ def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[
     for i, variant in enumerate(plan.variants, 1):
         run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
         command = plan.command(variant, run_dir)
-        label = configuration_label(variant.workers, variant.loader, variant.image_pipeline)
+        label = variant.label
         echo(f"[{i}/{total}] start  {label}, repeat {variant.repeat} (log: {log_path})")
         if run_dir.exists():  # left by an earlier sweep into the same --out: its results must not pass for this run's
             shutil.rmtree(run_dir)
@@ -600,7 +704,7 @@ def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
     """results.json (the plan and every row) and results.csv (every row), replaced atomically."""
     document = {
         "bench": {
-            "preset": plan.preset, "script": plan.script, "device": plan.device, "nproc": plan.nproc,
+            "preset": plan.preset, "shape": plan.shape, "script": plan.script, "device": plan.device, "nproc": plan.nproc,
             "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
             "variants": [asdict(v) for v in plan.variants],
         },
@@ -638,6 +742,14 @@ def make_parser() -> argparse.ArgumentParser:
                         help="Worker settings for loaders other than torch (default: the largest --workers).")
     parser.add_argument("--image-pipelines", nargs="+", default=None,
                         help=f"Host image pipelines (default: {' '.join(DEFAULT_LOCAL_PIPELINES)} for the local preset, upstream for blog).")
+    parser.add_argument("--persistent-workers", nargs="+", choices=("no", "yes"), default=None,
+                        help="Loader workers restarted every epoch (no, upstream's default) or kept (yes); runs with "
+                             "workers only. Default: no yes for the local preset, no for the blog preset.")
+    parser.add_argument("--prefetch-factors", type=int, nargs="+", default=None,
+                        help="--dataloader_prefetch_factor settings, batches each worker loads ahead (default: PyTorch's, 2).")
+    parser.add_argument("--shape", choices=SHAPES, default=None,
+                        help="Local preset: published (default; ~25 steps per epoch, two epoch starts counted) or "
+                             "within-epoch (10 counted steps inside the first epoch).")
     parser.add_argument("--nproc", type=int, default=None, help="Devices per run (default: 1; 8 for --preset blog).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument("--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results.")
@@ -657,7 +769,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(e))
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
-    print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset)")
+    print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})")
     if args.dry_run:
         for variant in plan.variants:
             print(shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id))))
@@ -671,7 +783,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows, interrupted = run_sweep(plan, out, keep_weights=args.keep_weights)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    meta = {"preset": args.preset, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path")}
+    meta = {"preset": args.preset, "shape": plan.shape, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path")}
     table = render_all(out, rows, meta)
     print()
     print(table)

@@ -31,9 +31,14 @@ PUBLISHED = {
 PUBLISHED_CONFIGS = ("workers=0", "workers=1", "workers=2", "workers=2 + mediapipe")
 
 
-def configuration_label(workers: int, loader: str = TORCH_LOADER, image_pipeline: str = "upstream") -> str:
-    """The column heading of a configuration, in the published wording ("workers=2 + mediapipe")."""
+def configuration_label(workers: int, loader: str = TORCH_LOADER, image_pipeline: str = "upstream",
+                        persistent_workers: bool = False, prefetch_factor: Optional[int] = None) -> str:
+    """The column heading of a configuration, in the published wording ("workers=2 + mediapipe");
+    settings the published runs left at their defaults follow in brackets ("workers=2 (persistent)")."""
     label = f"workers={workers}"
+    loader_settings = (["persistent"] if persistent_workers else []) + ([f"prefetch {prefetch_factor}"] if prefetch_factor else [])
+    if loader_settings:
+        label += f" ({', '.join(loader_settings)})"
     if loader != TORCH_LOADER:
         label += f" + {loader}"
     if image_pipeline != "upstream":
@@ -53,6 +58,7 @@ class Cell:
     node: list[float] = field(default_factory=list)  # samples/s of the whole node, per finished repeat
     per_device: list[float] = field(default_factory=list)
     data_wait: list[float] = field(default_factory=list)
+    epoch_start_runs: list[dict] = field(default_factory=list)  # the data-wait split of runs that counted an epoch start
     recall: list[float] = field(default_factory=list)  # eval i2t recall@1, when evaluated
     failed: int = 0
     recorded_loaders: list[str] = field(default_factory=list)
@@ -89,13 +95,16 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
     rows = [r for r in rows if r.get("status") in (OK, FAILED)]
     groups: dict = {}  # (device, (loader asked for, image pipeline, workers)) -> Cell
     for row in rows:
-        config = (row["requested_loader"], row["image_pipeline"], row["workers"])
+        config = (row["requested_loader"], row["image_pipeline"], row["workers"],
+                  bool(row.get("persistent_workers")), row.get("prefetch_factor") or None)
         cell = groups.setdefault((device_label(row), config), Cell())
         if row["status"] == OK:
             cell.node.append(float(row["train_samples_per_second"]))
             cell.per_device.append(float(row.get("train_samples_per_second_per_device", row["train_samples_per_second"])))
             if row.get("data_wait_fraction") is not None:
                 cell.data_wait.append(float(row["data_wait_fraction"]))
+            if row.get("throughput_epoch_starts"):
+                cell.epoch_start_runs.append(_wait_split(row))
             if row.get("eval_i2t_recall@1") is not None:
                 cell.recall.append(float(row["eval_i2t_recall@1"]))
             cell.recorded_loaders.append(str(row.get("loader")))
@@ -104,7 +113,8 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
 
     # Columns: image pipelines in the order they ran, the PyTorch loader first, then by workers.
     pipelines = list(dict.fromkeys(r["image_pipeline"] for r in rows))
-    configs = sorted({config for _, config in groups}, key=lambda c: (pipelines.index(c[1]), c[0] != TORCH_LOADER, c[0], c[2]))
+    configs = sorted({config for _, config in groups},
+                     key=lambda c: (pipelines.index(c[1]), c[0] != TORCH_LOADER, c[0], c[2], c[3], c[4] or 0))
     columns, cells = [], {}
     for config in configs:
         for (device, cfg), cell in groups.items():
@@ -119,7 +129,8 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
     ok_rows = [r for r in rows if r["status"] == OK]
     notes = {
         key: sorted({r[key] for r in ok_rows if r.get(key) is not None})
-        for key in ("throughput_warmup_steps", "throughput_counted_steps", "per_device_train_batch_size", "world_size")
+        for key in ("throughput_warmup_steps", "throughput_counted_steps", "per_device_train_batch_size", "world_size",
+                    "throughput_steps_per_epoch", "throughput_epoch_starts")
     }
     repeats = max((r.get("repeat", 1) for r in rows), default=0)
     return Summary(devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes)
@@ -128,10 +139,24 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
 def _column_label(config: tuple, cell: Cell) -> str:
     """A configuration's heading, naming the loader its runs recorded, never only the one asked for:
     a "mediapipe" run that fell back to the PyTorch loader shows the string it saved."""
-    loader, pipeline, workers = config
+    loader, pipeline, workers, persistent, prefetch = config
     recorded = sorted(set(cell.recorded_loaders))
     shown = loader if recorded in ([], [loader]) else f"{' / '.join(recorded)} (asked: {loader})"
-    return configuration_label(workers, shown, pipeline)
+    return configuration_label(workers, shown, pipeline, persistent, prefetch)
+
+
+def _wait_split(row: Mapping) -> dict:
+    """A run's data wait at epoch starts beside the rest: shares of the counted time, seconds, and per step."""
+    starts = int(row["throughput_epoch_starts"])
+    other_steps = max(1, int(row.get("throughput_counted_steps") or 0) - starts)
+    return {
+        "share_epoch_start": float(row.get("data_wait_fraction_epoch_start") or 0.0),
+        "share_steady": float(row.get("data_wait_fraction_steady") or 0.0),
+        "seconds_epoch_start": float(row.get("data_wait_seconds_epoch_start") or 0.0),
+        "ms_per_epoch_start": 1000 * float(row.get("data_wait_seconds_epoch_start") or 0.0) / starts,
+        "ms_per_steady_step": 1000 * float(row.get("data_wait_seconds_steady") or 0.0) / other_steps,
+        "epoch_starts": starts,
+    }
 
 
 def _baseline_column(device: str, columns: Sequence[str], cells: Mapping) -> Optional[str]:
@@ -199,6 +224,20 @@ def render_table(summary: Summary) -> str:
         wait_rows.append([device] + wait)
     parts += ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
 
+    split_rows = []
+    for device in summary.devices:
+        for column in summary.columns:
+            cell = summary.cells.get((device, column))
+            if cell and cell.epoch_start_runs:
+                split_rows.append([device, column] + _split_cells(cell.epoch_start_runs))
+    if split_rows:
+        parts += ["", "## Data wait at epoch starts beside the steady state (median)", "",
+                  "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
+                  "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
+                  "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.", "",
+                  _markdown_table(["device", "configuration", "epoch starts counted", "wait at epoch starts", "steady wait",
+                                   "ratio", "seconds lost at epoch starts", "per epoch-start step", "per steady step"], split_rows)]
+
     if any(len(cell.node) > 1 for cell in summary.cells.values()):
         spread_rows = [[device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices]
         parts += ["", "## Spread over repeats (min-max samples/s, number of finished runs)", "", _markdown_table(header, spread_rows)]
@@ -213,6 +252,23 @@ def render_table(summary: Summary) -> str:
         parts += ["", "## Failed runs", ""]
         parts += [f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}" for r in summary.failures]
     return "\n".join(parts) + "\n"
+
+
+def _split_cells(runs: Sequence[dict]) -> list[str]:
+    def median(key):
+        return statistics.median(run[key] for run in runs)
+
+    share_start, share_steady = median("share_epoch_start"), median("share_steady")
+    ratios = [run["share_epoch_start"] / run["share_steady"] for run in runs if run["share_steady"] > 0]
+    return [
+        "/".join(str(n) for n in sorted({run["epoch_starts"] for run in runs})),
+        f"{100 * share_start:.1f}%",
+        f"{100 * share_steady:.1f}%",
+        f"x{statistics.median(ratios):.2f}" if ratios else "-",
+        f"{median('seconds_epoch_start'):.2f} s",
+        f"{median('ms_per_epoch_start'):.0f} ms",
+        f"{median('ms_per_steady_step'):.0f} ms",
+    ]
 
 
 def _spread(cell: Optional[Cell]) -> str:
@@ -232,6 +288,9 @@ def _notes(summary: Summary) -> str:
         f"warm-up step(s), over {facts('throughput_counted_steps')} counted step(s); per-device batch "
         f"{facts('per_device_train_batch_size')}; median of up to {summary.repeats} repeat(s).",
     ]
+    if notes.get("throughput_steps_per_epoch"):
+        lines.append(f"Shape: {facts('throughput_steps_per_epoch')} optimizer steps per epoch; "
+                     f"{facts('throughput_epoch_starts')} epoch start(s) inside the counted window.")
     for device, baseline in summary.baselines.items():
         lines.append(f"(xN): speedup against `{baseline}` on {device}.")
     return "\n".join(lines)
@@ -284,9 +343,13 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
             ["devices", ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?", str(PUBLISHED_DEVICES)],
             ["per-device batch", ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?", str(PUBLISHED_BATCH)],
             ["warm-up steps", ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?", "3"],
+            ["optimizer steps per epoch", ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
+             f"about 26 (about 9.8k rows / {PUBLISHED_BATCH} x {PUBLISHED_DEVICES}, the last batch partial)"],
+            ["epoch starts counted", ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
+             "4 (5 epochs)"],
         ]),
         "",
-        verdict,
+        verdict + (f" Shape of these runs: {meta['shape']}." if meta.get("shape") else ""),
         "",
         "## Whole node, samples/s",
         "",

@@ -28,6 +28,8 @@ THROUGHPUT_KEYS = (
     "train_samples_per_second",
     "train_samples_per_second_per_device",
     "data_wait_fraction",
+    "data_wait_fraction_epoch_start",
+    "data_wait_fraction_steady",
     "world_size",
     "per_device_train_batch_size",
     "loader",
