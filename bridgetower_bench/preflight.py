@@ -39,11 +39,12 @@ import datasets
 import PIL
 from PIL import Image, UnidentifiedImageError
 
+from .images import upright
 from .resilience import write_json_atomically
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_VERSION = 1
+PREFLIGHT_VERSION = 2  # 2: the EXIF orientation is read too
 DEFAULT_PREFLIGHT_CACHE_DIR = os.path.join("~", ".cache", "bridgetower_bench", "preflight")
 MAX_LISTED = 20  # problems named in the error / log; the cache file holds them all
 _DRAFT_SIZE = (64, 64)  # JPEGs decode at the smallest DCT scale still at least this big
@@ -338,6 +339,7 @@ def image_problem(payload: bytes | str) -> Optional[str]:
         with Image.open(io.BytesIO(data)) as img:
             img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
             img.load()
+            upright(img)  # reads the EXIF orientation, as every image pipeline does
     except UnidentifiedImageError:
         return f"cannot decode {label}: not in an image format Pillow reads"
     except Exception as error:  # PIL raises many types for bad data
