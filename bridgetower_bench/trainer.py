@@ -24,10 +24,11 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from transformers import TrainingArguments
+from transformers.training_args import OptimizerNames
 
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
@@ -36,13 +37,38 @@ from .run_record import describe_run
 from .throughput import ThroughputCallback
 
 
+def _gaudi_default(name: str, default):
+    """A TrainingArguments field (its help and type) with GaudiTrainingArguments' default instead of its own."""
+    return field(default=default, metadata=TrainingArguments.__dataclass_fields__[name].metadata)
+
+
+# GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so
+# that the same flags train the same recipe on both backends. The other differing defaults are left to the
+# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device) and `ddp_bucket_cap_mb`
+# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are).
+GAUDI_RECIPE_DEFAULTS = {
+    "adam_epsilon": 1e-6,  # TrainingArguments: 1e-8
+    "optim": "adamw_torch",  # TrainingArguments: adamw_torch_fused with torch >= 2.8 (the same AdamW, other rounding)
+    "logging_nan_inf_filter": False,  # TrainingArguments: True, which reads every step's loss on the host
+    "ddp_find_unused_parameters": False,  # TrainingArguments: None, i.e. True for DDP, a search of the graph every step
+}
+
+
 @dataclass
 class WarmupTrainingArguments(TrainingArguments):
-    """TrainingArguments plus what the CUDA/CPU script trains with beyond them.
+    """TrainingArguments plus what the CUDA/CPU script trains with beyond them, with Gaudi's recipe defaults.
 
     `throughput_warmup_steps` and `attn_implementation` are GaudiTrainingArguments' own (same names and
-    defaults); `compile_layers` is this script's alone.
+    defaults); `compile_layers` is this script's alone. The fields of ``GAUDI_RECIPE_DEFAULTS`` default to
+    GaudiTrainingArguments' values, so a command means the same training on both scripts.
     """
+
+    adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
+    optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
+    logging_nan_inf_filter: bool = _gaudi_default("logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"])
+    ddp_find_unused_parameters: Optional[bool] = _gaudi_default(
+        "ddp_find_unused_parameters", GAUDI_RECIPE_DEFAULTS["ddp_find_unused_parameters"]
+    )
 
     throughput_warmup_steps: int = field(
         default=0,
