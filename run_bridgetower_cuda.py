@@ -180,8 +180,9 @@ def main():
 
     set_seed(training_args.seed)
 
-    # Keep the splits that exist; split only what is missing off train, with the run's seed.
-    dataset = data.make_splits(dataset, training_args.seed)
+    # Keep the splits that exist; split only what is missing off train, with the run's seed (no test split
+    # is carved off train without --do_predict).
+    dataset = data.make_splits(dataset, training_args.seed, need_test=training_args.do_predict)
     wanted = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval), ("test", training_args.do_predict)) if on]
     if not wanted:
         logger.info("There is nothing to do. Please pass --do_train, --do_eval and/or --do_predict.")
