@@ -276,8 +276,8 @@ def main():
     if training_args.do_eval:
         trainer.compute_metrics = make_compute_metrics(image_groups["validation"])
         metrics = trainer.evaluate(ignore_keys=EVAL_IGNORE_KEYS)
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        trainer.log_metrics("validation", metrics)
+        trainer.save_metrics("validation", metrics)  # validation_results.json, keys prefixed eval_ (as upstream)
 
     # 11. Prediction: the same on the test split (upstream accepted --do_predict and ignored it).
     if training_args.do_predict:

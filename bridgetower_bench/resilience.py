@@ -169,7 +169,10 @@ def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> 
 # ---------------------------------------------------------------------------------------------
 
 # What the scripts (and the Trainer) leave in an output directory.
-RUN_MARKERS = ("trainer_state.json", "all_results.json", "train_results.json", "eval_results.json", "test_results.json")
+RUN_MARKERS = (
+    "trainer_state.json", "all_results.json", "train_results.json", "validation_results.json", "eval_results.json",
+    "test_results.json",
+)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 

@@ -65,7 +65,7 @@ def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fi
     ])
     train = read_json(out / "train_results.json")
     assert np.isfinite(train["train_loss"]) and train["image_pipeline"] == pipeline
-    assert np.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+    assert np.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
 def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):

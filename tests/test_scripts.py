@@ -70,8 +70,9 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     assert train["attn_implementation"] == "eager" and train["compile_layers"] == "no"
     assert train["world_size"] == 1 and train["per_device_train_batch_size"] == 4
     assert train["train_samples_per_second"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
-    for split in ("eval", "test"):
-        metrics = read_json(out / f"{split}_results.json")
+    assert not (out / "eval_results.json").exists()  # upstream's name for the validation metrics instead:
+    for split, file in (("eval", "validation_results.json"), ("test", "test_results.json")):
+        metrics = read_json(out / file)
         assert math.isfinite(metrics[f"{split}_loss"])
         for key in ("i2t_recall@1", "t2i_recall@1", "i2t_recall@10", "t2i_mean_rank"):
             assert f"{split}_{key}" in metrics
@@ -108,7 +109,7 @@ def test_json_configuration_file(kind, fixtures, tmp_path):
     path = tmp_path / "args.json"
     path.write_text(json.dumps(config))
     run_script(kind, [path])
-    assert math.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+    assert math.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
 def help_defaults(kind):
