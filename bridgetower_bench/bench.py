@@ -31,7 +31,7 @@ BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px pa
 published accelerator runs the local preset is bound by image loading, not by the model. On the shared
 2-core development machine a run took about 8 s and the default sweep under a minute: CPU figures are
 noisy there, so use --repeats and read the data-wait column. `blog` is the published
-command line (DESIGN.md §1).
+command line (the blog post's).
 
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
@@ -82,7 +82,7 @@ BLOG_MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
 BLOG_DATASET = "jmhessel/newyorker_caption_contest"
 DATASET_CONFIG = "matching"
 
-# DESIGN.md §1: the published whole-node (8 devices) throughput, samples/s.
+# The blog post's whole-node (8 devices) throughput, samples/s.
 PUBLISHED_DEVICES = 8
 PUBLISHED_BATCH = 48
 PUBLISHED = {
@@ -91,6 +91,10 @@ PUBLISHED = {
     "A100 80GB GPU": {"workers=0": 227.5, "workers=1": 339.7, "workers=2": 345.4},
 }
 PUBLISHED_CONFIGS = ("workers=0", "workers=1", "workers=2", "workers=2 + mediapipe")
+# Upstream's CI baselines for this example on the optimum-habana 1.21 line, 8 devices, samples/s: the blog's
+# flags plus a pinned data set revision, --trust_remote_code True and --sdp_on_bf16, without --do_predict.
+CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
+CI_EXTRA_FLAGS = "--dataset_revision 3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6 --trust_remote_code True --sdp_on_bf16"
 
 # results.csv columns, in this order; any other keys (all software versions, eval metrics) follow, sorted.
 CSV_COLUMNS = (
@@ -295,7 +299,7 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool) -> list[str]:
 
 
 def blog_preset_args() -> list[str]:
-    """The published run's flags (DESIGN.md §1), less the device flags. No checkpoints: they would
+    """The published run's flags (the blog post's), less the device flags. No checkpoints: they would
     only add write time inside the measured window."""
     return [
         "--model_name_or_path", BLOG_MODEL,
@@ -779,7 +783,10 @@ def _notes(summary: Summary) -> str:
 
 
 def render_vs_published(summary: Summary, meta: Mapping) -> str:
-    """vs_published.md: our cells beside DESIGN.md §1, whole node and per device (published = node / 8)."""
+    """vs_published.md: our cells beside the published figures, whole node and per device (published = node / 8).
+
+    Upstream's CI baselines follow, as a reference for the Gaudi rows.
+    """
     rows_order = list(summary.columns) + [c for c in PUBLISHED_CONFIGS if c not in summary.columns]
     published_devices = list(PUBLISHED)
     ours = summary.devices
@@ -842,6 +849,13 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         _markdown_table(header, speedup_rows),
         "",
         "n/a: not published for that device; -: not run (or no run finished).",
+        "",
+        f"## Upstream's CI baselines (optimum-habana 1.21 line, {PUBLISHED_DEVICES} devices)",
+        "",
+        _markdown_table(["device", "samples/s (node)", "samples/s per device"],
+                        [[d, _fmt(v), _fmt(v / PUBLISHED_DEVICES)] for d, v in CI_BASELINES.items()]),
+        "",
+        f"Its command adds `{CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
     ]
     return "\n".join(parts) + "\n"
 

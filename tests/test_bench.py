@@ -219,6 +219,7 @@ def test_vs_published_lines_up_node_per_device_and_speedups():
     assert "| workers=1 | 17.5 | 50.0 | 93.4 | 72.5 | 42.5 |" in per_device  # 140/8; published node / 8
     assert "| workers=2 | x2.00 | - | x1.28 | x1.79 | x1.52 |" in speedups  # the post's workers 0->2 claims
     assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
+    assert "| Gaudi2 HPU | 904.9 | 113.1 |" in text and "| Gaudi3 HPU | 783.5 | 97.9 |" in text  # upstream's CI
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,6 +145,14 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_gaudi_script_takes_the_flags_upstreams_ci_adds(fixtures, tmp_path):
+    """Upstream's CI runs this example with --sdp_on_bf16 and --trust_remote_code True (and a pinned revision)."""
+    out = tmp_path / "run"
+    run_script("gaudi", base_args(fixtures, out, max_steps=1, save_steps=None, save_strategy="no", trust_remote_code=True)
+               + ["--do_train", "--sdp_on_bf16"] + CPU_FLAGS["gaudi"])
+    assert math.isfinite(read_json(out / "train_results.json")["train_loss"])
+
+
 def test_cuda_script_mentions_no_habana_or_gaudi_symbol():
     """No import, name, attribute, argument or definition in the CUDA script refers to Habana or Gaudi."""
     import ast
