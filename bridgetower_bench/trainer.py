@@ -9,6 +9,8 @@ It
 - normalises uint8 pixel batches on the training device, after the host-to-device copy
   (timm's PrefetchLoader idea: workers ship 4x fewer bytes and do no float math);
 - times every fetch of a batch, for `data_wait_fraction`;
+- on one device, draws each epoch up to whole batches as GaudiTrainer does, so both scripts train on
+  the same batches;
 - reports steady-state throughput after `throughput_warmup_steps` (see throughput.py) and records
   which loader and image pipeline actually ran, next to the train metrics;
 - stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import torch
+from torch.utils.data import RandomSampler
 from transformers import TrainingArguments
-from transformers.training_args import OptimizerNames
+from transformers.training_args import OptimizerNames, ParallelMode
 
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
@@ -109,6 +112,29 @@ class TrainerExtensions:
         self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()
         self.add_callback(self.stop_on_signal)
+
+    # the same batches on both backends ----------------------------------------------------------------
+    def _get_train_sampler(self, *args, **kwargs):
+        """On one device, an epoch is drawn up to a whole number of batches, as GaudiTrainer draws it.
+
+        GaudiTrainer (lazy mode wants one batch shape) samples ``ceil(n / batch) * batch`` rows per epoch
+        without replacement: a permutation of all rows, then the first rows of a second one. Trainer
+        ends the epoch with a short batch instead, so without this the two scripts would train on
+        different batches from the end of the first epoch on. GaudiTrainer's own sampler passes
+        through unchanged.
+        """
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        batch = self.args.per_device_train_batch_size
+        if (
+            type(sampler) is RandomSampler
+            and not sampler.replacement
+            and not self.args.dataloader_drop_last
+            and self.args.parallel_mode != ParallelMode.DISTRIBUTED
+            and sampler.num_samples % batch
+        ):
+            rounded_up = sampler.num_samples + batch - sampler.num_samples % batch
+            return RandomSampler(sampler.data_source, num_samples=rounded_up, generator=sampler.generator)
+        return sampler
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _prepare_inputs(self, inputs):

@@ -44,7 +44,8 @@ def test_both_scripts_end_with_the_same_weights_from_the_same_flags(fixtures, tm
     weights = {}
     for kind in ("gaudi", "cuda"):
         out = tmp_path / kind
-        run_script(kind, base_args(fixtures, out, max_steps=6) + ["--do_train"] + CPU_FLAGS[kind])
+        # 14 rows in batches of 4: the epoch ends with a short batch unless drawn up to whole batches as on Gaudi
+        run_script(kind, base_args(fixtures, out, max_steps=6, max_train_samples=14) + ["--do_train"] + CPU_FLAGS[kind])
         weights[kind] = load_weights(out)
     assert weights["gaudi"].keys() == weights["cuda"].keys()
     worst = max((weights["gaudi"][k].float() - weights["cuda"][k].float()).abs().max().item() for k in weights["gaudi"])
