@@ -193,8 +193,9 @@ def main():
 
     set_seed(training_args.seed)
 
-    # Keep the splits that exist; split only what is missing off train, with the run's seed.
-    dataset = data.make_splits(dataset, training_args.seed)
+    # Keep the splits that exist; split only what is missing off train, with the run's seed (no test split
+    # is carved off train without --do_predict).
+    dataset = data.make_splits(dataset, training_args.seed, need_test=training_args.do_predict)
     wanted = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval), ("test", training_args.do_predict)) if on]
     if not wanted:
         logger.info("There is nothing to do. Please pass --do_train, --do_eval and/or --do_predict.")
@@ -284,8 +285,8 @@ def main():
     if training_args.do_eval:
         trainer.compute_metrics = make_compute_metrics(image_groups["validation"])
         metrics = trainer.evaluate(ignore_keys=EVAL_IGNORE_KEYS)
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        trainer.log_metrics("validation", metrics)
+        trainer.save_metrics("validation", metrics)  # validation_results.json, keys prefixed eval_ (as upstream)
 
     # 11. Prediction: the same on the test split (upstream accepted --do_predict and ignored it).
     if training_args.do_predict:

@@ -143,11 +143,13 @@ class _ResolveRelativePaths:
         return candidate if os.path.exists(candidate) else path
 
 
-def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
+def make_splits(dataset: DatasetDict, seed: int, *, need_test: bool = True) -> DatasetDict:
     """Train / validation / test. What exists is kept; only what is missing is split off train, with the seed.
 
-    Both missing: train is split 60/20/20, as upstream does. One missing: 20 % of train becomes it.
-    (Upstream threw an existing validation split away whenever test was missing.)
+    Train alone: split 60/20/20 with the seed, the same rows as upstream's split. Validation or test
+    missing: 20 % of train becomes it, except that no test split is carved off when ``need_test`` is
+    False (no ``--do_predict``), so train keeps all its rows. (Upstream threw an existing validation
+    split away whenever test was missing.)
     """
     if "train" not in dataset and ("validation" not in dataset or "test" not in dataset):
         # Nothing to split from: keep whatever there is.
@@ -159,7 +161,7 @@ def make_splits(dataset: DatasetDict, seed: int) -> DatasetDict:
             first = dataset["train"].train_test_split(test_size=0.4, shuffle=True, seed=seed)
             second = first["test"].train_test_split(test_size=0.5, shuffle=False)
             dataset["train"], dataset["validation"], dataset["test"] = first["train"], second["train"], second["test"]
-        elif missing:
+        elif missing and (need_test or missing != ["test"]):
             split = dataset["train"].train_test_split(test_size=0.2, shuffle=True, seed=seed)
             dataset["train"], dataset[missing[0]] = split["train"], split["test"]
     except ValueError:  # a split would be empty

@@ -41,7 +41,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
-from .images import FastTransform, encoded_image_bytes, resize_geometry
+from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize_geometry, upright_tensor
 from .resilience import ImageLoadError
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ class EncodedImage:
     jpeg: Optional[torch.Tensor] = None  # uint8, 1-D: the encoded file
     pixels: Optional[torch.Tensor] = None  # uint8 (3, S, S): the host `fast` pipeline's output
     fallback_reason: Optional[str] = None  # why the host decoded it
+    orientation: Optional[int] = None  # the JPEG's EXIF orientation tag: the device turns the decoded image by it
 
 
 class EncodedImageTransform:
@@ -162,7 +163,8 @@ class EncodedImageTransform:
         if reason is not None:
             # Hand the host path the bytes already read, with the path kept for its error messages.
             return self._on_host({"bytes": data, "path": _path_of(value)}, reason)
-        return EncodedImage(self.image_size, jpeg=torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        jpeg = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return EncodedImage(self.image_size, jpeg=jpeg, orientation=jpeg_orientation(data))
 
     def _on_host(self, value: Any, reason: str) -> EncodedImage:
         return EncodedImage(self.image_size, pixels=self.host_transform(value), fallback_reason=reason)
@@ -184,7 +186,7 @@ class EncodedBatch:
 
     def __init__(self, size: int, image_size: int, jpeg_data: torch.Tensor, jpeg_lengths: list[int],
                  jpeg_positions: list[int], host_pixels: torch.Tensor, host_positions: list[int],
-                 host_reasons: list[str]):
+                 host_reasons: list[str], jpeg_orientations: Optional[list[Optional[int]]] = None):
         self.size = size
         self.image_size = image_size
         self.jpeg_data = jpeg_data
@@ -193,6 +195,7 @@ class EncodedBatch:
         self.host_pixels = host_pixels
         self.host_positions = host_positions
         self.host_reasons = host_reasons
+        self.jpeg_orientations = jpeg_orientations or [None] * len(jpeg_lengths)
 
     @classmethod
     def pack(cls, images: Sequence[EncodedImage]) -> "EncodedBatch":
@@ -214,6 +217,7 @@ class EncodedBatch:
             host_pixels=torch.stack([image.pixels for _, image in hosts]) if hosts else empty.view(0, 3, image_size, image_size),
             host_positions=[i for i, _ in hosts],
             host_reasons=[image.fallback_reason or "decoded on the host" for _, image in hosts],
+            jpeg_orientations=[images[i].orientation for i, _ in jpegs],
         )
 
     def jpegs(self) -> list[torch.Tensor]:
@@ -318,8 +322,9 @@ def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int
     """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order.
 
     JPEGs are decoded ``chunk_size`` at a time (one batched ``decode_jpeg`` call each), which bounds the
-    device memory held by full-size decoded images. A JPEG the decoder rejects is decoded on the host with
-    the ``fast`` pipeline instead. ``counts``, if given, is incremented with what ran where.
+    device memory held by full-size decoded images. Each decoded JPEG is turned upright by its EXIF
+    orientation (read by the loader workers) on the device. A JPEG the decoder rejects is decoded on the host
+    with the ``fast`` pipeline instead. ``counts``, if given, is incremented with what ran where.
     """
     device = torch.device(device)
     if image_size != encoded.image_size:
@@ -331,17 +336,20 @@ def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int
     if encoded.host_positions:
         out[encoded.host_positions] = encoded.host_pixels.to(device)
         batch_counts.fallback_reasons.update(encoded.host_reasons)
-    jpegs, positions = encoded.jpegs(), encoded.jpeg_positions
+    jpegs, positions, orientations = encoded.jpegs(), encoded.jpeg_positions, encoded.jpeg_orientations
     host_transform = None
     for start in range(0, len(jpegs), chunk_size):
         chunk = jpegs[start : start + chunk_size]
-        for jpeg, position, decoded in zip(chunk, positions[start : start + chunk_size], _decode_chunk(chunk, device)):
+        chunk_positions = positions[start : start + chunk_size]
+        chunk_orientations = orientations[start : start + chunk_size]
+        for jpeg, position, orientation, decoded in zip(chunk, chunk_positions, chunk_orientations, _decode_chunk(chunk, device)):
             if decoded is None:
                 host_transform = host_transform or FastTransform(image_size)
                 out[position] = _decode_on_host(host_transform, jpeg, position).to(device)
                 batch_counts.fallback_reasons["rejected by the device decoder"] += 1
             else:
-                out[position] = resize_and_crop_on_device(decoded, image_size)
+                # the decoder ignores EXIF; the host fallback above turns the image itself
+                out[position] = resize_and_crop_on_device(upright_tensor(decoded, orientation), image_size)
                 batch_counts.device_images += 1
     if counts is not None:
         counts.add(batch_counts)

@@ -38,7 +38,7 @@ import numpy as np
 import PIL
 import torch
 import torchvision
-from PIL import Image
+from PIL import ExifTags, Image
 from tqdm import tqdm
 
 from .images import check_pipeline, encoded_image_bytes, jpeg_decoder, make_image_transform
@@ -47,7 +47,7 @@ from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: images turned upright by their EXIF orientation
 CACHEABLE_PIPELINES = ("fast", "fast-draft")
 DIGEST_SIZE = 16
 PIXELS_FILE = "pixels.npy"
@@ -65,11 +65,12 @@ def image_digest(value: Any) -> bytes:
 
     Dicts hash their embedded bytes (or, without bytes, the file at their path), paths hash
     the file's bytes, so the same picture stored twice maps to one cache slot. A PIL image
-    hashes its mode, size, transparency and pixels.
+    hashes its mode, size, transparency, EXIF orientation and pixels.
     """
     if isinstance(value, Image.Image):
         hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
-        hasher.update(repr((value.mode, value.size, value.info.get("transparency"))).encode())
+        orientation = value.getexif().get(ExifTags.Base.Orientation)  # the pipeline turns the image by it
+        hasher.update(repr((value.mode, value.size, value.info.get("transparency"), orientation)).encode())
         hasher.update(value.tobytes())
         return hasher.digest()
     data, _ = encoded_image_bytes(value)

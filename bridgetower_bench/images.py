@@ -6,12 +6,21 @@ pipeline turns such a value into a (3, S, S) tensor with the upstream example's
 geometry: the shorter side resized to S (bicubic, antialiased), the longer side to
 ``int(S * long / short)``, then a centre crop of S x S.
 
+Every pipeline first turns the image upright by its EXIF orientation tag, as ``datasets``'
+``Image`` feature does for the images it decodes for upstream (``upright``).
+
 ``upstream``
-    The upstream example's math, bit for bit: ``to_tensor`` (float 0..1), torchvision
-    ``Resize([S], BICUBIC, antialias=True)`` on the float tensor, ``CenterCrop(S)``,
-    ``Normalize(mean, std)``. Returns float32, normalised. The one intended difference
-    from upstream is that every PIL mode is converted to RGB (upstream only converted
-    1-band images, so RGBA, palette, CMYK or 16-bit images broke normalisation).
+    The upstream example's math, bit for bit, for each kind of value it reads. Images
+    (embedded bytes, PIL images, ``{"bytes", "path"}`` dicts, which ``datasets`` hands
+    upstream as PIL images): ``to_tensor`` (float 0..1), torchvision ``Resize([S],
+    BICUBIC, antialias=True)`` on the float tensor, ``CenterCrop(S)``, ``Normalize(mean,
+    std)``. Path strings (upstream reads them with ``read_image(path, RGB)``): the same
+    ``Resize`` on the uint8 pixels (so rounded to uint8), ``CenterCrop(S)``, conversion to
+    float, ``Normalize``. Returns float32, normalised. Intended differences from upstream:
+    every PIL mode is converted to RGB (upstream only converted 1-band images, through
+    grey, so palette images lost their colour and RGBA, CMYK or 16-bit images broke
+    normalisation), and image files are turned upright too (upstream's ``read_image``
+    ignores the EXIF tag).
 ``fast``
     Decodes to uint8, resizes in uint8 with the antialiased bicubic kernel and the same
     geometry, crops. Returns uint8, not normalised: normalisation happens on the device
@@ -44,9 +53,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
+from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
 try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
@@ -61,6 +70,21 @@ _ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _WHITE = (255, 255, 255, 255)
+_EXIF_ORIENTATION = ExifTags.Base.Orientation
+_EXIF_APP1 = 0xE1
+_EXIF_PREFIX = b"Exif\x00\x00"
+_MARKERS_WITHOUT_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0..7
+# the EXIF orientation tag (2..8) -> the flips and transposes that make a (..., H, W) tensor upright,
+# the same as PIL.ImageOps.exif_transpose does to the image
+_UPRIGHT_OPS = {
+    2: lambda x: x.flip(-1),
+    3: lambda x: x.flip(-2, -1),
+    4: lambda x: x.flip(-2),
+    5: lambda x: x.transpose(-2, -1),
+    6: lambda x: x.transpose(-2, -1).flip(-1),
+    7: lambda x: x.transpose(-2, -1).flip(-2, -1),
+    8: lambda x: x.transpose(-2, -1).flip(-2),
+}
 # simplejpeg's name of a JPEG's colour space -> what it decodes it to; others take the fallback path
 _SIMPLEJPEG_MODES = {"YCbCr": "RGBX", "RGB": "RGBX", "Gray": "GRAY"}
 
@@ -107,6 +131,75 @@ def _composite_on_white(img: Image.Image) -> Image.Image:
 
 
 # ----------------------------------------------------------------------------------------
+# EXIF orientation: every pipeline gives upright images
+# ----------------------------------------------------------------------------------------
+
+
+def upright(img: Image.Image) -> Image.Image:
+    """Apply the EXIF orientation tag, by the rule ``datasets``' ``Image`` feature decodes with.
+
+    The image is transposed (``PIL.ImageOps.exif_transpose``) when the tag is present, and
+    returned as it is otherwise. The transposed image no longer carries the tag, so applying
+    this twice (to an image ``datasets`` already turned upright) changes nothing.
+    """
+    if img.getexif().get(_EXIF_ORIENTATION) is not None:
+        return ImageOps.exif_transpose(img)
+    return img
+
+
+def jpeg_has_exif(data: bytes) -> bool:
+    """Whether a JPEG carries an EXIF block (an APP1 segment starting ``Exif\\0\\0``) before its scan.
+
+    Walks the marker segments only (a few microseconds; searching the whole file for the
+    prefix costs 30 times more), so images without EXIF, most of a data set, skip opening
+    them with PIL. A file whose markers cannot be walked counts as having EXIF, leaving the
+    answer to PIL.
+    """
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return True
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _MARKERS_WITHOUT_LENGTH:
+            pos += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no EXIF came before
+            return False
+        if marker == _EXIF_APP1 and data[pos + 4 : pos + 10] == _EXIF_PREFIX:
+            return True
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return True
+
+
+def jpeg_orientation(data: bytes) -> int | None:
+    """The EXIF orientation tag of JPEG bytes as PIL reads it (None when absent), without decoding pixels."""
+    if not jpeg_has_exif(data):
+        return None
+    try:
+        return Image.open(io.BytesIO(data)).getexif().get(_EXIF_ORIENTATION)
+    except Exception:  # unreadable headers: the decoder reports the error, if there is one
+        return None
+
+
+def upright_tensor(pixels: torch.Tensor, orientation: int | None) -> torch.Tensor:
+    """A (..., H, W) tensor decoded without regard to EXIF, made upright for ``orientation``.
+
+    The same transposition as ``upright`` does to a PIL image (lossless, on any device);
+    orientations other than 2..8 leave the tensor as it is.
+    """
+    op = _UPRIGHT_OPS.get(orientation)
+    return pixels if op is None else op(pixels)
+
+
+def orientation_swaps_sides(orientation: int | None) -> bool:
+    """Whether the orientation turns the image a quarter turn (width and height swap)."""
+    return orientation in (5, 6, 7, 8)
+
+
+# ----------------------------------------------------------------------------------------
 # Image values -> encoded bytes / PIL images
 # ----------------------------------------------------------------------------------------
 
@@ -144,23 +237,24 @@ def _read_file(path: str | os.PathLike) -> bytes:
 
 
 def _open_pil(data: bytes, label: str) -> Image.Image:
-    """Decode encoded bytes with PIL; ``ValueError`` naming ``label`` on failure."""
+    """Decode encoded bytes with PIL and turn them upright; ``ValueError`` naming ``label`` on failure."""
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
+        img = upright(img)  # a malformed EXIF block fails here, as it does in datasets' decoding
     except Exception as error:  # PIL raises many types for corrupt data
         raise ValueError(f"cannot decode image from {label}: {error}") from error
     return img
 
 
 def load_image(value: Any) -> Image.Image:
-    """Load any supported image value as an RGB PIL image (see ``to_rgb`` for modes).
+    """Load any supported image value as an upright (``upright``) RGB PIL image (see ``to_rgb`` for modes).
 
     Raises ``ValueError`` naming the path (or "embedded bytes") and the reason when the
     value cannot be read or decoded.
     """
     if isinstance(value, Image.Image):
-        return to_rgb(value)
+        return to_rgb(upright(value))
     data, label = encoded_image_bytes(value)
     return to_rgb(_open_pil(data, label))
 
@@ -208,18 +302,28 @@ def pipeline_outputs_uint8(pipeline: str) -> bool:
 
 
 class UpstreamTransform:
-    """The upstream example's float transform (see the module docstring). Picklable."""
+    """The upstream example's transform, per kind of value (see the module docstring). Picklable.
+
+    Path strings take upstream's file route (uint8 pixels resized as uint8, then converted to
+    float); every other value is what ``datasets`` hands upstream as a PIL image (converted
+    to float first, resized as float). Both routes share one torchvision ``Resize``, which
+    computes in the dtype it is given.
+    """
 
     def __init__(self, image_size: int, mean: Sequence[float], std: Sequence[float]):
         self.image_size = image_size
-        self.float_transforms = torch.nn.Sequential(
+        self.transforms = torch.nn.Sequential(
             Resize([image_size], interpolation=InterpolationMode.BICUBIC, antialias=True),
             CenterCrop(image_size),
+            ConvertImageDtype(torch.float),
             Normalize(mean, std),
         )
 
     def __call__(self, value: Any) -> torch.Tensor:
-        return self.float_transforms(to_tensor(load_image(value)))
+        img = load_image(value)
+        if isinstance(value, (str, os.PathLike)):
+            return self.transforms(pil_to_uint8_tensor(img).contiguous())
+        return self.transforms(to_tensor(img))
 
 
 class FastTransform:
@@ -244,12 +348,12 @@ class FastTransform:
         the tensor's size when the JPEG decoder downscaled it (``fast-draft``).
         """
         if isinstance(value, Image.Image):
-            return _full_scale(pil_to_uint8_tensor(to_rgb(value)))
+            return _full_scale(pil_to_uint8_tensor(load_image(value)))
         data, label = encoded_image_bytes(value)
         if data.startswith(_JPEG_MAGIC):
             decoded = self._decode_jpeg(data, label)
             if decoded is not None:
-                return decoded
+                return _upright_decoded(*decoded, jpeg_orientation(data))
         return _full_scale(pil_to_uint8_tensor(to_rgb(_open_pil(data, label))))
 
     def _decode_jpeg(self, data: bytes, label: str) -> tuple[torch.Tensor, tuple[int, int]] | None:
@@ -312,6 +416,15 @@ class FastTransform:
 
 def _full_scale(pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
     return pixels, (pixels.shape[-1], pixels.shape[-2])
+
+
+def _upright_decoded(
+    pixels: torch.Tensor, full_size: tuple[int, int], orientation: int | None
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """A JPEG decoded as stored, and its full (width, height), turned upright for its EXIF orientation."""
+    if orientation_swaps_sides(orientation):
+        full_size = (full_size[1], full_size[0])
+    return upright_tensor(pixels, orientation), full_size
 
 
 def _decode_jpeg_or_none(data: bytes) -> torch.Tensor | None:

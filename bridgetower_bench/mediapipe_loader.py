@@ -44,7 +44,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampler
 
 from .data import cache_dir as bench_cache_dir
-from .images import to_rgb
+from .images import jpeg_orientation, to_rgb, upright
 from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ SUPPORTED_DEVICES = ("GAUDI2", "GAUDI3")
 
 JPEG_QUALITY = 95
 MANIFEST_NAME = "manifest.json"
-_MANIFEST_VERSION = 2
+_MANIFEST_VERSION = 3  # 2: grey JPEGs transcoded to RGB; 3: EXIF-rotated images written upright
 _CHUNK_ROWS = 256  # rows read (and images held in memory) at a time while materialising
 _INPUTS_ATTRIBUTE = "_bridgetower_mediapipe_inputs"
 
@@ -163,23 +163,25 @@ def jpeg_frame_header(data: bytes) -> Optional[tuple[int, int, int]]:
 def is_decoder_ready_jpeg(data: bytes) -> bool:
     """Whether encoded bytes can go to the HPU decoder as they are.
 
-    Only colour baseline JPEGs (SOF0: 8-bit, Huffman, sequential, three YCbCr components) qualify,
-    the one kind Habana documents for its decoder; grey (one-component), progressive,
-    arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, and every other format, are transcoded to RGB.
+    Only upright colour baseline JPEGs (SOF0: 8-bit, Huffman, sequential, three YCbCr components)
+    qualify, the one kind Habana documents for its decoder; grey (one-component), progressive,
+    arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, JPEGs with an EXIF orientation other than 1 (the
+    decoder does not turn them), and every other format, are transcoded to RGB.
     """
     frame = jpeg_frame_header(data)
-    return frame is not None and frame[0] == _SOF_BASELINE and frame[1] == 8 and frame[2] == 3
+    ready = frame is not None and frame[0] == _SOF_BASELINE and frame[1] == 8 and frame[2] == 3
+    return ready and jpeg_orientation(data) in (None, 1)
 
 
 def transcode_to_jpeg(data: bytes, label: str) -> bytes:
-    """Decode any image PIL reads, convert it to RGB (``images.to_rgb``) and encode a baseline JPEG."""
+    """Decode any image PIL reads, turn it upright, convert it to RGB (``images.to_rgb``), encode a baseline JPEG."""
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
     except Exception as error:  # PIL raises many types for corrupt data
         raise ValueError(f"cannot decode the image of {label}: {error}") from error
     out = io.BytesIO()
-    to_rgb(img).save(out, format="JPEG", quality=JPEG_QUALITY)
+    to_rgb(upright(img)).save(out, format="JPEG", quality=JPEG_QUALITY)
     return out.getvalue()
 
 
@@ -297,10 +299,13 @@ class _ImageStore:
         return self._store(data, hashlib.sha256(data).hexdigest(), label)
 
     def _store(self, data: bytes, digest: str, label: str) -> str:
-        target = os.path.join(self.out_dir, digest + ".jpg")
+        ready = is_decoder_ready_jpeg(data)
+        # transcodes get their own names: a build before EXIF-rotated images were turned upright
+        # wrote some of them as they were, under the plain name
+        target = os.path.join(self.out_dir, digest + (".jpg" if ready else ".upright.jpg"))
         if os.path.exists(target) and _holds_decoder_ready_jpeg(target):  # finished by an earlier (killed) build
             return target  # (one an earlier version wrote as it was, e.g. a grey JPEG, is written again)
-        encoded = data if is_decoder_ready_jpeg(data) else transcode_to_jpeg(data, label)
+        encoded = data if ready else transcode_to_jpeg(data, label)
         _write_atomically(target, encoded)
         with self._count_lock:
             self.written += 1

@@ -46,13 +46,13 @@ import PIL
 from PIL import Image, UnidentifiedImageError
 
 from .data import cache_dir as bench_cache_dir
-from .images import resize_geometry
+from .images import resize_geometry, upright
 from .resilience import write_json_atomically
 from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_VERSION = 2
+PREFLIGHT_VERSION = 3  # 2: the pixel budget and missing-value markers; 3: the EXIF orientation is read too
 # An image may hold at most this many pixels, decoded and resized before the centre crop. The `upstream`
 # pipeline holds an image as float32 several times over while it resizes it: about 31 bytes a pixel
 # (1.5 GB for a 48 MP photograph), in every loader worker at once. 50 MP admits the photographs of
@@ -389,6 +389,7 @@ def image_problem(
                 return f"{label}: {too_big}"
             img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
             img.load()
+            upright(img)  # reads the EXIF orientation, as every image pipeline does
     except UnidentifiedImageError:
         return f"cannot decode {label}: not in an image format Pillow reads"
     except Exception as error:  # PIL raises many types for bad data

@@ -9,6 +9,8 @@ It
 - normalises uint8 pixel batches on the training device, after the host-to-device copy
   (timm's PrefetchLoader idea: workers ship 4x fewer bytes and do no float math);
 - times every fetch of a batch, for `data_wait_fraction`;
+- on one device, draws each epoch up to whole batches as GaudiTrainer does, so both scripts train on
+  the same batches;
 - reports steady-state throughput after `throughput_warmup_steps` (see throughput.py) and records
   which loader and image pipeline actually ran, next to the train metrics;
 - stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
@@ -27,10 +29,12 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
+from torch.utils.data import RandomSampler
 from transformers import TrainingArguments
+from transformers.training_args import OptimizerNames, ParallelMode
 
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
@@ -41,13 +45,38 @@ from .run_record import describe_run
 from .throughput import ThroughputCallback
 
 
+def _gaudi_default(name: str, default):
+    """A TrainingArguments field (its help and type) with GaudiTrainingArguments' default instead of its own."""
+    return field(default=default, metadata=TrainingArguments.__dataclass_fields__[name].metadata)
+
+
+# GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so
+# that the same flags train the same recipe on both backends. The other differing defaults are left to the
+# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device) and `ddp_bucket_cap_mb`
+# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are).
+GAUDI_RECIPE_DEFAULTS = {
+    "adam_epsilon": 1e-6,  # TrainingArguments: 1e-8
+    "optim": "adamw_torch",  # TrainingArguments: adamw_torch_fused with torch >= 2.8 (the same AdamW, other rounding)
+    "logging_nan_inf_filter": False,  # TrainingArguments: True, which reads every step's loss on the host
+    "ddp_find_unused_parameters": False,  # TrainingArguments: None, i.e. True for DDP, a search of the graph every step
+}
+
+
 @dataclass
 class WarmupTrainingArguments(TrainingArguments):
-    """TrainingArguments plus what the CUDA/CPU script trains with beyond them.
+    """TrainingArguments plus what the CUDA/CPU script trains with beyond them, with Gaudi's recipe defaults.
 
     `throughput_warmup_steps` and `attn_implementation` are GaudiTrainingArguments' own (same names and
-    defaults); `compile_layers` is this script's alone.
+    defaults); `compile_layers` is this script's alone. The fields of ``GAUDI_RECIPE_DEFAULTS`` default to
+    GaudiTrainingArguments' values, so a command means the same training on both scripts.
     """
+
+    adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
+    optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
+    logging_nan_inf_filter: bool = _gaudi_default("logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"])
+    ddp_find_unused_parameters: Optional[bool] = _gaudi_default(
+        "ddp_find_unused_parameters", GAUDI_RECIPE_DEFAULTS["ddp_find_unused_parameters"]
+    )
 
     throughput_warmup_steps: int = field(
         default=0,
@@ -90,6 +119,29 @@ class TrainerExtensions:
         self.add_callback(self.stop_on_signal)
         self._staging = None  # inside `publishing()`: where the files being published are saved
         self._publishing_model = False
+
+    # the same batches on both backends ----------------------------------------------------------------
+    def _get_train_sampler(self, *args, **kwargs):
+        """On one device, an epoch is drawn up to a whole number of batches, as GaudiTrainer draws it.
+
+        GaudiTrainer (lazy mode wants one batch shape) samples ``ceil(n / batch) * batch`` rows per epoch
+        without replacement: a permutation of all rows, then the first rows of a second one. Trainer
+        ends the epoch with a short batch instead, so without this the two scripts would train on
+        different batches from the end of the first epoch on. GaudiTrainer's own sampler passes
+        through unchanged.
+        """
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        batch = self.args.per_device_train_batch_size
+        if (
+            type(sampler) is RandomSampler
+            and not sampler.replacement
+            and not self.args.dataloader_drop_last
+            and self.args.parallel_mode != ParallelMode.DISTRIBUTED
+            and sampler.num_samples % batch
+        ):
+            rounded_up = sampler.num_samples + batch - sampler.num_samples % batch
+            return RandomSampler(sampler.data_source, num_samples=rounded_up, generator=sampler.generator)
+        return sampler
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _prepare_inputs(self, inputs):

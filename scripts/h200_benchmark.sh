@@ -4,9 +4,10 @@
 # {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/tools/gpu_ceiling.py).
 #
 # The ceiling is measured for each training set-up, which changes how fast the model trains, not what it
-# computes. A set-up is a dash-joined list of parts: "eager" (the Trainer's defaults and transformers'
+# computes. A set-up is a dash-joined list of parts: "eager" (the script's defaults, which are
+# GaudiTrainingArguments' recipe: AdamW eps 1e-6, adamw_torch, no per-step NaN check; and transformers'
 # attention code, as the published GPU runs), "sdpa" (--attn_implementation sdpa: the text and cross-modal
-# attention in one fused call), "nosync" (--logging_nan_inf_filter False: the Trainer's per-step NaN check
+# attention in one fused call), "nosync" (--logging_nan_inf_filter False, now the default: the Trainer's per-step NaN check
 # reads the loss on the host, which waits for the device at every step and leaves it idle while the host
 # clips, steps the optimizer and starts the next forward), "compiled" (--compile_layers inductor: every
 # repeated layer compiled in place) and "fused" (--optim adamw_torch_fused; within noise of eager on

@@ -21,8 +21,8 @@ def _run(root, name, samples_per_second, recall, loader="torch"):
     return _write_run(root, name, {
         "train_results.json": {"train_samples_per_second": samples_per_second, "data_wait_fraction": 0.25,
                                "loader": loader, "image_pipeline": "fast", "train_loss": 0.9},
-        "eval_results.json": {"eval_loss": 1.5, "eval_i2t_recall@1": recall, "eval_t2i_recall@1": recall / 2,
-                              "eval_i2t_mean_rank": 4.0, "eval_runtime": 3.0},
+        "validation_results.json": {"eval_loss": 1.5, "eval_i2t_recall@1": recall, "eval_t2i_recall@1": recall / 2,
+                                    "eval_i2t_mean_rank": 4.0, "eval_runtime": 3.0},
         "test_results.json": {"test_i2t_recall@10": 0.8},
     })
 
@@ -34,6 +34,12 @@ def test_load_run_merges_results_files_with_per_split_files_winning(tmp_path):
     })
 
     assert compare.load_run(run_dir) == {"train_samples_per_second": 10.0, "eval_loss": 1.0}
+
+
+def test_validation_metrics_are_read_under_the_scripts_name_and_the_earlier_one(tmp_path):
+    new = _write_run(tmp_path, "new", {"validation_results.json": {"eval_loss": 1.0}})
+    old = _write_run(tmp_path, "old", {"eval_results.json": {"eval_loss": 2.0}})
+    assert compare.load_run(new) == {"eval_loss": 1.0} and compare.load_run(old) == {"eval_loss": 2.0}
 
 
 def test_missing_directory_or_results_are_named(tmp_path):

@@ -65,7 +65,7 @@ def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fi
     ])
     train = read_json(out / "train_results.json")
     assert np.isfinite(train["train_loss"]) and train["image_pipeline"] == pipeline
-    assert np.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+    assert np.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
 def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
@@ -121,6 +121,27 @@ def test_train_only_is_split_60_20_20_and_complete_sets_are_untouched():
     assert sorted(sum((list(splits[s]["caption"]) for s in splits), [])) == sorted(str(i) for i in range(100))
     full = datasets.DatasetDict({"train": _dataset(5), "validation": _dataset(3), "test": _dataset(2)})
     assert {s: len(d) for s, d in data.make_splits(full, seed=0).items()} == {"train": 5, "validation": 3, "test": 2}
+
+
+def test_without_do_predict_no_test_split_is_carved_off_train():
+    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    splits = data.make_splits(raw, seed=3, need_test=False)
+    assert set(splits) == {"train", "validation"}
+    assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
+    # a missing validation split is still carved off (evaluation needs it)
+    no_validation = data.make_splits(datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)}), seed=3, need_test=False)
+    assert len(no_validation["train"]) == 40 and len(no_validation["validation"]) == 10
+
+
+@pytest.mark.parametrize("need_test", [True, False])
+def test_train_only_data_gets_upstreams_rows_in_each_split(need_test):
+    raw = _dataset(100)
+    # upstream: 40 % off train with the seed (shuffled), then that part halved in order into validation and test
+    held_out = raw.train_test_split(test_size=0.4, shuffle=True, seed=11)
+    halves = held_out["test"].train_test_split(test_size=0.5, shuffle=False)
+    expected = {"train": held_out["train"], "validation": halves["train"], "test": halves["test"]}
+    splits = data.make_splits(datasets.DatasetDict({"train": raw}), seed=11, need_test=need_test)
+    assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(d["caption"]) for s, d in expected.items()}
 
 
 def test_caption_column_holding_non_strings_is_refused_with_its_row():

@@ -119,6 +119,19 @@ def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline(de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
+    values = []
+    for orientation in (3, 6, 8, 5):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        values.append(encoded(cartoon(500, 380, orientation), exif=exif))
+    batch = as_batch(values)
+    assert batch.jpeg_positions == [0, 1, 2, 3]  # still decoded on the device, then transposed there
+    got = decode_batch(batch, device, SIZE).cpu()
+    assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE  # the host pipeline turns them upright
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels(device):
     grey = encoded(cartoon(640, 480).convert("L"))
     batch = as_batch([grey])

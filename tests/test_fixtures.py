@@ -315,3 +315,19 @@ def test_cli_refuses_a_non_positive_row_count(capsys):
     with pytest.raises(SystemExit):
         fixtures.main(["--train-rows", "0", "dataset"])
     assert "--train-rows" in capsys.readouterr().err
+
+
+def test_exif_rotated_cartoons_are_stored_transposed_and_decode_upright(tmp_path):
+    options = dict(train_rows=6, validation_rows=1, test_rows=1, rows_per_cartoon=2, image_side_range=(120, 200))
+    plain = load_dataset(str(fixtures.make_synthetic_dataset(tmp_path / "plain", **options)), "matching", split="train")
+    rotated_dir = fixtures.make_synthetic_dataset(tmp_path / "rotated", exif_rotated_every=2, **options)
+    rotated = load_dataset(str(rotated_dir), "matching", split="train")
+    raw = rotated.cast_column("image", ImageFeature(decode=False))
+    tags = [Image.open(io.BytesIO(row["image"]["bytes"])).getexif().get(0x0112) for row in raw]
+    assert tags == [2, 2, None, None, 3, 3]  # cartoons 0 and 2 of the split, orientations in turn
+    for upright, expected in zip(rotated["image"], plain["image"]):  # datasets turns them upright on decoding
+        assert upright.size == expected.size
+        difference = np.abs(np.asarray(upright, dtype=float) - np.asarray(expected.convert(upright.mode), dtype=float))
+        assert difference.mean() < 3  # the same picture, encoded once more
+    with pytest.raises(ValueError, match="exif_rotated_every"):
+        fixtures.make_synthetic_dataset(tmp_path / "bad", exif_rotated_every=-1, **options)

@@ -218,3 +218,23 @@ def test_data_loader_workers_get_the_same_tensors(image_values, tmp_path):
     expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
     loader = torch.utils.data.DataLoader(RowsDataset(image_values, cache), batch_size=4, num_workers=2)
     assert torch.equal(torch.cat(list(loader)), expected)
+
+
+def test_exif_rotated_images_are_cached_upright(tmp_path, monkeypatch):
+    from PIL import ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: a quarter turn makes it upright
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (30, 44, 3), dtype=np.uint8)).save(
+        buffer, format="JPEG", exif=exif
+    )
+    values = [{"bytes": buffer.getvalue(), "path": None}]
+    # a cache of the format before images were turned upright is not reused
+    monkeypatch.setattr(image_cache, "CACHE_FORMAT_VERSION", 1)
+    old = open_cache(values, tmp_path / "cache")
+    monkeypatch.undo()
+    cache = open_cache(values, tmp_path / "cache")
+    assert cache.built and cache.directory != old.directory
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(buffer.getvalue())))
+    assert torch.equal(cache(values[0]), make_image_transform("fast", SIZE, mean=(), std=())(upright))

@@ -396,3 +396,133 @@ def test_transforms_survive_pickling(pipeline):
     data = encode(noise_image(40, 30), "JPEG")
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
     assert torch.equal(pickle.loads(pickle.dumps(transform))(data), transform(data))
+
+
+# ----------------------------------------------------------------------------------------
+# EXIF orientation, and upstream's pixels per kind of source
+# ----------------------------------------------------------------------------------------
+
+
+def with_orientation(img: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(img, fmt, exif=exif)
+
+
+def cartoon(width: int, height: int, seed: int = 3) -> Image.Image:
+    from bridgetower_bench.tools.cartoons import draw_cartoon
+
+    return draw_cartoon(np.random.default_rng(seed), width, height)[0].convert("RGB")
+
+
+def datasets_decoded(data: bytes) -> Image.Image:
+    """What `datasets`' Image feature hands upstream for embedded bytes."""
+    import datasets
+
+    return datasets.Image().decode_example({"bytes": data, "path": None})
+
+
+def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
+    """Upstream's route for a PIL image, written out: 1-band -> grey x3, to_tensor, float resize, crop, normalise."""
+    from torchvision.transforms import ConvertImageDtype
+    from torchvision.transforms.functional import to_grayscale, to_tensor
+
+    if len(img.getbands()) == 1:
+        img = to_grayscale(img, num_output_channels=3)
+    steps = torch.nn.Sequential(
+        Resize([size], interpolation=InterpolationMode.BICUBIC), CenterCrop(size), ConvertImageDtype(torch.float),
+        Normalize(CLIP_MEAN, CLIP_STD),
+    )
+    return steps(to_tensor(img))
+
+
+def upstream_math_for_file(path: str, size: int, apply_exif_orientation: bool = False) -> torch.Tensor:
+    """Upstream's route for a path string, written out: read_image RGB (uint8), uint8 resize, crop, float, normalise."""
+    from torchvision.io import ImageReadMode, read_image
+    from torchvision.transforms import ConvertImageDtype
+
+    pixels = read_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=apply_exif_orientation)
+    assert pixels.dtype == torch.uint8
+    steps = torch.nn.Sequential(
+        Resize([size], interpolation=InterpolationMode.BICUBIC), CenterCrop(size), ConvertImageDtype(torch.float),
+        Normalize(CLIP_MEAN, CLIP_STD),
+    )
+    return steps(pixels)
+
+
+UPSTREAM_SOURCES = {
+    "RGB JPEG": lambda: encode(cartoon(230, 170), "JPEG", quality=90),
+    "grey JPEG": lambda: encode(cartoon(170, 230).convert("L"), "JPEG", quality=90),
+    "grey PNG": lambda: encode(cartoon(150, 190).convert("L"), "PNG"),
+    "EXIF-rotated JPEG": lambda: with_orientation(cartoon(230, 170), 6),
+    "EXIF-mirrored JPEG": lambda: with_orientation(cartoon(170, 230), 2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UPSTREAM_SOURCES))
+def test_upstream_pipeline_gives_upstreams_pixels_for_every_source(kind, tmp_path):
+    data, size = UPSTREAM_SOURCES[kind](), 64
+    transform = make_image_transform("upstream", size, CLIP_MEAN, CLIP_STD)
+    # Embedded bytes and PIL images: upstream receives datasets' decoded (upright) PIL image.
+    expected = upstream_math_for_pil(datasets_decoded(data), size)
+    assert torch.equal(transform({"bytes": data, "path": None}), expected)
+    assert torch.equal(transform(data), expected)
+    assert torch.equal(transform(datasets_decoded(data)), expected)
+    assert torch.equal(transform(Image.open(io.BytesIO(data))), expected)  # not yet upright: turned here
+    # Path strings: upstream's uint8 route; we also turn files upright (upstream's read_image does not).
+    path = tmp_path / "image.bin"
+    path.write_bytes(data)
+    rotated = "EXIF" in kind
+    assert torch.equal(transform(str(path)), upstream_math_for_file(str(path), size, apply_exif_orientation=rotated))
+    if rotated:
+        assert not torch.equal(transform(str(path)), upstream_math_for_file(str(path), size))
+
+
+def test_upstream_keeps_palette_images_in_colour():
+    img = noise_image(80, 60).quantize(16)
+    out = make_image_transform("upstream", 32, (0, 0, 0), (1, 1, 1))(img)
+    assert not torch.equal(out[0], out[1])  # upstream's grey conversion would make the channels equal
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_fast_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders):
+    data = with_orientation(cartoon(230, 170), orientation)
+    from PIL import ImageOps
+
+    expected = FastTransform(64)(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
+    assert expected.shape == (3, 64, 64)
+    assert torch.equal(FastTransform(64)(data), expected)
+    assert torch.equal(FastTransform(64)({"bytes": data, "path": None}), expected)
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_fast_draft_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders):
+    data = with_orientation(cartoon(620, 460), orientation)
+    assert mean_deviation_from_upstream("fast-draft", data, 64) < 3 / 255
+    unrotated = with_orientation(cartoon(620, 460), 1)
+    assert mean_deviation_from_upstream("fast-draft", unrotated, 64) < 3 / 255
+    # the rotation matters: without it the picture is far from upstream's
+    upstream = make_image_transform("upstream", 64, (0, 0, 0), (1, 1, 1))(data)
+    sideways = make_image_transform("fast-draft", 64, (0, 0, 0), (1, 1, 1))(unrotated).float() / 255
+    assert (sideways - upstream).abs().mean().item() > 10 / 255
+
+
+def test_jpeg_orientation_reads_headers_like_pil():
+    plain = encode(noise_image(60, 40), "JPEG")
+    assert not images.jpeg_has_exif(plain) and images.jpeg_orientation(plain) is None
+    icc_first = encode(noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif())  # EXIF without the tag
+    assert images.jpeg_has_exif(icc_first) and images.jpeg_orientation(icc_first) is None
+    for orientation in range(1, 9):
+        data = with_orientation(noise_image(60, 40), orientation)
+        assert images.jpeg_orientation(data) == Image.open(io.BytesIO(data)).getexif().get(0x0112) == orientation
+    assert images.jpeg_has_exif(b"\xff\xd8garbage")  # cannot walk it: left to PIL
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_upright_tensor_matches_pil_exif_transpose(orientation):
+    from PIL import ImageOps
+
+    data = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
+    expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
+    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
+    assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)

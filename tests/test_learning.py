@@ -87,8 +87,8 @@ def recall_at_1_hits(metrics: dict) -> int:
 def test_a_few_hundred_cpu_steps_raise_validation_recall_at_1_beyond_chance(learnable, tmp_path):
     run_script("cuda", script_args(learnable, tmp_path / "init"))
     run_script("cuda", script_args(learnable, tmp_path / "trained", "--do_train", f"--max_steps={TRAIN_STEPS}"))
-    before = read_json(tmp_path / "init" / "eval_results.json")
-    after = read_json(tmp_path / "trained" / "eval_results.json")
+    before = read_json(tmp_path / "init" / "validation_results.json")
+    after = read_json(tmp_path / "trained" / "validation_results.json")
 
     gained = recall_at_1_hits(after) - recall_at_1_hits(before)
     figures = {key: (round(before[key], 3), round(after[key], 3)) for key in (

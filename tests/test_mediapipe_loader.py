@@ -200,6 +200,33 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
     assert np.abs(np.asarray(decoded, dtype=np.float64) - expected).mean() < 4
 
 
+@pytest.mark.parametrize("as_path", [False, True])
+def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
+    from PIL import ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    sideways = Image.fromarray(np.repeat(np.arange(20, dtype=np.uint8)[None, :] * 12, 12, axis=0)).convert("RGB")
+    original = encode(sideways, "JPEG", quality=95, exif=exif)
+    assert ml.jpeg_frame_header(original)[0] == 0xC0  # baseline: only its orientation keeps it from the decoder
+    assert not ml.is_decoder_ready_jpeg(original)
+    if as_path:
+        (tmp_path / "photo.jpg").write_bytes(original)
+        ds = datasets.Dataset.from_dict({"image": [str(tmp_path / "photo.jpg")]})
+    else:
+        ds = image_dataset([original])
+    (path,) = ml.materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
+
+    assert os.path.dirname(path) == str(tmp_path / "cache" / "fp")
+    with open(path, "rb") as handle:
+        written = handle.read()
+    assert ml.is_decoder_ready_jpeg(written)
+    expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original))), dtype=np.float64)
+    decoded = np.asarray(Image.open(io.BytesIO(written)), dtype=np.float64)
+    assert decoded.shape == expected.shape == (20, 12, 3)
+    assert np.abs(decoded - expected).mean() < 3
+
+
 def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
     colour = encode(Image.new("RGB", (16, 12), (90, 40, 10)), "JPEG", quality=90)
     (path,) = ml.materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")

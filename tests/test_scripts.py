@@ -70,8 +70,9 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     assert train["attn_implementation"] == "eager" and train["compile_layers"] == "no"
     assert train["world_size"] == 1 and train["per_device_train_batch_size"] == 4
     assert train["train_samples_per_second"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
-    for split in ("eval", "test"):
-        metrics = read_json(out / f"{split}_results.json")
+    assert not (out / "eval_results.json").exists()  # upstream's name for the validation metrics instead:
+    for split, file in (("eval", "validation_results.json"), ("test", "test_results.json")):
+        metrics = read_json(out / file)
         assert math.isfinite(metrics[f"{split}_loss"])
         for key in ("i2t_recall@1", "t2i_recall@1", "i2t_recall@10", "t2i_mean_rank"):
             assert f"{split}_{key}" in metrics
@@ -108,7 +109,7 @@ def test_json_configuration_file(kind, fixtures, tmp_path):
     path = tmp_path / "args.json"
     path.write_text(json.dumps(config))
     run_script(kind, [path])
-    assert math.isfinite(read_json(out / "eval_results.json")["eval_loss"])
+    assert math.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
 def help_defaults(kind):
@@ -142,6 +143,14 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
                  "--distribution_strategy", "--sdp_on_bf16", "--mediapipe_dataloader"):
         assert flag in error[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_gaudi_script_takes_the_flags_upstreams_ci_adds(fixtures, tmp_path):
+    """Upstream's CI runs this example with --sdp_on_bf16 and --trust_remote_code True (and a pinned revision)."""
+    out = tmp_path / "run"
+    run_script("gaudi", base_args(fixtures, out, max_steps=1, save_steps=None, save_strategy="no", trust_remote_code=True)
+               + ["--do_train", "--sdp_on_bf16"] + CPU_FLAGS["gaudi"])
+    assert math.isfinite(read_json(out / "train_results.json")["train_loss"])
 
 
 def test_cuda_script_mentions_no_habana_or_gaudi_symbol():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridgetower_bench import data, flag_guard, preflight
+from bridgetower_bench import data, flag_guard, preflight, run_directory
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from conftest import CPU_FLAGS, REPO, SCRIPTS
 
@@ -56,6 +56,7 @@ def run_cuda_script(args, capsys) -> tuple[int, str]:
         status = stop.code if isinstance(stop.code, int) else 1
     finally:
         sys.argv = old_argv
+        run_directory.release_all()  # what the process's exit does (atexit): a refused run leaves no output_dir
     return status, capsys.readouterr().err
 
 

@@ -29,6 +29,10 @@ PUBLISHED = {
     "A100 80GB GPU": {"workers=0": 227.5, "workers=1": 339.7, "workers=2": 345.4},
 }
 PUBLISHED_CONFIGS = ("workers=0", "workers=1", "workers=2", "workers=2 + mediapipe")
+# Upstream's CI baselines for this example on the optimum-habana 1.21 line, 8 devices, samples/s: the blog's
+# flags plus a pinned data set revision, --trust_remote_code True and --sdp_on_bf16, without --do_predict.
+CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
+CI_EXTRA_FLAGS = "--dataset_revision 3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6 --trust_remote_code True --sdp_on_bf16"
 
 
 def configuration_label(workers: int, loader: str = TORCH_LOADER, image_pipeline: str = "upstream",
@@ -364,6 +368,13 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         _markdown_table(header, speedup_rows),
         "",
         "n/a: not published for that device; -: not run (or no run finished).",
+        "",
+        f"## Upstream's CI baselines (optimum-habana 1.21 line, {PUBLISHED_DEVICES} devices)",
+        "",
+        _markdown_table(["device", "samples/s (node)", "samples/s per device"],
+                        [[d, _fmt(v), _fmt(v / PUBLISHED_DEVICES)] for d, v in CI_BASELINES.items()]),
+        "",
+        f"Its command adds `{CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
     ]
     return "\n".join(parts) + "\n"
 

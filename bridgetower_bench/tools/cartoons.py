@@ -383,6 +383,24 @@ def jpeg_bytes(img: Image.Image, quality: int = JPEG_QUALITY) -> bytes:
     return buffer.getvalue()
 
 
+# The EXIF orientation tag (2..8) -> the transposition that stores an upright picture so that the tag turns
+# it upright again (the inverse of what PIL.ImageOps.exif_transpose applies for that tag).
+_STORED_SIDEWAYS = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
+
+
+def exif_oriented_jpeg_bytes(img: Image.Image, orientation: int, quality: int = JPEG_QUALITY) -> bytes:
+    """`img` stored as a camera would store it: transposed, with the EXIF orientation tag that undoes that."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # ExifTags.Base.Orientation
+    buffer = io.BytesIO()
+    img.transpose(_STORED_SIDEWAYS[orientation]).save(buffer, format="JPEG", quality=quality, exif=exif)
+    return buffer.getvalue()
+
+
 def sample_image_size(rng: np.random.Generator, side_range: tuple[int, int] = IMAGE_SIDE_RANGE) -> tuple[int, int]:
     """Width and height within `side_range`: mostly landscape, aspect ratio up to about 1.6.
 

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-RESULT_FILES = ("all_results.json", "train_results.json", "eval_results.json", "test_results.json")
+# validation_results.json is the scripts' name (upstream's); eval_results.json the one of earlier versions
+RESULT_FILES = ("all_results.json", "train_results.json", "eval_results.json", "validation_results.json", "test_results.json")
 
 THROUGHPUT_KEYS = (
     "train_samples_per_second",

@@ -35,7 +35,8 @@ import numpy as np
 from PIL import Image
 
 from ..resilience import process_alive
-from .cartoons import (IMAGE_SIDE_RANGE, MIN_IMAGE_SIDE, SETTING_PREPOSITIONS, SETTINGS, THINGS, Scene, describe, jpeg_bytes,
+from .cartoons import (IMAGE_SIDE_RANGE, MIN_IMAGE_SIDE, SETTING_PREPOSITIONS, SETTINGS, THINGS, Scene, describe,
+                       exif_oriented_jpeg_bytes, jpeg_bytes,
                        render_scene, sample_image_size, sample_scene)
 
 # ---------------------------------------------------------------------------------------------
@@ -150,17 +151,22 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
 
 
 def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int,
-                side_range: tuple[int, int], stroke_scale: float) -> list[dict]:
+                side_range: tuple[int, int], stroke_scale: float, exif_rotated_every: int = 0) -> list[dict]:
     """Rows of one split. Each cartoon has its own generator, so changing a row count only
-    adds or removes cartoons at the end instead of redrawing all of them."""
+    adds or removes cartoons at the end instead of redrawing all of them. With `exif_rotated_every` N,
+    cartoons 0, N, 2N, ... are stored transposed with an EXIF orientation tag (2..8 in turn)."""
     rows: list[dict] = []
     for cartoon in range(math.ceil(n_rows / rows_per_cartoon)):
         rng = np.random.default_rng([seed, split_index, cartoon])
         width, height = sample_image_size(rng, side_range)
         scene = sample_scene(rng)
         contest_number = first_contest + cartoon
-        image = {"bytes": jpeg_bytes(render_scene(scene, rng, width, height, stroke_scale)),
-                 "path": f"{contest_number}.jpeg"}
+        picture = render_scene(scene, rng, width, height, stroke_scale)
+        if exif_rotated_every and cartoon % exif_rotated_every == 0:
+            encoded = exif_oriented_jpeg_bytes(picture, 2 + (cartoon // exif_rotated_every) % 7)
+        else:
+            encoded = jpeg_bytes(picture)
+        image = {"bytes": encoded, "path": f"{contest_number}.jpeg"}
         rows.extend(_matching_rows(rng, scene, contest_number, image, min(rows_per_cartoon, n_rows - len(rows))))
     return rows
 
@@ -185,7 +191,8 @@ def _check_side_range(side_range) -> tuple[int, int]:
 
 def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: int = 48, test_rows: int = 48,
                            rows_per_cartoon: int = 4, seed: int = 0,
-                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE, stroke_scale: float = 1.0) -> Path:
+                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE, stroke_scale: float = 1.0,
+                           exif_rotated_every: int = 0) -> Path:
     """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
 
     Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
@@ -197,6 +204,9 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     shrunk to a small model's image size (112 px): a tiny model trained from scratch then learns
     little beyond the setting. A learning test wants small cartoons (e.g. 160-260 px: ten times
     faster to draw) with bold strokes (e.g. 2.0).
+
+    `exif_rotated_every` N > 0 stores every Nth cartoon of each split (the first included) as a phone
+    photo or scan may be: transposed, with the EXIF orientation tag (2..8 in turn) that turns it upright.
     """
     import datasets
 
@@ -207,6 +217,8 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     side_range = _check_side_range(image_side_range)
+    if isinstance(exif_rotated_every, bool) or not isinstance(exif_rotated_every, int) or exif_rotated_every < 0:
+        raise ValueError(f"exif_rotated_every must be a non-negative integer, got {exif_rotated_every!r}")
     if isinstance(stroke_scale, bool) or not isinstance(stroke_scale, (int, float)) or not 0 < stroke_scale <= 10:
         raise ValueError(f"stroke_scale must be a number in (0, 10], got {stroke_scale!r}")
     out = Path(out_dir)
@@ -220,7 +232,8 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     datasets.disable_progress_bars()  # one bar per tiny shard is noise
     try:
         for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
-            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range, stroke_scale)
+            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range, stroke_scale,
+                               exif_rotated_every)
             first_contest += math.ceil(n_rows / rows_per_cartoon)
             columns = {name: [row[name] for row in rows] for name in features}
             dataset = datasets.Dataset.from_dict(columns, features=features)
@@ -632,6 +645,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--test-rows", type=int, default=48)
     parser.add_argument("--rows-per-cartoon", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exif-rotated-every", type=int, default=0, metavar="N",
+                        help="store every Nth cartoon transposed, with the EXIF orientation tag that turns it "
+                             "upright (orientations 2-8 in turn), as phone photos and scans may be (default 0: none)")
     args = parser.parse_args(argv)
     if args.large and args.layers is not None:
         parser.error("--layers sets the tiny model's depth; BridgeTower Large's (--large) is fixed")
@@ -639,6 +655,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
                  "rows_per_cartoon"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+    if args.exif_rotated_every < 0:
+        parser.error(f"--exif-rotated-every must be 0 or a positive integer, got {args.exif_rotated_every}")
     return args
 
 
@@ -648,7 +666,9 @@ def main(argv=None) -> None:
     requested = {
         "model": _model_options(args),
         "dataset": {"train_rows": args.train_rows, "validation_rows": args.validation_rows,
-                    "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed},
+                    "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed,
+                    # only when asked for, so that the default data set's recorded options stay as they were
+                    **({"exif_rotated_every": args.exif_rotated_every} if args.exif_rotated_every else {})},
         "gaudi_config": {},
     }
     if args.what != "all":
