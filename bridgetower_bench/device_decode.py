@@ -42,6 +42,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
 from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize_geometry, upright_tensor
+from .jpeg_headers import read_jpeg_header
 from .resilience import ImageLoadError
 
 logger = logging.getLogger(__name__)
@@ -56,52 +57,7 @@ DEFAULT_CHUNK_SIZE = 64
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _OTHER_FORMATS = ((b"\x89PNG", "PNG image"), (b"GIF8", "GIF image"), (b"BM", "BMP image"),
                   (b"II*\x00", "TIFF image"), (b"MM\x00*", "TIFF image"))
-# Frame headers (SOFn): 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive (all Huffman-coded) are
-# what nvJPEG decodes; the others are lossless, hierarchical or arithmetic-coded. 0xC4, 0xC8 and 0xCC
-# sit in that range but are DHT, JPG and DAC segments.
-_DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)
-_OTHER_FRAMES = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
-_MARKERS_WITHOUT_LENGTH = (0x01, *range(0xD0, 0xD9))  # TEM, RST0-7, SOI
-_SOS, _APP14 = 0xDA, 0xEE
-
-
-@dataclass(frozen=True)
-class JpegFrame:
-    """What a JPEG's frame header and Adobe APP14 segment say about how it is coded."""
-
-    marker: int  # the SOFn marker byte
-    precision: int  # bits per sample
-    components: int
-    component_ids: bytes
-    adobe_transform: Optional[int]  # 0: RGB/CMYK stored as is, 1: YCbCr, 2: YCCK; None: no Adobe segment
-
-
-def read_jpeg_frame(data: bytes) -> Optional[JpegFrame]:
-    """Walk the marker segments of a JPEG up to its frame header; None if the header cannot be found."""
-    pos, end, adobe_transform = 2, len(data), None
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            pos += 1
-            continue
-        if marker in _MARKERS_WITHOUT_LENGTH:
-            pos += 2
-            continue
-        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
-        segment = data[pos + 4 : pos + 2 + length]
-        if length < 2 or len(segment) != length - 2 or marker == _SOS:
-            return None  # truncated, or a scan before any frame header
-        if marker == _APP14 and segment.startswith(b"Adobe") and len(segment) >= 12:
-            adobe_transform = segment[11]
-        if marker in _DECODABLE_FRAMES or marker in _OTHER_FRAMES:
-            if len(segment) < 6:
-                return None
-            components = segment[5]
-            return JpegFrame(marker, segment[0], components, bytes(segment[6 : 6 + 3 * components : 3]), adobe_transform)
-        pos += 2 + length
-    return None
+_DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progressive: what nvJPEG decodes
 
 
 def device_decoder_declines(data: bytes) -> Optional[str]:
@@ -110,7 +66,7 @@ def device_decoder_declines(data: bytes) -> Optional[str]:
         if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
             return "WebP image"
         return next((name for magic, name in _OTHER_FORMATS if data.startswith(magic)), "not a JPEG")
-    frame = read_jpeg_frame(data)
+    frame = read_jpeg_header(data)
     if frame is None:
         return "JPEG without a readable frame header"
     if frame.marker not in _DECODABLE_FRAMES:

@@ -45,6 +45,7 @@ from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampl
 
 from .data import cache_dir as bench_cache_dir
 from .images import jpeg_orientation, to_rgb, upright
+from .jpeg_headers import SOF_BASELINE, read_jpeg_header
 from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
@@ -126,40 +127,6 @@ def choose_loader(requested: bool) -> tuple[str, Optional[str]]:
 # Materialising images as JPEG files the HPU decoder takes
 # ----------------------------------------------------------------------------------------
 
-_SOF_BASELINE = 0xC0
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # C4 DHT, C8 JPG, CC DAC are not frames
-_MARKERS_WITHOUT_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0..7
-
-
-def jpeg_frame_header(data: bytes) -> Optional[tuple[int, int, int]]:
-    """(start-of-frame marker, sample precision, component count) of a JPEG, or None if not one.
-
-    Walks the marker segments up to the frame header without decoding anything, so checking an
-    image costs microseconds.
-    """
-    if not data.startswith(b"\xff\xd8"):
-        return None
-    pos = 2
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in _MARKERS_WITHOUT_LENGTH:
-            pos += 2
-            continue
-        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
-            return None
-        if marker in _SOF_MARKERS:
-            if pos + 10 > len(data):
-                return None
-            return marker, data[pos + 4], data[pos + 9]
-        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-    return None
-
-
 def is_decoder_ready_jpeg(data: bytes) -> bool:
     """Whether encoded bytes can go to the HPU decoder as they are.
 
@@ -168,9 +135,9 @@ def is_decoder_ready_jpeg(data: bytes) -> bool:
     arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, JPEGs with an EXIF orientation other than 1 (the
     decoder does not turn them), and every other format, are transcoded to RGB.
     """
-    frame = jpeg_frame_header(data)
-    ready = frame is not None and frame[0] == _SOF_BASELINE and frame[1] == 8 and frame[2] == 3
-    return ready and jpeg_orientation(data) in (None, 1)
+    header = read_jpeg_header(data)
+    ready = header is not None and header.marker == SOF_BASELINE and header.precision == 8 and header.components == 3
+    return ready and (not header.has_exif or jpeg_orientation(data) in (None, 1))
 
 
 def transcode_to_jpeg(data: bytes, label: str) -> bytes:

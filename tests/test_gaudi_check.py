@@ -184,3 +184,24 @@ def test_gaudi_software_and_pins_are_compared_not_installed():
     missing = gc.requirement_row("optimum-habana==1.21.2", installed)
     assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
     assert {"optimum-habana==1.21.2", "transformers==4.55.4"} <= set(gc.pinned_requirements())
+
+
+def test_the_record_holds_no_credential_even_when_a_step_prints_one(habana_shim, tmp_path, capsys, monkeypatch):
+    from bridgetower_bench.tools import fixtures
+
+    token = "hf_FakeTokenForTheGaudiCheck123"
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    outcomes = {
+        "1hpu-pytorch-loader": f"OSError: 401 Client Error for url with token {token}",
+        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25},
+    }
+    status = gc.main(["--output_dir", str(tmp_path / "check")], probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
+                     runner=reports(outcomes))
+
+    assert status == 1
+    written = [p for p in (tmp_path / "check").rglob("*.json")]
+    assert written and all(token not in p.read_text() for p in written)
+    record = json.loads((tmp_path / "check" / "gaudi_check.json").read_text())
+    failed = {row["name"]: row for row in record["steps"]}["1hpu-pytorch-loader"]
+    assert failed["result"] == "failed" and "REDACTED" in failed["detail"]

@@ -208,7 +208,7 @@ def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
     exif[0x0112] = 6
     sideways = Image.fromarray(np.repeat(np.arange(20, dtype=np.uint8)[None, :] * 12, 12, axis=0)).convert("RGB")
     original = encode(sideways, "JPEG", quality=95, exif=exif)
-    assert ml.jpeg_frame_header(original)[0] == 0xC0  # baseline: only its orientation keeps it from the decoder
+    assert ml.read_jpeg_header(original).marker == 0xC0  # baseline: only its orientation keeps it from the decoder
     assert not ml.is_decoder_ready_jpeg(original)
     if as_path:
         (tmp_path / "photo.jpg").write_bytes(original)

@@ -41,6 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..redaction import shareable
 from ..resilience import atomic_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -435,7 +436,8 @@ def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: O
     steps = run_steps(plan_steps(fixtures, output_dir, args.max_steps), hpus, output_dir, runner)
     print()
     print(format_table(stack + steps), end="")
-    report = record(hpus, stack, steps, output_dir)
+    # a shareable record: credential values (HF_TOKEN and the like, e.g. echoed in an error line) scrubbed
+    report = shareable(record(hpus, stack, steps, output_dir), args=list(sys.argv[1:] if argv is None else argv))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(str(json_path)) as temporary:
         Path(temporary).write_text(json.dumps(report, indent=2) + "\n")
