@@ -52,13 +52,14 @@ def _gaudi_default(name: str, default):
 
 # GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so
 # that the same flags train the same recipe on both backends. The other differing defaults are left to the
-# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device) and `ddp_bucket_cap_mb`
-# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are).
+# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device), `ddp_bucket_cap_mb`
+# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are) and
+# `ddp_find_unused_parameters` (False there; torch's DDP stops with an error when a parameter gets no gradient,
+# as some of BridgeTower's do in this task, so the Trainer's own choice stays: the same gradients either way).
 GAUDI_RECIPE_DEFAULTS = {
     "adam_epsilon": 1e-6,  # TrainingArguments: 1e-8
     "optim": "adamw_torch",  # TrainingArguments: adamw_torch_fused with torch >= 2.8 (the same AdamW, other rounding)
     "logging_nan_inf_filter": False,  # TrainingArguments: True, which reads every step's loss on the host
-    "ddp_find_unused_parameters": False,  # TrainingArguments: None, i.e. True for DDP, a search of the graph every step
 }
 
 
@@ -74,9 +75,6 @@ class WarmupTrainingArguments(TrainingArguments):
     adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
     optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
     logging_nan_inf_filter: bool = _gaudi_default("logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"])
-    ddp_find_unused_parameters: Optional[bool] = _gaudi_default(
-        "ddp_find_unused_parameters", GAUDI_RECIPE_DEFAULTS["ddp_find_unused_parameters"]
-    )
 
     throughput_warmup_steps: int = field(
         default=0,

@@ -266,7 +266,7 @@ def assert_rerun_only_evaluates(kind, args, out):
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
-    assert "eval_loss" in read_json(out / "eval_results.json") and "train_loss" in read_json(out / "all_results.json")
+    assert "eval_loss" in read_json(out / "validation_results.json") and "train_loss" in read_json(out / "all_results.json")
     again = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
@@ -282,7 +282,7 @@ def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(step,
     if step < 7:
         rerun = run_script("cuda", args)
         assert "'loss'" in rerun.stdout and read_json(out / "trainer_state.json")["global_step"] == 2
-        assert "eval_loss" in read_json(out / "eval_results.json")
+        assert "eval_loss" in read_json(out / "validation_results.json")
     else:
         assert_rerun_only_evaluates("cuda", args, out)
     assert not [n for n in os.listdir(out) if n.startswith((".staging-", ".publishing"))]
@@ -297,7 +297,7 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"Stopped by SIGTERM after saving completely what the run had done so far in {out}. Rerun the same command "
         "(without --overwrite_output_dir) to do the phases that are left.")
-    assert read_json(out / "trainer_state.json")["global_step"] == 2 and not (out / "eval_results.json").exists()
+    assert read_json(out / "trainer_state.json")["global_step"] == 2 and not (out / "validation_results.json").exists()
 
     # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
     cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]

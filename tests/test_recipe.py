@@ -12,7 +12,7 @@ from test_scripts import base_args, load_weights
 from bridgetower_bench.trainer import GAUDI_RECIPE_DEFAULTS
 
 # Differing defaults deliberately left to each device (see bridgetower_bench/trainer.py).
-LEFT_TO_THE_DEVICE = {"half_precision_backend", "ddp_bucket_cap_mb"}
+LEFT_TO_THE_DEVICE = {"half_precision_backend", "ddp_bucket_cap_mb", "ddp_find_unused_parameters"}
 
 _DEFAULTS_PROGRAM = """
 import dataclasses, json
