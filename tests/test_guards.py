@@ -62,6 +62,7 @@ def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
             "--use_cpu", "--use_habana"]
     assert flag_guard.hpu_only_flags_in(argv) == ["--use_habana"]
     assert flag_guard.hpu_only_flags_in([SCRIPT, "--output_dir", "out", "--do_train"]) == []
+    assert flag_guard.hpu_only_flags_in([SCRIPT, "--use_habana"]) == ["--use_habana"]  # one flag is not a file
     # A .json file among other flags is not a configuration file: only its flags count.
     assert flag_guard.hpu_only_flags_in([SCRIPT, "config.json", "--sdp_on_bf16=True"]) == ["--sdp_on_bf16"]
     config = tmp_path / "c.json"
