@@ -115,8 +115,9 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float]
     started = time.perf_counter()
     # In a session of its own: past the time limit, the scripts and loader workers the tests started are
     # stopped with pytest (killing pytest alone would leave a mutant's endless loop running in a script).
+    log = open(copy / "mutate-tests.log", "w")  # the last run's output, shown when the unmutated tests fail
     tests_run = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=copy,
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         returncode = tests_run.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -126,6 +127,7 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float]
     except ProcessLookupError:
         pass
     tests_run.wait()
+    log.close()
     seconds = time.perf_counter() - started
     if returncode is None:
         return "timeout", seconds
@@ -151,7 +153,8 @@ def main(argv=None) -> int:
             original = target.read_text()
             status, baseline = run_tests(copy, tests, timeout=3600)
             if status != "passed":
-                print(f"{module}: its tests fail without any mutant ({' '.join(tests)}); skipped")
+                output = (copy / "mutate-tests.log").read_text(errors="replace").strip().splitlines()
+                print(f"{module}: its tests fail without any mutant ({' '.join(tests)}); skipped:", *output[-15:], sep="\n  ")
                 continue
             mutants = mutants_of(module)
             if args.sample is not None and len(mutants) > args.sample:
