@@ -1,8 +1,11 @@
 """Shared test set-up: offline Hugging Face libraries, the embedded fixtures, and running the two scripts."""
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -15,6 +18,11 @@ SHIM = REPO / "tests" / "habana_shim"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests' own HF_HOME, so that no cached preflight verdict or decoded image of the user's (nor of an earlier
+# test session) hides a regression; the preflight and decoded-image caches follow it, and script subprocesses
+# inherit it. The data sets stay cached under HF_DATASETS_CACHE (see script_env).
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="bridgetower-tests-hf-home-")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 
 def script_env(gaudi: bool) -> dict:

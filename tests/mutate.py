@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,15 +34,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # module (under bridgetower_bench/) -> the test files that guard it
+# (fast files first: the tests run with -x, so a mutant a fast file catches costs only that file)
 TARGETS = {
     "images.py": ["tests/test_images.py"],
-    "image_cache.py": ["tests/test_image_cache.py"],
-    "preflight.py": ["tests/test_reliability.py", "tests/test_user_input.py"],
+    "image_cache.py": ["tests/test_guards.py", "tests/test_image_cache.py"],
+    "preflight.py": ["tests/test_preflight_cases.py", "tests/test_reliability.py", "tests/test_user_input.py"],
     "data.py": ["tests/test_data.py"],
     "resilience.py": ["tests/test_reliability.py"],
-    "throughput.py": ["tests/test_throughput.py"],
-    "retrieval.py": ["tests/test_retrieval.py"],
-    "flag_guard.py": ["tests/test_scripts.py", "tests/test_user_input.py"],
+    "throughput.py": ["tests/test_throughput_edges.py", "tests/test_throughput.py"],
+    "retrieval.py": ["tests/test_retrieval.py", "tests/test_retrieval_direct.py"],
+    "flag_guard.py": ["tests/test_guards.py", "tests/test_scripts.py", "tests/test_user_input.py"],
     "tools/make_cuda_script.py": ["tests/test_make_cuda_script.py"],
 }
 
@@ -111,12 +113,25 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(copy),
            "BRIDGETOWER_BENCH_FIXTURES": os.environ.get("BRIDGETOWER_BENCH_FIXTURES", str(REPO / ".cache" / "fixtures"))}
     started = time.perf_counter()
+    # In a session of its own: past the time limit, the scripts and loader workers the tests started are
+    # stopped with pytest (killing pytest alone would leave a mutant's endless loop running in a script).
+    log = open(copy / "mutate-tests.log", "w")  # the last run's output, shown when the unmutated tests fail
+    tests_run = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=copy,
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        returncode = tests_run.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - started
-    return ("passed" if result.returncode == 0 else "failed"), time.perf_counter() - started
+        returncode = None
+    try:
+        os.killpg(tests_run.pid, signal.SIGKILL)  # whatever of the session is left
+    except ProcessLookupError:
+        pass
+    tests_run.wait()
+    log.close()
+    seconds = time.perf_counter() - started
+    if returncode is None:
+        return "timeout", seconds
+    return ("passed" if returncode == 0 else "failed"), seconds
 
 
 def main(argv=None) -> int:
@@ -138,7 +153,8 @@ def main(argv=None) -> int:
             original = target.read_text()
             status, baseline = run_tests(copy, tests, timeout=3600)
             if status != "passed":
-                print(f"{module}: its tests fail without any mutant ({' '.join(tests)}); skipped")
+                output = (copy / "mutate-tests.log").read_text(errors="replace").strip().splitlines()
+                print(f"{module}: its tests fail without any mutant ({' '.join(tests)}); skipped:", *output[-15:], sep="\n  ")
                 continue
             mutants = mutants_of(module)
             if args.sample is not None and len(mutants) > args.sample:

@@ -1,0 +1,87 @@
+"""Script flags that change what is trained or how images are loaded, run end to end on the embedded fixtures:
+--freeze_vision_model / --freeze_text_model, --device_decode (on CPU), --cache_decoded_images on the Gaudi script.
+Each run also checks its own throughput arithmetic and that its caches live under the tests' HF_HOME."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bridgetower_bench import image_cache
+from conftest import CPU_FLAGS, read_json, run_script
+from test_scripts import base_args, load_weights
+
+BATCH = 4
+
+
+def tower_weights(weights: dict, tower: str) -> dict:
+    prefix = f"bridgetower.{tower}."
+    return {name: tensor for name, tensor in weights.items() if name.startswith(prefix)}
+
+
+def check_throughput_arithmetic(train: dict, steps: int, warmup: int = 1) -> None:
+    """samples/s is the counted samples over the counted seconds, and the counted samples are the counted steps'."""
+    assert train["throughput_counted_steps"] == steps - warmup
+    assert train["throughput_counted_samples"] == BATCH * (steps - warmup)
+    assert train["train_samples_per_second"] == pytest.approx(
+        train["throughput_counted_samples"] / train["throughput_counted_seconds"], rel=1e-9)
+    assert 0 < train["throughput_counted_seconds"] < train["train_runtime"]
+
+
+@pytest.mark.parametrize("kind, frozen, trained", [("cuda", "vision_model", "text_model"),
+                                                   ("gaudi", "text_model", "vision_model")])
+def test_a_frozen_tower_keeps_its_weights_and_the_other_one_learns(kind, frozen, trained, fixtures, tmp_path):
+    out = tmp_path / "run"
+    flag = {"vision_model": "--freeze_vision_model", "text_model": "--freeze_text_model"}[frozen]
+    run_script(kind, base_args(fixtures, out, max_steps=2, save_steps=100) + ["--do_train", flag] + CPU_FLAGS[kind])
+    before, after = load_weights(fixtures["model"]), load_weights(out)
+
+    still = tower_weights(after, frozen)
+    assert len(still) > 10
+    assert [name for name, tensor in still.items() if not torch.equal(tensor, before[name])] == []
+    moved = tower_weights(after, trained)
+    changed = [name for name, tensor in moved.items() if not torch.equal(tensor, before[name])]
+    assert len(changed) > len(moved) // 2, f"only {len(changed)} of {len(moved)} {trained} tensors changed"
+
+    check_throughput_arithmetic(read_json(out / "train_results.json"), steps=2)
+    # The preflight verdict went to the tests' own HF_HOME, not to the user's cache.
+    home = Path(os.environ["HF_HOME"])
+    assert not home.is_relative_to(Path("~/.cache").expanduser()) and list((home / "bridgetower_bench" / "preflight").glob("*.json"))
+
+
+def test_device_decode_flag_trains_on_cpu_and_records_the_loader_and_its_counts(fixtures, tmp_path):
+    out = tmp_path / "run"
+    result = run_script("cuda", base_args(fixtures, out, max_steps=3) + ["--do_train", "--device_decode"] + CPU_FLAGS["cuda"])
+    train = read_json(out / "train_results.json")
+    assert train["loader"] == "device_decode" and train["image_pipeline"] == "fast"
+    # Every training image of the three steps went through the device decoder (the fixtures are baseline JPEGs).
+    assert train["device_decode_images"] == 3 * BATCH and train["device_decode_fallback_images"] == 0
+    assert "device decode, epoch" in result.stdout + result.stderr
+    check_throughput_arithmetic(train, steps=3)
+
+
+def test_gaudi_script_trains_from_the_decoded_image_cache(fixtures, tmp_path):
+    """The first run builds the cache; a second run reuses it, and its pixels really come from the cache: blanked
+    pixels change the loss."""
+    cache_dir = tmp_path / "decoded"
+    args = ["--do_train", "--image_pipeline", "fast", "--cache_decoded_images", "--decoded_image_cache_dir", cache_dir,
+            *CPU_FLAGS["gaudi"]]
+    first = run_script("gaudi", base_args(fixtures, tmp_path / "first", max_steps=2, save_steps=100) + args)
+    assert "Built the decoded image cache" in first.stdout + first.stderr
+    (built,) = cache_dir.iterdir()
+    manifest = read_json(built / image_cache.MANIFEST_FILE)
+    assert 1 <= manifest["n_images"] <= 16 and manifest["pipeline"] == "fast"  # the distinct images of 16 rows
+    first_train = read_json(tmp_path / "first" / "train_results.json")
+    assert first_train["image_pipeline"] == "fast" and first_train["loader"] == "torch"
+    check_throughput_arithmetic(first_train, steps=2)
+
+    pixels = np.load(built / image_cache.PIXELS_FILE, mmap_mode="r+")
+    pixels[:] = 0
+    pixels.flush()
+    del pixels
+    second = run_script("gaudi", base_args(fixtures, tmp_path / "second", max_steps=2, save_steps=100) + args)
+    assert "Reusing the decoded image cache" in second.stdout + second.stderr
+    second_train = read_json(tmp_path / "second" / "train_results.json")
+    assert second_train["train_loss"] != pytest.approx(first_train["train_loss"], rel=1e-6, abs=0)

@@ -1,0 +1,115 @@
+"""The tools that produce the README's figures, run tiny: the image-pipeline micro-benchmark, the decoded-image
+cache's memory benchmark, and the Gaudi launcher's --dry_run."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bridgetower_bench.tools import image_bench
+from conftest import REPO, script_env
+
+
+def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"bridgetower_bench.tools.{module}", *map(str, args)], cwd=REPO,
+                          env=script_env(gaudi), capture_output=True, text=True, timeout=timeout)
+
+
+def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
+    result = run_tool("image_bench", "--images", 2, "--repeat", 1, "--json", tmp_path / "bench.json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["settings"] == {"images": 2, "repeat": 1, "image_size": 294, "threads": 1}
+    assert "cartoons" in report["sets"] and report["sets"]["cartoons"]["n_images"] == 2
+    assert report["sets"]["cartoons"]["sizes"] == ["800x650"]
+    printed = result.stdout.splitlines()
+    for name, figures in report["sets"].items():
+        rates = figures["images_per_second"]
+        assert {"upstream", "fast", "fast-draft", "cached", "decode PIL", "decode_jpeg"} <= set(rates)
+        assert all(math.isfinite(rate) and rate > 0 for rate in rates.values())
+        for method, rate in rates.items():
+            assert figures["vs_upstream"][method] == pytest.approx(rate / rates["upstream"])
+        assert figures["fast_vs_decode"] == pytest.approx(rates["fast"] / rates[figures["fast_decoder"]])
+
+        deviation = figures["deviation_from_upstream_per_255"]
+        assert deviation["upstream"] == {"mean": 0.0, "max": 0.0}  # the comparison itself is sound
+        # fast rounds to uint8 where upstream keeps floats: a deviation, but a small one.
+        assert 0 < deviation["fast"]["mean"] <= image_bench.TARGETS["fast_mean_deviation"]
+        assert deviation["fast"]["max"] < 32
+        assert deviation["fast-draft"]["mean"] >= 0
+
+        for target, check in figures["targets"].items():
+            assert check["target"] == image_bench.TARGETS[target]
+            met = check["measured"] <= check["target"] if target.endswith("deviation") else check["measured"] >= check["target"]
+            assert check["met"] == met
+        assert figures["targets"]["fast_mean_deviation"]["measured"] == deviation["fast"]["mean"]
+
+        # The printed table shows the same figures.
+        upstream_row = next(line for line in printed if re.match(rf"{name}\s+upstream\s", line))
+        assert upstream_row.split()[2:] == [f"{rates['upstream']:.1f}", "1.00", "0.000", "0.0"]
+        fast_row = next(line for line in printed if re.match(rf"{name}\s+fast\s", line))
+        assert fast_row.split()[-2:] == [f"{deviation['fast']['mean']:.3f}", f"{deviation['fast']['max']:.1f}"]
+
+
+def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
+    result = run_tool("cache_memory_bench", "--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "memory.json").read_text())
+    small, large = report["rows"]
+    assert (small["images"], large["images"]) == (2, 6)
+    assert large["cache_mib"] == pytest.approx(3 * small["cache_mib"], abs=0.1)  # 3 x 294 x 294 bytes an image
+    for row in (small, large):
+        assert len(row["worker_private_mib"]) == 2 and len(row["worker_file_backed_mib"]) == 2  # one per worker
+        assert all(mib > 0 for mib in row["worker_private_mib"] + row["worker_file_backed_mib"])
+    assert report["worker_private_growth_mib"] == pytest.approx(
+        max(large["worker_private_mib"]) - max(small["worker_private_mib"]), abs=0.05)
+    assert f"| 6 | {large['cache_mib']} | {large['worker_private_mib']} | {large['worker_file_backed_mib']} |" in result.stdout
+    assert f"{report['worker_private_growth_mib']:+.1f} MiB per worker" in result.stdout
+
+
+def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(tmp_path):
+    script_args = ["--output_dir", tmp_path / "out", "--model_name_or_path", "BridgeTower/bridgetower-large-itm-mlm-itc",
+                   "--do_train", "--use_habana", "--use_lazy_mode"]
+    result = run_tool("launch_gaudi", "--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args,
+                      gaudi=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    command = result.stdout.strip().splitlines()[-1]
+    flags = " ".join(map(str, script_args))
+    assert re.fullmatch(
+        rf"mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
+        rf"{re.escape(sys.executable)} run_bridgetower.py {re.escape(flags)}", command), command
+    assert not (tmp_path / "out").exists(), "a dry run starts nothing"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world_size", 9, "run_bridgetower.py"], "--world_size=9: a Gaudi node has 1 to 8 HPUs"),
+    (["--world_size", 2, "no_such_script.py"], "training_script no_such_script.py: no such file"),
+])
+def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsys):
+    from bridgetower_bench.tools import launch_gaudi
+
+    with pytest.raises(SystemExit) as stop:
+        launch_gaudi.parse_args(list(map(str, args)))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_the_sweeps_samples_per_second_are_the_runs_counted_samples_over_counted_seconds(fixtures, tmp_path, monkeypatch, capsys):
+    from bridgetower_bench.tools import bench
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = tmp_path / "bench"
+    tiny = "--max_steps 4 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 --max_eval_samples 8"
+    assert bench.main(["--workers", "0", "--image-pipelines", "fast", "--eval", "--extra-args", tiny, "--out", str(out)]) == 0
+    (row,) = json.loads((out / "results.json").read_text())["runs"]
+    train = json.loads((out / row["output_dir"] / "train_results.json").read_text())
+    evaluation = json.loads((out / row["output_dir"] / "eval_results.json").read_text())
+    # 3 counted steps of 2 samples, over the seconds the run counted: the figure the tables show.
+    assert train["throughput_counted_steps"] == 3 and train["throughput_counted_samples"] == 6
+    assert row["train_samples_per_second"] == pytest.approx(6 / train["throughput_counted_seconds"], rel=1e-9)
+    assert row["data_wait_fraction"] == train["data_wait_fraction"] < 1
+    assert row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"] and row["eval_loss"] == evaluation["eval_loss"]
+    assert f"{row['train_samples_per_second']:.2f} samples/s" in capsys.readouterr().out
