@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download the Python wheels the lent H200 machine lacks into .whl/ (git-ignored), for Python 3.12 on
+# Download into .whl/ (git-ignored) the Python wheels an offline H200 machine lacks, for Python 3.12 on
 # manylinux x86_64. That machine has Python 3.12, torch, torchvision, numpy, Pillow, pyarrow, pandas and
 # most small libraries, but newer transformers / tokenizers / huggingface_hub / accelerate than we pin and
 # no datasets; simplejpeg (the fast pipelines' JPEG decoder) is
