@@ -302,7 +302,9 @@ class _ImageChecker:
 
     def __enter__(self):
         if self.num_proc > 1:
-            self._pool = multiprocessing.get_context().Pool(self.num_proc)
+            # forkserver: the workers start from a clean process, not a fork of this one, whose threads
+            # (tokenizers, loaders, torch) may hold locks that a forked child would wait on forever
+            self._pool = multiprocessing.get_context("forkserver").Pool(self.num_proc)
         return self
 
     def __exit__(self, *exc):
