@@ -106,7 +106,7 @@ def test_the_sweeps_samples_per_second_are_the_runs_counted_samples_over_counted
     assert bench.main(["--workers", "0", "--image-pipelines", "fast", "--eval", "--extra-args", tiny, "--out", str(out)]) == 0
     (row,) = json.loads((out / "results.json").read_text())["runs"]
     train = json.loads((out / row["output_dir"] / "train_results.json").read_text())
-    evaluation = json.loads((out / row["output_dir"] / "eval_results.json").read_text())
+    evaluation = json.loads((out / row["output_dir"] / "validation_results.json").read_text())
     # 3 counted steps of 2 samples, over the seconds the run counted: the figure the tables show.
     assert train["throughput_counted_steps"] == 3 and train["throughput_counted_samples"] == 6
     assert row["train_samples_per_second"] == pytest.approx(6 / train["throughput_counted_seconds"], rel=1e-9)
