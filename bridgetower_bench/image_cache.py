@@ -29,7 +29,6 @@ import json
 import logging
 import multiprocessing
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -41,8 +40,8 @@ import torchvision
 from PIL import ExifTags, Image
 from tqdm import tqdm
 
+from .atomic_files import atomic_path, remove_abandoned, write_atomically
 from .images import check_pipeline, encoded_image_bytes, jpeg_decoder, make_image_transform
-from .resilience import process_alive
 from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -266,23 +265,15 @@ def build_decoded_image_cache(
         (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
     except OSError as error:
         raise OSError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
-    _remove_abandoned_partial_files(directory)
-    suffix = _partial_suffix(os.getpid())
-    pixels_tmp = directory / (PIXELS_FILE + suffix)
-    digests_tmp = directory / (DIGESTS_FILE + suffix)
+    remove_abandoned(directory)  # temporary files of killed builds on this host, so they do not pile up
     size = settings["image_size"]
-    try:
+    # interrupted or failed: no half-written file is left behind
+    with atomic_path(directory / PIXELS_FILE) as pixels_tmp, atomic_path(directory / DIGESTS_FILE) as digests_tmp:
         pixels = np.lib.format.open_memmap(pixels_tmp, mode="w+", dtype=np.uint8, shape=(len(digests), 3, size, size))
         del pixels  # created at full size; the decoders map it themselves
-        _decode_into(pixels_tmp, representatives, settings["pipeline"], size, num_proc)
+        _decode_into(Path(pixels_tmp), representatives, settings["pipeline"], size, num_proc)
         with open(digests_tmp, "wb") as handle:
             np.save(handle, np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_SIZE))
-        os.replace(pixels_tmp, directory / PIXELS_FILE)
-        os.replace(digests_tmp, directory / DIGESTS_FILE)
-    except BaseException:  # interrupted or failed: leave no half-written files behind
-        pixels_tmp.unlink(missing_ok=True)
-        digests_tmp.unlink(missing_ok=True)
-        raise
     manifest = dict(
         settings,
         n_images=len(digests),
@@ -290,7 +281,7 @@ def build_decoded_image_cache(
         build_seconds=round(time.perf_counter() - started, 3),
         complete=True,
     )
-    _write_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n", suffix)
+    write_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     logger.info("Built the decoded image cache %s: %d distinct images of %d.", directory, len(digests), n_values)
     return manifest
 
@@ -355,27 +346,3 @@ def _decode_one(task: tuple[int, tuple[int, Any]]) -> int:
     except ValueError as error:
         raise ValueError(f"image row {row}: {error}") from error
     return slot
-
-
-def _partial_suffix(pid: int) -> str:
-    """Suffix of a build's temporary files: private to one process on one host."""
-    return f".partial-{socket.gethostname()}-{pid}"
-
-
-def _remove_abandoned_partial_files(directory: Path) -> None:
-    """Delete temporary files of killed builds (a dead process on this host) so they do not pile up.
-
-    Files of live processes, or of other hosts sharing the directory, are left alone.
-    """
-    marker = _partial_suffix(0)[:-1]  # ".partial-<host>-"
-    for path in directory.glob(f"*{marker}*"):
-        pid = path.name.rpartition("-")[2]
-        if pid.isdigit() and not process_alive(int(pid)):
-            path.unlink(missing_ok=True)
-
-
-
-def _write_atomically(path: Path, text: str, suffix: str) -> None:
-    temporary = path.with_name(path.name + suffix)
-    temporary.write_text(text)
-    os.replace(temporary, path)

@@ -26,9 +26,6 @@ import itertools
 import json
 import logging
 import os
-import re
-import socket
-import tempfile
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -43,10 +40,10 @@ from PIL import Image
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampler
 
+from .atomic_files import remove_abandoned, write_atomically
 from .data import cache_dir as bench_cache_dir
 from .images import jpeg_orientation, to_rgb, upright
 from .jpeg_headers import SOF_BASELINE, read_jpeg_header
-from .resilience import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +180,7 @@ def materialise_images(
         return finished
 
     os.makedirs(out_dir, exist_ok=True)
-    _remove_stale_temp_files(out_dir)
+    remove_abandoned(out_dir)  # temporary files of builds killed on this host
     paths = _ImageStore(out_dir, image_column).store_all(_undecoded_images(dataset, image_column), num_proc)
     _write_manifest(out_dir, image_column, paths)
     return paths
@@ -273,7 +270,7 @@ class _ImageStore:
         if os.path.exists(target) and _holds_decoder_ready_jpeg(target):  # finished by an earlier (killed) build
             return target  # (one an earlier version wrote as it was, e.g. a grey JPEG, is written again)
         encoded = data if ready else transcode_to_jpeg(data, label)
-        _write_atomically(target, encoded)
+        write_atomically(target, encoded, fsync=True)
         with self._count_lock:
             self.written += 1
         return target
@@ -282,44 +279,6 @@ class _ImageStore:
 def _holds_decoder_ready_jpeg(path: str) -> bool:
     with open(path, "rb") as handle:
         return is_decoder_ready_jpeg(handle.read())
-
-
-def _temp_suffix() -> str:
-    return f".{socket.gethostname()}.{os.getpid()}.tmp"
-
-
-def _write_atomically(target: str, data: bytes) -> None:
-    """Write to a unique temporary file in the same directory, flush it to disk, rename it."""
-    directory, name = os.path.split(target)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=_temp_suffix())
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
-
-
-_TEMP_PID = re.compile(r"\.(\d+)\.tmp$")
-
-
-def _remove_stale_temp_files(out_dir: str) -> None:
-    """Delete temporary files left by killed builds on this host (live writers' files are kept)."""
-    host_suffix = "." + socket.gethostname() + "."
-    for name in os.listdir(out_dir):
-        match = _TEMP_PID.search(name)
-        if not (name.startswith(".") and match and host_suffix in name):
-            continue
-        if not process_alive(int(match.group(1))):
-            try:
-                os.remove(os.path.join(out_dir, name))
-            except FileNotFoundError:
-                pass
-
 
 
 def _write_manifest(out_dir: str, image_column: str, paths: Sequence[str]) -> None:
@@ -334,7 +293,7 @@ def _write_manifest(out_dir: str, image_column: str, paths: Sequence[str]) -> No
             files.append(os.path.basename(path) if inside else path)
         rows.append(index_of[path])
     manifest = {"version": _MANIFEST_VERSION, "image_column": image_column, "files": files, "rows": rows}
-    _write_atomically(os.path.join(out_dir, MANIFEST_NAME), json.dumps(manifest).encode())
+    write_atomically(os.path.join(out_dir, MANIFEST_NAME), json.dumps(manifest), fsync=True)
 
 
 def _read_manifest(out_dir: str, image_column: str, num_rows: int) -> Optional[list[str]]:

@@ -45,9 +45,9 @@ import datasets
 import PIL
 from PIL import Image, UnidentifiedImageError
 
+from .atomic_files import write_json_atomically
 from .data import cache_dir as bench_cache_dir
 from .images import resize_geometry, upright
-from .resilience import write_json_atomically
 from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)

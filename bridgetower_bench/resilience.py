@@ -11,7 +11,6 @@
   are saved completely, then ends the run the same way (`stopped_after_saving`).
 - `check_output_dir`: the checkpoint to resume from, or a refusal when --output_dir holds anything
   that runs of the scripts did not write (run_directory.py keeps that record and the lock).
-- `atomic_path` / `write_json_atomically`: a file appears complete or not at all.
 """
 
 from __future__ import annotations
@@ -243,38 +242,3 @@ def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: b
         logger.info(f"Checkpoint detected, resuming training at {last}. Pass --overwrite_output_dir to start over.")
     return last
 
-
-# ---------------------------------------------------------------------------------------------
-# Files that appear complete or not at all
-# ---------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def atomic_path(path: str) -> Iterator[str]:
-    """Yield a temporary path beside `path`; on success it replaces `path` in one step, on failure it vanishes."""
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def write_json_atomically(path: str, obj) -> None:
-    """json.dump(obj) to `path` (indent 4, sorted keys, as the Trainer writes metrics), atomically."""
-    with atomic_path(path) as temporary:
-        with open(temporary, "w") as f:
-            json.dump(obj, f, indent=4, sort_keys=True)
-            f.write("\n")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists (a leftover temp file of a live build must not be removed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True

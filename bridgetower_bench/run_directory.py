@@ -5,18 +5,20 @@
   holder; the lock of a process that died (the kernel releases its flock) is taken over with a
   warning. With several processes only the job's first one claims the directory: the others are
   part of the same run. Claiming also finishes a publication that a killed run had committed, and
-  removes what killed writers left (staging directories, `*.partial-<pid>` files of dead pids).
+  removes what killed writers on this host left (staging directories, temporary files of recorded
+  names: `atomic_files`' names, which record the writer's host and pid).
 - What is "ours": `.bridgetower-run.json` lists every top-level name a run of these scripts wrote
   (recorded before the name is first written). `foreign_entries` is everything else, minus our own
   bookkeeping; the scripts refuse a directory holding foreign entries and checkpoint rotation only
   ever deletes recorded checkpoints.
 - `publication`: files saved together (final model, config, tokenizer, image processor, metrics,
-  trainer state) appear together. They are written into `.staging-<pid>/`; renaming that directory
-  to `.publishing/` is the commit point; then each file is moved into place. A kill before the
-  commit leaves the previous set untouched (the staging directory is discarded later); a kill after
-  it is rolled forward by the next `claim` or `finish_publication`, so once either has run the
-  directory holds exactly the old set or exactly the new one. A publication holding a model replaces
-  the previous model's whole set (its eval/test results too).
+  trainer state) appear together. They are written into a staging directory
+  (`.staging.partial-<host>-<pid>.<random>/`); renaming it to `.publishing/` is the commit point;
+  then each file is moved into place. A kill before the commit leaves the previous set untouched
+  (the staging directory is discarded later); a kill after it is rolled forward by the next `claim`
+  or `finish_publication`, so once either has run the directory holds exactly the old set or exactly
+  the new one. A publication holding a model replaces the previous model's whole set (its eval/test
+  results too).
 """
 
 from __future__ import annotations
@@ -33,21 +35,20 @@ import signal
 import socket
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
-from .resilience import process_alive, write_json_atomically
+from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".bridgetower-lock"
 RECORD_NAME = ".bridgetower-run.json"
-STAGING_PREFIX = ".staging-"
+STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.temp_path)
 PUBLISHING_NAME = ".publishing"
 PUBLICATION_RECORD = ".publication.json"
-_LEGACY_STAGING = ".partial-save"
-_PARTIAL = re.compile(r"^(.*)\.partial-(\d+)$")
-_STAGING = re.compile(rf"^{re.escape(STAGING_PREFIX)}(\d+)$")
+# Names earlier versions staged and wrote under, without the host: removed at the next claim.
+_LEGACY = re.compile(r"^(?:\.partial-save|\.staging-\d+|(?P<target>.+)\.partial-\d+)$")
 # Test hook: "N:SIGNAME" sends that signal to this process at the N-th write or rename of the publications.
 FAULT_ENV = "BRIDGETOWER_TEST_PUBLICATION_FAULT"
 
@@ -85,21 +86,23 @@ def record_written(output_dir: str, names) -> None:
         write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
 
 
+def _stands_for(name: str) -> Optional[str]:
+    """The name a temporary (or an earlier version's leftover) stands for; None for other names."""
+    if temp := parse_temp_name(name):
+        return temp.target
+    legacy = _LEGACY.match(name)
+    return (legacy["target"] or STAGING_NAME) if legacy else None
+
+
 def _is_bookkeeping(name: str) -> bool:
-    return (name in (LOCK_NAME, RECORD_NAME, PUBLISHING_NAME, _LEGACY_STAGING) or bool(_STAGING.match(name))
-            or bool((m := _PARTIAL.match(name)) and m.group(1) == RECORD_NAME))
+    return name in (LOCK_NAME, RECORD_NAME, PUBLISHING_NAME) or _stands_for(name) in (STAGING_NAME, RECORD_NAME)
 
 
 def foreign_entries(output_dir: str) -> list[str]:
     """Entries of output_dir that no run of these scripts wrote (sorted)."""
     ours = set(read_record(output_dir)["written"])
-    foreign = []
-    for name in os.listdir(output_dir):
-        partial = _PARTIAL.match(name)
-        if _is_bookkeeping(name) or name in ours or (partial and partial.group(1) in ours):
-            continue
-        foreign.append(name)
-    return sorted(foreign)
+    return sorted(name for name in os.listdir(output_dir)
+                  if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours))
 
 
 def is_ours(output_dir: str, name: str) -> bool:
@@ -203,14 +206,15 @@ def release_all() -> None:
 
 
 def remove_leftovers(output_dir: str) -> None:
-    """Remove staging directories, and `*.partial-<pid>` files of names runs wrote, whose writer is dead."""
-    removed, ours = [], set(read_record(output_dir)["written"]) | {RECORD_NAME}
+    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host.
+
+    Leftovers of earlier versions (no host in the name) go too: whoever wrote them no longer holds the lock.
+    """
+    ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
+    removed = remove_abandoned(output_dir, only=ours.__contains__)
     for name in os.listdir(output_dir):
-        path = os.path.join(output_dir, name)
-        partial = _PARTIAL.match(name)
-        match = _STAGING.match(name) or (partial if partial and partial.group(1) in ours else None)
-        pid = int(match.groups()[-1]) if match else None
-        if name == _LEGACY_STAGING or (pid is not None and pid != os.getpid() and not process_alive(pid)):
+        if _LEGACY.match(name) and _stands_for(name) in ours:
+            path = os.path.join(output_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
             removed.append(name)
     if removed:
@@ -247,13 +251,12 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
 
     `publish=False` (processes other than the one that saves) yields the path and publishes nothing.
     """
-    staging = os.path.join(output_dir, f"{STAGING_PREFIX}{os.getpid()}")
+    staging = temp_path(os.path.join(output_dir, STAGING_NAME))
     if not publish:
         yield staging
         return
     os.makedirs(output_dir, exist_ok=True)
     finish_publication(output_dir)
-    shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     try:
         yield staging

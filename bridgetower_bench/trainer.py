@@ -36,11 +36,12 @@ from torch.utils.data import RandomSampler
 from transformers import TrainingArguments
 from transformers.training_args import OptimizerNames, ParallelMode
 
+from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
 from . import run_directory
 from .redaction import without_secrets
-from .resilience import ImageLoadError, StopOnSignal, atomic_path, report_and_exit
+from .resilience import ImageLoadError, StopOnSignal, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 

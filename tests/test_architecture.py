@@ -34,8 +34,8 @@ def test_the_checker_resolves_every_spelling_of_an_import():
     """Relative imports at both depths, `from . import x` and plain imports all come out as absolute names."""
     runtime = imported_modules(PACKAGE / "any.py", "from .tools import bench\nfrom . import tools\nimport bridgetower_bench.tools.compare\n")
     assert {"bridgetower_bench.tools", "bridgetower_bench.tools.bench", "bridgetower_bench.tools.compare"} <= set(runtime)
-    tool = imported_modules(TOOLS / "any.py", "from ..resilience import process_alive\nfrom .fixtures import CLIP_MEAN\n")
-    assert "bridgetower_bench.resilience.process_alive" in tool and "bridgetower_bench.tools.fixtures" in tool
+    tool = imported_modules(TOOLS / "any.py", "from ..atomic_files import process_alive\nfrom .fixtures import CLIP_MEAN\n")
+    assert "bridgetower_bench.atomic_files.process_alive" in tool and "bridgetower_bench.tools.fixtures" in tool
 
 
 @pytest.mark.parametrize("path", RUNTIME_MODULES + SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))

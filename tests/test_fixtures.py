@@ -5,6 +5,7 @@ import io
 import itertools
 import json
 import os
+import socket
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +17,7 @@ import torch
 from datasets import Features, Image as ImageFeature, List, Value, load_dataset
 from PIL import Image
 
+from bridgetower_bench.atomic_files import process_alive
 from bridgetower_bench.tools import cartoons, fixtures
 from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
 from bridgetower_bench.tools.fixtures import ensure_default_fixtures, make_gaudi_config, make_synthetic_dataset, make_tiny_model
@@ -273,9 +275,9 @@ def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tm
     (outdated / "gaudi_config.json").write_text("{}")
     (outdated / fixtures.MARKER_FILE).write_text(json.dumps({**fixtures.fixture_params("gaudi_config"), "version": 0}))
     dead_pid = 4_000_000
-    while fixtures.process_alive(dead_pid):
+    while process_alive(dead_pid):
         dead_pid += 1
-    stale = root / f".partial-{fixtures.DATASET_DIR_NAME}-{dead_pid}-abc123"
+    stale = root / f"{fixtures.DATASET_DIR_NAME}.partial-{socket.gethostname()}-{dead_pid}.abc123"
     stale.mkdir()
     an_hour_ago = time.time() - 3600
     os.utime(stale, (an_hour_ago, an_hour_ago))

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 
@@ -156,7 +157,7 @@ def test_files_of_a_build_killed_outright_are_cleaned_up(image_values, tmp_path)
     first = open_cache(image_values, tmp_path)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(finished.stdout)
-    abandoned = first.directory / (PIXELS_FILE + image_cache._partial_suffix(dead_pid))
+    abandoned = first.directory / f"{PIXELS_FILE}.partial-{socket.gethostname()}-{dead_pid}.1a2b3c"
     abandoned.write_bytes(b"half a pixel file")
     (first.directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
     again = open_cache(image_values, tmp_path)

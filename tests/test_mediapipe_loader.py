@@ -284,9 +284,9 @@ def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
     os.remove(out_dir / ml.MANIFEST_NAME)
     os.remove(first[1])
     host = socket.gethostname()
-    stale = out_dir / f".{os.path.basename(first[1])}.x1y2z3.{host}.{dead_pid()}.tmp"
+    stale = out_dir / f"{os.path.basename(first[1])}.partial-{host}-{dead_pid()}.1a2b3c"
     stale.write_bytes(b"\xff\xd8\xff truncated")
-    live = out_dir / f".other.jpg.a1b2c3.{host}.{os.getpid()}.tmp"  # a concurrent writer's file
+    live = out_dir / f"other.jpg.partial-{host}-{os.getpid()}.a1b2c3"  # a concurrent writer's file
     live.write_bytes(b"in progress")
     survivor = stats(out_dir)[os.path.basename(first[0])]
 

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,18 +108,23 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
     out = tmp_path / "out"
     out.mkdir()
     run_directory.record_written(str(out), ["all_results.json"])
-    dead, alive = dead_pid(), os.getppid()
-    (out / f"all_results.json.partial-{dead}").write_text('{"eval_lo')
-    (out / f"all_results.json.partial-{alive}").write_text("{")
-    (out / f"notes.txt.partial-{dead}").write_text("not ours")
-    (out / f".staging-{dead}").mkdir()
-    (out / f".staging-{dead}" / "config.json").write_text("{}")
+    host, dead, alive = socket.gethostname(), dead_pid(), os.getppid()
+    kept = [f"all_results.json.partial-{host}-{alive}.aa11",  # a live writer's
+            f"all_results.json.partial-other-{host}-{dead}.bb22",  # another node's, on a shared filesystem
+            f"notes.txt.partial-{host}-{dead}.cc33", "notes.txt.partial-123"]  # the user's own files
+    removed_files = [f"all_results.json.partial-{host}-{dead}.dd44", "all_results.json.partial-77"]  # 77: an earlier version's
+    removed_dirs = [f".staging.partial-{host}-{dead}.ee55", f".staging-{dead}", ".partial-save"]  # the last two: earlier versions'
+    for name in kept + removed_files:
+        (out / name).write_text('{"eval_lo')
+    for staging in removed_dirs:
+        (out / staging).mkdir()
+        (out / staging / "config.json").write_text("{}")
+    assert run_directory.foreign_entries(str(out)) == sorted(kept[2:])
     with caplog.at_level(logging.WARNING, logger="bridgetower_bench"):
         run_directory.claim(str(out))
     run_directory.release(str(out))
-    assert sorted(os.listdir(out)) == sorted([run_directory.LOCK_NAME, run_directory.RECORD_NAME, f"all_results.json.partial-{alive}",
-                                            f"notes.txt.partial-{dead}"])
-    assert f"removed what killed writes left: .staging-{dead}, all_results.json.partial-{dead}" in caplog.text
+    assert sorted(os.listdir(out)) == sorted([run_directory.LOCK_NAME, run_directory.RECORD_NAME, *kept])
+    assert f"removed what killed writes left: {', '.join(sorted(removed_files + removed_dirs))}" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +234,7 @@ def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_
         run_directory.remove_leftovers(str(out))
         outcomes.append(_published_generation(out))
         assert run_directory.foreign_entries(str(out)) == []
-        assert not [n for n in os.listdir(out) if n.startswith((".staging-", ".publishing")) or ".partial-" in n]
+        assert not [n for n in os.listdir(out) if n.startswith((".staging", ".publishing")) or ".partial-" in n]
         shutil.rmtree(out)
         shutil.copytree(pristine, out)
     # Killed before the commit point: the old set; from it on: the new set, whatever step it was killed at.
@@ -285,7 +291,7 @@ def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(step,
         assert "eval_loss" in read_json(out / "validation_results.json")
     else:
         assert_rerun_only_evaluates("cuda", args, out)
-    assert not [n for n in os.listdir(out) if n.startswith((".staging-", ".publishing"))]
+    assert not [n for n in os.listdir(out) if n.startswith((".staging", ".publishing"))]
 
 
 def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_the_phases_left(fixtures, tmp_path):

@@ -404,20 +404,6 @@ def test_output_dir_rules(tmp_path):
     assert resume == str(previous / "checkpoint-10")
 
 
-def test_atomic_json_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    path = tmp_path / "eval_results.json"
-    resilience.write_json_atomically(str(path), {"eval_loss": 1.0})
-
-    def dump_half_then_die(obj, f, **kwargs):
-        f.write('{"eval_lo')
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(resilience.json, "dump", dump_half_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        resilience.write_json_atomically(str(path), {"eval_loss": 2.0})
-    assert read_json(path) == {"eval_loss": 1.0} and os.listdir(tmp_path) == ["eval_results.json"]
-
-
 def test_a_failed_publication_leaves_the_previous_files_alone(tmp_path):
     target = tmp_path / "out"
     target.mkdir()

@@ -64,9 +64,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from ..atomic_files import atomic_path, write_atomically
 from ..mediapipe_loader import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
-from ..resilience import atomic_path
 from ..retrieval import summarise_quality
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
@@ -712,10 +712,9 @@ def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
         },
         "runs": rows,
     }
-    with atomic_path(str(out / "results.json")) as temporary:
-        Path(temporary).write_text(json.dumps(document, indent=2, default=str) + "\n")
+    write_atomically(out / "results.json", json.dumps(document, indent=2, default=str) + "\n")
     columns = list(CSV_COLUMNS) + sorted({k for row in rows for k in row} - set(CSV_COLUMNS))
-    with atomic_path(str(out / "results.csv")) as temporary:
+    with atomic_path(out / "results.csv") as temporary:
         with open(temporary, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
+from ..atomic_files import write_atomically
 from ..mediapipe_loader import TORCH_LOADER
-from ..resilience import atomic_path
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 
@@ -444,12 +444,7 @@ def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
     """Write table.md, vs_published.md and chart.png; return the table text."""
     summary = summarise(rows)
     table = render_table(summary)
-    _write_atomically(out / "table.md", table)
-    _write_atomically(out / "vs_published.md", render_vs_published(summary, meta))
+    write_atomically(out / "table.md", table)
+    write_atomically(out / "vs_published.md", render_vs_published(summary, meta))
     render_chart(summary, out / "chart.png")
     return table
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    with atomic_path(str(path)) as temporary:
-        Path(temporary).write_text(text)

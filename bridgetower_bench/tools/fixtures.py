@@ -25,7 +25,6 @@ import io
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Callable, Iterable
 import numpy as np
 from PIL import Image
 
-from ..resilience import process_alive
+from ..atomic_files import remove_abandoned, staged_directory
 from .cartoons import (IMAGE_SIDE_RANGE, MIN_IMAGE_SIDE, SETTING_PREPOSITIONS, SETTINGS, THINGS, Scene, describe,
                        exif_oriented_jpeg_bytes, jpeg_bytes,
                        render_scene, sample_image_size, sample_scene)
@@ -61,7 +60,6 @@ SPLITS = ("train", "validation", "test")
 # Written last into a fixture directory before it is renamed into place: its presence, with
 # the build parameters, is what marks a directory as complete.
 MARKER_FILE = "fixture_info.json"
-PARTIAL_PREFIX = ".partial-"
 FIXTURES_ENV = "BRIDGETOWER_BENCH_FIXTURES"
 
 
@@ -525,49 +523,20 @@ def is_complete(fixture_dir, params: dict) -> bool:
 def build_once(final_dir, params: dict, build: Callable[[Path], object]) -> bool:
     """Make `final_dir` a complete fixture built with `params`; return False if it already was.
 
-    `build(tmp_dir)` runs in a fresh `.partial-*` sibling that is marked complete and then renamed
-    to `final_dir`, replacing an incomplete or differently built one. A killed build leaves only
-    the `.partial-*` directory, which is never taken for a fixture. Builds are deterministic, so
-    when a concurrent process finishes the same fixture first, ours is simply dropped.
+    `build(tmp_dir)` runs in a fresh temporary sibling (`<name>.partial-<host>-<pid>.<random>`) that
+    is marked complete and then renamed to `final_dir`, replacing an incomplete or differently built
+    one. A killed build leaves only the temporary directory, which is never taken for a fixture.
+    Builds are deterministic, so when a concurrent process finishes the same fixture first, ours is
+    simply dropped.
     """
     final_dir = Path(final_dir)
     if is_complete(final_dir, params):
         return False
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{final_dir.name}-{os.getpid()}-", dir=final_dir.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the fixture is meant to be shared
-        build(tmp)
-        (tmp / MARKER_FILE).write_text(json.dumps(params), encoding="utf-8")
-        if is_complete(final_dir, params):  # a concurrent build won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-            return True
-        if final_dir.exists():
-            _discard(final_dir)
-        os.replace(tmp, final_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with staged_directory(final_dir, keep_existing=lambda: is_complete(final_dir, params)) as tmp:
+        build(Path(tmp))
+        (Path(tmp) / MARKER_FILE).write_text(json.dumps(params), encoding="utf-8")
     return True
-
-
-def _discard(path: Path) -> None:
-    """Move `path` out of the way first, so nobody sees it half deleted, then delete it."""
-    doomed = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{path.name}-{os.getpid()}-", dir=path.parent))
-    os.replace(path, doomed / path.name)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
-def _remove_dead_partials(root: Path, min_age_s: float = 600.0) -> None:
-    """Delete `.partial-*` directories left by builds whose process is gone (and that are old)."""
-    for leftover in root.glob(f"{PARTIAL_PREFIX}*"):
-        try:
-            pid = int(leftover.name[len(PARTIAL_PREFIX):].rsplit("-", 2)[-2])
-            old = time.time() - leftover.stat().st_mtime > min_age_s
-        except (ValueError, IndexError, OSError):
-            continue
-        if old and not process_alive(pid):
-            shutil.rmtree(leftover, ignore_errors=True)
 
 
 
@@ -614,7 +583,7 @@ def ensure_default_fixtures(root=None) -> dict[str, Path]:
     under the keys "model", "dataset" and "gaudi_config"."""
     root = Path(root) if root is not None else default_fixtures_root()
     root.mkdir(parents=True, exist_ok=True)
-    _remove_dead_partials(root)
+    remove_abandoned(root, min_age_s=600)  # builds killed on this host, at least ten minutes ago
     return {
         "model": build_fixture(root, "model", **DEFAULT_MODEL_OPTIONS),
         "dataset": build_fixture(root, "dataset", **DEFAULT_DATASET_OPTIONS),

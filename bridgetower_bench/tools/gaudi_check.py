@@ -41,8 +41,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..atomic_files import write_atomically
 from ..redaction import shareable
-from ..resilience import atomic_path
 
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
@@ -439,8 +439,7 @@ def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: O
     # a shareable record: credential values (HF_TOKEN and the like, e.g. echoed in an error line) scrubbed
     report = shareable(record(hpus, stack, steps, output_dir), args=list(sys.argv[1:] if argv is None else argv))
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(str(json_path)) as temporary:
-        Path(temporary).write_text(json.dumps(report, indent=2) + "\n")
+    write_atomically(json_path, json.dumps(report, indent=2) + "\n")
     print(f"record: {json_path} ({'passed' if report['passed'] else 'FAILED'}; attach it to a bug report)")
     return 0 if report["passed"] else 1
 
