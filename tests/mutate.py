@@ -41,6 +41,7 @@ TARGETS = {
     "preflight.py": ["tests/test_preflight_cases.py", "tests/test_reliability.py", "tests/test_user_input.py"],
     "data.py": ["tests/test_data.py"],
     "resilience.py": ["tests/test_reliability.py"],
+    "atomic_files.py": ["tests/test_atomic_files.py"],
     "throughput.py": ["tests/test_throughput_edges.py", "tests/test_throughput.py"],
     "retrieval.py": ["tests/test_retrieval.py", "tests/test_retrieval_direct.py"],
     "flag_guard.py": ["tests/test_guards.py", "tests/test_scripts.py", "tests/test_user_input.py"],

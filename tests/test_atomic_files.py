@@ -1,0 +1,130 @@
+"""atomic_files: complete files or none, and the one cleaner of what killed writers left."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bridgetower_bench import atomic_files
+from bridgetower_bench.atomic_files import (atomic_path, parse_temp_name, remove_abandoned, staged_directory, temp_path,
+                                            write_atomically, write_json_atomically)
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_failed_json_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "eval_results.json"
+    write_json_atomically(path, {"eval_loss": 1.0})
+
+    def dump_half_then_die(obj, f, **kwargs):
+        f.write('{"eval_lo')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic_files.json, "dump", dump_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomically(path, {"eval_loss": 2.0})
+    assert json.loads(path.read_text()) == {"eval_loss": 1.0} and os.listdir(tmp_path) == ["eval_results.json"]
+
+
+def test_a_failure_before_the_rename_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "table.md"
+    write_atomically(path, "old\n")
+    with pytest.raises(RuntimeError):
+        with atomic_path(path) as temporary:
+            with open(temporary, "w") as f:
+                f.write("half of the new")
+            raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["table.md"]
+    write_atomically(path, b"new\n")
+    assert path.read_bytes() == b"new\n" and os.listdir(tmp_path) == ["table.md"]
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypatch, fsync):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(atomic_files.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd)))
+    monkeypatch.setattr(atomic_files.os, "replace",
+                        lambda src, dst: (events.append(("rename", os.stat(src).st_ino)), real_replace(src, dst)))
+    path = tmp_path / "image.jpg"
+    write_atomically(path, b"\xff\xd8 jpeg", fsync=fsync)
+    written = path.stat().st_ino
+    assert events == ([("fsync", written)] if fsync else []) + [("rename", written)]
+
+
+def test_temporary_names_record_host_and_pid_whatever_the_host_name(monkeypatch):
+    for host in ("node7", "gpu-node-12", "n-1.cluster.example", "3f2a9c"):
+        monkeypatch.setattr(atomic_files.socket, "gethostname", lambda: host)
+        first, second = temp_path("/out/all_results.json"), temp_path("/out/all_results.json")
+        assert first != second  # two writers of one process never share a temporary
+        assert parse_temp_name(os.path.basename(first)) == ("all_results.json", host, os.getpid())
+    for name in ("notes.txt", "notes.partial-123", ".staging-123", "x.partial-host-12", "x.partial-12.ab", ".x.1a.host.12.tmp"):
+        assert parse_temp_name(name) is None, name
+
+
+def test_a_staged_directory_replaces_the_old_one_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "fixture"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with staged_directory(target) as staged:
+            (Path(staged) / "new.txt").write_text("half")
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["fixture"] and os.listdir(target) == ["old.txt"]
+
+    with staged_directory(target, keep_existing=lambda: True) as staged:  # e.g. a concurrent build finished first
+        (Path(staged) / "new.txt").write_text("new")
+    assert os.listdir(tmp_path) == ["fixture"] and os.listdir(target) == ["old.txt"]
+
+    with staged_directory(target) as staged:
+        (Path(staged) / "new.txt").write_text("new")
+    assert os.listdir(tmp_path) == ["fixture"] and os.listdir(target) == ["new.txt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cleaner
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_cleaner_removes_only_dead_writers_leftovers_of_this_host(tmp_path):
+    host, dead = socket.gethostname(), dead_pid()
+    removed = [f"pixels.npy.partial-{host}-{dead}.1a2b", f"fixture.partial-{host}-{dead}.3c4d"]
+    kept = [
+        f"pixels.npy.partial-{host}-{os.getppid()}.5e6f",  # a live writer's
+        f"pixels.npy.partial-other-{host}-{dead}.7a8b",  # another node's: its pid means nothing here
+        "pixels.npy", "notes.partial-123", f".pixels.npy.1a2b.{host}.{dead}.tmp",  # outside the scheme
+    ]
+    for name in removed[:1] + kept:
+        (tmp_path / name).write_bytes(b"half")
+    (tmp_path / removed[1]).mkdir()
+    (tmp_path / removed[1] / "config.json").write_text("{}")
+    assert remove_abandoned(tmp_path) == sorted(removed)
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+
+
+def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tmp_path):
+    host, dead = socket.gethostname(), dead_pid()
+    recorded, unrecorded = f"all_results.json.partial-{host}-{dead}.aa", f"notes.txt.partial-{host}-{dead}.bb"
+    old, young = f"old.partial-{host}-{dead}.cc", f"young.partial-{host}-{dead}.dd"
+    for name in (recorded, unrecorded, old, young):
+        (tmp_path / name).write_text("{")
+    an_hour_ago = time.time() - 3600
+    os.utime(tmp_path / old, (an_hour_ago, an_hour_ago))
+
+    assert remove_abandoned(tmp_path, only={"all_results.json"}.__contains__) == [recorded]
+    assert remove_abandoned(tmp_path, min_age_s=600) == [old]
+    assert sorted(os.listdir(tmp_path)) == sorted([unrecorded, young])
