@@ -320,7 +320,9 @@ def _decode_into(pixels_path: Path, representatives: list, pipeline: str, image_
             _DECODER.clear()
     else:
         chunksize = max(1, min(16, len(tasks) // (workers * 8)))
-        context = multiprocessing.get_context()
+        # forkserver, as the preflight pool: a fork of this process could inherit a lock that one of its
+        # threads (torch's, a tokenizer's, a loader's) held at the fork, and the worker would wait forever
+        context = multiprocessing.get_context("forkserver")
         initargs = (pixels_path, pipeline, image_size, True)
         with context.Pool(workers, initializer=_open_decoder, initargs=initargs) as pool:
             for _ in pool.imap_unordered(_decode_one, tasks, chunksize=chunksize):
