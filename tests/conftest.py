@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import preloaded_python
+
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "tests" / "habana_shim"
 
@@ -51,8 +53,9 @@ CPU_FLAGS = {"gaudi": ["--use_cpu", "--use_lazy_mode", "False"], "cuda": ["--use
 
 
 def run_script(kind: str, args: list, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in the repository (through a preloaded interpreter: tests/preloaded_python.py)."""
     cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
-    result = subprocess.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), capture_output=True, text=True, timeout=timeout)
+    result = preloaded_python.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
     return result
@@ -69,3 +72,7 @@ def fixtures():
     from bridgetower_bench.tools.fixtures import ensure_default_fixtures
 
     return ensure_default_fixtures()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    preloaded_python.stop_servers()

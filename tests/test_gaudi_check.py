@@ -8,12 +8,12 @@ back to the PyTorch loader here), another reports results or a crash without tra
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
+import preloaded_python
 from conftest import CPU_FLAGS, REPO, SHIM, script_env
 
 HABANA_ONLY_FLAGS = {"--use_habana": 0, "--use_lazy_mode": 0, "--use_hpu_graphs_for_inference": 0, "--gaudi_config_name": 1}
@@ -23,10 +23,8 @@ HABANA_ONLY_FLAGS = {"--use_habana": 0, "--use_lazy_mode": 0, "--use_hpu_graphs_
 def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
     env = script_env(gaudi=with_shim)
     out = tmp_path / "check"
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
+    result = preloaded_python.run([sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
+                                  cwd=REPO, env=env, timeout=300)
     assert result.returncode == 2
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
     assert ("no HPU is visible" if with_shim else "habana_frameworks is not installed") in result.stdout
@@ -59,11 +57,10 @@ def run_on_cpu(step):
             skip = HABANA_ONLY_FLAGS[part]
         else:
             command.append(part)
+    result = preloaded_python.run(command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), timeout=600)
     with open(step.log, "w") as log:
-        returncode = subprocess.run(
-            command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), stdout=log, stderr=subprocess.STDOUT, timeout=600
-        ).returncode
-    return gc.Ran(returncode, "on CPU under tests/habana_shim (no HPU here)")
+        log.write(result.stdout + result.stderr)
+    return gc.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")
 
 
 def all_strings(value):

@@ -84,6 +84,7 @@ def recall_at_1_hits(metrics: dict) -> int:
     return round((metrics["eval_i2t_recall@1"] + metrics["eval_t2i_recall@1"]) * VALIDATION_CARTOONS)
 
 
+@pytest.mark.slow
 def test_a_few_hundred_cpu_steps_raise_validation_recall_at_1_beyond_chance(learnable, tmp_path):
     run_script("cuda", script_args(learnable, tmp_path / "init"))
     run_script("cuda", script_args(learnable, tmp_path / "trained", "--do_train", f"--max_steps={TRAIN_STEPS}"))

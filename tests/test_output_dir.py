@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from bridgetower_bench import resilience, run_directory
+import preloaded_python
 from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
 
@@ -263,7 +264,7 @@ def script_command(kind, fixtures, out):
 def run_with_fault(kind, args, fault):
     cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
     env = {**script_env(kind == "gaudi"), run_directory.FAULT_ENV: fault}
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return preloaded_python.run(cmd, cwd=REPO, env=env, timeout=600)
 
 
 def assert_rerun_only_evaluates(kind, args, out):

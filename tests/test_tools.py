@@ -10,12 +10,13 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import image_bench
+import preloaded_python
 from conftest import REPO, script_env
 
 
 def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"bridgetower_bench.tools.{module}", *map(str, args)], cwd=REPO,
-                          env=script_env(gaudi), capture_output=True, text=True, timeout=timeout)
+    return preloaded_python.run([sys.executable, "-m", f"bridgetower_bench.tools.{module}", *args], cwd=REPO,
+                                env=script_env(gaudi), timeout=timeout)
 
 
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
