@@ -450,6 +450,9 @@ def check_arguments(data_args, training_args) -> None:
     for flag, value, minimum in at_least:
         if value is not None and value < minimum:
             raise UserInputError(f"{flag}={value}: must be {'positive' if minimum == 1 else 'at least ' + str(minimum)}")
+    if getattr(training_args, "dataloader_persistent_workers", False) and training_args.dataloader_num_workers == 0:
+        raise UserInputError("--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more "
+                             "(with 0 the main process loads, and there are no workers to keep)")
     check_output_dir_path(training_args.output_dir)
 
 

@@ -102,6 +102,10 @@ def early_refusals(model, tmp_path):
             [*common, "--output_dir", out, "--max_seq_length", 0], f"{script}--max_seq_length=0: must be positive"),
         "max_seq_length -5": (
             [*common, "--output_dir", out, "--max_seq_length", -5], f"{script}--max_seq_length=-5: must be positive"),
+        "persistent workers without workers": (
+            [*common, "--output_dir", out, "--dataloader_persistent_workers", "True", "--dataloader_num_workers", 0],
+            f"{script}--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more (with 0 the main "
+            "process loads, and there are no workers to keep)"),
         "max_image_pixels 0": (
             [*common, "--output_dir", out, "--max_image_pixels", 0], f"{script}--max_image_pixels=0: must be positive"),
         "gaudi-only flag": (
@@ -117,6 +121,7 @@ def early_refusals(model, tmp_path):
 EARLY = ["malformed json configuration", "json configuration holding a list", "json configuration holding a number",
          "output_dir that is a regular file", "output_dir under a regular file", "max_train_samples 0", "train batch size 0",
          "eval batch size -1", "dataloader_num_workers -1", "max_seq_length 0", "max_seq_length -5", "max_image_pixels 0",
+         "persistent workers without workers",
          "gaudi-only flag", "a value TrainingArguments refuses"]
 
 
