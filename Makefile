@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench test mutate fixtures cuda-script check-cuda-script not-in-habana-container
+.PHONY: bench test coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
 
 $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,16 @@ not-in-habana-container:
 bench: not-in-habana-container $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.bench $(BENCH_ARGS)
 
+# One pytest worker per core, at most 4 (each holds the libraries in memory twice: tests/preloaded_python.py).
+PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 test: $(VENV)/.installed-test
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# Line coverage of the package and the scripts under the whole suite (slower than `make test`).
+coverage: $(VENV)/.installed-test
+	rm -rf .cache/coverage && mkdir -p .cache/coverage
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m coverage run -m pytest $(PYTEST_ARGS)
+	$(PY) -m coverage combine -q && $(PY) -m coverage report --format=total && $(PY) -m coverage report | tail -n 45
 
 # Mutation testing of the modules users' results depend on (slow; not part of `make test`).
 MUTATE_ARGS ?=

@@ -1,6 +1,7 @@
 """Shared test set-up: offline Hugging Face libraries, the embedded fixtures, and running the two scripts."""
 
 import atexit
+import io
 import json
 import os
 import shutil
@@ -9,8 +10,10 @@ import tempfile
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import preloaded_python
 
@@ -19,6 +22,7 @@ SHIM = REPO / "tests" / "habana_shim"
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_EVALUATE_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tests' own HF_HOME, so that no cached preflight verdict or decoded image of the user's (nor of an earlier
 # test session) hides a regression; the preflight and decoded-image caches follow it, and script subprocesses
@@ -64,6 +68,26 @@ def run_script(kind: str, args: list, check: bool = True, timeout: int = 600) ->
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def encode(img, fmt: str, **options) -> bytes:
+    """A PIL image saved to bytes in `fmt` ("JPEG", "PNG", ...)."""
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def noise_jpeg(seed: int, size=(48, 40), quality: int = 75) -> bytes:
+    """A JPEG of random pixels, `size` = (width, height): the same bytes for the same seed."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return encode(Image.fromarray(pixels), "JPEG", quality=quality)
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (what a killed writer leaves behind)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
 
 
 @pytest.fixture(scope="session")

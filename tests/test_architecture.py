@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
+
 PACKAGE = REPO / "bridgetower_bench"
 TOOLS = PACKAGE / "tools"
 RUNTIME_MODULES = sorted(p for p in PACKAGE.rglob("*.py") if TOOLS not in p.parents)

@@ -3,22 +3,15 @@
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from bridgetower_bench import atomic_files
+from conftest import dead_pid
 from bridgetower_bench.atomic_files import (atomic_path, parse_temp_name, remove_abandoned, staged_directory, temp_path,
                                             write_atomically, write_json_atomically)
-
-
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 # ---------------------------------------------------------------------------------------------

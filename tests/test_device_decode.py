@@ -33,8 +33,6 @@ from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
 from conftest import DEVICES, needs_cuda
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 SIZE = 294  # BridgeTower's image size: the real geometry
 # The fidelity bound of the image-pipeline issue: mean |difference| <= 0.5/255 in 0..1 pixel units

@@ -8,8 +8,6 @@ import os
 import socket
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np
 import pytest

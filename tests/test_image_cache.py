@@ -2,7 +2,6 @@
 
 import io
 import json
-import os
 import pickle
 import socket
 import subprocess
@@ -13,18 +12,17 @@ import pytest
 import torch
 from PIL import Image
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from bridgetower_bench import image_cache, images  # noqa: E402
-from bridgetower_bench.image_cache import (  # noqa: E402
+from bridgetower_bench import image_cache, images
+from bridgetower_bench.image_cache import (
     MANIFEST_FILE,
     PIXELS_FILE,
     DecodedImageCache,
     decoded_image_cache_dir,
     open_decoded_image_cache,
 )
-from bridgetower_bench.images import make_image_transform  # noqa: E402
+from bridgetower_bench.images import make_image_transform
+from conftest import noise_jpeg
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -33,10 +31,7 @@ SIZE = 16
 
 
 def jpeg(seed: int, width: int = 40, height: int = 36) -> bytes:
-    rng = np.random.default_rng(seed)
-    buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, format="JPEG")
-    return buffer.getvalue()
+    return noise_jpeg(seed, (width, height))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 import importlib.util
 import io
 import math
-import os
 import pickle
 from pathlib import Path
 
@@ -13,11 +12,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-from bridgetower_bench import images  # noqa: E402
-from bridgetower_bench.images import (  # noqa: E402
+from bridgetower_bench import images
+from bridgetower_bench.images import (
     IMAGE_PIPELINES,
     FastTransform,
     decoded_scale_eighths,
@@ -29,6 +25,7 @@ from bridgetower_bench.images import (  # noqa: E402
     resize_geometry,
     to_rgb,
 )
+from conftest import encode
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -36,12 +33,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 FIDELITY_BOUND = 0.5 / 255  # mean |fast - upstream| in 0..1 pixel units
-
-
-def encode(img: Image.Image, fmt: str, **options) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, format=fmt, **options)
-    return buffer.getvalue()
 
 
 def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:

@@ -22,10 +22,7 @@ Measured with the seeds below: 2 hits at initialisation, 23 after training (20 w
 image pipeline); with four other model or data-order seeds, 23 to 40 hits after 600 steps.
 """
 
-import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np
 import pytest

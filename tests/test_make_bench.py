@@ -3,11 +3,11 @@
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
+
 GUARD = REPO / "scripts" / "refuse_in_habana_container.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("hl-smi") is not None,

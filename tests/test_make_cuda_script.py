@@ -1,13 +1,12 @@
 """The drift check between the Gaudi script, the patches and the committed CUDA script fails when they disagree."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from bridgetower_bench.tools import make_cuda_script
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture

@@ -14,18 +14,17 @@ import sys
 import types
 from types import SimpleNamespace
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import datasets  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler  # noqa: E402
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
-from bridgetower_bench import mediapipe_loader as ml  # noqa: E402
-from bridgetower_bench.images import to_rgb  # noqa: E402
+from bridgetower_bench import mediapipe_loader as ml
+from bridgetower_bench.images import to_rgb
+from conftest import dead_pid, encode
 
 SEQ_LEN = 4
 MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -35,12 +34,6 @@ STD = (0.26862954, 0.26130258, 0.27577711)
 # ----------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------
-
-
-def encode(img: Image.Image, fmt: str, **options) -> bytes:
-    out = io.BytesIO()
-    img.save(out, format=fmt, **options)
-    return out.getvalue()
 
 
 def solid_jpeg(colour, size=(20, 14)) -> bytes:
@@ -77,12 +70,6 @@ def rows_of(batch):
 
 def stats(directory):
     return {name: (s.st_ino, s.st_mtime_ns) for name in os.listdir(directory) for s in [os.stat(os.path.join(directory, name))]}
-
-
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 # ----------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 cleared, and the final set (model, config, processors, metrics, trainer state) published all-or-nothing at
 every kill point; a signal after training never loses it, and rerunning completes the phases left."""
 
-import json
 import logging
 import os
 import shutil
@@ -18,7 +17,7 @@ from safetensors.torch import load_file
 
 from bridgetower_bench import resilience, run_directory
 import preloaded_python
-from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, script_env
 
 
 def hold_lock_in_another_process(output_dir):
@@ -29,12 +28,6 @@ def hold_lock_in_another_process(output_dir):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
-
-
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 # ---------------------------------------------------------------------------------------------

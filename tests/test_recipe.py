@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-import torch
 
 from conftest import CPU_FLAGS, REPO, run_script, script_env
 from test_scripts import base_args, load_weights

@@ -2,7 +2,6 @@
 resumes exactly, output directories are never clobbered, files are never half-written, and bad input
 is refused with one line."""
 
-import io
 import json
 import os
 import re
@@ -11,27 +10,22 @@ import subprocess
 import sys
 
 import datasets
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from bridgetower_bench import data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
-from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
 
 
-def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
+def jpeg_bytes(seed: int) -> bytes:
+    return noise_jpeg(seed, (96, 64), quality=90)
 
 
 def embedded(images, captions) -> datasets.Dataset:

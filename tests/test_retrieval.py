@@ -1,11 +1,7 @@
 """Retrieval quality metrics: exact recalls on hand-built embeddings, grouping, chunking, glue."""
 
 import io
-import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 
 import numpy as np
 import pytest

@@ -3,30 +3,19 @@ nothing is written by a refused run; the input the user gave is read as given (i
 the image column only, one empty cell costs one row); no image's size decides the run's memory; caches
 that cannot be written are skipped."""
 
-import io
-import json
 import logging
 import re
 import runpy
 import sys
 import zlib
-from pathlib import Path
 
 import datasets
-import numpy as np
 import pytest
 from PIL import Image
 
 from bridgetower_bench import data, flag_guard, preflight, run_directory
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from conftest import CPU_FLAGS, REPO, SCRIPTS
-
-
-def jpeg(seed: int, size=(48, 40)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG")
-    return buffer.getvalue()
+from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -68,7 +57,7 @@ def run_cuda_script(args, capsys) -> tuple[int, str]:
 def early_refusals(model, tmp_path):
     """name -> (args, the exact stderr line), for inputs refused before the data or the model is loaded."""
     good = tmp_path / "good.csv"
-    (tmp_path / "a.jpg").write_bytes(jpeg(0))
+    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
     out = tmp_path / "out"
     common = ["--model_name_or_path", model, "--train_file", good, "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
@@ -244,8 +233,8 @@ def load_csv(path, tmp_path, image_column="image_path"):
 def relative_csv(tmp_path, n_rows=1200, empty_row=None):
     """A csv in tmp_path/data whose image paths are relative to it; row `empty_row` has an empty image cell."""
     (tmp_path / "data" / "images").mkdir(parents=True)
-    (tmp_path / "data" / "images" / "0.jpg").write_bytes(jpeg(0))
-    (tmp_path / "data" / "images" / "1.jpg").write_bytes(jpeg(1))
+    (tmp_path / "data" / "images" / "0.jpg").write_bytes(noise_jpeg(0))
+    (tmp_path / "data" / "images" / "1.jpg").write_bytes(noise_jpeg(1))
     lines = ["image_path,caption"]
     for row in range(n_rows):
         lines.append(f"{'' if row == empty_row else f'images/{row % 2}.jpg'},picture {row}")
@@ -272,7 +261,7 @@ def test_one_empty_image_cell_costs_one_row_among_relative_paths(tmp_path, monke
 
 def test_path_resolution_touches_the_image_column_only(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "cat.jpg").write_bytes(jpeg(0))
+    (tmp_path / "data" / "cat.jpg").write_bytes(noise_jpeg(0))
     path = tmp_path / "data" / "train.csv"
     path.write_text("image_path,caption,note\ncat.jpg,cat.jpg,cat.jpg\n")
     monkeypatch.chdir(tmp_path)
@@ -284,7 +273,7 @@ def test_path_resolution_touches_the_image_column_only(tmp_path, monkeypatch):
 
 
 def test_a_caption_holding_nan_is_named_by_what_it_holds(tmp_path):
-    (tmp_path / "a.jpg").write_bytes(jpeg(0))
+    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     path = tmp_path / "train.csv"
     path.write_text(f"image_path,caption\n{tmp_path / 'a.jpg'},NaN\n{tmp_path / 'a.jpg'},\n{tmp_path / 'a.jpg'},a real caption\n")
     train = load_csv(path, tmp_path)
@@ -305,7 +294,7 @@ def test_pixel_budget_refuses_huge_and_extreme_aspect_images_without_decoding_th
     huge, strip, normal = tmp_path / "huge.png", tmp_path / "strip.png", tmp_path / "normal.jpg"
     huge.write_bytes(png_header(12000, 12000))  # 144 MP: below Pillow's own hard limit (179 MP)
     Image.new("RGB", (100000, 10)).save(strip)  # 1 MP, but resized to 2940000x294 before the crop
-    normal.write_bytes(jpeg(0, size=(4000, 3000)))
+    normal.write_bytes(noise_jpeg(0, size=(4000, 3000)))
     assert preflight.image_problem(str(huge), image_size=294) == (
         f"image file {str(huge)!r}: 12000x12000 is 144,000,000 pixels, over the budget of 50,000,000 (--max_image_pixels)")
     assert preflight.image_problem(str(strip), image_size=294) == (
@@ -319,7 +308,7 @@ def test_pixel_budget_refuses_huge_and_extreme_aspect_images_without_decoding_th
 def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_path, capsys):
     rows = ["image_path,caption"]
     for i in range(10):  # every other image is over the budget (the run's train split is 6 of these rows)
-        (tmp_path / f"{i}.jpg").write_bytes(jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
+        (tmp_path / f"{i}.jpg").write_bytes(noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
         rows.append(f"{tmp_path / f'{i}.jpg'},picture {i}")
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
     args = ["--model_name_or_path", fixtures["model"], "--train_file", tmp_path / "train.csv", "--do_train",
@@ -365,7 +354,7 @@ def unwritable_home(tmp_path, monkeypatch):
 
 def test_preflight_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
     unwritable_home(tmp_path, monkeypatch)
-    (tmp_path / "a.jpg").write_bytes(jpeg(0))
+    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     splits = {"train": datasets.Dataset.from_dict({"image": [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")], "caption": ["x", "y"]})}
     with caplog.at_level(logging.WARNING):
         problems, cache_file = preflight.find_problems(splits, "image", "caption")
@@ -378,7 +367,7 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
     from types import SimpleNamespace
 
     unwritable_home(tmp_path, monkeypatch)
-    split = datasets.Dataset.from_dict({"image": [{"bytes": jpeg(0), "path": None}]},
+    split = datasets.Dataset.from_dict({"image": [{"bytes": noise_jpeg(0), "path": None}]},
                                        features=datasets.Features({"image": datasets.Image(decode=False)}))
     args = SimpleNamespace(image_pipeline="fast", decoded_image_cache_dir=None, preprocessing_num_workers=None)
 
@@ -392,7 +381,7 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
 
 
 def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch, capsys):
-    (tmp_path / "a.jpg").write_bytes(jpeg(0))
+    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     (tmp_path / "train.csv").write_text("image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4)))
     unwritable_home(tmp_path, monkeypatch)
     status, stderr = run_cuda_script(
