@@ -59,8 +59,10 @@ def _child(request: dict) -> None:
     status = 1
     try:
         os.setsid()  # its own process group, so that a timeout stops the run and whatever it started
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        streams = ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                   (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
+        for fd, path, flags in streams:  # (fd 0 was the server's request pipe)
+            target = os.open(path, flags, 0o644)
             os.dup2(target, fd)
             os.close(target)
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
