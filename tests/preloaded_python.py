@@ -161,10 +161,11 @@ class _Server:
             reader.join(timeout)
             timed_out = reader.is_alive()
             if timed_out:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                for kill in (os.killpg, os.kill):  # the run's process group; the run itself if it left its group
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 reader.join()
             returncode = json.loads(finished[0])["returncode"]
             with open(out, errors="replace") as f:
