@@ -24,8 +24,8 @@ from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script
 # ---------------------------------------------------------------------------------------------
 
 
-def jpeg_bytes(seed: int) -> bytes:
-    return noise_jpeg(seed, (96, 64), quality=90)
+def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
+    return noise_jpeg(seed, size, quality=90)
 
 
 def embedded(images, captions) -> datasets.Dataset:
