@@ -259,3 +259,14 @@ def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_ste
     assert metrics["data_wait_seconds_steady"] == pytest.approx(
         sum(recorded.step_waits[step] for step in counted if step not in (5, 9)), abs=1e-9)
     assert metrics["data_wait_seconds_epoch_start"] > metrics["data_wait_seconds_steady"]
+
+
+def test_an_epoch_start_on_the_first_counted_step_is_counted():
+    # 2 warm-up steps, 2 steps per epoch: the second epoch begins on step 3, the window's first step.
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=2, clock=clock)
+    simulate_epochs(callback, clock, steps=6, steps_per_epoch=2, wait_of_step=lambda k: 1.0 if k % 2 else 0.0)
+    metrics = callback.metrics()
+    assert callback.epoch_start_steps == [3, 5]
+    assert metrics["throughput_epoch_starts"] == 2
+    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
