@@ -1,18 +1,28 @@
-"""Mutation testing: put one small bug at a time into the modules users' results depend on, run their tests,
-and count the bugs the tests catch. Not part of `make test` (it runs the tests once per mutant).
+"""Mutation testing: put one small bug at a time into the modules users' results depend on, run the tests that
+could notice it, and count the bugs the tests catch. Not part of `make test`.
 
-    python tests/mutate.py                          # every module below (slow: tens of minutes)
+    python tests/mutate.py                          # every module below
     python tests/mutate.py --module throughput      # one module
     python tests/mutate.py --sample 20 --seed 1     # at most 20 mutants per module, drawn with the seed
 
 Each mutant is one change of one operator or constant, found by walking the module's syntax tree:
 comparisons (`<` / `<=`, `==` / `!=`, `in` / `not in`, `is` / `is not`), arithmetic (`+` / `-`, `*` / `/`),
 `and` / `or`, a dropped `not`, an integer constant plus one, `True` / `False` swapped. It is written into a
-copy of the repository (the working tree is never touched), and the module's test files run there with
-`-x`; a failing run kills the mutant, a run past the time limit counts as killed too (an infinite loop is
-caught). Survivors are listed with their line: read each, and either add a test that catches it or judge it
-equivalent (no behaviour a user could see changes). The score printed is killed / all mutants; the README
-quotes it with the survivors judged.
+copy of the repository (the working tree is never touched).
+
+Which tests run: first the module's test files run once under coverage, each test in a coverage context of
+its own, scripts and workers it starts included (coverage's subprocess patch). A mutant then runs, with
+`-x` and fastest first, only the tests that executed one of its lines: a line executed at import or in a
+fixture brings in every test that may share it, and a mutant whose lines no test executes at all survives
+as "not covered" without running anything. The runs are forked from a server process that has imported
+the libraries (torch, transformers, datasets) once and never the repository's own modules. A failing run
+kills the mutant; a run past its time limit (60 s + 3 x the tests' own time) does too, once a fresh,
+unforked pytest run confirms it (the whole process group is stopped, so a mutant's endless loop in a
+script dies with it).
+
+Survivors are printed with a ready line for `tests/mutation_equivalents.txt`: read each, and either add a
+test that catches it or, when no behaviour a user could observe changes, record it there with the reason.
+The score printed is killed / (mutants - equivalent); equivalents are listed apart.
 """
 
 from __future__ import annotations
