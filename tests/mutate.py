@@ -384,6 +384,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, default=None, help="at most this many mutants per module")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every mutant's outcome here")
+    parser.add_argument("--retry", type=Path, default=None,
+                        help="a --json file of an earlier run: its killed mutants count as killed again without running"
+                             " (after tests were only added), the others run")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -392,6 +395,14 @@ def main(argv=None) -> int:
     chosen = [m for m in TARGETS if not args.module or m.removesuffix(".py").replace("tools/", "") in args.module]
     equivalents = read_equivalents()
     started = time.perf_counter()
+    killed_before = set()
+    if args.retry:
+        ordinal: dict = {}
+        for row in json.loads(args.retry.read_text()):
+            at = (row["module"], row["line"], row["change"])
+            ordinal[at] = ordinal.get(at, -1) + 1
+            if row["killed"]:
+                killed_before.add((*at, ordinal[at]))
 
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
@@ -420,10 +431,15 @@ def main(argv=None) -> int:
                 if args.sample is not None and len(mutants) > args.sample:
                     mutants = sorted(random.Random(args.seed).sample(mutants, args.sample), key=lambda m: m.index)
                 print(f"{module}: {len(mutants)} mutants, its {len(everything)} tests take {baseline:.0f} s", flush=True)
+                ordinal = {}
                 for mutant in mutants:
                     selected = select_tests(mutant, cov, tests)
                     reason = equivalents.pop(mutant_key(mutant), None)
-                    if selected is None:
+                    at = (module, mutant.line, mutant.change)
+                    ordinal[at] = ordinal.get(at, -1) + 1
+                    if (*at, ordinal[at]) in killed_before:
+                        status, seconds = "killed earlier", 0.0
+                    elif selected is None:
                         status, seconds = "not covered", 0.0
                     else:
                         target.write_text(mutated_source(mutant))
@@ -433,8 +449,9 @@ def main(argv=None) -> int:
                             status, more = run_tests(copy, selected, timeout=limit + 30)
                             seconds += more
                         target.write_text(original)
-                    killed = status in ("failed", "timeout")
-                    outcomes.append({"module": module, "line": mutant.line, "change": mutant.change, "status": status,
+                    killed = status in ("failed", "timeout", "killed earlier")
+                    outcomes.append({"module": module, "line": mutant.line, "change": mutant.change,
+                                     "occurrence": mutant.occurrence, "text": mutant.text, "status": status,
                                      "killed": killed, "equivalent": reason if not killed else None,
                                      "tests": len(selected or []), "seconds": round(seconds, 1)})
                     if killed and reason:
