@@ -270,3 +270,12 @@ def test_an_epoch_start_on_the_first_counted_step_is_counted():
     assert callback.epoch_start_steps == [3, 5]
     assert metrics["throughput_epoch_starts"] == 2
     assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+
+
+def test_without_warmup_steps_every_step_is_counted():
+    # The default, and a negative count, leave no step out (3 steps of 1 s, 4 samples each).
+    for callback in (ThroughputCallback(clock=FakeClock()), ThroughputCallback(warmup_steps=-2, clock=FakeClock())):
+        simulate(callback, callback.clock, steps=3, warmup_seconds=1.0, step_seconds=1.0, wait_seconds=0.0)
+        metrics = callback.metrics()
+        assert metrics["throughput_warmup_steps"] == 0 and metrics["throughput_counted_steps"] == 3
+        assert metrics["train_samples_per_second"] == pytest.approx(12 / 3.0)
