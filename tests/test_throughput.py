@@ -279,3 +279,20 @@ def test_without_warmup_steps_every_step_is_counted():
         metrics = callback.metrics()
         assert metrics["throughput_warmup_steps"] == 0 and metrics["throughput_counted_steps"] == 3
         assert metrics["train_samples_per_second"] == pytest.approx(12 / 3.0)
+
+
+def test_one_step_after_the_warmup_is_a_window_of_its_own():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=2, clock=clock)
+    simulate(callback, clock, steps=3, warmup_seconds=10.0, step_seconds=1.0, wait_seconds=0.0)
+    metrics = callback.metrics()
+    assert metrics["throughput_warmup_steps"] == 2 and metrics["throughput_counted_steps"] == 1
+    assert metrics["train_samples_per_second"] == pytest.approx(4 / 1.0)
+
+
+@pytest.mark.parametrize("batches, accumulation, steps", [(5, 2, 2), (1, 1, 1), (1, 4, 1), (6, 3, 2)])
+def test_steps_per_epoch_are_optimizer_steps(batches, accumulation, steps):
+    callback = ThroughputCallback(clock=FakeClock())
+    args = SimpleNamespace(device=torch.device("cpu"), gradient_accumulation_steps=accumulation)
+    callback.on_train_begin(args, SimpleNamespace(global_step=0, max_steps=10), None, train_dataloader=[None] * batches)
+    assert callback.steps_per_epoch == steps and isinstance(callback.steps_per_epoch, int)
