@@ -454,6 +454,8 @@ def main(argv=None) -> int:
                                      "occurrence": mutant.occurrence, "text": mutant.text, "status": status,
                                      "killed": killed, "equivalent": reason if not killed else None,
                                      "tests": len(selected or []), "seconds": round(seconds, 1)})
+                    if args.json:  # as it goes: a run stopped early keeps what it found
+                        args.json.write_text(json.dumps(outcomes, indent=1) + "\n")
                     if killed and reason:
                         print(f"  killed although listed as equivalent: bridgetower_bench/{module}:{mutant.line} {mutant.change}")
                     elif not killed and reason:
