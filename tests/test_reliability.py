@@ -540,3 +540,43 @@ def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert last_stderr_line(result) == f"run_bridgetower_cuda.py: error: {expected}", result.stderr[-3000:]
+
+
+def test_a_checkpoint_is_resumed_only_when_training_without_overwrite(tmp_path, caplog):
+    check = resilience.check_output_dir
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    run_directory.record_written(str(previous), ["checkpoint-4"])
+    make_checkpoint(previous / "checkpoint-4")
+    with caplog.at_level("INFO", logger="bridgetower_bench.resilience"):
+        # --overwrite_output_dir starts afresh; a run that does not train resumes nothing
+        assert check(str(previous), overwrite_output_dir=True, do_train=True, resume_from_checkpoint=None) is None
+        assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
+        assert "resuming" not in caplog.text
+        # an explicit --resume_from_checkpoint is the user's choice: no "checkpoint detected" message
+        check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=str(previous / "checkpoint-4"))
+        assert "resuming" not in caplog.text
+        # nothing to resume from: nothing said either
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        assert check(str(empty), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) is None
+        assert "resuming" not in caplog.text
+        assert check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) == str(previous / "checkpoint-4")
+        assert f"Checkpoint detected, resuming training at {previous / 'checkpoint-4'}" in caplog.text
+
+
+def test_image_label_names_the_image_as_errors_do(tmp_path):
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": None}) == "embedded bytes"
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": ""}) == "embedded bytes"
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": "cat.jpg"}) == "embedded bytes of 'cat.jpg'"
+    assert resilience.image_label({"bytes": None, "path": "cat.jpg"}) == "'cat.jpg'"
+    assert resilience.image_label(tmp_path / "cat.jpg") == repr(str(tmp_path / "cat.jpg"))
+    assert resilience.image_label(3) == "int"
+
+
+def test_process_alive_tells_a_running_process_from_a_finished_one():
+    assert resilience.process_alive(os.getpid())
+    assert resilience.process_alive(1)  # exists, whoever owns it
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    assert not resilience.process_alive(finished.pid)
