@@ -580,3 +580,26 @@ def test_process_alive_tells_a_running_process_from_a_finished_one():
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
     assert not resilience.process_alive(finished.pid)
+
+
+def test_distributed_ranks_agree_to_stop_every_ten_steps(monkeypatch):
+    # Rank 1 got no signal; rank 0 did (the all-reduce's maximum). The flag is exchanged at steps 10, 20, ...
+    from transformers import TrainerControl, TrainerState
+
+    reductions = []
+
+    def all_reduce(flag, op):
+        reductions.append(int(flag.item()))
+        flag.fill_(int(signal.SIGTERM))
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    stop = resilience.StopOnSignal()
+    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
+    control = TrainerControl()
+    for step in range(1, 10):
+        stop.on_step_end(args, TrainerState(global_step=step, max_steps=30), control)
+        assert not control.should_training_stop and reductions == []
+    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    assert reductions == [0] and control.should_training_stop and control.should_save
+    assert stop.received == signal.SIGTERM and stop.stopped_at == 10
