@@ -603,3 +603,19 @@ def test_distributed_ranks_agree_to_stop_every_ten_steps(monkeypatch):
     stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
     assert reductions == [0] and control.should_training_stop and control.should_save
     assert stop.received == signal.SIGTERM and stop.stopped_at == 10
+
+
+def test_the_first_signal_says_what_happens_next(caplog):
+    from transformers import TrainerControl, TrainerState
+
+    args = type("Args", (), {"world_size": 1, "device": torch.device("cpu")})()
+    for last_step_done, said in ((False, "SIGINT received: training stops and saves a checkpoint after the current step"),
+                                 (True, "SIGINT received: the run stops once the final results being saved are complete")):
+        caplog.clear()
+        stop = resilience.StopOnSignal()
+        with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+            step = 10 if last_step_done else 4
+            stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
+            os.kill(os.getpid(), signal.SIGINT)
+        assert said in caplog.text and "(send it again to stop at once)" in caplog.text
+        assert stop.received == signal.SIGINT
