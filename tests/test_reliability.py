@@ -619,3 +619,33 @@ def test_the_first_signal_says_what_happens_next(caplog):
             os.kill(os.getpid(), signal.SIGINT)
         assert said in caplog.text and "(send it again to stop at once)" in caplog.text
         assert stop.received == signal.SIGINT
+
+
+def test_distributed_ranks_stop_only_once_one_of_them_got_a_signal(monkeypatch):
+    from transformers import TrainerControl, TrainerState
+
+    other_rank = {"signal": 0}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"])))
+    stop = resilience.StopOnSignal()
+    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
+    control = TrainerControl()
+    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    # nobody got a signal: the run goes on, and ends as a complete run
+    assert not control.should_training_stop and stop.received is None and stop.stopped_after_saving("out") is None
+    other_rank["signal"] = int(signal.SIGTERM)
+    stop.on_step_end(args, TrainerState(global_step=20, max_steps=30), control)
+    assert control.should_training_stop and stop.received == signal.SIGTERM and stop.stopped_at == 20
+
+
+def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(monkeypatch):
+    # torchrun with one process initialises torch.distributed; there is nobody to agree with.
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: pytest.fail("no all-reduce for one process"))
+    stop = resilience.StopOnSignal()
+    stop.received = int(signal.SIGTERM)
+    control = TrainerControl()
+    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), TrainerState(global_step=3, max_steps=30), control)
+    assert control.should_training_stop and stop.stopped_at == 3
