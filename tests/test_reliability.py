@@ -649,3 +649,15 @@ def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(monkeypat
     control = TrainerControl()
     stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), TrainerState(global_step=3, max_steps=30), control)
     assert control.should_training_stop and stop.stopped_at == 3
+
+
+def test_a_signal_on_the_last_step_leaves_a_complete_run():
+    from transformers import TrainerControl, TrainerState
+
+    stop = resilience.StopOnSignal()
+    stop.received = int(signal.SIGTERM)
+    state = TrainerState(global_step=10, max_steps=10)
+    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), state, TrainerControl())
+    assert stop.stopped_at == 10 and stop.interruption(state, "out") is None
+    # (the run then ends after saving its results, stopped_after_saving)
+    assert stop.stopped_after_saving("out").code == 128 + signal.SIGTERM
