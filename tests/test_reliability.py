@@ -661,3 +661,15 @@ def test_a_signal_on_the_last_step_leaves_a_complete_run():
     assert stop.stopped_at == 10 and stop.interruption(state, "out") is None
     # (the run then ends after saving its results, stopped_after_saving)
     assert stop.stopped_after_saving("out").code == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("every", [0, 1])
+def test_ranks_can_agree_at_every_step(monkeypatch, every):
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(int(signal.SIGTERM)))
+    stop = resilience.StopOnSignal(sync_every_steps=every)
+    control = TrainerControl()
+    stop.on_step_end(type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(), TrainerState(global_step=1, max_steps=30), control)
+    assert control.should_training_stop and stop.stopped_at == 1
