@@ -673,3 +673,11 @@ def test_ranks_can_agree_at_every_step(monkeypatch, every):
     control = TrainerControl()
     stop.on_step_end(type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(), TrainerState(global_step=1, max_steps=30), control)
     assert control.should_training_stop and stop.stopped_at == 1
+
+
+def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(caplog):
+    stop = resilience.StopOnSignal()
+    stop.training_done = True  # what the trainer sets once a first train() call finished
+    with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
+    assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
