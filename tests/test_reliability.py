@@ -681,3 +681,11 @@ def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(ca
     with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
         os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
     assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
+
+
+def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
+    def owned_by_someone_else(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(resilience.os, "kill", owned_by_someone_else)
+    assert resilience.process_alive(4242)
