@@ -689,3 +689,12 @@ def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
 
     monkeypatch.setattr(resilience.os, "kill", owned_by_someone_else)
     assert resilience.process_alive(4242)
+
+
+@pytest.mark.parametrize("count, listed", [(5, "(a0, a1, a2, a3, a4)"), (7, "(a0, a1, a2, a3, a4 and 2 more)")])
+def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
+    for i in range(count):
+        (tmp_path / f"a{i}").write_text("theirs")
+    with pytest.raises(ValueError) as refused:
+        resilience.check_output_dir(str(tmp_path), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
+    assert f"holds files this script did not write {listed};" in str(refused.value)
