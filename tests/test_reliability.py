@@ -691,7 +691,8 @@ def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
     assert resilience.process_alive(4242)
 
 
-@pytest.mark.parametrize("count, listed", [(5, "(a0, a1, a2, a3, a4)"), (7, "(a0, a1, a2, a3, a4 and 2 more)")])
+@pytest.mark.parametrize("count, listed", [(5, "(a0, a1, a2, a3, a4)"), (6, "(a0, a1, a2, a3, a4 and 1 more)"),
+                                          (8, "(a0, a1, a2, a3, a4 and 3 more)")])
 def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
     for i in range(count):
         (tmp_path / f"a{i}").write_text("theirs")
