@@ -699,3 +699,9 @@ def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
     with pytest.raises(ValueError) as refused:
         resilience.check_output_dir(str(tmp_path), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
     assert f"holds files this script did not write {listed};" in str(refused.value)
+
+
+def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
+    path = tmp_path / "all_results.json"
+    resilience.write_json_atomically(str(path), {"train_loss": 0.5, "epoch": 1.0})
+    assert path.read_text() == '{\n    "epoch": 1.0,\n    "train_loss": 0.5\n}\n'
