@@ -526,3 +526,25 @@ def test_upright_tensor_matches_pil_exif_transpose(orientation):
     expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
     assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
+
+
+def test_an_rgb_image_with_a_transparent_colour_turns_white_there():
+    img = Image.new("RGB", (2, 1), (0, 0, 0))
+    img.putpixel((1, 0), (200, 10, 10))
+    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
+    assert list(images.to_rgb(img).getdata()) == [(255, 255, 255), (200, 10, 10)]
+    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
+    assert images.to_rgb(opaque) is opaque  # nothing to do
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5, "224"])
+@pytest.mark.parametrize("pipeline", ["upstream", "fast"])
+def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
+    with pytest.raises(ValueError, match="image_size must be a positive integer"):
+        images.make_image_transform(pipeline, size, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
+    monkeypatch.setattr(images, "simplejpeg", None)
+    assert images.jpeg_decoder() == "torchvision decode_jpeg"
+    assert images.jpeg_decoder(draft=True) == "PIL draft"
