@@ -548,3 +548,12 @@ def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
     monkeypatch.setattr(images, "simplejpeg", None)
     assert images.jpeg_decoder() == "torchvision decode_jpeg"
     assert images.jpeg_decoder(draft=True) == "PIL draft"
+
+
+def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refused():
+    assert images.resize_geometry(5, 1, 4) == (20, 4, 0, 8)
+    assert images.resize_geometry(1, 5, 4) == (4, 20, 8, 0)
+    assert images.resize_geometry(1, 1, 4) == (4, 4, 0, 0)
+    for width, height in ((0, 5), (5, 0)):
+        with pytest.raises(ValueError, match=f"image has an empty size {width}x{height}"):
+            images.resize_geometry(width, height, 4)
