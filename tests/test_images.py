@@ -557,3 +557,15 @@ def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refuse
     for width, height in ((0, 5), (5, 0)):
         with pytest.raises(ValueError, match=f"image has an empty size {width}x{height}"):
             images.resize_geometry(width, height, 4)
+
+
+@pytest.mark.parametrize("height", [3, 1, 9])
+def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatch, height):
+    monkeypatch.setattr(images, "simplejpeg", None)
+    buffer = io.BytesIO()
+    Image.new("CMYK", (12, height), (0, 120, 200, 30)).save(buffer, "JPEG", quality=95)
+    data = buffer.getvalue()
+    rgb = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").save(rgb, "PNG")
+    transform = images.make_image_transform("fast", 4, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    assert torch.equal(transform(data), transform(rgb.getvalue()))
