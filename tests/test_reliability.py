@@ -705,3 +705,17 @@ def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
     path = tmp_path / "all_results.json"
     resilience.write_json_atomically(str(path), {"train_loss": 0.5, "epoch": 1.0})
     assert path.read_text() == '{\n    "epoch": 1.0,\n    "train_loss": 0.5\n}\n'
+
+
+def test_asking_whether_a_process_is_alive_does_not_disturb_it():
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+                              "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert resilience.process_alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.5)  # still running: no signal reached it
+    finally:
+        child.kill()
+        child.wait()
