@@ -517,3 +517,46 @@ def test_upright_tensor_matches_pil_exif_transpose(orientation):
     expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
     assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
+
+
+def test_an_rgb_image_with_a_transparent_colour_turns_white_there():
+    img = Image.new("RGB", (2, 1), (0, 0, 0))
+    img.putpixel((1, 0), (200, 10, 10))
+    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
+    assert list(images.to_rgb(img).getdata()) == [(255, 255, 255), (200, 10, 10)]
+    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
+    assert images.to_rgb(opaque) is opaque  # nothing to do
+
+
+@pytest.mark.parametrize("size", [0, -3, 2.5, "224"])
+@pytest.mark.parametrize("pipeline", ["upstream", "fast"])
+def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
+    with pytest.raises(ValueError, match="image_size must be a positive integer"):
+        images.make_image_transform(pipeline, size, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
+    monkeypatch.setattr(images, "simplejpeg", None)
+    assert images.jpeg_decoder() == "torchvision decode_jpeg"
+    assert images.jpeg_decoder(draft=True) == "PIL draft"
+
+
+def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refused():
+    assert images.resize_geometry(5, 1, 4) == (20, 4, 0, 8)
+    assert images.resize_geometry(1, 5, 4) == (4, 20, 8, 0)
+    assert images.resize_geometry(1, 1, 4) == (4, 4, 0, 0)
+    for width, height in ((0, 5), (5, 0)):
+        with pytest.raises(ValueError, match=f"image has an empty size {width}x{height}"):
+            images.resize_geometry(width, height, 4)
+
+
+@pytest.mark.parametrize("height", [3, 1, 9])
+def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatch, height):
+    monkeypatch.setattr(images, "simplejpeg", None)
+    buffer = io.BytesIO()
+    Image.new("CMYK", (12, height), (0, 120, 200, 30)).save(buffer, "JPEG", quality=95)
+    data = buffer.getvalue()
+    rgb = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").save(rgb, "PNG")
+    transform = images.make_image_transform("fast", 4, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    assert torch.equal(transform(data), transform(rgb.getvalue()))

@@ -1,5 +1,6 @@
 """The drift check between the Gaudi script, the patches and the committed CUDA script fails when they disagree."""
 
+import re
 import shutil
 
 import pytest
@@ -46,3 +47,28 @@ def test_a_patch_that_no_longer_applies_is_named(copy):
                                                "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments"))
     with pytest.raises(SystemExit, match="patches/01-trainer-classes.patch does not apply"):
         make_cuda_script.main(["--check"], repo=copy)
+
+
+def test_the_check_without_a_repository_argument_checks_this_repository(capsys):
+    # What `python -m bridgetower_bench.tools.make_cuda_script --check` does: it reads nothing outside this checkout.
+    assert make_cuda_script.REPO == REPO
+    assert make_cuda_script.main(["--check"]) == 0
+    assert "run_bridgetower_cuda.py equals run_bridgetower.py + " in capsys.readouterr().out
+
+
+def test_a_patch_that_no_longer_applies_says_which_hunks_failed(copy):
+    gaudi = copy / "run_bridgetower.py"
+    gaudi.write_text(gaudi.read_text().replace("from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
+                                               "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments"))
+    with pytest.raises(SystemExit) as stopped:
+        make_cuda_script.main(["--check"], repo=copy)
+    # patch's own words, as text on a line of their own
+    assert re.search(r"^\d+ out of \d+ hunks? FAILED$", str(stopped.value), re.MULTILINE), str(stopped.value)
+
+
+def test_the_diff_of_a_hand_edit_is_printed_line_by_line(copy, capsys):
+    cuda = copy / "run_bridgetower_cuda.py"
+    cuda.write_text(cuda.read_text().replace("set_seed(training_args.seed)", "set_seed(training_args.seed + 1)"))
+    assert make_cuda_script.main(["--check"], repo=copy) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert "-    set_seed(training_args.seed + 1)" in printed and "+    set_seed(training_args.seed)" in printed

@@ -520,3 +520,182 @@ def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert last_stderr_line(result) == f"run_bridgetower_cuda.py: error: {expected}", result.stderr[-3000:]
+
+
+def test_a_checkpoint_is_resumed_only_when_training_without_overwrite(tmp_path, caplog):
+    check = resilience.check_output_dir
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    run_directory.record_written(str(previous), ["checkpoint-4"])
+    make_checkpoint(previous / "checkpoint-4")
+    with caplog.at_level("INFO", logger="bridgetower_bench.resilience"):
+        # --overwrite_output_dir starts afresh; a run that does not train resumes nothing
+        assert check(str(previous), overwrite_output_dir=True, do_train=True, resume_from_checkpoint=None) is None
+        assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
+        assert "resuming" not in caplog.text
+        # an explicit --resume_from_checkpoint is the user's choice: no "checkpoint detected" message
+        check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=str(previous / "checkpoint-4"))
+        assert "resuming" not in caplog.text
+        # nothing to resume from: nothing said either
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        assert check(str(empty), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) is None
+        assert "resuming" not in caplog.text
+        assert check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) == str(previous / "checkpoint-4")
+        assert f"Checkpoint detected, resuming training at {previous / 'checkpoint-4'}" in caplog.text
+
+
+def test_image_label_names_the_image_as_errors_do(tmp_path):
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": None}) == "embedded bytes"
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": ""}) == "embedded bytes"
+    assert resilience.image_label({"bytes": b"\xff\xd8", "path": "cat.jpg"}) == "embedded bytes of 'cat.jpg'"
+    assert resilience.image_label({"bytes": None, "path": "cat.jpg"}) == "'cat.jpg'"
+    assert resilience.image_label(tmp_path / "cat.jpg") == repr(str(tmp_path / "cat.jpg"))
+    assert resilience.image_label(3) == "int"
+
+
+def test_process_alive_tells_a_running_process_from_a_finished_one():
+    assert resilience.process_alive(os.getpid())
+    assert resilience.process_alive(1)  # exists, whoever owns it
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    assert not resilience.process_alive(finished.pid)
+
+
+def test_distributed_ranks_agree_to_stop_every_ten_steps(monkeypatch):
+    # Rank 1 got no signal; rank 0 did (the all-reduce's maximum). The flag is exchanged at steps 10, 20, ...
+    from transformers import TrainerControl, TrainerState
+
+    reductions = []
+
+    def all_reduce(flag, op):
+        reductions.append(int(flag.item()))
+        flag.fill_(int(signal.SIGTERM))
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    stop = resilience.StopOnSignal()
+    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
+    control = TrainerControl()
+    for step in range(1, 10):
+        stop.on_step_end(args, TrainerState(global_step=step, max_steps=30), control)
+        assert not control.should_training_stop and reductions == []
+    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    assert reductions == [0] and control.should_training_stop and control.should_save
+    assert stop.received == signal.SIGTERM and stop.stopped_at == 10
+
+
+def test_the_first_signal_says_what_happens_next(caplog):
+    from transformers import TrainerControl, TrainerState
+
+    args = type("Args", (), {"world_size": 1, "device": torch.device("cpu")})()
+    for last_step_done, said in ((False, "SIGINT received: training stops and saves a checkpoint after the current step"),
+                                 (True, "SIGINT received: the run stops once the final results being saved are complete")):
+        caplog.clear()
+        stop = resilience.StopOnSignal()
+        with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+            step = 10 if last_step_done else 4
+            stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
+            os.kill(os.getpid(), signal.SIGINT)
+        assert said in caplog.text and "(send it again to stop at once)" in caplog.text
+        assert stop.received == signal.SIGINT
+
+
+def test_distributed_ranks_stop_only_once_one_of_them_got_a_signal(monkeypatch):
+    from transformers import TrainerControl, TrainerState
+
+    other_rank = {"signal": 0}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"])))
+    stop = resilience.StopOnSignal()
+    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
+    control = TrainerControl()
+    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    # nobody got a signal: the run goes on, and ends as a complete run
+    assert not control.should_training_stop and stop.received is None and stop.stopped_after_saving("out") is None
+    other_rank["signal"] = int(signal.SIGTERM)
+    stop.on_step_end(args, TrainerState(global_step=20, max_steps=30), control)
+    assert control.should_training_stop and stop.received == signal.SIGTERM and stop.stopped_at == 20
+
+
+def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(monkeypatch):
+    # torchrun with one process initialises torch.distributed; there is nobody to agree with.
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: pytest.fail("no all-reduce for one process"))
+    stop = resilience.StopOnSignal()
+    stop.received = int(signal.SIGTERM)
+    control = TrainerControl()
+    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), TrainerState(global_step=3, max_steps=30), control)
+    assert control.should_training_stop and stop.stopped_at == 3
+
+
+def test_a_signal_on_the_last_step_leaves_a_complete_run():
+    from transformers import TrainerControl, TrainerState
+
+    stop = resilience.StopOnSignal()
+    stop.received = int(signal.SIGTERM)
+    state = TrainerState(global_step=10, max_steps=10)
+    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), state, TrainerControl())
+    assert stop.stopped_at == 10 and stop.interruption(state, "out") is None
+    # (the run then ends after saving its results, stopped_after_saving)
+    assert stop.stopped_after_saving("out").code == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("every", [0, 1])
+def test_ranks_can_agree_at_every_step(monkeypatch, every):
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(int(signal.SIGTERM)))
+    stop = resilience.StopOnSignal(sync_every_steps=every)
+    control = TrainerControl()
+    stop.on_step_end(type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(), TrainerState(global_step=1, max_steps=30), control)
+    assert control.should_training_stop and stop.stopped_at == 1
+
+
+def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(caplog):
+    stop = resilience.StopOnSignal()
+    stop.training_done = True  # what the trainer sets once a first train() call finished
+    with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
+    assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
+
+
+def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
+    def owned_by_someone_else(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(resilience.os, "kill", owned_by_someone_else)
+    assert resilience.process_alive(4242)
+
+
+@pytest.mark.parametrize("count, listed", [(5, "(a0, a1, a2, a3, a4)"), (6, "(a0, a1, a2, a3, a4 and 1 more)"),
+                                          (8, "(a0, a1, a2, a3, a4 and 3 more)")])
+def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
+    for i in range(count):
+        (tmp_path / f"a{i}").write_text("theirs")
+    with pytest.raises(ValueError) as refused:
+        resilience.check_output_dir(str(tmp_path), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
+    assert f"holds files this script did not write {listed};" in str(refused.value)
+
+
+def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
+    path = tmp_path / "all_results.json"
+    resilience.write_json_atomically(str(path), {"train_loss": 0.5, "epoch": 1.0})
+    assert path.read_text() == '{\n    "epoch": 1.0,\n    "train_loss": 0.5\n}\n'
+
+
+def test_asking_whether_a_process_is_alive_does_not_disturb_it():
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+                              "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert resilience.process_alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.5)  # still running: no signal reached it
+    finally:
+        child.kill()
+        child.wait()

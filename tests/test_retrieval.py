@@ -353,3 +353,11 @@ def test_summarise_quality_picks_the_quality_figures_of_one_split():
     }
     assert summarise_quality(metrics, "test_") == {"test_i2t_recall@1": 0.4}
     assert summarise_quality({"i2t_recall@5": 0.9, "loss": 2.0}, None) == {"i2t_recall@5": 0.9, "loss": 2.0}
+
+
+def test_compute_metrics_scores_a_one_row_split_given_as_a_plain_tuple():
+    compute_metrics = make_compute_metrics([7])
+    embeds = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
+    metrics = compute_metrics(((embeds, embeds), ()))  # (predictions, label_ids), as a tuple
+    assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
+    assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0

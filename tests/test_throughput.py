@@ -259,3 +259,40 @@ def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_ste
     assert metrics["data_wait_seconds_steady"] == pytest.approx(
         sum(recorded.step_waits[step] for step in counted if step not in (5, 9)), abs=1e-9)
     assert metrics["data_wait_seconds_epoch_start"] > metrics["data_wait_seconds_steady"]
+
+
+def test_an_epoch_start_on_the_first_counted_step_is_counted():
+    # 2 warm-up steps, 2 steps per epoch: the second epoch begins on step 3, the window's first step.
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=2, clock=clock)
+    simulate_epochs(callback, clock, steps=6, steps_per_epoch=2, wait_of_step=lambda k: 1.0 if k % 2 else 0.0)
+    metrics = callback.metrics()
+    assert callback.epoch_start_steps == [3, 5]
+    assert metrics["throughput_epoch_starts"] == 2
+    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+
+
+def test_without_warmup_steps_every_step_is_counted():
+    # The default, and a negative count, leave no step out (3 steps of 1 s, 4 samples each).
+    for callback in (ThroughputCallback(clock=FakeClock()), ThroughputCallback(warmup_steps=-2, clock=FakeClock())):
+        simulate(callback, callback.clock, steps=3, warmup_seconds=1.0, step_seconds=1.0, wait_seconds=0.0)
+        metrics = callback.metrics()
+        assert metrics["throughput_warmup_steps"] == 0 and metrics["throughput_counted_steps"] == 3
+        assert metrics["train_samples_per_second"] == pytest.approx(12 / 3.0)
+
+
+def test_one_step_after_the_warmup_is_a_window_of_its_own():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=2, clock=clock)
+    simulate(callback, clock, steps=3, warmup_seconds=10.0, step_seconds=1.0, wait_seconds=0.0)
+    metrics = callback.metrics()
+    assert metrics["throughput_warmup_steps"] == 2 and metrics["throughput_counted_steps"] == 1
+    assert metrics["train_samples_per_second"] == pytest.approx(4 / 1.0)
+
+
+@pytest.mark.parametrize("batches, accumulation, steps", [(5, 2, 2), (1, 1, 1), (1, 4, 1), (6, 3, 2)])
+def test_steps_per_epoch_are_optimizer_steps(batches, accumulation, steps):
+    callback = ThroughputCallback(clock=FakeClock())
+    args = SimpleNamespace(device=torch.device("cpu"), gradient_accumulation_steps=accumulation)
+    callback.on_train_begin(args, SimpleNamespace(global_step=0, max_steps=10), None, train_dataloader=[None] * batches)
+    assert callback.steps_per_epoch == steps and isinstance(callback.steps_per_epoch, int)
