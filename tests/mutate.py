@@ -233,7 +233,9 @@ def measure_coverage(copy: Path, tests: list[str], workdir: Path) -> tuple[str, 
                   "patch = subprocess, fork, _exit\nparallel = true\nconcurrency = thread, multiprocessing\n")
     info_path = workdir / "info.json"
     env = {**test_env(copy), "PYTHONPATH": os.pathsep.join([str(copy), str(copy / "tests")]),
-           "MUTATE_COVERAGE_INFO": str(info_path)}
+           "MUTATE_COVERAGE_INFO": str(info_path),
+           # every script a test starts is a fresh python, so that its lines carry that test's context
+           "BRIDGETOWER_TESTS_FRESH_PYTHON": "1"}
     started = time.perf_counter()
     with open(copy / "mutate-tests.log", "w") as log:
         run = subprocess.Popen([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
