@@ -232,3 +232,32 @@ def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(
         assert preflight.find_problems(splits, "image", "caption")[0] == []
     assert len(decoded) == 2, "re-checked once after the change, then read from the cache"
     assert "cannot write its cache" not in caplog.text
+
+
+def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
+    # An image of exactly the budget passes, as decoded and as resized; one pixel more does not.
+    assert preflight.pixel_budget_problem((100, 100), 10_000) is None
+    assert preflight.pixel_budget_problem((101, 100), 10_000).startswith("101x100 is 10,100 pixels, over the budget of 10,000")
+    assert preflight.pixel_budget_problem((200, 1), 17_287_200, image_size=294) is None
+    assert preflight.pixel_budget_problem((200, 1), 17_287_199, image_size=294) is not None
+
+    # A row with a bad image and a bad caption: the image is named first.
+    splits = {"train": embedded([GOOD, TRUNCATED], ["a", ""])}
+    problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
+    assert [(p.row, p.column) for p in problems] == [(1, "image"), (1, "caption")]
+
+    # No arguments at all: the defaults, not a crash; a missing configuration file: one line with the reason.
+    from dataclasses import dataclass
+
+    from transformers import HfArgumentParser
+
+    @dataclass
+    class Arguments:
+        learning_rate: float = 0.5
+
+    parser = HfArgumentParser(Arguments)
+    assert preflight.parse_arguments(parser, ["script.py"]) == (Arguments(),)
+    assert preflight.parse_arguments(parser, ["script.py", "--learning_rate", "0.25"]) == (Arguments(0.25),)
+    missing = tmp_path / "gone.json"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$"):
+        preflight.parse_arguments(parser, ["script.py", str(missing)])
