@@ -1,6 +1,10 @@
 """Preflight in the cases a data set really has: one bad picture shown in many rows, files of the same name in
 different folders, cells holding no image at all, and more distinct images than one decode round."""
 
+import logging
+import re
+import time
+
 import datasets
 import pytest
 
@@ -95,3 +99,165 @@ def test_more_distinct_images_than_one_decode_round(tmp_path, monkeypatch, num_p
     assert all(p.reason.startswith("cannot decode embedded image") for p in problems)
     if num_proc == 1:
         assert sorted(decoded) == sorted(pictures), "each distinct image decoded exactly once"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a user reads and what the flags do: the bad-row list, the log, the cache, the workers, the budget
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_error_lists_twenty_bad_rows_and_counts_the_rest(tmp_path):
+    def error_lines(n_bad):
+        splits = {"train": embedded([b"not a picture %d" % i for i in range(n_bad)] + [GOOD], ["c"] * (n_bad + 1))}
+        with pytest.raises(ValueError) as stop:
+            preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path / "cache")
+        return str(stop.value).splitlines()
+
+    assert error_lines(1)[0] == "1 bad row found before training (pass --drop_bad_rows to train without them):"
+    exactly = error_lines(20)
+    assert exactly[0].startswith("20 bad rows found") and len(exactly) == 21  # all listed, no "... and 0 more"
+    assert exactly[-1].startswith("  split 'train' row 19, column 'image': cannot decode embedded image")
+    more = error_lines(21)
+    assert len(more) == 22 and more[-2].startswith("  split 'train' row 19,") and more[-1].startswith("  ... and 1 more (all listed in ")
+
+
+def test_a_second_check_of_the_same_splits_reads_the_cache_and_logs_what_it_checked(tmp_path, monkeypatch, caplog):
+    splits = {"train": embedded([GOOD, TRUNCATED, GOOD], ["a", "b", "c"]),
+              "validation": datasets.Dataset.from_dict({"image": [str(tmp_path / "gone.jpg")] * 2, "caption": ["d", "e"]})}
+    with caplog.at_level(logging.INFO, logger=preflight.logger.name):
+        started = time.perf_counter()
+        with pytest.raises(ValueError, match=r"^3 bad rows found before training"):
+            preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path / "cache")
+        took = time.perf_counter() - started
+    checked = re.search(r"Preflight: checked 5 rows of train, validation \(3 distinct images\) in ([0-9.]+) s: 3 bad\.", caplog.text)
+    assert checked, caplog.text
+    assert float(checked.group(1)) <= took + 0.1, "the time logged is the time the check took"
+
+    def must_not_decode(payload, **budget):
+        raise AssertionError("decoded again: check_splits did not use the cached outcome")
+
+    monkeypatch.setattr(preflight, "image_problem", must_not_decode)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=preflight.logger.name):
+        with pytest.raises(ValueError, match=r"^3 bad rows found before training"):
+            preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path / "cache")
+    assert "Preflight: the 5 rows of train, validation were checked before" in caplog.text
+
+
+def test_an_empty_split_is_refused_and_a_one_row_split_is_checked(tmp_path):
+    one_row = embedded([GOOD], ["a"])
+    assert preflight.check_splits({"train": one_row}, "image", "caption", cache_dir=tmp_path)["train"] is one_row
+    with pytest.raises(ValueError, match=r"^split 'validation' has no rows$"):
+        preflight.check_splits({"train": one_row, "validation": one_row.select([])}, "image", "caption", cache_dir=tmp_path)
+
+
+def test_images_are_checked_in_worker_processes_when_asked(tmp_path, monkeypatch):
+    """--preprocessing_num_workers=2 decodes in two worker processes: a fault put into this process's copy of
+    the module (the EXIF step fails) is seen by a check run here, and not by one run in the workers."""
+    def broken_exif_step(img):
+        raise OSError("broken in this process only")
+
+    monkeypatch.setattr(preflight, "upright", broken_exif_step)
+    splits = {"train": embedded([GOOD, OTHER], ["a", "b"])}
+    here, _ = preflight.find_problems(splits, "image", "caption", num_proc=1, cache_dir=tmp_path / "one")
+    assert [p.reason for p in here] == ["cannot decode embedded image: broken in this process only"] * 2
+    workers, _ = preflight.find_problems(splits, "image", "caption", num_proc=2, cache_dir=tmp_path / "two")
+    assert workers == []
+
+
+def test_pixel_budget_of_one_pixel_strips_and_empty_sizes():
+    # A strip one pixel high is resized to 294 pixels high before the crop: 200x1 becomes 58800x294.
+    assert preflight.pixel_budget_problem((200, 1), 1_000_000, image_size=294) == (
+        "200x1 is resized to 58800x294 before the centre crop, 17,287,200 pixels, over the budget of 1,000,000 "
+        "(--max_image_pixels; the aspect ratio is too extreme)")
+    assert preflight.pixel_budget_problem((1, 200), 1_000_000, image_size=294).startswith("1x200 is resized to 294x58800")
+    # A header claiming no pixels is not a budget matter (decoding it is what fails).
+    for size in ((0, 10), (10, 0), (0, 0)):
+        assert preflight.pixel_budget_problem(size, 1_000_000, image_size=294) is None
+
+
+def test_a_directory_given_as_an_image_file_is_named_with_the_reason(tmp_path):
+    (tmp_path / "cat.jpg").mkdir()
+    assert preflight.image_problem(str(tmp_path / "cat.jpg")) == f"cannot read image file {str(tmp_path / 'cat.jpg')!r}: Is a directory"
+
+
+def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_path):
+    from types import SimpleNamespace
+
+    def arguments(**values):
+        data_args = SimpleNamespace(max_seq_length=None, max_train_samples=None, max_eval_samples=None,
+                                    preprocessing_num_workers=None, max_image_pixels=1)
+        training_args = SimpleNamespace(per_device_train_batch_size=1, per_device_eval_batch_size=1,
+                                        gradient_accumulation_steps=1, dataloader_num_workers=0, output_dir=str(tmp_path / "out"))
+        for name, value in values.items():
+            setattr(data_args if hasattr(data_args, name) else training_args, name, value)
+        return data_args, training_args
+
+    preflight.check_arguments(*arguments())  # every count at its minimum
+    preflight.check_arguments(*arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1))
+    for name in ("max_seq_length", "max_train_samples", "max_eval_samples", "preprocessing_num_workers", "max_image_pixels",
+                 "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        with pytest.raises(ValueError, match=rf"^--{name}=0: must be positive$"):
+            preflight.check_arguments(*arguments(**{name: 0}))
+    with pytest.raises(ValueError, match=r"^--dataloader_num_workers=-1: must be at least 0$"):
+        preflight.check_arguments(*arguments(dataloader_num_workers=-1))
+
+
+def test_output_dir_may_exist_or_be_created_below_existing_folders(tmp_path):
+    (tmp_path / "existing").mkdir()
+    for output_dir in (tmp_path / "existing", tmp_path / "new", tmp_path / "existing" / "a" / "b", tmp_path):
+        preflight.check_output_dir_path(str(output_dir))
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ValueError, match=r"is a file, not a directory$"):
+        preflight.check_output_dir_path(str(tmp_path / "a_file"))
+    with pytest.raises(ValueError, match=r"cannot be created: .*a_file is a file$"):
+        preflight.check_output_dir_path(str(tmp_path / "a_file" / "run" / "deeper"))
+
+
+def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(tmp_path, monkeypatch, caplog):
+    """A first run under a fresh $HF_HOME creates the cache's folders; a re-check after an image changed is
+    cached again, so a third run decodes nothing."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "cat.jpg").write_bytes(GOOD)
+    splits = {"train": datasets.Dataset.from_dict({"image": [str(tmp_path / "cat.jpg")], "caption": ["a cat"]})}
+    original = preflight.image_problem
+    decoded = []
+    monkeypatch.setattr(preflight, "image_problem", lambda payload, **budget: decoded.append(payload) or original(payload, **budget))
+    with caplog.at_level(logging.WARNING):
+        assert preflight.find_problems(splits, "image", "caption")[0] == []
+        assert preflight.find_problems(splits, "image", "caption")[0] == []
+        assert len(decoded) == 1
+        (tmp_path / "cat.jpg").write_bytes(OTHER)
+        assert preflight.find_problems(splits, "image", "caption")[0] == []
+        assert preflight.find_problems(splits, "image", "caption")[0] == []
+    assert len(decoded) == 2, "re-checked once after the change, then read from the cache"
+    assert "cannot write its cache" not in caplog.text
+
+
+def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
+    # An image of exactly the budget passes, as decoded and as resized; one pixel more does not.
+    assert preflight.pixel_budget_problem((100, 100), 10_000) is None
+    assert preflight.pixel_budget_problem((101, 100), 10_000).startswith("101x100 is 10,100 pixels, over the budget of 10,000")
+    assert preflight.pixel_budget_problem((200, 1), 17_287_200, image_size=294) is None
+    assert preflight.pixel_budget_problem((200, 1), 17_287_199, image_size=294) is not None
+
+    # A row with a bad image and a bad caption: the image is named first.
+    splits = {"train": embedded([GOOD, TRUNCATED], ["a", ""])}
+    problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
+    assert [(p.row, p.column) for p in problems] == [(1, "image"), (1, "caption")]
+
+    # No arguments at all: the defaults, not a crash; a missing configuration file: one line with the reason.
+    from dataclasses import dataclass
+
+    from transformers import HfArgumentParser
+
+    @dataclass
+    class Arguments:
+        learning_rate: float = 0.5
+
+    parser = HfArgumentParser(Arguments)
+    assert preflight.parse_arguments(parser, ["script.py"]) == (Arguments(),)
+    assert preflight.parse_arguments(parser, ["script.py", "--learning_rate", "0.25"]) == (Arguments(0.25),)
+    missing = tmp_path / "gone.json"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$"):
+        preflight.parse_arguments(parser, ["script.py", str(missing)])
