@@ -3,15 +3,17 @@
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from bridgetower_bench import atomic_files
-from conftest import dead_pid
 from bridgetower_bench.atomic_files import (atomic_path, parse_temp_name, remove_abandoned, staged_directory, temp_path,
                                             write_atomically, write_json_atomically)
+from conftest import dead_pid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,3 +123,44 @@ def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tm
     assert remove_abandoned(tmp_path, only={"all_results.json"}.__contains__) == [recorded]
     assert remove_abandoned(tmp_path, min_age_s=600) == [old]
     assert sorted(os.listdir(tmp_path)) == sorted([unrecorded, young])
+
+
+# ---------------------------------------------------------------------------------------------
+# Whether a writer is alive
+# ---------------------------------------------------------------------------------------------
+
+
+def test_process_alive_tells_a_running_process_from_a_finished_one():
+    assert atomic_files.process_alive(os.getpid())
+    assert atomic_files.process_alive(1)  # exists, whoever owns it
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    assert not atomic_files.process_alive(finished.pid)
+
+
+def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
+    def owned_by_someone_else(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(atomic_files.os, "kill", owned_by_someone_else)
+    assert atomic_files.process_alive(4242)
+
+
+def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
+    path = tmp_path / "all_results.json"
+    atomic_files.write_json_atomically(str(path), {"train_loss": 0.5, "epoch": 1.0})
+    assert path.read_text() == '{\n    "epoch": 1.0,\n    "train_loss": 0.5\n}\n'
+
+
+def test_asking_whether_a_process_is_alive_does_not_disturb_it():
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+                              "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert atomic_files.process_alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.5)  # still running: no signal reached it
+    finally:
+        child.kill()
+        child.wait()
