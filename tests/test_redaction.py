@@ -3,12 +3,13 @@ sweep and a real run whose files are searched for fake tokens the runs provably 
 
 import hashlib
 import json
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+import preloaded_python
 from conftest import REPO, script_env
 
 from bridgetower_bench import redaction
@@ -223,8 +224,7 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     receiver = tmp_path / "receiver.py"
     receiver.write_text(RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py")))  # the Gaudi script, on CPU
 
-    result = subprocess.run([sys.executable, str(receiver), str(config)], cwd=REPO, env=script_env(gaudi=True),
-                            capture_output=True, text=True, timeout=600)
+    result = preloaded_python.run([sys.executable, receiver, config], cwd=REPO, env=script_env(gaudi=True), timeout=600)
 
     assert result.returncode == 0, result.stderr[-3000:]
     received = json.loads(proof.read_text())
