@@ -154,3 +154,48 @@ def test_image_column_holding_neither_images_nor_paths_is_refused():
     ds = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
     with pytest.raises(ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"):
         data.prepare_image_column(ds, "image", "train")
+
+
+def test_csv_cells_that_pandas_would_read_as_missing_stay_captions(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("image,caption\na.png,NA\nb.png,None\nc.png,null\n")
+    rows = data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
+    assert list(rows["caption"]) == ["NA", "None", "null"]
+
+
+def test_unreadable_data_file_is_refused_with_the_parsers_reason(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"--train_file=.*train\.json: cannot be read as json: JSON parse error"):
+        data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
+
+
+def test_relative_image_path_found_from_the_working_directory_is_kept(tmp_path, monkeypatch):
+    """Both the working directory and the data file's directory hold `pic.png`: the working directory's is read."""
+    work, files = tmp_path / "work", tmp_path / "files"
+    for folder in (work, files):
+        folder.mkdir()
+        Image.new("RGB", (4, 4)).save(folder / "pic.png")
+    Image.new("RGB", (4, 4)).save(files / "only_here.png")
+    (files / "train.csv").write_text("image,caption\npic.png,a\nonly_here.png,b\n")
+    monkeypatch.chdir(work)
+    raw = data.load_raw_datasets(dataset_name=None, dataset_config_name=None, dataset_revision="main", data_dir=None,
+                                 train_file=str(files / "train.csv"), validation_file=None,
+                                 cache_dir=str(tmp_path / "cache"), token=None)
+    assert list(raw["train"]["image"]) == ["pic.png", str(files / "only_here.png")]
+
+
+def test_max_seq_length_may_use_every_text_position_and_no_more():
+    import transformers
+
+    config = transformers.BridgeTowerConfig(text_config={"max_position_embeddings": 24, "pad_token_id": 1})
+    data.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
+    with pytest.raises(ValueError, match=r"--max_seq_length=23 is larger than the model's 22 text positions"):
+        data.check_max_seq_length(23, config)
+
+
+@pytest.mark.parametrize("given", [("validation",), ("test",), ("validation", "test")])
+def test_without_a_train_split_the_given_splits_are_kept_as_they_are(given):
+    raw = datasets.DatasetDict({s: _dataset(6) for s in given})  # e.g. only --validation_file, for --do_eval
+    splits = data.make_splits(raw, seed=0)
+    assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(raw[s]["caption"]) for s in given}
