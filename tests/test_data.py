@@ -199,3 +199,16 @@ def test_without_a_train_split_the_given_splits_are_kept_as_they_are(given):
     raw = datasets.DatasetDict({s: _dataset(6) for s in given})  # e.g. only --validation_file, for --do_eval
     splits = data.make_splits(raw, seed=0)
     assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(raw[s]["caption"]) for s in given}
+
+
+def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special_tokens():
+    import transformers
+
+    class TwoSpecialTokens:  # RoBERTa's <s> ... </s>
+        def num_special_tokens_to_add(self):
+            return 2
+
+    config = transformers.BridgeTowerConfig()
+    data.check_max_seq_length(3, config, TwoSpecialTokens())
+    with pytest.raises(ValueError, match=r"--max_seq_length=2 leaves no room for a caption: .* use at least 3"):
+        data.check_max_seq_length(2, config, TwoSpecialTokens())
