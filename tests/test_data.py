@@ -210,5 +210,41 @@ def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special
 
     config = transformers.BridgeTowerConfig()
     data.check_max_seq_length(3, config, TwoSpecialTokens())
-    with pytest.raises(ValueError, match=r"--max_seq_length=2 leaves no room for a caption: .* use at least 3"):
+    with pytest.raises(ValueError, match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3"):
         data.check_max_seq_length(2, config, TwoSpecialTokens())
+
+
+def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_reason(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
+        data.load_raw_datasets(dataset_name=str(tmp_path / "data"), dataset_config_name=None, dataset_revision="main",
+                               data_dir=None, train_file=None, validation_file=None, cache_dir=str(tmp_path / "cache"),
+                               token=None)
+
+
+def test_split_off_test_rows_are_drawn_with_the_seed_not_taken_from_the_end():
+    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    tests = [list(data.make_splits(raw, seed=seed)["test"]["caption"]) for seed in (3, 4)]
+    assert tests[0] != tests[1]
+    assert sorted(tests[0]) != sorted(str(i) for i in range(40, 50))
+
+
+def test_image_load_error_names_the_split_and_the_image_once():
+    from bridgetower_bench.resilience import ImageLoadError
+
+    def batch_of(path):
+        return {"image": [path], "input_ids": [[0, 2]], "attention_mask": [[1, 1]]}
+
+    def missing_file(path):
+        raise FileNotFoundError(f"[Errno 2] No such file or directory: {path!r}")
+
+    def undecodable(path):
+        raise OSError("cannot identify image file")
+
+    with pytest.raises(ImageLoadError) as error:
+        data.BatchTransform("image", missing_file, split="train")(batch_of("/data/a.png"))
+    assert str(error.value) == "split 'train': [Errno 2] No such file or directory: '/data/a.png'"
+    with pytest.raises(ImageLoadError) as error:
+        data.BatchTransform("image", undecodable, split="validation")(batch_of("/data/b.png"))
+    assert str(error.value) == "split 'validation': image '/data/b.png': cannot identify image file"
