@@ -275,3 +275,13 @@ def test_the_first_fallback_decode_warns_once(image_values, tmp_path, caplog):
         cache({"bytes": jpeg(99), "path": None})
     assert not [r for r in caplog.records if "not in the decoded image cache" in r.getMessage()]
     assert cache.fallback_decodes == 2
+
+
+def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
+    import time
+
+    started = time.perf_counter()
+    cache = open_cache(image_values, tmp_path)
+    elapsed = time.perf_counter() - started
+    assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
+    assert json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
