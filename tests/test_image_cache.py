@@ -285,3 +285,13 @@ def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
     elapsed = time.perf_counter() - started
     assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
     assert json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
+
+
+@pytest.mark.parametrize("n_images", [3, 40])
+def test_parallel_build_of_few_or_many_images_equals_serial_build(tmp_path, n_images):
+    """Barely more images than workers, and enough that the workers get them several at a time."""
+    values = [{"bytes": jpeg(seed, width=20, height=18), "path": None} for seed in range(n_images)]
+    serial = open_cache(values, tmp_path / "serial")
+    parallel = open_cache(values, tmp_path / "parallel", num_proc=2)
+    assert len(parallel) == n_images
+    assert np.array_equal(np.load(serial.directory / PIXELS_FILE), np.load(parallel.directory / PIXELS_FILE))
