@@ -154,3 +154,97 @@ def test_image_column_holding_neither_images_nor_paths_is_refused():
     ds = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
     with pytest.raises(ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"):
         data.prepare_image_column(ds, "image", "train")
+
+
+def test_csv_cells_that_pandas_would_read_as_missing_stay_captions(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("image,caption\na.png,NA\nb.png,None\nc.png,null\n")
+    rows = data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
+    assert list(rows["caption"]) == ["NA", "None", "null"]
+
+
+def test_unreadable_data_file_is_refused_with_the_parsers_reason(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"--train_file=.*train\.json: cannot be read as json: JSON parse error"):
+        data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
+
+
+def test_relative_image_path_found_from_the_working_directory_is_kept(tmp_path, monkeypatch):
+    """Both the working directory and the data file's directory hold `pic.png`: the working directory's is read."""
+    work, files = tmp_path / "work", tmp_path / "files"
+    for folder in (work, files):
+        folder.mkdir()
+        Image.new("RGB", (4, 4)).save(folder / "pic.png")
+    Image.new("RGB", (4, 4)).save(files / "only_here.png")
+    (files / "train.csv").write_text("image,caption\npic.png,a\nonly_here.png,b\n")
+    monkeypatch.chdir(work)
+    raw = data.load_raw_datasets(dataset_name=None, dataset_config_name=None, dataset_revision="main", data_dir=None,
+                                 train_file=str(files / "train.csv"), validation_file=None,
+                                 cache_dir=str(tmp_path / "cache"), token=None)
+    assert list(raw["train"]["image"]) == ["pic.png", str(files / "only_here.png")]
+
+
+def test_max_seq_length_may_use_every_text_position_and_no_more():
+    import transformers
+
+    config = transformers.BridgeTowerConfig(text_config={"max_position_embeddings": 24, "pad_token_id": 1})
+    data.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
+    with pytest.raises(ValueError, match=r"--max_seq_length=23 is larger than the model's 22 text positions"):
+        data.check_max_seq_length(23, config)
+
+
+@pytest.mark.parametrize("given", [("validation",), ("test",), ("validation", "test")])
+def test_without_a_train_split_the_given_splits_are_kept_as_they_are(given):
+    raw = datasets.DatasetDict({s: _dataset(6) for s in given})  # e.g. only --validation_file, for --do_eval
+    splits = data.make_splits(raw, seed=0)
+    assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(raw[s]["caption"]) for s in given}
+
+
+def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special_tokens():
+    import transformers
+
+    class TwoSpecialTokens:  # RoBERTa's <s> ... </s>
+        def num_special_tokens_to_add(self):
+            return 2
+
+    config = transformers.BridgeTowerConfig()
+    data.check_max_seq_length(3, config, TwoSpecialTokens())
+    with pytest.raises(ValueError, match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3"):
+        data.check_max_seq_length(2, config, TwoSpecialTokens())
+
+
+def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_reason(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
+        data.load_raw_datasets(dataset_name=str(tmp_path / "data"), dataset_config_name=None, dataset_revision="main",
+                               data_dir=None, train_file=None, validation_file=None, cache_dir=str(tmp_path / "cache"),
+                               token=None)
+
+
+def test_split_off_test_rows_are_drawn_with_the_seed_not_taken_from_the_end():
+    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    tests = [list(data.make_splits(raw, seed=seed)["test"]["caption"]) for seed in (3, 4)]
+    assert tests[0] != tests[1]
+    assert sorted(tests[0]) != sorted(str(i) for i in range(40, 50))
+
+
+def test_image_load_error_names_the_split_and_the_image_once():
+    from bridgetower_bench.resilience import ImageLoadError
+
+    def batch_of(path):
+        return {"image": [path], "input_ids": [[0, 2]], "attention_mask": [[1, 1]]}
+
+    def missing_file(path):
+        raise FileNotFoundError(f"[Errno 2] No such file or directory: {path!r}")
+
+    def undecodable(path):
+        raise OSError("cannot identify image file")
+
+    with pytest.raises(ImageLoadError) as error:
+        data.BatchTransform("image", missing_file, split="train")(batch_of("/data/a.png"))
+    assert str(error.value) == "split 'train': [Errno 2] No such file or directory: '/data/a.png'"
+    with pytest.raises(ImageLoadError) as error:
+        data.BatchTransform("image", undecodable, split="validation")(batch_of("/data/b.png"))
+    assert str(error.value) == "split 'validation': image '/data/b.png': cannot identify image file"

@@ -234,3 +234,64 @@ def test_exif_rotated_images_are_cached_upright(tmp_path, monkeypatch):
     assert cache.built and cache.directory != old.directory
     upright = ImageOps.exif_transpose(Image.open(io.BytesIO(buffer.getvalue())))
     assert torch.equal(cache(values[0]), make_image_transform("fast", SIZE, mean=(), std=())(upright))
+
+
+def test_digest_file_holds_the_blake2b_128_of_each_distinct_images_bytes_in_slot_order(image_values, tmp_path):
+    import hashlib
+
+    cache = open_cache(image_values, tmp_path)
+    digests = np.load(cache.directory / image_cache.DIGESTS_FILE)
+    embedded = [value["bytes"] for value in image_values[:3]]
+    assert cache.manifest["digest"] == "blake2b-128" and digests.shape == (5, 16)
+    assert [row.tobytes() for row in digests[:3]] == [hashlib.blake2b(b, digest_size=16).digest() for b in embedded]
+    assert [cache.slot_of(value) for value in image_values[:6]] == [0, 1, 2, 3, 4, 4]
+
+
+@pytest.mark.parametrize("bad", [{"image_size": 0}, {"image_size": "16"}, {"num_proc": 0}, {"num_proc": "2"}])
+def test_impossible_sizes_and_worker_counts_are_refused(image_values, tmp_path, bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        open_cache(image_values, tmp_path, **bad)
+
+
+@pytest.mark.parametrize("num_proc", [None, 1])
+def test_a_serial_build_leaves_the_process_thread_count_alone(image_values, tmp_path, num_proc):
+    """Only the build's worker processes use one torch thread each; training after a serial build keeps its threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert open_cache(image_values, tmp_path, num_proc=num_proc).built
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_first_fallback_decode_warns_once(image_values, tmp_path, caplog):
+    cache = open_cache(image_values, tmp_path)
+    with caplog.at_level("WARNING", logger="bridgetower_bench.image_cache"):
+        cache({"bytes": jpeg(98), "path": None})
+        assert [r.getMessage() for r in caplog.records if "not in the decoded image cache" in r.getMessage()] != []
+        caplog.clear()
+        cache({"bytes": jpeg(99), "path": None})
+    assert not [r for r in caplog.records if "not in the decoded image cache" in r.getMessage()]
+    assert cache.fallback_decodes == 2
+
+
+def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
+    import time
+
+    started = time.perf_counter()
+    cache = open_cache(image_values, tmp_path)
+    elapsed = time.perf_counter() - started
+    assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
+    assert json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
+
+
+@pytest.mark.parametrize("n_images", [3, 40])
+def test_parallel_build_of_few_or_many_images_equals_serial_build(tmp_path, n_images):
+    """Barely more images than workers, and enough that the workers get them several at a time."""
+    values = [{"bytes": jpeg(seed, width=20, height=18), "path": None} for seed in range(n_images)]
+    serial = open_cache(values, tmp_path / "serial")
+    parallel = open_cache(values, tmp_path / "parallel", num_proc=2)
+    assert len(parallel) == n_images
+    assert np.array_equal(np.load(serial.directory / PIXELS_FILE), np.load(parallel.directory / PIXELS_FILE))
