@@ -135,6 +135,9 @@ def test_env(copy: Path) -> dict:
     # otherwise be run from the last one's stale .pyc.
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(copy),
             "PYTHONDONTWRITEBYTECODE": "1",
+            # every script a test starts is a fresh python (not tests/preloaded_python.py's forks): its lines then
+            # carry that test's coverage context, and a forked test run starts no second forking server
+            "BRIDGETOWER_TESTS_FRESH_PYTHON": "1",
             "BRIDGETOWER_BENCH_FIXTURES": os.environ.get("BRIDGETOWER_BENCH_FIXTURES", str(REPO / ".cache" / "fixtures"))}
 
 
@@ -233,9 +236,7 @@ def measure_coverage(copy: Path, tests: list[str], workdir: Path) -> tuple[str, 
                   "patch = subprocess, fork, _exit\nparallel = true\nconcurrency = thread, multiprocessing\n")
     info_path = workdir / "info.json"
     env = {**test_env(copy), "PYTHONPATH": os.pathsep.join([str(copy), str(copy / "tests")]),
-           "MUTATE_COVERAGE_INFO": str(info_path),
-           # every script a test starts is a fresh python, so that its lines carry that test's context
-           "BRIDGETOWER_TESTS_FRESH_PYTHON": "1"}
+           "MUTATE_COVERAGE_INFO": str(info_path)}
     started = time.perf_counter()
     with open(copy / "mutate-tests.log", "w") as log:
         run = subprocess.Popen([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
