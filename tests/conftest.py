@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tempfile
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,15 @@ def dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+@pytest.fixture
+def preloaded_sweep(monkeypatch):
+    """The benchmark sweep (bench.run_sweep) starts its runs through the preloaded interpreter: same commands,
+    environments and logs, without the seconds of imports per run (tests/preloaded_python.py)."""
+    from bridgetower_bench.tools import bench
+
+    monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": preloaded_python.Popen}))
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ script dies with it).
 
 Survivors are printed with a ready line for `tests/mutation_equivalents.txt`: read each, and either add a
 test that catches it or, when no behaviour a user could observe changes, record it there with the reason.
-The score printed is killed / (mutants - equivalent); equivalents are listed apart.
+The score printed is killed / (mutants - equivalent); equivalents are listed apart, and not run unless
+`--run-equivalents` asks (a module-level constant's mutant runs every test of the module: minutes each).
 """
 
 from __future__ import annotations
@@ -391,6 +392,8 @@ def main(argv=None) -> int:
     parser.add_argument("--retry", type=Path, default=None,
                         help="a --json file of an earlier run: its killed mutants count as killed again without running"
                              " (after tests were only added), the others run")
+    parser.add_argument("--run-equivalents", action="store_true",
+                        help="run the mutants listed in tests/mutation_equivalents.txt too, to confirm they survive")
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -443,6 +446,8 @@ def main(argv=None) -> int:
                     ordinal[at] = ordinal.get(at, -1) + 1
                     if (*at, ordinal[at]) in killed_before:
                         status, seconds = "killed earlier", 0.0
+                    elif reason and not args.run_equivalents:
+                        status, seconds = "equivalent, not run", 0.0
                     elif selected is None:
                         status, seconds = "not covered", 0.0
                     else:

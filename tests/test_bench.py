@@ -18,7 +18,7 @@ TINY_RUN = ("--max_train_samples 4 --max_steps 5 --throughput_warmup_steps 1 --p
             "--logging_steps 1 --max_eval_samples 8")
 
 
-def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path, monkeypatch, capsys):
+def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded_sweep, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
     out = tmp_path / "bench"
 

@@ -301,7 +301,7 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
 
     # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
     cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]
-    process = subprocess.Popen(cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:
         if "Running Evaluation" in line:
             process.send_signal(signal.SIGTERM)

@@ -121,3 +121,101 @@ def test_a_run_past_its_time_limit_is_stopped_with_what_it_started(tmp_path):
     else:
         os.kill(grandchild, signal.SIGKILL)
         pytest.fail("the run's own child outlived the time limit")
+
+
+# ---------------------------------------------------------------------------------------------
+# Popen: a run the test watches, signals and waits for (the signal tests, the benchmark sweep)
+# ---------------------------------------------------------------------------------------------
+
+TALKER = '''
+import os, signal, sys, time
+print("pid", os.getpid(), "group", os.getpgid(0), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "handler":
+    def stop(number, frame):
+        print("stopping on", number, flush=True)
+        sys.exit(128 + number)
+    signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+if sys.argv[1] != "quick":
+    time.sleep(60)
+'''
+
+
+@pytest.fixture
+def talker(tmp_path):
+    (tmp_path / "talker.py").write_text(TALKER)
+    return [sys.executable, str(tmp_path / "talker.py")], script_env(gaudi=False)
+
+
+def watch_and_stop(popen, command, env, cwd, mode, sig, **streams):
+    """Start `command` with `popen`, read lines up to "ready", send `sig`, collect the rest and the status."""
+    process = popen(command + [mode], cwd=cwd, env=env, stdout=subprocess.PIPE, start_new_session=True, **streams)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.strip() in ("ready", b"ready"):
+            break
+    pid = process.pid
+    process.send_signal(sig)
+    rest, _ = process.communicate(timeout=60)
+    return process, pid, lines + [rest], process.returncode
+
+
+@pytest.mark.parametrize("mode, sig", [("plain", signal.SIGTERM), ("handler", signal.SIGTERM), ("plain", signal.SIGINT)],
+                         ids=["sigterm", "sigterm-handled", "ctrl-c"])
+def test_a_watched_run_is_stopped_by_a_signal_as_a_fresh_python_would_be(talker, tmp_path, mode, sig):
+    command, env = talker
+    endings = []
+    for popen in (subprocess.Popen, preloaded_python.Popen):
+        process, pid, lines, returncode = watch_and_stop(popen, command, env, tmp_path, mode, sig,
+                                                         stderr=subprocess.STDOUT, text=True)
+        output = "".join(lines)
+        assert f"pid {pid} group {pid}\n" in output, "its own process group: the sweep stops it with killpg"
+        # (a traceback's frames are left out: where the signal lands, in print or in sleep, is a matter of timing)
+        endings.append((returncode, [line for line in output.splitlines() if not line.startswith(("pid", " "))]))
+    assert isinstance(process, preloaded_python._Run), "the second run went through the preloaded server"
+    assert endings[1] == endings[0]
+
+
+def test_a_watched_run_appends_to_the_callers_log_file_and_reads_bytes(talker, tmp_path):
+    command, env = talker
+    with open(tmp_path / "log", "wb") as log:
+        log.write(b"$ header\n")
+        log.flush()
+        process = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        assert isinstance(process, preloaded_python._Run)
+        assert process.wait(timeout=60) == 0 and process.poll() == 0
+    text = (tmp_path / "log").read_text()
+    assert text.startswith("$ header\npid ") and "to stderr\n" in text and text.endswith("ready\n")
+
+    process = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+    assert [line.split()[0] for line in process.stdout] == [b"pid", b"ready"]
+    assert process.wait() == 0
+
+
+def test_a_watched_run_past_its_wait_is_still_running_and_can_be_killed_with_its_group(talker, tmp_path):
+    command, env = talker
+    process = preloaded_python.Popen(command + ["plain"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("pid")
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.5)
+    assert process.poll() is None
+    os.killpg(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    process.stdout.close()
+
+
+def test_a_second_run_while_the_first_is_watched_starts_a_fresh_python(talker, tmp_path):
+    command, env = talker
+    first = preloaded_python.Popen(command + ["plain"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    second = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(first, preloaded_python._Run) and isinstance(second, subprocess.Popen)
+    assert second.communicate(timeout=120)[0].endswith("ready\n") and second.returncode == 0
+    first.kill()
+    first.communicate(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    # The server is free again once the first run has ended.
+    third = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(third, preloaded_python._Run) and third.communicate(timeout=60)[0].endswith("ready\n")

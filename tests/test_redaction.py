@@ -137,7 +137,7 @@ def _files_containing(root: Path, secrets) -> list[str]:
     return found
 
 
-def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, tmp_path, monkeypatch):
+def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, preloaded_sweep, tmp_path, monkeypatch):
     overridden, on_command_line, hub, in_env = "hf_FAKEspaceForm0001", "hf_FAKEequalsForm0002", "hf_FAKEhubToken0003", "hf_FAKEenvToken0004"
     proof = tmp_path / "received.json"
     receiver = tmp_path / "receiver.py"

@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from bridgetower_bench import data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
+import preloaded_python
 from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +342,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     out = tmp_path / "interrupted"
     cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(out)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
         for line in process.stdout:
             if "'loss'" in line:  # step 1 logged: we are mid-epoch
                 process.send_signal(signal.SIGTERM)

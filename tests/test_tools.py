@@ -98,7 +98,7 @@ def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsy
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
 
 
-def test_the_sweeps_samples_per_second_are_the_runs_counted_samples_over_counted_seconds(fixtures, tmp_path, monkeypatch, capsys):
+def test_the_sweeps_samples_per_second_are_the_runs_counted_samples_over_counted_seconds(fixtures, preloaded_sweep, tmp_path, monkeypatch, capsys):
     from bridgetower_bench.tools import bench
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
