@@ -1,6 +1,7 @@
 """Preflight in the cases a data set really has: one bad picture shown in many rows, files of the same name in
 different folders, cells holding no image at all, and more distinct images than one decode round."""
 
+import json
 import logging
 import re
 import time
@@ -165,6 +166,19 @@ def test_images_are_checked_in_worker_processes_when_asked(tmp_path, monkeypatch
     assert workers == []
 
 
+def test_a_round_of_many_images_is_shared_out_in_chunks_to_the_workers(tmp_path):
+    """Rounds big enough for chunks of several images per worker task (40 images, 2 workers: chunks of 5)
+    give the verdicts a check in this process gives."""
+    pictures = [jpeg_bytes(100 + i, size=(40, 32)) for i in range(40)]
+    for i in (3, 22, 39):
+        pictures[i] = pictures[i][: len(pictures[i]) // 2]
+    splits = {"train": embedded(pictures, [f"c{i}" for i in range(40)])}
+    here, _ = preflight.find_problems(splits, "image", "caption", num_proc=1, cache_dir=tmp_path / "one")
+    workers, _ = preflight.find_problems(splits, "image", "caption", num_proc=2, cache_dir=tmp_path / "two")
+    assert image_rows(workers) == image_rows(here) == [("train", 3), ("train", 22), ("train", 39)]
+    assert [p.reason for p in workers] == [p.reason for p in here]
+
+
 def test_pixel_budget_of_one_pixel_strips_and_empty_sizes():
     # A strip one pixel high is resized to 294 pixels high before the crop: 200x1 becomes 58800x294.
     assert preflight.pixel_budget_problem((200, 1), 1_000_000, image_size=294) == (
@@ -261,3 +275,9 @@ def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
     missing = tmp_path / "gone.json"
     with pytest.raises(ValueError, match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$"):
         preflight.parse_arguments(parser, ["script.py", str(missing)])
+    # One unknown argument is named in the singular, several in the plural.
+    for names, noun in ((["learning_rat"], "argument"), (["learning_rat", "sed"], "arguments")):
+        config = tmp_path / f"{len(names)}.json"
+        config.write_text(json.dumps({name: 1 for name in names}))
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}: unknown {noun} {', '.join(sorted(names))} \(see --help"):
+            preflight.parse_arguments(parser, ["script.py", str(config)])
