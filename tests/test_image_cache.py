@@ -251,7 +251,38 @@ def test_digest_file_holds_the_blake2b_128_of_each_distinct_images_bytes_in_slot
 def test_impossible_sizes_and_worker_counts_are_refused(image_values, tmp_path, bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
-        open_cache(image_values, tmp_path, **bad)
+        open_cache(image_values, tmp_path / "cache", **bad)
+    assert not (tmp_path / "cache").exists(), "refused before anything is written"
+
+
+def test_a_cache_of_one_pixel_images_is_allowed(image_values, tmp_path):
+    cache = open_cache(image_values, tmp_path, image_size=1)
+    assert cache.built and tuple(cache(image_values[0]).shape) == (3, 1, 1)
+
+
+@pytest.mark.parametrize("fingerprint", ["", 7, None])
+def test_a_missing_or_empty_fingerprint_is_refused_before_anything_is_written(image_values, tmp_path, fingerprint):
+    with pytest.raises(ValueError, match="the decoded image cache needs a non-empty fingerprint string"):
+        open_cache(image_values, tmp_path / "cache", fingerprint=fingerprint)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_manifest_of_an_unfinished_build_is_not_trusted(image_values, tmp_path):
+    first = open_cache(image_values, tmp_path)
+    manifest_path = first.directory / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["complete"] = False
+    manifest_path.write_text(json.dumps(manifest))
+    assert open_cache(image_values, tmp_path).built
+
+
+def test_a_pixel_file_of_another_shape_than_its_manifest_says_is_rebuilt(image_values, tmp_path):
+    """A whole, readable pixel file that holds one image too few (its digests still right) is rebuilt."""
+    first = open_cache(image_values, tmp_path)
+    pixels = np.load(first.directory / PIXELS_FILE)
+    np.save(first.directory / PIXELS_FILE, pixels[:-1])
+    again = open_cache(image_values, tmp_path)
+    assert again.built and np.load(again.directory / PIXELS_FILE).shape == pixels.shape
 
 
 @pytest.mark.parametrize("num_proc", [None, 1])

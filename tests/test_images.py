@@ -214,6 +214,26 @@ def test_decoded_scale_eighths_recovers_every_scale(full_size):
         assert decoded_scale_eighths(full_size, decoded_size) == eighths, eighths
 
 
+def test_a_size_that_is_no_eighths_scale_is_named_with_the_full_size():
+    with pytest.raises(ValueError, match=r"^a 500x375 image is no M/8 scale \(M = 1\.\.8\) of a 1000x800 one$"):
+        decoded_scale_eighths((1000, 800), (500, 375))
+
+
+def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size(jpeg_decoders):
+    """Twice the target on the shorter side is where a half-scale decode still covers the resize: 64x80 at
+    32 px decodes at 32x40, 63x80 (under twice) at full scale, with either JPEG decoder."""
+    draft = FastTransform(32, draft=True)
+    for (width, height), decoded in (((64, 80), (40, 32)), ((63, 80), (80, 63)), ((200, 64), (32, 100))):
+        pixels, full_size = draft.decode(encode(noise_image(width, height), "JPEG", quality=90))
+        assert full_size == (width, height) and tuple(pixels.shape[-2:]) == decoded, (width, height)
+
+
+def test_an_image_size_of_one_pixel_is_allowed():
+    for pipeline in IMAGE_PIPELINES:
+        out = make_image_transform(pipeline, 1, CLIP_MEAN, CLIP_STD)(encode(noise_image(5, 4), "PNG"))
+        assert tuple(out.shape) == (3, 1, 1), pipeline
+
+
 def test_resize_and_crop_rejects_a_size_that_is_no_eighths_scale():
     with pytest.raises(ValueError, match="100x100 image is no M/8 scale"):
         resize_and_crop(torch.zeros(3, 100, 100, dtype=torch.uint8), 31, full_size=(1000, 1000))
@@ -322,6 +342,9 @@ def test_high_bit_modes_are_scaled_not_clipped():
     assert [to_rgb(sixteen).getpixel((x, 0)) for x in range(3)] == [(0, 0, 0), (100, 100, 100), (255, 255, 255)]
     floats = Image.frombytes("F", (3, 1), np.array([0.0, 0.5, 1.0], dtype="=f4").tobytes())
     assert [to_rgb(floats).getpixel((x, 0))[0] for x in range(3)] == [0, 128, 255]
+    # Values outside 0..1 are clipped to black and white, never wrapped round to the other end.
+    beyond = Image.frombytes("F", (2, 1), np.array([1.5, -0.5], dtype="=f4").tobytes())
+    assert [to_rgb(beyond).getpixel((x, 0))[0] for x in range(2)] == [255, 0]
 
 
 def test_load_image_prefers_embedded_bytes_over_path():
