@@ -1,6 +1,7 @@
 """Data loading: csv / json / jsonl files with image paths, splits, and the errors users get for bad input."""
 
 import csv
+import os
 import json
 
 import datasets
@@ -85,6 +86,13 @@ def test_unknown_file_extension_names_the_flag(tmp_path):
         data.check_data_arguments(None, str(tmp_path / "captions.txt"), None)
     with pytest.raises(ValueError, match="Need either --dataset_name or --train_file"):
         data.check_data_arguments(None, None, None)
+
+
+def test_train_and_validation_files_of_different_formats_are_refused_and_json_jsonl_go_together():
+    with pytest.raises(ValueError, match=r"^--train_file=t\.csv and --validation_file=v\.json must have the same format"):
+        data.check_data_arguments(None, "t.csv", "v.json")
+    data.check_data_arguments(None, "t.json", "v.jsonl")  # one builder (json) for both
+    data.check_data_arguments(None, "t.csv", "v.CSV")
 
 
 def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
@@ -248,3 +256,65 @@ def test_image_load_error_names_the_split_and_the_image_once():
     with pytest.raises(ImageLoadError) as error:
         data.BatchTransform("image", undecodable, split="validation")(batch_of("/data/b.png"))
     assert str(error.value) == "split 'validation': image '/data/b.png': cannot identify image file"
+
+
+def test_long_captions_are_cut_to_max_seq_length_and_short_ones_padded_to_it(fixtures):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
+    tokenize = data.TokenizeCaptions(tokenizer, caption_column="caption", max_seq_length=8)
+    tokens = tokenize({"caption": ["a cat " * 40, "a cat"]}, [0, 1])
+    assert [len(ids) for ids in tokens["input_ids"]] == [8, 8]
+    assert tokens["attention_mask"][0] == [1] * 8 and tokens["attention_mask"][1][-1] == 0
+
+
+def test_tokenized_splits_are_reused_from_the_cache_unless_overwrite_cache_is_set(fixtures, tmp_path):
+    """A data set read from disk is tokenized once; a second run reads the cached result (the same file,
+    untouched), and --overwrite_cache writes it again."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
+    _dataset(6).save_to_disk(str(tmp_path / "saved"))
+    dataset = datasets.load_from_disk(str(tmp_path / "saved"))
+    options = dict(image_column="image", caption_column="caption", max_seq_length=8, num_proc=None, split="train")
+
+    def tokenized_file(overwrite_cache):
+        result = data.tokenize_split(dataset, tokenizer, overwrite_cache=overwrite_cache, **options)
+        (cache_file,) = {f["filename"] for f in result.cache_files} - {f["filename"] for f in dataset.cache_files}
+        return cache_file, os.stat(cache_file).st_mtime_ns
+
+    first = tokenized_file(False)
+    assert tokenized_file(False) == first
+    again = tokenized_file(True)
+    assert again[0] == first[0] and again[1] != first[1]
+
+
+def test_an_unreadable_data_file_is_named_with_the_readers_own_message(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        try:
+            raise KeyError("inner detail")
+        except KeyError as inner:
+            raise ValueError("the header has 3 fields, the rows 4\nmore lines") from inner
+
+    monkeypatch.setattr(data, "load_dataset", refuse)
+    with pytest.raises(ValueError, match=r"^--train_file=t\.csv: cannot be read as csv: the header has 3 fields, the rows 4$"):
+        data.load_data_file("t.csv", "--train_file", "train")
+
+
+def test_only_non_empty_strings_of_the_image_column_are_resolved_as_paths(tmp_path):
+    (tmp_path / "pictures").mkdir()
+    (tmp_path / "pictures" / "a.jpg").write_bytes(b"jpeg")
+    resolve = data._ResolveRelativePaths("image", str(tmp_path / "pictures"), str(tmp_path / "elsewhere"))
+    embedded = {"bytes": b"jpeg", "path": None}
+    batch = {"image": ["a.jpg", "", None, embedded], "caption": ["a.jpg", "b", "c", "d"]}
+    assert resolve(batch) == {"image": [str(tmp_path / "pictures" / "a.jpg"), "", None, embedded]}
+
+
+def test_an_image_feature_is_read_undecoded_and_a_path_column_is_left_as_it_is():
+    rgb = Image.new("RGB", (4, 3), (10, 20, 30))
+    images = datasets.Dataset.from_dict({"image": [rgb], "caption": ["x"]}).cast_column("image", datasets.Image())
+    prepared = data.prepare_image_column(images, "image", "train")
+    assert prepared.features["image"] == datasets.Image(decode=False)
+    assert set(prepared[0]["image"]) == {"bytes", "path"} and prepared[0]["image"]["bytes"]
+    paths = datasets.Dataset.from_dict({"image": ["a.jpg"], "caption": ["x"]})
+    assert data.prepare_image_column(paths, "image", "train") is paths

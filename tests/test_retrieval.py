@@ -361,3 +361,11 @@ def test_compute_metrics_scores_a_one_row_split_given_as_a_plain_tuple():
     metrics = compute_metrics(((embeds, embeds), ()))  # (predictions, label_ids), as a tuple
     assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
     assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
+
+
+def test_an_array_is_no_image_value_and_group_ids_must_be_a_non_empty_list():
+    with pytest.raises(ValueError, match="image value in row 0 has unsupported type ndarray"):
+        image_group_ids([np.zeros((2, 2), dtype=np.uint8)])
+    for ids in ([[0, 1], [1, 2]], []):
+        with pytest.raises(ValueError, match="image_group_ids must be a non-empty 1-D sequence"):
+            make_compute_metrics(ids)
