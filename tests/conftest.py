@@ -5,6 +5,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import sys
@@ -89,6 +90,27 @@ def dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_as_they_were():
+    """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found. The trainer keeps its
+    stop-on-signal handlers installed after train() until the final model is published (on purpose: see
+    bridgetower_bench/trainer.py); a test that trains in-process without publishing would otherwise hand
+    them to the next test in its worker, where a Ctrl-C would then be caught instead of raised."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here and in the processes the test starts, as in a terminal: a worker
+    process may have inherited SIGINT as ignored (under `make coverage` the pytest workers do), and an
+    ignored SIGINT stays ignored in every child python."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back by signal_handlers_as_they_were)
 
 
 @pytest.fixture

@@ -151,7 +151,7 @@ def test_a_rerun_into_the_same_output_never_reports_the_earlier_runs_figures(tmp
     assert second[0]["status"] == "failed" and "train_samples_per_second" not in second[0]
 
 
-def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(tmp_path):
+def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 7, 1])
     out = tmp_path / "out"
     pid_file = out / "runs" / plan.variants[1].run_id / "pid"

@@ -164,7 +164,7 @@ def watch_and_stop(popen, command, env, cwd, mode, sig, **streams):
 
 @pytest.mark.parametrize("mode, sig", [("plain", signal.SIGTERM), ("handler", signal.SIGTERM), ("plain", signal.SIGINT)],
                          ids=["sigterm", "sigterm-handled", "ctrl-c"])
-def test_a_watched_run_is_stopped_by_a_signal_as_a_fresh_python_would_be(talker, tmp_path, mode, sig):
+def test_a_watched_run_is_stopped_by_a_signal_as_a_fresh_python_would_be(ctrl_c_raises, talker, tmp_path, mode, sig):
     command, env = talker
     endings = []
     for popen in (subprocess.Popen, preloaded_python.Popen):
