@@ -183,7 +183,7 @@ class TrainerExtensions:
         interrupted = self.stop_on_signal.interruption(self.state, self.args.output_dir)
         if interrupted is not None:
             self.stop_on_signal.restore()
-            report_and_exit(interrupted, self.is_world_process_zero())
+            self._end_the_run(interrupted)
         self.stop_on_signal.training_done = True
         steady = self.throughput.metrics()
         if steady and "train_samples_per_second" in result.metrics:
@@ -247,9 +247,19 @@ class TrainerExtensions:
             self.stop_on_signal.restore()
         stopped = self.stop_on_signal.stopped_after_saving(self.args.output_dir)
         if stopped is not None:
-            if self.args.world_size > 1 and torch.distributed.is_initialized():
-                torch.distributed.barrier()  # no rank exits (and gets the job torn down) before the set is published
-            report_and_exit(stopped, self.is_world_process_zero())
+            self._end_the_run(stopped)
+
+    def _end_the_run(self, interrupted) -> None:
+        """Exit with 128 + signal once every rank is here, i.e. once the process that saves has saved.
+
+        Launchers (torchrun, mpirun) tear the job down as soon as one rank exits, killing the others after a
+        grace period: a rank with nothing to save must not leave while the saving one still writes its
+        checkpoint or publishes the final set. (After training, transformers' Trainer happens to gather the
+        ranks' FLOP counts, which waits too; this does not rely on it.)
+        """
+        if self.args.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        report_and_exit(interrupted, self.is_world_process_zero())
 
     def save_model(self, output_dir=None, _internal_call: bool = False):
         """The final model and its config, published with the rest of the set (see `publishing`).

@@ -72,6 +72,19 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_step: int) -> None:
+    """A run's saved throughput is its counted samples over its counted seconds, for the steps the flags imply,
+    and its data-wait shares are the seconds it waited over that same window (more than "samples/s > 0")."""
+    assert metrics["throughput_counted_steps"] == counted_steps
+    assert metrics["throughput_counted_samples"] == counted_steps * samples_per_step
+    seconds = metrics["throughput_counted_seconds"]
+    assert seconds > 0
+    assert metrics["train_samples_per_second"] == pytest.approx(counted_steps * samples_per_step / seconds)
+    waited = metrics["data_wait_seconds_epoch_start"] + metrics["data_wait_seconds_steady"]
+    assert 0 <= waited <= seconds
+    assert metrics["data_wait_fraction"] == pytest.approx(waited / seconds)
+
+
 def encode(img, fmt: str, **options) -> bytes:
     """A PIL image saved to bytes in `fmt` ("JPEG", "PNG", ...)."""
     buffer = io.BytesIO()
@@ -108,9 +121,13 @@ def signal_handlers_as_they_were():
 @pytest.fixture
 def ctrl_c_raises():
     """Ctrl-C raises KeyboardInterrupt here and in the processes the test starts, as in a terminal: a worker
-    process may have inherited SIGINT as ignored (under `make coverage` the pytest workers do), and an
-    ignored SIGINT stays ignored in every child python."""
+    process may have inherited SIGINT as ignored (under `make coverage` the pytest workers do; so does anything
+    a non-interactive shell starts in the background) or blocked, and either stays so in every child python."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back by signal_handlers_as_they_were)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # a blocked one is inherited too
+    yield
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
 
 
 @pytest.fixture

@@ -119,11 +119,11 @@ def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
 
 
 def test_gaudi_script_trains_with_sdpa_attention(fixtures, tmp_path):
-    from conftest import CPU_FLAGS, read_json, run_script
+    from conftest import CPU_FLAGS, assert_throughput_adds_up, read_json, run_script
     from test_scripts import base_args
 
     out = tmp_path / "run"
     result = run_script("gaudi", base_args(fixtures, out, max_steps=2, save_steps=None, save_strategy="no")
                         + ["--do_train", "--attn_implementation", "sdpa"] + CPU_FLAGS["gaudi"])
     assert "--attn_implementation sdpa: 5 text and cross-modal attention modules" in result.stdout + result.stderr
-    assert read_json(out / "train_results.json")["train_samples_per_second"] > 0
+    assert_throughput_adds_up(read_json(out / "train_results.json"), counted_steps=1, samples_per_step=4)

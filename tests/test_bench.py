@@ -35,11 +35,17 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
         assert row["per_device_train_batch_size"] == 2
         assert row["throughput_warmup_steps"] == 1 and row["throughput_counted_steps"] == 4
         assert row["throughput_steps_per_epoch"] == 2 and row["throughput_epoch_starts"] == 2
-        assert row["train_samples_per_second"] > 0 and 0 <= row["data_wait_fraction"] <= 1
+        # The figure the tables show: the run's 4 counted steps of 2 samples over the seconds it counted.
+        train = json.loads((out / row["output_dir"] / "train_results.json").read_text())
+        assert train["throughput_counted_samples"] == row["throughput_counted_samples"] == 4 * 2
+        assert row["train_samples_per_second"] == pytest.approx(8 / train["throughput_counted_seconds"], rel=1e-9)
+        assert row["data_wait_fraction"] == train["data_wait_fraction"] < 1
+        evaluation = json.loads((out / row["output_dir"] / "validation_results.json").read_text())
+        assert row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"] and row["eval_loss"] == evaluation["eval_loss"]
+        assert f"{row['train_samples_per_second']:.2f} samples/s" in printed
         assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(row["data_wait_fraction"])
         assert row["data_wait_seconds_epoch_start"] > 0
         assert row["version_torch"] and row["version_transformers"]
-        assert 0 <= row["eval_i2t_recall@1"] <= 1 and row["eval_loss"] > 0
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
         assert not list((out / "runs" / row["run_id"]).glob("*.safetensors")), "weights are deleted by default"
 

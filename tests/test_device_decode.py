@@ -31,7 +31,7 @@ from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
-from conftest import DEVICES, needs_cuda
+from conftest import DEVICES, assert_throughput_adds_up, needs_cuda
 
 
 SIZE = 294  # BridgeTower's image size: the real geometry
@@ -411,8 +411,8 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_
         "--per_device_train_batch_size", "2", "--max_steps", "3", "--throughput_warmup_steps", "1",
         "--max_seq_length", "16", "--report_to", "none", "--save_strategy", "no",
     ])
-    assert metrics["throughput_counted_steps"] == 2 and metrics["throughput_counted_samples"] == 4
-    assert metrics["train_samples_per_second"] > 0 and metrics["loader"] == CEILING_LOADER
+    assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
+    assert metrics["loader"] == CEILING_LOADER
     assert (tmp_path / "train_results.json").exists()
     with pytest.raises(ValueError, match="--max_steps"):
         main(["--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu"])

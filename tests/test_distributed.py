@@ -5,6 +5,7 @@ written once (rank 0), and the sample counts must add up to what one process see
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -76,3 +77,65 @@ def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
         warmup_samples = WARMUP * per_device * world
         assert metrics["throughput_counted_samples"] + warmup_samples == STEPS * 4 == ROWS
     assert one["throughput_counted_samples"] == two["throughput_counted_samples"]
+
+
+
+# Runs the script unchanged, but rank 1 alone sends itself SIGTERM while fetching its third batch (step 2 or 3),
+# rank 0 saves checkpoints slowly (as on a network filesystem), and each rank notes when it leaves the script.
+SIGNALLING_WRAPPER = '''
+import os, runpy, signal, sys, time
+import datasets, transformers
+
+rank = os.environ["RANK"]
+if rank == "1":
+    original_fetch, fetches = datasets.Dataset.__getitems__, []
+
+    def fetch_then_signal(self, keys):
+        fetches.append(len(keys))
+        if len(fetches) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_fetch(self, keys)
+
+    datasets.Dataset.__getitems__ = fetch_then_signal
+else:
+    original_save = transformers.Trainer._save_optimizer_and_scheduler
+
+    def slow_save(self, output_dir):
+        time.sleep(3)
+        return original_save(self, output_dir)
+
+    transformers.Trainer._save_optimizer_and_scheduler = slow_save
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rank" + rank), "w") as f:
+        f.write(repr(time.time()))
+'''
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_checkpoint_is_complete(fixtures, tmp_path):
+    wrapper = tmp_path / "signal_rank1.py"
+    wrapper.write_text(SIGNALLING_WRAPPER)
+    out, exits = tmp_path / "run", tmp_path / "exits"
+    exits.mkdir()
+    flags = args(fixtures, out, per_device_batch=2)
+    flags[flags.index("--max_steps") + 1] = "12"  # 4 steps per epoch: three epochs
+    flags[flags.index("--save_strategy") + 1] = "steps"
+    flags += ["--save_steps", "100", "--ddp_backend", "gloo"]
+    env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(wrapper), str(REPO / SCRIPTS["cuda"])] + flags
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0 and re.search(r"exitcode\s*:\s*143", log), log[-5000:]  # 128 + SIGTERM
+    # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
+    assert log.count("SIGTERM received: training stops and saves a checkpoint after the current step") == 1, log[-5000:]
+    assert "Training stopped by SIGTERM at step 10 of 12; checkpoint saved in" in log, log[-5000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10"]
+    checkpoint = out / "checkpoint-10"
+    assert read_json(checkpoint / "trainer_state.json")["global_step"] == 10
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (trainer_state.json is
+    # written last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
+    assert float((exits / "rank1").read_text()) >= (checkpoint / "trainer_state.json").stat().st_mtime

@@ -238,6 +238,32 @@ def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_
     assert _published_generation(out) == 2  # the publication that was not killed
 
 
+def test_a_process_that_does_not_save_touches_nothing_not_even_the_saving_processs_publication(tmp_path, monkeypatch):
+    # Under torchrun every rank enters the same publication blocks; only the one that saves (should_save) may write.
+    out = tmp_path / "out"
+    with run_directory.publication(str(out), publish=False) as staging:
+        assert not os.path.exists(staging)
+    assert not out.exists()
+
+    # The saving rank has committed a set (renamed to .publishing/) and is moving its files into place ...
+    with run_directory.publication(str(out)) as staging:
+        with open(os.path.join(staging, "metrics.json"), "w") as f:
+            f.write("{}")
+    monkeypatch.setattr(run_directory, "finish_publication", lambda output_dir: None)
+    with run_directory.publication(str(out)) as staging:
+        with open(os.path.join(staging, "metrics.json"), "w") as f:
+            f.write('{"second": true}')
+    monkeypatch.undo()
+    before = sorted(os.listdir(out))
+    assert run_directory.PUBLISHING_NAME in before
+    # ... while another rank passes through the same block: it neither finishes nor disturbs that move.
+    with run_directory.publication(str(out), publish=False):
+        pass
+    assert sorted(os.listdir(out)) == before and read_json(out / "metrics.json") == {}
+    run_directory.finish_publication(str(out))  # (what the saving rank does next)
+    assert read_json(out / "metrics.json") == {"second": True}
+
+
 # ---------------------------------------------------------------------------------------------
 # The scripts: a kill or signal during the final save, then rerunning the same command
 # ---------------------------------------------------------------------------------------------

@@ -157,8 +157,15 @@ def watch_and_stop(popen, command, env, cwd, mode, sig, **streams):
         if line.strip() in ("ready", b"ready"):
             break
     pid = process.pid
+    with open(f"/proc/{pid}/status") as f:
+        masks = {k: v.strip() for k, v in (line.split(":", 1) for line in f) if k in ("SigBlk", "SigIgn", "SigCgt")}
     process.send_signal(sig)
-    rest, _ = process.communicate(timeout=60)
+    try:
+        rest, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{type(process).__name__} run did not end on {sig!r}; child signal masks: {masks}; "
+                             f"ours: blocked={sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} "
+                             f"handler={signal.getsignal(signal.SIGINT)}") from None
     return process, pid, lines + [rest], process.returncode
 
 

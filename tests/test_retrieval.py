@@ -315,7 +315,12 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     np.testing.assert_allclose(text_embeds, direct.text_embeds.numpy(), atol=1e-5)
     np.testing.assert_allclose(image_embeds, direct.image_embeds.numpy(), atol=1e-5)
     assert metrics["eval_num_images"] == 5 and metrics["eval_num_captions"] == 7
-    assert 0.0 <= metrics["eval_t2i_recall@1"] <= 1.0
+    from test_retrieval_direct import ranks_by_sorting  # (that module imports this one)
+
+    i2t, t2i = ranks_by_sorting(direct.image_embeds.numpy(), direct.text_embeds.numpy(), groups)
+    assert metrics["eval_i2t_recall@1"] == pytest.approx(np.mean(i2t <= 1))
+    assert metrics["eval_t2i_recall@1"] == pytest.approx(np.mean(t2i <= 1))
+    assert metrics["eval_t2i_mean_rank"] == pytest.approx(t2i.mean())
     assert "eval_loss" in metrics
 
 
