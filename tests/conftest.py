@@ -147,5 +147,10 @@ def fixtures():
     return ensure_default_fixtures()
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first (those marked slow), so that no worker starts one while the others run out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # (a stable sort: the rest keep their order)
+
+
 def pytest_sessionfinish(session, exitstatus):
     preloaded_python.stop_servers()
