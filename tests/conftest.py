@@ -148,7 +148,10 @@ def fixtures():
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest tests first (those marked slow), so that no worker starts one while the others run out of work."""
+    """Under pytest-xdist (`make test`), the longest tests first (those marked slow), so that no worker starts one
+    while the others run out of work. A plain pytest run keeps the order it was given (tests/mutate.py's fastest first)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # (set in each xdist worker, where the collection happens)
+        return
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # (a stable sort: the rest keep their order)
 
 
