@@ -1,7 +1,8 @@
 """More than one process: the CUDA script under `torchrun --nproc_per_node 2` on CPU (gloo).
 
 Each rank must train on its own rows (together: every row once), the metrics must be reported and
-written once (rank 0), and the sample counts must add up to what one process sees.
+written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank stops all of them at the
+same step, with a complete checkpoint, before any of them exits.
 """
 
 import json
@@ -77,7 +78,6 @@ def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
         warmup_samples = WARMUP * per_device * world
         assert metrics["throughput_counted_samples"] + warmup_samples == STEPS * 4 == ROWS
     assert one["throughput_counted_samples"] == two["throughput_counted_samples"]
-
 
 
 # Runs the script unchanged, but rank 1 alone sends itself SIGTERM while fetching its third batch (step 2 or 3),
