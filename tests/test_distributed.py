@@ -1,8 +1,8 @@
 """More than one process: the CUDA script under `torchrun --nproc_per_node 2` on CPU (gloo).
 
 Each rank must train on its own rows (together: every row once), the metrics must be reported and
-written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank stops all of them at the
-same step, with a complete checkpoint, before any of them exits.
+written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank
+stops all of them at the same step, with a complete checkpoint, before any of them exits.
 """
 
 import json
