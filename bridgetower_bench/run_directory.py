@@ -176,6 +176,24 @@ def claim(output_dir: str, holder: bool = True) -> None:
     remove_leftovers(output_dir)
 
 
+def held_by(output_dir: str) -> Optional[str]:
+    """Who holds output_dir's lock now ("process N on host H, since T"), or None when no live process does.
+
+    Only tests the lock (flock, as `claim` takes it): takes nothing and creates no file.
+    """
+    try:
+        fd = os.open(os.path.join(output_dir, LOCK_NAME), os.O_RDONLY)
+    except OSError:  # no lock file (or no directory): nobody ever claimed it
+        return None
+    with os.fdopen(fd) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe_holder(lock.read())
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return None
+
+
 def release(output_dir: str) -> None:
     """Give up the lock; a directory in which this run wrote nothing is left as it was found."""
     entry = _held.pop(os.path.realpath(output_dir), None)

@@ -133,10 +133,15 @@ def ctrl_c_raises():
 @pytest.fixture
 def preloaded_sweep(monkeypatch):
     """The benchmark sweep (bench.run_sweep) starts its runs through the preloaded interpreter: same commands,
-    environments and logs, without the seconds of imports per run (tests/preloaded_python.py)."""
+    environments and logs, without the seconds of imports per run (tests/preloaded_python.py). The runs are the
+    preloaded server's children, not the sweep's, so the sweep's parent-death signal (a child-side option that
+    would make them real subprocesses) is left out here; tests/test_bench.py tests it with real subprocesses."""
     from bridgetower_bench.tools import bench
 
-    monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": preloaded_python.Popen}))
+    def popen(command, *args, preexec_fn=None, **options):
+        return preloaded_python.Popen(command, *args, **options)
+
+    monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,14 @@
 
 import csv
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
+import preloaded_python
 import pytest
 from PIL import Image
 
@@ -80,6 +83,8 @@ p.add_argument("--output_dir")
 p.add_argument("--dataloader_num_workers", type=int)
 p.add_argument("--image_pipeline", choices=["upstream", "fast"])
 a = p.parse_args()
+if os.environ.get("STAND_IN_STARTS"):  # one line per run started, for the tests that count them
+    open(os.environ["STAND_IN_STARTS"], "a").write(os.path.basename(a.output_dir) + "\\n")
 os.makedirs(a.output_dir, exist_ok=True)
 if os.environ.get("STAND_IN_FAIL"):
     sys.exit(3)
@@ -96,6 +101,7 @@ json.dump({"train_samples_per_second": sps, "train_samples_per_second_per_device
            "throughput_warmup_steps": 1, "throughput_counted_steps": 2, "world_size": 1,
            "per_device_train_batch_size": 2, "data_wait_fraction": 0.5, "loader": "torch",
            "image_pipeline": a.image_pipeline, "device_name": "CPU stand-in", "device_type": "cpu",
+           "train_loss": float("nan") if a.dataloader_num_workers == 5 else 0.5,  # 5: diverged, yet exit 0
            "version_torch": "0"}, open(os.path.join(a.output_dir, "train_results.json"), "w"))
 if a.dataloader_num_workers in (3, 4):  # validation metrics under the scripts' name, and under earlier versions' one
     name = "validation_results.json" if a.dataloader_num_workers == 3 else "eval_results.json"
@@ -103,14 +109,23 @@ if a.dataloader_num_workers in (3, 4):  # validation metrics under the scripts' 
 '''
 
 
-def stand_in_plan(tmp_path, workers, image_pipelines=("upstream",)):
+def stand_in_plan(tmp_path, workers, image_pipelines=("upstream",), repeats=1):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     return bench.Plan(
         preset="local", script="cuda", device="cpu", nproc=1,
-        variants=bench.expand_matrix(list(workers), ["torch"], list(image_pipelines), repeats=1),
+        variants=bench.expand_matrix(list(workers), ["torch"], list(image_pipelines), repeats=repeats),
         base_args=[], script_path=script, expected_device_name="CPU stand-in",
+        env={"STAND_IN_STARTS": str(tmp_path / "starts.txt")},
     )
+
+
+def starts(tmp_path):
+    """The runs the stand-in started since the last call, by run id."""
+    path = tmp_path / "starts.txt"
+    started = path.read_text().split() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return started
 
 
 def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
@@ -146,10 +161,11 @@ def test_validation_metrics_are_read_under_both_file_names(tmp_path):
     assert [(r["workers"], r.get("eval_loss")) for r in rows] == [(3, 0.3), (4, 0.4)]
 
 
-def test_a_rerun_into_the_same_output_never_reports_the_earlier_runs_figures(tmp_path):
+def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp_path):
     plan = stand_in_plan(tmp_path, workers=[1])
     first, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-    plan.env = {"STAND_IN_FAIL": "1"}
+    (tmp_path / "out" / "results.json").unlink()  # the sweep was killed after the run finished, before its row
+    plan.env["STAND_IN_FAIL"] = "1"
 
     second, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
 
@@ -176,6 +192,223 @@ def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, 
     assert [r["status"] for r in json.loads((out / "results.json").read_text())["runs"]] == ["ok", "interrupted"]
     with pytest.raises(ProcessLookupError):
         bench.os.kill(int(pid_file.read_text()), 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reruns into the same --out: finished rows kept, settings checked, one sweep at a time, children owned
+# ---------------------------------------------------------------------------------------------
+
+
+def saved_rows(out):
+    """results.json's rows; bare NaN or Infinity (not JSON) fail the test."""
+    def refuse(constant):
+        raise AssertionError(f"results.json holds bare {constant}")
+
+    return json.loads((out / "results.json").read_text(), parse_constant=refuse)["runs"]
+
+
+def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wider_matrix(tmp_path):
+    out, lines = tmp_path / "out", []
+    first, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0, 8, 1]), out, echo=lines.append)
+    assert starts(tmp_path) == ["w0-torch-upstream-r1", "w8-torch-upstream-r1", "w1-torch-upstream-r1"]
+    assert [r["status"] for r in first] == ["ok", "failed", "ok"]
+
+    again, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0, 8, 1]), out, echo=lines.append)
+    assert starts(tmp_path) == ["w8-torch-upstream-r1"], "only the failed run is made again"
+    assert again[0] == first[0] and again[2] == first[2], "finished rows are kept as they were"
+    assert "2 of 3 run(s) already finished" in lines[-3]
+
+    # More workers, another pipeline, a second repeat: only the new runs are made.
+    wider = stand_in_plan(tmp_path, workers=[0, 8, 1, 2], image_pipelines=["upstream", "fast"], repeats=2)
+    rows, interrupted = bench.run_sweep(wider, out, echo=lines.append)
+    started = starts(tmp_path)
+    assert not interrupted and len(started) == len(wider.variants) - 2
+    assert "w0-torch-upstream-r1" not in started and "w1-torch-upstream-r1" not in started
+    assert {"w2-torch-upstream-r1", "w0-torch-fast-r1", "w0-torch-upstream-r2"} <= set(started)
+    assert [r["run_id"] for r in rows] == [v.run_id for v in wider.variants]
+    assert rows[0] == first[0] and saved_rows(out) == rows
+    assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [bench.asdict(v) for v in wider.variants]
+
+    # A narrower rerun runs nothing new and drops no row.
+    narrow, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0]), out, echo=lines.append)
+    assert starts(tmp_path) == [] and narrow == saved_rows(out) and len(narrow) == len(wider.variants)
+
+
+def test_an_interrupted_run_is_made_again_by_the_rerun(ctrl_c_raises, tmp_path):
+    plan = stand_in_plan(tmp_path, workers=[0, 7])
+    pid_file = tmp_path / "out" / "runs" / plan.variants[1].run_id / "pid"
+    threading.Thread(target=lambda: (wait_for(pid_file), signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)),
+                     daemon=True).start()
+    rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    assert interrupted and [r["status"] for r in rows] == ["ok", "interrupted"]
+    starts(tmp_path)
+
+    plan = stand_in_plan(tmp_path, workers=[0, 1])
+    plan.variants = [plan.variants[0], bench.Variant(7)]
+    plan.env["STAND_IN_FAIL"] = "1"  # the rerun of workers=7 fails at once instead of hanging
+    rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    assert starts(tmp_path) == ["w7-torch-upstream-r1"]
+    assert not interrupted and [r["status"] for r in rows] == ["ok", "failed"]
+
+
+def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
+    deadline = time.time() + timeout_s
+    while not (path.exists() and path.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda plan: setattr(plan, "preset", "blog"), "(--preset local → blog)"),
+    (lambda plan: setattr(plan, "extra_args", ["--seed", "2"]), '(--extra-args "--seed 1" → "--seed 2")'),
+    (lambda plan: setattr(plan, "extra_args", []), '(--extra-args "--seed 1" → "")'),
+    (lambda plan: setattr(plan, "nproc", 2), "(--nproc 1 → 2)"),
+    (lambda plan: setattr(plan, "shape", "within-epoch"), "(--shape published → within-epoch)"),
+    (lambda plan: setattr(plan, "base_args", ["--do_eval"]), "(--eval off → on)"),
+    (lambda plan: setattr(plan, "base_args", ["--max_seq_length", "64"]), "(the runs' arguments \"\" → \"--max_seq_length 64\")"),
+    (lambda plan: (setattr(plan, "script", "gaudi"), setattr(plan, "device", "hpu")), "(--script cuda → gaudi; device cpu → hpu)"),
+])
+def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_path, change, message):
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.extra_args, plan.shape = ["--seed", "1"], "published"
+    bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    before = (tmp_path / "out" / "results.json").read_text()
+    starts(tmp_path)
+    change(plan)
+
+    with pytest.raises(bench.UserInputError) as refused:
+        bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert starts(tmp_path) == [] and (tmp_path / "out" / "results.json").read_text() == before
+
+
+def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    plan = bench.make_plan(bench.make_parser().parse_args(["--workers", "0", "1", "--image-pipelines", "fast",
+                                                           "--extra-args", "--seed 1"]), build_fixtures=False)
+    plan.expected_device_name = ""  # as a dry run plans it
+    out.mkdir()
+    bench.write_results(out, plan, [{"run_id": plan.variants[0].run_id, "status": "ok"}])
+
+    assert bench.main(["--dry-run", "--workers", "0", "1", "2", "--image-pipelines", "fast", "--extra-args", "--seed 1",
+                       "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 of them already finished" in printed
+    assert "--dataloader_num_workers 0" not in printed and printed.count("--dataloader_num_workers 2") == 2
+
+    code = bench.main(["--workers", "0", "--image-pipelines", "fast", "--extra-args", "--seed 2", "--out", str(out)])
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1
+    assert error.startswith("python -m bridgetower_bench.tools.bench: error: --out ")
+    assert '(--extra-args "--seed 1" → "--seed 2")' in error
+
+
+HOLD_RUN_DIRECTORY = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from bridgetower_bench import run_directory
+run_directory.claim(sys.argv[1])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def held_run_directory(tmp_path):
+    """held_run_directory(path): a live process holding that run directory's lock, as a training run does."""
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_RUN_DIRECTORY.format(repo=str(bench.REPO)))
+    holders = []
+
+    def start(path):
+        process = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
+        holders.append(process)
+        assert process.stdout.readline() == "held\n"
+        return process
+
+    yield start
+    for process in holders:
+        process.kill()
+        process.wait()
+
+
+def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    plan = stand_in_plan(tmp_path, workers=[0])
+    monkeypatch.setattr(bench, "make_plan", lambda args, **kw: plan)
+
+    with bench.sweep_lock(out):  # a sweep running (flock: a second open of the file is refused, in any process)
+        code = bench.main(["--out", str(out)])
+
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1
+    assert f"--out {out} is in use by another sweep (process {os.getpid()} on host " in error
+    assert starts(tmp_path) == [] and not (out / "results.json").exists()
+    assert bench.run_sweep(plan, out, echo=lambda line: None)[0][0]["status"] == "ok", "a sweep that ended left it free"
+
+
+def test_a_rerun_never_touches_a_run_directory_a_live_process_holds(tmp_path, held_run_directory):
+    plan = stand_in_plan(tmp_path, workers=[0, 1])
+    held = tmp_path / "out" / "runs" / plan.variants[1].run_id
+    holder = held_run_directory(held)
+    (held / "train_results.json").write_text("{}")  # what the live run is writing
+
+    with pytest.raises(bench.UserInputError, match=rf"runs/{plan.variants[1].run_id} is in use by a live run "
+                                                   rf"\(process {holder.pid} on host "):
+        bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+
+    assert (held / "train_results.json").read_text() == "{}" and starts(tmp_path) == []
+
+
+SWEEP_OF_ONE = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from bridgetower_bench.tools import bench
+plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, variants=[bench.Variant(7)], base_args=[],
+                  script_path=Path(sys.argv[1]))
+bench.run_sweep(plan, Path(sys.argv[2]))
+"""
+
+
+def _running(pid):
+    """Whether a process runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
+    driver = tmp_path / "sweep_of_one.py"
+    driver.write_text(SWEEP_OF_ONE.format(repo=str(bench.REPO)))
+    script = stand_in_plan(tmp_path, workers=[7]).script_path
+    # (through the preloaded interpreter: the sweep's imports take seconds; its runs are its own real children)
+    sweep = preloaded_python.Popen([sys.executable, str(driver), str(script), str(tmp_path / "out")],
+                                   stdout=subprocess.DEVNULL, start_new_session=True)
+    run = int(wait_for(tmp_path / "out" / "runs" / bench.Variant(7).run_id / "pid"))
+    try:
+        assert _running(run)
+        sweep.kill()
+        sweep.wait()
+        deadline = time.time() + 10
+        while _running(run) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _running(run), "the run outlived the sweep"
+    finally:
+        if _running(run):
+            os.kill(run, signal.SIGKILL)
+
+
+def test_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
+    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 0]), tmp_path / "out", echo=lambda line: None)
+
+    assert rows[0]["status"] == "failed" and rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
+    assert rows[0]["train_loss"] is None and rows[1]["status"] == "ok"
+    assert saved_rows(tmp_path / "out") == rows
 
 
 # ---------------------------------------------------------------------------------------------

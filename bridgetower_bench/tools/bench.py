@@ -19,7 +19,8 @@ value. Repeats are the outer loop, so slow drift of the machine spreads over all
 Written to --out (default bench_out/<timestamp>):
     logs/<run>.log       each run's command line and full output
     runs/<run>/          each run's output directory (weights deleted unless --keep-weights)
-    results.json / .csv  one row per run, rewritten after every run (Ctrl-C keeps the finished rows)
+    results.json / .csv  one row per run, rewritten after every run (Ctrl-C keeps the finished rows),
+                         with the settings the rows were measured with
     table.md             samples/s per device (rows) and configuration (columns), the published layout;
                          the data wait, and its split between epoch-start steps and the steady state
     vs_published.md      the same figures beside the published ones (whole node and per device)
@@ -27,6 +28,17 @@ Written to --out (default bench_out/<timestamp>):
 These records are made to be shared: credential values (--token, --hub_token, HF_TOKEN, ...; see
 bridgetower_bench.redaction) are replaced by REDACTED in the commands and in the runs' output, and
 paths are written relative to --out (`$OUT/...` in commands) or to the repository.
+
+Rerunning into the same --out resumes: rows of runs that finished are kept, and only the matrix's runs
+without one (never made, failed, interrupted) are made, also when the rerun widens the matrix (more
+--workers, --image-pipelines, --repeats, ...); rows the rerun's matrix leaves out stay in the records.
+Settings that would change what a kept row measured (--preset, --script, --shape, --nproc, --eval,
+--extra-args, the device and its model) are refused in one line naming each (old → new), exit status 2;
+use another --out. One sweep at a time per --out (a lock; a second one is refused naming the holder). The
+runs die with the sweep: each gets SIGTERM (a training run checkpoints at its next step and exits) when
+the sweep ends in any way, SIGKILL included (Linux: a parent-death signal; each run keeps a process group
+of its own so that Ctrl-C reaches the sweep alone and the sweep can stop a run with all its processes).
+A run directory that a live process holds (its lock) is never touched: the sweep refuses instead.
 
 Presets. `local` (default) runs the embedded fixtures (bridgetower_bench.tools.fixtures: random-weight
 tiny BridgeTower, synthetic New Yorker-shaped data) offline on whatever device is present: per-device
@@ -50,24 +62,32 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import json
+import math
 import os
 import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from ..atomic_files import atomic_path, write_atomically
+from filelock import FileLock, Timeout
+
+from .. import run_directory
+from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..mediapipe_loader import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
+from ..user_errors import UserInputError
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
 
@@ -515,6 +535,32 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
+# prctl(2) option: the signal this process gets when the thread that started it ends (Linux).
+PR_SET_PDEATHSIG = 1
+# What a run gets when the sweep dies: SIGTERM, as from a plain `kill` (a training run saves a checkpoint at
+# its next step and exits; torchrun and mpirun pass it to their ranks, which SIGKILL would orphan).
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+
+
+def dies_with_this_process() -> dict:
+    """Popen options that make the child get PARENT_DEATH_SIGNAL when this process ends, however it ends.
+
+    Linux only (prctl PR_SET_PDEATHSIG, set in the child between fork and exec); elsewhere no options. If
+    this process ended before the child set it, the child signals itself at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return {}
+    libc = ctypes.CDLL(None, use_errno=True)  # looked up before the fork: the child only calls it
+    prctl, parent = libc.prctl, os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+
+    return {"preexec_fn": set_parent_death_signal}
+
+
 def run_process(command: list[str], env: dict, log_path: Path, shown_command: Optional[str] = None,
                 secrets: frozenset = frozenset()) -> int:
     """Run `command` with its output in `log_path`; Ctrl-C stops it (and its children) and is re-raised.
@@ -526,9 +572,11 @@ def run_process(command: list[str], env: dict, log_path: Path, shown_command: Op
     with open(log_path, "wb") as log:
         log.write(("$ " + (shown_command or shlex.join(command)) + "\n\n").encode())
         log.flush()
-        # Its own session: the terminal's Ctrl-C reaches only us, and we stop the whole group cleanly.
+        # Its own session: the terminal's Ctrl-C reaches only us, and `_stop` signals the run's whole process
+        # group (launcher, ranks, loader workers) without signalling us. Being outside our group, the run gets
+        # a parent-death signal instead: if we are killed (even by SIGKILL) it is stopped too.
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE if secrets else log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, **dies_with_this_process())
         try:
             if secrets:
                 for line in proc.stdout:
@@ -632,6 +680,10 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
     row.update(summarise_quality(validation, "eval"))
     row.update(summarise_quality(_read_json(run_dir / "test_results.json"), "test"))
 
+    # A diverged run's figures (NaN, Infinity): never a result, and never bare NaN in results.json.
+    non_finite = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+    row.update(dict.fromkeys(non_finite))
+
     log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
     if returncode is None:
         row["status"], row["error"] = INTERRUPTED, "stopped by Ctrl-C"
@@ -642,6 +694,9 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
             row["error"] = f"killed by signal {signal.Signals(-returncode).name}" + (f"; {row['error']}" if row["error"] else "")
     elif "train_samples_per_second" not in train:
         row["status"], row["error"] = FAILED, f"exited 0 but {row['output_dir']}/train_results.json has no train_samples_per_second"
+    elif non_finite:
+        row["status"] = FAILED
+        row["error"] = "exited 0 but its results are not finite: " + ", ".join(f"{k}={v}" for k, v in sorted(non_finite.items()))
     else:
         row["status"], row["error"] = OK, ""
     return row
@@ -668,48 +723,185 @@ def describe_row(row: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# One sweep per --out, resumed: finished rows are kept, only the missing runs are made
+# ---------------------------------------------------------------------------------------------
+
+SWEEP_LOCK = ".bench.lock"  # filelock's lock file: held for the whole sweep
+SWEEP_HOLDER = ".bench-holder.json"  # who holds it (pid, host, since), for the refusal's message
+
+# What a finished row measured, besides its own variant: a rerun into the same --out must keep all of
+# them, or its rows would not compare with the kept ones. (settings key, how the user names it)
+MEASURED_SETTINGS = (
+    ("preset", "--preset"), ("script", "--script"), ("device", "device"), ("device_name", "device model"),
+    ("nproc", "--nproc"), ("shape", "--shape"), ("extra_args", "--extra-args"), ("base_args", "the runs' arguments"),
+)
+
+
+@contextmanager
+def sweep_lock(out: Path) -> Iterator[None]:
+    """Hold --out for this sweep (filelock; released when the sweep ends, by the kernel if it is killed).
+
+    A second sweep into the same --out is refused naming the holder.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / SWEEP_LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = _read_json(out / SWEEP_HOLDER)
+        who = (f"process {holder['pid']} on host {holder['host']}, since {holder['since']}"
+               if {"pid", "host", "since"} <= set(holder) else "a process that left no details")
+        raise UserInputError(f"--out {out} is in use by another sweep ({who}): wait for it to end, "
+                             "or choose another --out") from None
+    try:
+        write_json_atomically(out / SWEEP_HOLDER, {"pid": os.getpid(), "host": socket.gethostname(),
+                                                    "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        yield
+    finally:
+        try:
+            (out / SWEEP_HOLDER).unlink()
+        except OSError:
+            pass
+        lock.release()
+
+
+def plan_settings(plan: Plan, out: Path) -> dict:
+    """The settings of `MEASURED_SETTINGS`, as results.json records them."""
+    return {
+        "preset": plan.preset, "shape": plan.shape, "script": plan.script, "device": plan.device,
+        "device_name": plan.expected_device_name, "nproc": plan.nproc,
+        "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
+    }
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return f'"{shlex.join(value)}"'
+    return str(value) if value not in ("", None) else "(none)"
+
+
+def setting_differences(earlier: Mapping, now: Mapping) -> list[str]:
+    """"<setting> <old> → <new>" for every measured setting that differs (settings an earlier sweep did not
+    record, or a device model unknown to a dry run, are not compared)."""
+    differences = []
+    for key, name in MEASURED_SETTINGS:
+        if key not in earlier or earlier[key] in ("", None) or now.get(key) in ("", None) or earlier[key] == now[key]:
+            continue
+        old, new = earlier[key], now[key]
+        if key == "base_args" and ("--do_eval" in old) != ("--do_eval" in new):
+            differences.append(f"--eval {'on' if '--do_eval' in old else 'off'} → {'on' if '--do_eval' in new else 'off'}")
+            continue
+        if key == "base_args":  # long: name only the arguments that changed
+            old, new = [a for a in old if a not in new], [a for a in new if a not in old]
+        differences.append(f"{name} {_show(old)} → {_show(new)}")
+    return differences
+
+
+def read_earlier_sweep(out: Path) -> tuple[dict, list[dict], list[Variant]]:
+    """What an earlier sweep into `out` recorded in results.json: its settings, rows and variants (all empty if none)."""
+    path = out / "results.json"
+    if not path.exists():
+        return {}, [], []
+    try:
+        document = json.loads(path.read_text())
+        settings, rows = document.get("bench", {}), document["runs"]
+        known = {f.name for f in fields(Variant)}
+        variants = [Variant(**{k: v for k, v in entry.items() if k in known}) for entry in settings.get("variants", [])]
+        if not (isinstance(rows, list) and all(isinstance(r, dict) and "run_id" in r for r in rows)):
+            raise ValueError("its runs are not a list of rows")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserInputError(f"--out {out}: {path.name} cannot be read as a sweep's results ({e}); "
+                             "move it away to start afresh, or choose another --out") from None
+    return settings, rows, variants
+
+
+def plan_resume(plan: Plan, out: Path) -> tuple[dict, list[Variant], list[Variant]]:
+    """(kept rows by run_id, every variant of the merged matrix, the variants still to run).
+
+    Rows of runs that finished ("ok") are kept; the plan's runs without one (never run, failed, interrupted)
+    are to run. Variants of the earlier sweep that this plan leaves out keep their rows. A plan whose
+    measured settings differ from the earlier sweep's is refused, naming each setting (old → new).
+    """
+    settings, rows, variants = read_earlier_sweep(out)
+    differences = setting_differences(settings, plan_settings(plan, out))
+    if differences:
+        raise UserInputError(f"--out {out} holds runs made with other settings ({'; '.join(differences)}): "
+                             "their rows would not compare with new ones; use the same settings or another --out")
+    kept = {row["run_id"]: row for row in rows}
+    merged = list(dict.fromkeys(variants + list(plan.variants)))
+    to_run = [v for v in plan.variants if kept.get(v.run_id, {}).get("status") != OK]
+    return kept, merged, to_run
+
+
+def refuse_held_run_dirs(variants: Sequence[Variant], out: Path) -> None:
+    """A run directory a live process holds (a run a killed sweep left, or anyone's) is never touched: refuse."""
+    for variant in variants:
+        holder = run_directory.held_by(str(out / "runs" / variant.run_id))
+        if holder:
+            raise UserInputError(f"--out {out}: runs/{variant.run_id} is in use by a live run ({holder}); "
+                                 "wait for it to end or stop it, then rerun")
+
+
+# ---------------------------------------------------------------------------------------------
 # The sweep
 # ---------------------------------------------------------------------------------------------
 
 
 def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[[str], None] = print) -> tuple[list[dict], bool]:
-    """Run every variant in order; results are rewritten after each run. Returns (rows, interrupted)."""
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    total = len(plan.variants)
-    for i, variant in enumerate(plan.variants, 1):
-        run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
-        command = plan.command(variant, run_dir)
-        label = variant.label
-        echo(f"[{i}/{total}] start  {label}, repeat {variant.repeat} (log: {log_path})")
-        if run_dir.exists():  # left by an earlier sweep into the same --out: its results must not pass for this run's
-            shutil.rmtree(run_dir)
-        started = time.perf_counter()
-        try:
-            env = plan.run_env(variant)
-            returncode: Optional[int] = run_process(command, env, log_path, shareable_command(command, out),
-                                                    frozenset(secret_values(command, env)))
-        except KeyboardInterrupt:
-            returncode = None
-        row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
-        rows.append(row)
-        if not keep_weights:
-            _discard_weights(run_dir)
-        write_results(out, plan, rows)
-        echo(f"[{i}/{total}] {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
-        if returncode is None:
-            return rows, True
-    return rows, False
+    """Run every variant that `out` has no finished row of, in order; results.json/csv are rewritten after each
+    run and keep the earlier sweeps' rows. Holds --out's lock throughout. Returns (every row, interrupted)."""
+    with sweep_lock(out):
+        kept, variants, to_run = plan_resume(plan, out)
+        refuse_held_run_dirs(to_run, out)
+        rows = dict(kept)
+        finished = sum(1 for v in plan.variants if v not in to_run)
+        if finished:
+            echo(f"{finished} of {len(plan.variants)} run(s) already finished in {out} (kept); {len(to_run)} to run")
+        interrupted = False
+        for i, variant in enumerate(to_run, 1):
+            rows[variant.run_id] = run_variant(plan, variant, out, keep_weights, f"[{i}/{len(to_run)}]", echo)
+            write_results(out, plan, _in_order(rows, variants), variants)
+            if rows[variant.run_id]["status"] == INTERRUPTED:
+                interrupted = True
+                break
+        if not to_run:
+            write_results(out, plan, _in_order(rows, variants), variants)
+        return _in_order(rows, variants), interrupted
 
 
-def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
-    """results.json (the plan and every row) and results.csv (every row), replaced atomically."""
+def _in_order(rows: Mapping[str, dict], variants: Sequence[Variant]) -> list[dict]:
+    """The rows in the matrix's order (rows of variants no longer known, last)."""
+    order = {v.run_id: i for i, v in enumerate(variants)}
+    return sorted(rows.values(), key=lambda row: order.get(row["run_id"], len(order)))
+
+
+def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, progress: str,
+                echo: Callable[[str], None]) -> dict:
+    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it)."""
+    run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
+    command = plan.command(variant, run_dir)
+    echo(f"{progress} start  {variant.label}, repeat {variant.repeat} (log: {log_path})")
+    refuse_held_run_dirs([variant], out)  # claimed since the sweep started: leave it alone
+    if run_dir.exists():  # left by an unfinished run of an earlier sweep: its results must not pass for this run's
+        shutil.rmtree(run_dir)
+    started = time.perf_counter()
+    try:
+        env = plan.run_env(variant)
+        returncode: Optional[int] = run_process(command, env, log_path, shareable_command(command, out),
+                                                frozenset(secret_values(command, env)))
+    except KeyboardInterrupt:
+        returncode = None
+    row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
+    if not keep_weights:
+        _discard_weights(run_dir)
+    echo(f"{progress} {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
+    return row
+
+
+def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Sequence[Variant]] = None) -> None:
+    """results.json (the plan's settings, the matrix and every row) and results.csv (every row), replaced atomically."""
     document = {
-        "bench": {
-            "preset": plan.preset, "shape": plan.shape, "script": plan.script, "device": plan.device, "nproc": plan.nproc,
-            "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
-            "variants": [asdict(v) for v in plan.variants],
-        },
+        "bench": {**plan_settings(plan, out), "variants": [asdict(v) for v in (variants or plan.variants)]},
         "runs": rows,
     }
     write_atomically(out / "results.json", json.dumps(document, indent=2, default=str) + "\n")
@@ -719,9 +911,6 @@ def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -771,8 +960,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
     print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})")
-    if args.dry_run:
-        for variant in plan.variants:
+    if args.dry_run:  # what a sweep into --out would run now: what it has no finished row of
+        try:
+            to_run = plan_resume(plan, out)[2]
+        except UserInputError as e:
+            return _refuse(parser, e)
+        if len(to_run) < len(plan.variants):
+            print(f"{len(plan.variants) - len(to_run)} of them already finished in {out}: not run again")
+        for variant in to_run:
             print(shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id))))
         return 0
     if plan.env.get("PATH", "").startswith(str(HABANA_SHIM)):
@@ -782,6 +977,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         rows, interrupted = run_sweep(plan, out, keep_weights=args.keep_weights)
+    except UserInputError as e:  # --out in use, or holding runs of other settings
+        return _refuse(parser, e)
     finally:
         signal.signal(signal.SIGTERM, previous)
     meta = {"preset": args.preset, "shape": plan.shape, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path")}
@@ -792,7 +989,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if interrupted:
         print("interrupted: the rows above are the runs that finished")
         return 130
-    return 0 if all(r["status"] == OK for r in rows) else 1
+    planned = {v.run_id for v in plan.variants}
+    return 0 if all(r["status"] == OK for r in rows if r["run_id"] in planned) else 1
+
+
+def _refuse(parser: argparse.ArgumentParser, error: UserInputError) -> int:
+    """A refusal in one line (no usage text), exit status 2."""
+    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    return 2
 
 
 def _raise_keyboard_interrupt(signum, frame):
