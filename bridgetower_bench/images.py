@@ -17,10 +17,12 @@ Every pipeline first turns the image upright by its EXIF orientation tag, as ``d
     std)``. Path strings (upstream reads them with ``read_image(path, RGB)``): the same
     ``Resize`` on the uint8 pixels (so rounded to uint8), ``CenterCrop(S)``, conversion to
     float, ``Normalize``. Returns float32, normalised. Intended differences from upstream:
-    every PIL mode is converted to RGB (upstream only converted 1-band images, through
-    grey, so palette images lost their colour and RGBA, CMYK or 16-bit images broke
-    normalisation), and image files are turned upright too (upstream's ``read_image``
-    ignores the EXIF tag).
+    every PIL mode is converted to RGB by ``to_rgb``, files too (upstream only converted
+    1-band images, through 8-bit grey, so palette images lost their colour and 16-bit
+    images became white, and RGBA, grey-with-alpha or CMYK images failed in ``Normalize``;
+    its ``read_image`` drops alpha and resizes 16-bit PNGs in uint16, where the overshoot
+    wraps: ``python -m bridgetower_bench.tools.image_fidelity`` measures both), and image
+    files are turned upright too (upstream's ``read_image`` ignores the EXIF tag).
 ``fast``
     Decodes to uint8, resizes in uint8 with the antialiased bicubic kernel and the same
     geometry, crops. Returns uint8, not normalised: normalisation happens on the device
@@ -41,7 +43,8 @@ Every pipeline first turns the image upright by its EXIF orientation tag, as ``d
     does, choosing among 1/8, 1/4 and 1/2. The resize that follows keeps upstream's
     geometry exactly; the DCT-domain filter makes it less faithful the smaller the scale
     (about 1/255 mean deviation at 1/2, 1.5/255 at 3/8, 2.5/255 at 1/4, instead of
-    0.3/255; measure with ``python -m bridgetower_bench.tools.image_bench``). Its pixels
+    ``fast``'s 0.28/255 on 800 x 650 cartoons; measure with
+    ``python -m bridgetower_bench.tools.image_bench``). Its pixels
     therefore depend on the decoder (``jpeg_decoder``).
 """
 

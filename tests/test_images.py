@@ -13,6 +13,7 @@ from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
 from bridgetower_bench import images
+from bridgetower_bench.tools import image_fidelity
 from bridgetower_bench.images import (
     IMAGE_PIPELINES,
     FastTransform,
@@ -92,6 +93,41 @@ def test_fast_matches_upstream_on_real_photos():
     assert photos, "matplotlib's sample photo is missing"
     for photo in photos:
         assert mean_deviation_from_upstream("fast", str(photo), 294) <= FIDELITY_BOUND, photo.name
+
+
+# What docs/UPSTREAM.md and the README state of `fast` against upstream (measured over 24 images per size with
+# `python -m bridgetower_bench.tools.image_fidelity`), with a small margin: (no image's mean over, worst pixel), /255.
+STATED_FAST_BOUNDS = {
+    ("normal", "embedded"): (0.29, 4.7),
+    ("thumbnail", "embedded"): (0.27, 21.5),
+    ("normal", "files"): (0.16, 12.0),
+    ("thumbnail", "files"): (0.16, 12.0),
+}
+
+
+@pytest.mark.parametrize("size", [image_fidelity.NORMAL_SIZE, *image_fidelity.SMALL_SIZES])
+def test_fast_stays_within_the_stated_distance_from_upstream(size, tmp_path):
+    measured = image_fidelity.fast_against_upstream(image_fidelity.cartoon_jpegs(size, 3), 294, tmp_path)
+    kind = "normal" if size == image_fidelity.NORMAL_SIZE else "thumbnail"
+    for route in ("embedded", "files"):
+        mean_bound, pixel_bound = STATED_FAST_BOUNDS[(kind, route)]
+        assert measured[route]["worst_image_mean"] <= mean_bound, (size, route, measured[route])
+        assert measured[route]["worst_pixel"] <= pixel_bound, (size, route, measured[route])
+    assert measured["embedded"]["mean"] > 0.1, "the comparison compares something"
+
+
+def test_upstream_reads_transparent_and_16_bit_images_as_docs_upstream_states(tmp_path):
+    modes = image_fidelity.modes_against_upstream(294, tmp_path)
+    rgba, palette, sixteen = modes["RGBA PNG"], modes["palette PNG with transparency"], modes["16-bit grey PNG"]
+    # embedded: 4 bands end in Normalize; 16 bits clip to white through 8-bit grey, without an error
+    assert rgba["embedded"]["upstream"].startswith("RuntimeError: The size of tensor a (4) must match the size of tensor b (3)")
+    assert sixteen["embedded"]["upstream"] == "trains" and sixteen["embedded"]["upstream_mean_value_per_255"] == 255.0
+    # files: alpha and the transparent entry dropped (black underneath, where we composite on white)
+    for read in (rgba["file"], palette["file"]):
+        assert read["upstream"] == "trains" and read["upstream_mean_value_per_255"] < 9 and read["mean"] > 240
+    # a 16-bit file resized in uint16: about 6.7 % of the values wrap around
+    assert sixteen["file"]["upstream"] == "trains" and 0.06 < sixteen["file"]["wrapped_pixels"] / (3 * 294 * 294) < 0.075
+    assert 12 < sixteen["file"]["mean"] < 15
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
