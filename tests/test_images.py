@@ -2,6 +2,7 @@
 
 import importlib.util
 import io
+import json
 import math
 import pickle
 from pathlib import Path
@@ -619,3 +620,14 @@ def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatc
     Image.open(io.BytesIO(data)).convert("RGB").save(rgb, "PNG")
     transform = images.make_image_transform("fast", 4, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     assert torch.equal(transform(data), transform(rgb.getvalue()))
+
+
+def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_write(tmp_path, capsys):
+    report = image_fidelity.main(["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fidelity.json")])
+
+    assert json.loads((tmp_path / "out" / "fidelity.json").read_text()) == report
+    assert set(report["fast_vs_upstream"]) == {"800x650", "200x150", "100x80"}
+    assert "800x650   embedded" in capsys.readouterr().out
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(image_fidelity.UserInputError, match="--json .*a-file/fidelity.json: cannot write there"):
+        image_fidelity.main(["--images", "1", "--json", str(tmp_path / "a-file" / "fidelity.json")])
