@@ -283,6 +283,19 @@ def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_pa
     assert starts(tmp_path) == [] and (tmp_path / "out" / "results.json").read_text() == before
 
 
+def test_an_out_that_holds_no_readable_sweep_or_is_a_file_is_refused_naming_it(tmp_path):
+    plan = stand_in_plan(tmp_path, workers=[0])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.json").write_text('{"runs": [')  # not a sweep's results: never overwritten
+    with pytest.raises(bench.UserInputError, match=r"--out .*out: results.json cannot be read as a sweep's results"):
+        bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    assert (tmp_path / "out" / "results.json").read_text() == '{"runs": ['
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(bench.UserInputError, match=r"--out .*a-file: cannot make the directory"):
+        bench.run_sweep(plan, tmp_path / "a-file", echo=lambda line: None)
+    assert starts(tmp_path) == []
+
+
 def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
     out = tmp_path / "out"
     plan = bench.make_plan(bench.make_parser().parse_args(["--workers", "0", "1", "--image-pipelines", "fast",

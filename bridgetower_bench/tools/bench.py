@@ -546,7 +546,8 @@ def dies_with_this_process() -> dict:
     """Popen options that make the child get PARENT_DEATH_SIGNAL when this process ends, however it ends.
 
     Linux only (prctl PR_SET_PDEATHSIG, set in the child between fork and exec); elsewhere no options. If
-    this process ended before the child set it, the child signals itself at once.
+    this process ended before the child set it, the child signals itself at once. The kernel sends it when
+    the thread that started the child ends: start runs from a thread that lives as long as the sweep.
     """
     if not sys.platform.startswith("linux"):
         return {}
@@ -743,7 +744,10 @@ def sweep_lock(out: Path) -> Iterator[None]:
 
     A second sweep into the same --out is refused naming the holder.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserInputError(f"--out {out}: cannot make the directory ({error.strerror or error})") from None
     lock = FileLock(str(out / SWEEP_LOCK), timeout=0)
     try:
         lock.acquire()
