@@ -1,6 +1,6 @@
 """First-run self-check of a Gaudi node: is the software what this kit expects, and does training run?
 
-    python -m bridgetower_bench.tools.gaudi_check [--output_dir gaudi_check] [--json PATH] [--max_steps 5]
+    PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.gaudi_check [--output_dir gaudi_check] [--json PATH] [--max_steps 5]
 
 1. The stack, read only (nothing is ever installed): Habana's PyTorch (``habana_frameworks``) and
    the HPUs it sees; the Intel Gaudi software version (``habana-torch-plugin``, read the way
