@@ -19,27 +19,27 @@ $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
 	$(PY) -m pip install -r requirements-test.txt
 	touch $@
 
-# Habana's container keeps its own torch: there, make bench refuses and says what to run instead.
+# Habana's container keeps its own torch: there, make bench and make test refuse and say what to run instead.
 not-in-habana-container:
-	@PYTHON=$(PYTHON) sh scripts/refuse_in_habana_container.sh
+	@PYTHON=$(PYTHON) sh scripts/refuse_in_habana_container.sh $(firstword $(MAKECMDGOALS))
 
 bench: not-in-habana-container $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.bench $(BENCH_ARGS)
 
 # One pytest worker per core, at most 4 (each holds the libraries in memory twice: tests/preloaded_python.py).
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
-test: $(VENV)/.installed-test
+test: not-in-habana-container $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 # Line coverage of the package and the scripts under the whole suite (slower than `make test`).
-coverage: $(VENV)/.installed-test
+coverage: not-in-habana-container $(VENV)/.installed-test
 	rm -rf .cache/coverage && mkdir -p .cache/coverage
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m coverage run -m pytest $(PYTEST_ARGS)
 	$(PY) -m coverage combine -q && $(PY) -m coverage report --format=total && $(PY) -m coverage report | tail -n 45
 
 # Mutation testing of the modules users' results depend on (slow; not part of `make test`).
 MUTATE_ARGS ?=
-mutate: $(VENV)/.installed-test
+mutate: not-in-habana-container $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) tests/mutate.py $(MUTATE_ARGS)
 
 fixtures: $(VENV)/.installed-cuda

@@ -23,6 +23,7 @@ from optimum.habana.utils import set_seed
 
 from bridgetower_bench import data, preflight, resilience, run_directory
 from bridgetower_bench.attention import use_attention
+from bridgetower_bench.execution_mode import check_lazy_mode_variable
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.mediapipe_loader import MediaPipeTrainerMixin, choose_loader, feed_media_pipeline
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
@@ -93,7 +94,9 @@ class MediaPipeBridgeTowerTrainer(MediaPipeTrainerMixin, BridgeTowerTrainer):
 def main():
     # 1. Parse the arguments: flags, or a single .json file holding all of them. Values no run can use
     #    (a batch size of 0, an --output_dir that is a file, ...) are refused before anything is written.
+    #    On Gaudi, PT_HPU_LAZY_MODE must select the execution mode the flags ask for before the HPU is set up.
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, GaudiTrainingArguments))
+    check_lazy_mode_variable(parser, sys.argv)
     model_args, data_args, training_args = preflight.parse_arguments(parser, sys.argv)
     preflight.check_arguments(data_args, training_args)
 

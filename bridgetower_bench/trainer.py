@@ -195,6 +195,11 @@ class TrainerExtensions:
         result.metrics.update(describe_run(self.args))
         return result
 
+    def metrics_format(self, metrics: dict) -> dict:
+        """The trainer's printed metrics, with the record's facts that do not apply here (None) shown as n/a."""
+        shown = super().metrics_format({key: value for key, value in metrics.items() if value is not None})
+        return {key: shown.get(key, "n/a") for key in metrics}
+
     # stopping cleanly -----------------------------------------------------------------------------------
     def _checkpoint_after_image_error(self, error: ImageLoadError) -> ImageLoadError:
         """Save a checkpoint of the last completed step; return the one-line error the run stops with.

@@ -49,6 +49,9 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
         assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(row["data_wait_fraction"])
         assert row["data_wait_seconds_epoch_start"] > 0
         assert row["version_torch"] and row["version_transformers"]
+        # The environment the run names: a CPU run of the CUDA/CPU script, no Habana mode, no driver read.
+        assert (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"]) == ("cpu", "n/a", False, 1)
+        assert row["device_memory_bytes"] > 2**30 and row["driver_version"] is None and row["version_intel_gaudi"] is None
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
         assert not list((out / "runs" / row["run_id"]).glob("*.safetensors")), "weights are deleted by default"
 
@@ -59,6 +62,9 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
 
     table = (out / "table.md").read_text()
     assert "| device | workers=0 | workers=1 | workers=1 (persistent) |" in table and "(x1.00)" in table
+    gib = f"{runs[0]['device_memory_bytes'] / 2**30:.1f} GiB"
+    assert (f"| {runs[0]['device_name']} x1 | cpu | n/a | False | {runs[0]['version_torch']} | {runs[0]['version_cuda'] or '-'} "
+            f"| - | - | 1 | {gib} |") in table.split("## Environment (as the runs recorded it)")[1]
     assert "Shape: 2 optimizer steps per epoch; 2 epoch start(s) inside the counted window." in table
     assert "## Data wait at epoch starts beside the steady state (median)" in table
     split = table.split("## Data wait at epoch starts beside the steady state (median)")[1].split("##")[0]
@@ -528,10 +534,65 @@ def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
     for flags in ("--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",
                   "--dataset_name jmhessel/newyorker_caption_contest --dataset_config_name matching",
                   "--per_device_train_batch_size 48", "--num_train_epochs 5", "--learning_rate 1e-5",
-                  "--throughput_warmup_steps 3", "--do_train --do_eval --do_predict",
-                  "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --bf16",
+                  "--throughput_warmup_steps 3", "--do_train --do_eval", "--report_to none",
+                  "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --sdp_on_bf16",
                   "--dataloader_num_workers 2", "--mediapipe_dataloader"):
         assert flags in text
+    assert "--do_predict" not in text and "--bf16" not in command  # as upstream's CI: autocast from Habana/clip
+    # Lazy mode needs the variable in the runs' environment; every command the sweep shows carries it.
+    assert plan.mode_env == {"PT_HPU_LAZY_MODE": "1"} and plan.run_env(plan.variants[-1])["PT_HPU_LAZY_MODE"] == "1"
+    assert plan.shown_command(command, tmp_path).startswith("PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi ")
+    assert "PT_HPU_LAZY_MODE" not in plan_for(["--preset", "blog"], accelerator="cuda").run_env()
+    assert plan_for(["--preset", "blog"], accelerator="cuda").mode_env == {}
+
+
+def readme_command(section: str, marker: str) -> list[str]:
+    """The words of the README's command that contains `marker`, in the given section (continuation lines joined)."""
+    import re
+    import shlex
+
+    text = (bench.REPO / "README.md").read_text()
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
+        for command in block.replace("\\\n", " ").splitlines():
+            if marker in command:
+                return shlex.split(command, comments=True)
+    raise AssertionError(f"no command with {marker} in the README's {section} section")
+
+
+def as_flags(words: list[str]) -> dict:
+    """--flag value / --flag=value / bare --flag (True) as one mapping, so that spellings compare equal."""
+    flags, i = {}, 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if eq:
+            flags[name] = value
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            flags[name] = words[i + 1]
+            i += 1
+        else:
+            flags[name] = "True"
+        i += 1
+    return flags
+
+
+def test_the_sweeps_gaudi_blog_preset_runs_the_readmes_published_gaudi_command(tmp_path):
+    words = readme_command("Gaudi2 / Gaudi3 on Intel Developer Cloud", "launch_gaudi")
+    assert words[0] == "PT_HPU_LAZY_MODE=1", "the published command runs lazy mode"
+    script_at = words.index("run_bridgetower.py")
+    assert words[1:script_at] == ["python", "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
+    published = as_flags(words[script_at + 1:])
+
+    plan = plan_for(["--preset", "blog"], accelerator="hpu")
+    mediapipe = next(v for v in plan.variants if v.loader == "mediapipe")
+    command = plan.command(mediapipe, tmp_path / "run")
+    assert command[1:6] == words[2:script_at]
+    swept = as_flags(command[command.index(str(bench.SCRIPTS["gaudi"])) + 1:])
+    for flags in (published, swept):
+        flags.pop("--output_dir")
+    assert swept.pop("--image_pipeline") == "upstream"  # the default: upstream's images, as published
+    assert swept == published
+    assert plan.mode_env == {words[0].split("=")[0]: words[0].split("=")[1]}
 
 
 def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synthetic_ones(fixtures, tmp_path):

@@ -2,8 +2,9 @@
 
 Off Gaudi it must say so and exit 2. Its stack checks run for real under tests/habana_shim (the shim
 answers optimum-habana's `pip list` probe); the training steps take a stand-in HPU count and step
-runner: one runs the real Gaudi script on CPU (so the media-pipeline step must fail: the script falls
-back to the PyTorch loader here), another reports results or a crash without training.
+runner: one runs the real Gaudi script on CPU (so every step must fail: the media-pipeline step because the
+script falls back to the PyTorch loader here, the others because no HPU ran lazy mode), another reports
+results or a crash without training.
 """
 
 import json
@@ -82,10 +83,14 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=one_gaudi2, runner=run_on_cpu)
     printed = capsys.readouterr().out
     print(printed)
-    assert status == 1  # the media-pipeline step cannot pass without an HPU
+    assert status == 1  # no step can pass without an HPU
 
     record = json.loads((out / "gaudi_check.json").read_text())
     assert record["passed"] is False and record["hpus"]["count"] == 1
+    environment = record["environment"]
+    assert set(gc.ENVIRONMENT_KEYS) <= set(environment)
+    assert (environment["backend"], environment["device_name"], environment["device_count"]) == ("gaudi", "GAUDI2 (test stand-in)", 1)
+    assert environment["step_environment"] == {"PT_HPU_LAZY_MODE": "1"}
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
     assert stack["optimum-habana"]["result"] == "ok" and stack["optimum-habana"]["detail"].startswith("1.21.2")
@@ -97,11 +102,14 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
 
     steps = {row["name"]: row for row in record["steps"]}
     torch_step = steps["1hpu-pytorch-loader"]
-    assert torch_step["result"] == "ok" and torch_step["loader"] == "torch", torch_step
+    # The run trained and recorded its figures, but on a CPU: the lazy mode it asked for never ran, so it fails.
+    assert torch_step["result"] == "failed" and torch_step["loader"] == "torch", torch_step
+    assert torch_step["execution_mode"] == "n/a"
+    assert torch_step["detail"] == "asked for lazy mode, but the bridge ran: n/a"
     run_results = json.loads((out / "1hpu-pytorch-loader" / "run" / "train_results.json").read_text())
+    assert run_results["execution_mode"] == "n/a" and run_results["backend"] == "cpu"
     assert torch_step["samples_per_second"] == run_results["train_samples_per_second"]  # the run's own figure
     assert torch_step["seconds"] > run_results["throughput_counted_seconds"]  # the whole step, start-up included
-    assert "on CPU" in torch_step["detail"]
     media = steps["1hpu-media-pipeline"]
     assert media["result"] == "failed" and "--mediapipe_dataloader" in media["command"]
     assert media["loader"].startswith("torch (media pipeline unavailable")
@@ -109,7 +117,7 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert (steps["8hpu-launcher"]["result"], steps["8hpu-launcher"]["detail"]) == ("skipped", "needs 8 HPUs, 1 visible")
 
     # What a user attaches to a bug report: paths relative to the output directory, no environment.
-    assert torch_step["command"][:2] == ["python", "run_bridgetower.py"]
+    assert torch_step["command"][:3] == ["PT_HPU_LAZY_MODE=1", "python", "run_bridgetower.py"]  # complete as pasted
     assert "--use_hpu_graphs_for_inference" in torch_step["command"]
     assert torch_step["command"][torch_step["command"].index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
     assert (out / torch_step["log"]).is_file()
@@ -144,8 +152,8 @@ def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shi
     monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
     out = tmp_path / "check"
     outcomes = {
-        "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5},
-        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25},
+        "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": "lazy"},
+        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
         "8hpu-launcher": f"RuntimeError: synStatus 26 [Device not found] writing {out}/8hpu-launcher/run",
     }
     status = gc.main(["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
@@ -157,12 +165,44 @@ def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shi
     launcher = steps["8hpu-launcher"]
     assert launcher["result"] == "failed"
     assert launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
-    assert launcher["command"][:6] == ["python", "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
+    assert launcher["command"][:7] == ["PT_HPU_LAZY_MODE=1", "python", "-m", "bridgetower_bench.tools.launch_gaudi",
+                                       "--world_size", "8", "--use_mpi"]
     table = capsys.readouterr().out
     assert "RuntimeError: synStatus 26" in table and "140.2" in table
 
-    outcomes["8hpu-launcher"] = {"loader": "torch", "train_samples_per_second": 790.0}
+    outcomes["8hpu-launcher"] = {"loader": "torch", "train_samples_per_second": 790.0, "execution_mode": "lazy"}
     assert gc.main(["--output_dir", str(tmp_path / "again")], probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes)) == 0
+
+
+@pytest.mark.parametrize("ran", ["eager", "eager+compile", None])
+def test_a_step_whose_bridge_ran_another_mode_than_lazy_fails(habana_shim, tmp_path, capsys, monkeypatch, ran):
+    """E.g. PT_HPU_LAZY_MODE lost on the way to the processes: the bridge runs eager and the step must not pass."""
+    from bridgetower_bench.tools import fixtures
+
+    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    outcomes = {
+        "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": ran},
+        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
+    }
+    status = gc.main(["--output_dir", str(tmp_path / "check")], probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
+                     runner=reports(outcomes))
+    assert status == 1
+    record = json.loads((tmp_path / "check" / "gaudi_check.json").read_text())
+    steps = {row["name"]: row for row in record["steps"]}
+    assert steps["1hpu-pytorch-loader"]["result"] == "failed"
+    assert steps["1hpu-pytorch-loader"]["detail"] == f"asked for lazy mode, but the bridge ran: {ran}"
+    assert (steps["1hpu-media-pipeline"]["result"], steps["1hpu-media-pipeline"]["execution_mode"]) == ("ok", "lazy")
+    table = capsys.readouterr().out
+    assert any(line.startswith("1hpu-media-pipeline") and " lazy " in line for line in table.splitlines()), table
+
+
+def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monkeypatch):
+    """The real runner hands each step PT_HPU_LAZY_MODE=1, whatever the caller's environment says."""
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    log = tmp_path / "log.txt"
+    step = gc.Step("echo", [sys.executable, "-c", "import os; print(os.environ.get('PT_HPU_LAZY_MODE'))"], tmp_path, log, "torch")
+    assert gc.run_command(step, timeout=60).returncode == 0
+    assert log.read_text().strip() == "1"
 
 
 def test_gaudi_software_and_pins_are_compared_not_installed():
@@ -193,7 +233,7 @@ def test_the_record_holds_no_credential_even_when_a_step_prints_one(habana_shim,
     monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
     outcomes = {
         "1hpu-pytorch-loader": f"OSError: 401 Client Error for url with token {token}",
-        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25},
+        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
     }
     status = gc.main(["--output_dir", str(tmp_path / "check")], probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
                      runner=reports(outcomes))

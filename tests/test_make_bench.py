@@ -1,4 +1,4 @@
-"""`make bench` inside Habana's container refuses to build a venv with PyPI's torch, and says what to run."""
+"""`make bench` and `make test` inside Habana's container refuse to build a venv with PyPI's torch, and say what to run."""
 
 import os
 import shutil
@@ -23,13 +23,17 @@ def fake_hl_smi(tmp_path) -> dict:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
-def test_make_bench_refuses_inside_a_habana_container_before_building_anything(tmp_path):
+@pytest.mark.parametrize("goal, advice", [
+    ("bench", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.bench"),
+    ("test", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.gaudi_check"),
+])
+def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_building_anything(tmp_path, goal, advice):
     venv = tmp_path / "venv"
-    result = subprocess.run(["make", "-C", str(REPO), "bench", f"VENV={venv}"], env=fake_hl_smi(tmp_path),
+    result = subprocess.run(["make", "-C", str(REPO), goal, f"VENV={venv}"], env=fake_hl_smi(tmp_path),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
-    assert "looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
-    assert "pip install -r requirements-gaudi.txt" in result.stderr
+    assert f"make {goal}: this looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
+    assert "pip install -r requirements-gaudi.txt" in result.stderr and advice in result.stderr
     assert not venv.exists(), "no venv (and no PyPI torch) may be installed there"
 
 

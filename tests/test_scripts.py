@@ -70,6 +70,12 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     assert train["attn_implementation"] == "eager" and train["compile_layers"] == "no"
     assert train["world_size"] == 1 and train["per_device_train_batch_size"] == 4
     assert_throughput_adds_up(train, counted_steps=1, samples_per_step=4)  # steps 3-4 trained here, step 3 warm-up
+    # The environment the run names: the CPU, no Habana execution mode, no driver read, the host's memory.
+    assert (train["backend"], train["execution_mode"], train["torch_compile"]) == ("cpu", "n/a", False)
+    assert train["version_torch"] == torch.__version__ and train["version_cuda"] == torch.version.cuda
+    assert train["version_intel_gaudi"] is None and train["driver_version"] is None
+    assert train["device_name"].startswith("CPU ") and train["device_count"] == 1 and train["device_memory_bytes"] > 2**30
+    assert re.search(r"^  driver_version +=  *n/a$", result.stdout, re.M), "printed as n/a, saved as null"
     assert not (out / "eval_results.json").exists()  # upstream's name for the validation metrics instead:
     for split, file in (("eval", "validation_results.json"), ("test", "test_results.json")):
         metrics = read_json(out / file)

@@ -80,9 +80,17 @@ def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(
     command = result.stdout.strip().splitlines()[-1]
     flags = " ".join(map(str, script_args))
     assert re.fullmatch(
-        rf"mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
+        rf"PT_HPU_LAZY_MODE=1 mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
         rf"{re.escape(sys.executable)} run_bridgetower.py {re.escape(flags)}", command), command
     assert not (tmp_path / "out").exists(), "a dry run starts nothing"
+
+
+def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
+    from bridgetower_bench.tools import launch_gaudi
+
+    assert launch_gaudi.children_mode_variable({}) == "1"  # Habana's bridge would run eager mode without it
+    assert launch_gaudi.children_mode_variable({"PT_HPU_LAZY_MODE": ""}) == "1"
+    assert launch_gaudi.children_mode_variable({"PT_HPU_LAZY_MODE": "0"}) == "0"  # eager, asked for by the user
 
 
 @pytest.mark.parametrize("args, message", [

@@ -51,7 +51,10 @@ steps, so the loader's restart at each epoch is measured as it is in the publish
 alone. The tiny model takes BridgeTower's 294-px images but is cheap to train (one layer per tower, 42-px
 patches), so like the published accelerator runs the local preset is bound by image loading, not by the
 model. CPU figures on a shared machine are noisy: use --repeats and read the data-wait columns. `blog`
-is the published command line (docs/PUBLISHED.md).
+is the published command line as upstream's CI runs it (docs/PUBLISHED.md), flag for flag the README's published
+commands: data set revision pinned, no --do_predict, no trackers (--report_to none); on Gaudi bf16 autocast from
+Habana/clip and --sdp_on_bf16. Gaudi runs on HPUs run lazy mode (--use_lazy_mode) with PT_HPU_LAZY_MODE=1 set for
+them, shown in front of every command the sweep prints or records.
 
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
@@ -84,6 +87,7 @@ from filelock import FileLock, Timeout
 
 from .. import run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
+from ..execution_mode import LAZY_MODE_VARIABLE
 from ..mediapipe_loader import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
@@ -115,22 +119,25 @@ SWEEP_FLAGS = ("--output_dir", "--dataloader_num_workers", "--image_pipeline", "
 WORKER_LOADERS = (TORCH_LOADER, "device_decode")
 
 BLOG_DATASET = "jmhessel/newyorker_caption_contest"
+BLOG_DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
 DATASET_CONFIG = "matching"
 
 # results.csv columns, in this order; any other keys (all software versions, eval metrics) follow, sorted.
 CSV_COLUMNS = (
-    "run_id", "status", "returncode", "error", "device_name", "device_type", "script", "preset",
+    "run_id", "status", "returncode", "error", "device_name", "device_type", "backend", "execution_mode", "torch_compile",
+    "device_count", "device_memory_bytes", "driver_version", "script", "preset",
     "world_size", "per_device_train_batch_size", "requested_loader", "loader", "image_pipeline", "workers",
     "persistent_workers", "prefetch_factor", "repeat", "throughput_warmup_steps", "throughput_counted_steps",
     "throughput_counted_samples", "throughput_steps_per_epoch", "throughput_epoch_starts",
     "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
     "data_wait_fraction_epoch_start", "data_wait_fraction_steady", "data_wait_seconds_epoch_start",
     "data_wait_seconds_steady", "train_loss",
-    "version_torch", "version_transformers", "wall_seconds", "log", "output_dir", "command",
+    "version_torch", "version_cuda", "version_intel_gaudi", "version_transformers", "wall_seconds", "log", "output_dir", "command",
 )
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (
-    "device_name", "device_type", "world_size", "per_device_train_batch_size", "loader", "image_pipeline",
+    "device_name", "device_type", "backend", "execution_mode", "torch_compile", "device_count", "device_memory_bytes",
+    "driver_version", "world_size", "per_device_train_batch_size", "loader", "image_pipeline",
     "throughput_warmup_steps", "throughput_counted_steps", "throughput_counted_samples",
     "throughput_steps_per_epoch", "throughput_epoch_starts",
     "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
@@ -219,6 +226,11 @@ class Plan:
     script_path: Optional[Path] = None  # default: SCRIPTS[script]
     shape: str = ""  # what the counted window spans (describe_shape)
     expected_device_name: str = ""  # for rows of runs that failed before recording theirs
+    mode_env: dict = field(default_factory=dict)  # variables the runs need on top of the flags: shown with every command
+
+    def shown_command(self, command: list[str], out: Path) -> str:
+        """A run's command as records show it (`shareable_command`), preceded by the variables it needs."""
+        return " ".join([f"{name}={value}" for name, value in self.mode_env.items()] + [shareable_command(command, out)])
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -289,15 +301,22 @@ def local_device_name(device: str) -> str:
 
 
 def device_flags(script: str, device: str, gaudi_config: str, preset: str) -> list[str]:
-    """Flags for the device the runs train on."""
+    """Flags for the device the runs train on. On HPUs lazy mode, which needs PT_HPU_LAZY_MODE=1 (`mode_env`);
+    the blog preset as upstream's CI: bf16 autocast from the Gaudi config (Habana/clip), --sdp_on_bf16."""
     if device == "cpu":
         return ["--use_cpu"] + (["--use_lazy_mode", "False"] if script == "gaudi" else [])
     if script == "gaudi":
         flags = ["--use_habana", "--use_lazy_mode"]
         if preset == "blog":
-            flags.append("--use_hpu_graphs_for_inference")
+            return flags + ["--use_hpu_graphs_for_inference", "--gaudi_config_name", gaudi_config, "--sdp_on_bf16"]
         return flags + ["--gaudi_config_name", gaudi_config, "--bf16"]
     return ["--bf16"]
+
+
+def mode_env(script: str, device: str) -> dict:
+    """Environment variables a run needs for its execution mode: PT_HPU_LAZY_MODE=1 for the Gaudi script on HPUs
+    (its flags ask for lazy mode; Habana's bridge runs eager without the variable)."""
+    return {LAZY_MODE_VARIABLE: "1"} if script == "gaudi" and device == "hpu" else {}
 
 
 def fixture_paths(build: bool) -> dict:
@@ -377,16 +396,19 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "publi
 
 
 def blog_preset_args() -> list[str]:
-    """The published run's flags (docs/PUBLISHED.md), less the device flags. No checkpoints: they would
-    only add write time inside the measured window."""
+    """The published run's flags as upstream's CI runs them and the README publishes them (docs/PUBLISHED.md),
+    less the device flags: the data set revision pinned, no --do_predict. No checkpoints: they would only add
+    write time inside the measured window; no trackers: they would start inside it."""
     return [
         "--model_name_or_path", BLOG_MODEL,
         "--dataset_name", BLOG_DATASET,
         "--dataset_config_name", DATASET_CONFIG,
+        "--dataset_revision", BLOG_DATASET_REVISION,
+        "--trust_remote_code", "True",
         "--image_column", "image",
         "--caption_column", "image_description",
         "--remove_unused_columns", "False",
-        "--do_train", "--do_eval", "--do_predict",
+        "--do_train", "--do_eval",
         "--per_device_train_batch_size", str(PUBLISHED_BATCH),
         "--per_device_eval_batch_size", "16",
         "--num_train_epochs", "5",
@@ -483,6 +505,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
     }
     if args.preset == "local":  # everything is on disk: never wait for the Hub
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.update(mode_env(script, device))
     if script == "gaudi" and device == "cpu" and not _habana_installed():
         env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
         env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
@@ -499,6 +522,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         extra_args=parse_extra_args(args.extra_args),
         env=env,
         expected_device_name=local_device_name(device) if not args.dry_run else "",
+        mode_env=mode_env(script, device),
     )
 
 
@@ -671,7 +695,7 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         "wall_seconds": round(wall_seconds, 1),
         "log": _relative(log_path, out),
         "output_dir": _relative(run_dir, out),
-        "command": shareable_command(command, out),
+        "command": plan.shown_command(command, out),
     }
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
@@ -891,7 +915,7 @@ def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, pro
     started = time.perf_counter()
     try:
         env = plan.run_env(variant)
-        returncode: Optional[int] = run_process(command, env, log_path, shareable_command(command, out),
+        returncode: Optional[int] = run_process(command, env, log_path, plan.shown_command(command, out),
                                                 frozenset(secret_values(command, env)))
     except KeyboardInterrupt:
         returncode = None
@@ -905,7 +929,7 @@ def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, pro
 def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Sequence[Variant]] = None) -> None:
     """results.json (the plan's settings, the matrix and every row) and results.csv (every row), replaced atomically."""
     document = {
-        "bench": {**plan_settings(plan, out), "variants": [asdict(v) for v in (variants or plan.variants)]},
+        "bench": {**plan_settings(plan, out), "env": plan.mode_env, "variants": [asdict(v) for v in (variants or plan.variants)]},
         "runs": rows,
     }
     write_atomically(out / "results.json", json.dumps(document, indent=2, default=str) + "\n")
@@ -972,7 +996,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if len(to_run) < len(plan.variants):
             print(f"{len(plan.variants) - len(to_run)} of them already finished in {out}: not run again")
         for variant in to_run:
-            print(shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id))))
+            shown = shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id)))
+            print(" ".join([f"{name}={value}" for name, value in plan.mode_env.items()] + [shown]))
         return 0
     if plan.env.get("PATH", "").startswith(str(HABANA_SHIM)):
         print(f"note: no Habana software here; the Gaudi script runs on CPU with the stand-ins in {HABANA_SHIM}")

@@ -87,6 +87,26 @@ class Summary:
     failures: list[dict]
     repeats: int
     notes: dict  # facts shared by all rows: warm-up, counted steps, batch sizes
+    environments: dict = field(default_factory=dict)  # device -> ENVIRONMENT_COLUMNS' cells, from the runs' records
+
+
+# The environment each run recorded (train_results.json, bridgetower_bench.run_record.environment): heading, key.
+ENVIRONMENT_COLUMNS = (
+    ("backend", "backend"), ("execution mode", "execution_mode"), ("torch.compile", "torch_compile"),
+    ("torch", "version_torch"), ("CUDA", "version_cuda"), ("Intel Gaudi software", "version_intel_gaudi"),
+    ("driver", "driver_version"), ("devices visible", "device_count"), ("memory per device", "device_memory_bytes"),
+)
+
+
+def _environment_cells(rows: Sequence[Mapping]) -> list[str]:
+    """One device's environment: each field's values over its finished runs ("/" between differing ones, "-" for none)."""
+    cells = []
+    for _, key in ENVIRONMENT_COLUMNS:
+        values = list(dict.fromkeys(row.get(key) for row in rows if row.get(key) is not None))
+        if key == "device_memory_bytes":
+            values = [f"{int(v) / 2**30:.1f} GiB" for v in values]
+        cells.append("/".join(str(v) for v in values) or "-")
+    return cells
 
 
 def device_label(row: Mapping) -> str:
@@ -137,7 +157,8 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
                     "throughput_steps_per_epoch", "throughput_epoch_starts")
     }
     repeats = max((r.get("repeat", 1) for r in rows), default=0)
-    return Summary(devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes)
+    environments = {d: _environment_cells([r for r in ok_rows if device_label(r) == d]) for d in devices}
+    return Summary(devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes, environments)
 
 
 def _column_label(config: tuple, cell: Cell) -> str:
@@ -218,6 +239,10 @@ def render_table(summary: Summary) -> str:
     body = [[device] + [cell_text(summary, device, c) for c in summary.columns] for device in summary.devices]
     parts = ["# BridgeTower fine-tuning throughput (samples/s, whole node)", "", _markdown_table(header, body), ""]
     parts.append(_notes(summary))
+    if summary.environments:
+        parts += ["", "## Environment (as the runs recorded it)", "",
+                  _markdown_table(["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
+                                  [[device] + cells for device, cells in summary.environments.items()])]
 
     wait_rows = []
     for device in summary.devices:

@@ -1,6 +1,6 @@
 """First-run self-check of a Gaudi node: is the software what this kit expects, and does training run?
 
-    python -m bridgetower_bench.tools.gaudi_check [--output_dir gaudi_check] [--json PATH] [--max_steps 5]
+    PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.gaudi_check [--output_dir gaudi_check] [--json PATH] [--max_steps 5]
 
 1. The stack, read only (nothing is ever installed): Habana's PyTorch (``habana_frameworks``) and
    the HPUs it sees; the Intel Gaudi software version (``habana-torch-plugin``, read the way
@@ -9,17 +9,19 @@
    accelerate, ...) against its pin; torch, which comes with Habana's image and is never pinned.
 2. A few training steps on the embedded fixtures (``bridgetower_bench.tools.fixtures``: tiny
    random-weight BridgeTower, synthetic New Yorker-shaped data, local copy of the Habana/clip Gaudi
-   config), each ending with a short evaluation, in lazy mode with HPU graphs for inference:
-   one HPU with the PyTorch loader; one HPU with ``--mediapipe_dataloader``, which only passes
+   config), each ending with a short evaluation, in lazy mode (``PT_HPU_LAZY_MODE=1``, set for every step)
+   with HPU graphs for inference; a step passes only when its ``train_results.json`` says the bridge
+   really ran lazy mode. One HPU with the PyTorch loader; one HPU with ``--mediapipe_dataloader``, which only passes
    when the run's ``train_results.json`` says the media pipeline really ran (not the fallback to
    the PyTorch loader); and, when 8 HPUs are visible, the 8-device launcher
    (``bridgetower_bench.tools.launch_gaudi --use_mpi``) with the PyTorch loader.
 
-It prints one table (check or step, result, seconds, samples/s, loader that ran, detail: the
-version found or the error's last line) and writes it as JSON (``--json``, default
-``<output_dir>/gaudi_check.json``) to attach to a bug report. The record holds versions, results
-and command lines with paths relative to the output directory; no environment variables, no
-tokens. Each step's full output is in ``<output_dir>/<step>/log.txt``; the fixtures are built once
+It prints one table (check or step, result, seconds, samples/s, loader and execution mode that ran,
+detail: the version found or the error's last line) and writes it as JSON (``--json``, default
+``<output_dir>/gaudi_check.json``) to attach to a bug report. The record holds the environment
+(backend, execution mode, torch and Intel Gaudi software versions, driver, HPU name, count and
+memory), versions, results and command lines with paths relative to the output directory; of the
+environment variables only the one that selects the execution mode; no tokens. Each step's full output is in ``<output_dir>/<step>/log.txt``; the fixtures are built once
 in ``<output_dir>/fixtures``.
 
 Exit status: 0 when every check and step passed (version warnings allowed), 1 when one failed,
@@ -35,13 +37,14 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
 
 from ..atomic_files import write_atomically
+from ..execution_mode import LAZY, LAZY_MODE_VARIABLE
 from ..redaction import shareable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +53,10 @@ REQUIREMENT_FILES = ("requirements.txt", "requirements-gaudi.txt")
 LAUNCHER_HPUS = 8
 OK, WARNING, FAILED, SKIPPED = "ok", "warning", "failed", "skipped"
 NOT_ON_GAUDI_EXIT = 2
+# Every step runs lazy mode, as upstream's CI: Habana's bridge reads this when it loads (the HPU probe runs with it too).
+STEP_ENVIRONMENT = {LAZY_MODE_VARIABLE: "1"}
+ENVIRONMENT_KEYS = ("backend", "execution_mode", "torch_compile", "version_torch", "version_cuda", "version_intel_gaudi",
+                    "driver_version", "device_name", "device_count", "device_memory_bytes")
 
 
 # ----------------------------------------------------------------------------------------
@@ -67,6 +74,7 @@ class Row:
     seconds: Optional[float] = None
     samples_per_second: Optional[float] = None
     loader: Optional[str] = None
+    execution_mode: Optional[str] = None  # what the step's train_results.json says the bridge ran
     log: Optional[str] = None  # relative to the output directory
     command: Optional[list] = None  # paths relative to the output directory
 
@@ -76,6 +84,7 @@ class Hpus:
     count: int
     name: str
     media_pipeline: Optional[str] = None  # why --mediapipe_dataloader cannot start, None when it can
+    environment: Optional[dict] = None  # bridgetower_bench.run_record.environment of the first HPU, as the probe saw it
 
 
 def probe_hpus() -> "Hpus | str":
@@ -85,7 +94,8 @@ def probe_hpus() -> "Hpus | str":
     """
     code = "import json; from bridgetower_bench.tools.gaudi_check import hpus_here; print(json.dumps(hpus_here()))"
     try:
-        child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+        child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                               env=dict(os.environ, **STEP_ENVIRONMENT))
     except subprocess.TimeoutExpired:
         return "the HPU query did not answer within 600 s"
     lines = child.stdout.strip().splitlines()
@@ -112,8 +122,15 @@ def hpus_here() -> "dict | str":
     except Exception as error:  # the Habana runtime raises assorted types when no device is usable
         return f"cannot query the HPUs: {type(error).__name__}: {error}"
     from ..mediapipe_loader import mediapipe_unavailable_reason
+    from ..run_record import environment
 
-    return {"count": count, "name": name, "media_pipeline": mediapipe_unavailable_reason()}
+    try:
+        import torch
+
+        found = environment(torch.device("hpu"))
+    except Exception as error:  # the record's fields are a report, never a reason to stop
+        found = {"error": f"{type(error).__name__}: {error}"}
+    return {"count": count, "name": name, "media_pipeline": mediapipe_unavailable_reason(), "environment": found}
 
 
 # ----------------------------------------------------------------------------------------
@@ -193,7 +210,9 @@ def requirement_row(line: str, installed: Callable[[str], str] = metadata.versio
 
 
 def stack_rows(hpus: Hpus) -> list[Row]:
-    rows = [Row("habana_frameworks / HPUs", OK, f"{hpus.count} x {hpus.name}")]
+    memory = (hpus.environment or {}).get("device_memory_bytes")
+    each = f", {memory / 2**30:.1f} GiB each" if memory else ""
+    rows = [Row("habana_frameworks / HPUs", OK, f"{hpus.count} x {hpus.name}{each}")]
     rows += [gaudi_software_row(), driver_row()]
     try:
         import torch
@@ -231,6 +250,8 @@ class Step:
     log: Path
     expected_loader: str
     needs_hpus: int = 1
+    expected_mode: str = LAZY  # the execution mode the step asks for (--use_lazy_mode with PT_HPU_LAZY_MODE=1)
+    env: dict = field(default_factory=lambda: dict(STEP_ENVIRONMENT))  # set for the step's processes
 
 
 @dataclass
@@ -243,7 +264,7 @@ class Ran:
 
 def run_command(step: Step, timeout: float) -> Ran:
     """The real runner: the step's command as a subprocess, all its output into its log file."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **step.env)
     with open(step.log, "w") as log:
         try:
             return Ran(subprocess.run(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode)
@@ -297,7 +318,7 @@ def last_error_line(log: Path) -> str:
 def judge(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
     """A step's row: failed unless it exited 0, saved its results, and ran the expected loader."""
     row = Row(step.name, FAILED, seconds=round(seconds, 1), log=relative(step.log, output_dir),
-              command=[relative(part, output_dir) for part in step.command])
+              command=[f"{name}={value}" for name, value in step.env.items()] + [relative(part, output_dir) for part in step.command])
     results_file = step.run_dir / "train_results.json"
     if ran.returncode != 0:
         row.detail = f"exit status {ran.returncode}: {last_error_line(step.log)}"
@@ -309,8 +330,12 @@ def judge(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
         return row
     row.loader = results.get("loader")
     row.samples_per_second = results.get("train_samples_per_second")
+    row.execution_mode = results.get("execution_mode")
     if row.loader != step.expected_loader:
         row.detail = f"the {step.expected_loader} loader did not run; the run says: {row.loader}"
+        return row
+    if row.execution_mode != step.expected_mode:
+        row.detail = f"asked for {step.expected_mode} mode, but the bridge ran: {row.execution_mode}"
         return row
     row.result, row.detail = OK, ran.note
     return row
@@ -351,13 +376,13 @@ def run_steps(steps: list[Step], hpus: Hpus, output_dir: Path, runner: Callable[
 
 
 def format_table(rows: list[Row]) -> str:
-    header = ("check / step", "result", "seconds", "samples/s", "loader", "detail")
+    header = ("check / step", "result", "seconds", "samples/s", "loader", "mode", "detail")
     cells = [header] + [
         (
             row.name, row.result,
             "" if row.seconds is None else f"{row.seconds:.1f}",
             "" if row.samples_per_second is None else f"{row.samples_per_second:.1f}",
-            short_loader(row.loader), row.detail,
+            short_loader(row.loader), row.execution_mode or "", row.detail,
         )
         for row in rows
     ]
@@ -393,10 +418,21 @@ def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row], output_dir:
         "tool": "python -m bridgetower_bench.tools.gaudi_check",
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hpus": asdict(hpus) if hpus else None,
+        "environment": environment_record(hpus) if hpus else None,
         "passed": not any(row.result == FAILED for row in stack + steps),
         "stack": [asdict(row) for row in stack],
         "steps": [asdict(row) for row in steps],
     })
+
+
+def environment_record(hpus: Hpus) -> dict:
+    """The node's environment for the record (ENVIRONMENT_KEYS; None where the probe could not say), with the
+    variable every step runs under."""
+    found = {key: None for key in ENVIRONMENT_KEYS}
+    found.update({"backend": "gaudi", "device_name": hpus.name, "device_count": hpus.count})
+    found.update(hpus.environment or {})
+    found["step_environment"] = dict(STEP_ENVIRONMENT)
+    return found
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,10 +1,12 @@
 """Launch run_bridgetower.py on several HPUs of one Gaudi node (the published runs use 8, with MPI).
 
-    python -m bridgetower_bench.tools.launch_gaudi --world_size 8 --use_mpi \\
-        run_bridgetower.py --output_dir /tmp/bridgetower-test --model_name_or_path ... (script flags)
+    PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi --world_size 8 --use_mpi \\
+        run_bridgetower.py --output_dir runs/test --model_name_or_path ... (script flags)
 
 Built on optimum-habana's DistributedRunner, which writes the mpirun (or torch.distributed)
 command line for the node's sockets and cores. `--dry_run` prints that command and exits.
+The processes it starts run lazy mode, as upstream's CI: PT_HPU_LAZY_MODE=1 is set for them unless
+the variable is already set (PT_HPU_LAZY_MODE=0 with the script's `--use_lazy_mode False` for eager mode).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import argparse
 import os
 import shlex
 import sys
+
+from ..execution_mode import LAZY_MODE_VARIABLE
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,8 +35,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def children_mode_variable(environ=os.environ) -> str:
+    """PT_HPU_LAZY_MODE for the processes launched: as set, else 1 (lazy mode, upstream's CI's)."""
+    return environ.get(LAZY_MODE_VARIABLE) or "1"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    os.environ[LAZY_MODE_VARIABLE] = children_mode_variable()  # read by Habana's bridge when each process loads it
     from optimum.habana.distributed import DistributedRunner  # imported late: it needs Habana's software
 
     command = " ".join(shlex.quote(a) for a in [args.training_script, *args.training_script_args])
@@ -41,7 +51,7 @@ def main(argv=None) -> int:
     )
     if args.dry_run:
         for line in runner._commands:
-            print(runner._interpreter + line)
+            print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + line)
         return 0
     return runner.run() or 0
 

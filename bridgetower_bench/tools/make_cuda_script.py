@@ -37,7 +37,7 @@ def generate(repo: Path = REPO) -> str:
         for patch in patch_files(repo):
             out = Path(tmp) / "next.py"
             result = subprocess.run(
-                ["patch", "--quiet", "--forward", "--no-backup-if-mismatch", "-r", "-", "-o", str(out), str(work), str(patch)],
+                ["patch", "--quiet", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "-r", "-", "-o", str(out), str(work), str(patch)],
                 capture_output=True,
                 text=True,
             )

@@ -1,0 +1,163 @@
+"""Habana's execution mode: the Gaudi script refuses a PT_HPU_LAZY_MODE that does not select the mode its flags
+ask for, in one line, before it loads anything; the mode the bridge ran is what the run records.
+
+The refusals run the real Gaudi script with `--use_habana` behind tests/habana_shim (no HPU here): a run the
+check lets through goes on to optimum-habana's HPU set-up, which the shim does not provide, and stops there.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+
+import preloaded_python
+from bridgetower_bench import execution_mode
+from conftest import REPO, SHIM, script_env
+
+VARIABLE = "PT_HPU_LAZY_MODE"
+
+
+@pytest.fixture(scope="module")
+def datasets_cache(tmp_path_factory):
+    """A data set cache the runs of this module point to: any data set load would create it. One path for all
+    the runs, so that those with the same environment share one preloaded interpreter."""
+    return tmp_path_factory.mktemp("never-loaded") / "datasets-cache"
+
+
+def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False):
+    env = script_env(gaudi=True)
+    env.pop(VARIABLE, None)
+    if value is not None:
+        env[VARIABLE] = value
+    env["HF_DATASETS_CACHE"] = str(datasets_cache)
+    args = ["--model_name_or_path", str(fixtures["model"]), "--dataset_name", str(fixtures["dataset"]),
+            "--dataset_config_name", "matching", "--image_column", "image", "--caption_column", "image_description",
+            "--output_dir", str(tmp_path / "run"), "--do_train", "--max_steps", "1", "--report_to", "none",
+            "--use_habana", *flags]
+    if as_json:  # the same arguments as one configuration file
+        config, i = {}, 0
+        while i < len(args):
+            name = args[i][2:]
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                config[name] = {"True": True, "False": False}.get(args[i + 1], args[i + 1])
+                i += 2
+            else:
+                config[name], i = True, i + 1
+        (tmp_path / "args.json").write_text(json.dumps(config))
+        args = [str(tmp_path / "args.json")]
+    return preloaded_python.run([sys.executable, str(REPO / "run_bridgetower.py"), *args], cwd=REPO, env=env, timeout=300)
+
+
+REFUSED = [
+    # flags, PT_HPU_LAZY_MODE, what the one line must say
+    ([], None, "--use_habana with --use_lazy_mode (lazy mode, the default) needs PT_HPU_LAZY_MODE=1 in the environment, "
+               "and it is unset (Habana's bridge would not run lazy mode): rerun as PT_HPU_LAZY_MODE=1 python ..."),
+    (["--use_lazy_mode"], "0", "needs PT_HPU_LAZY_MODE=1 in the environment, and it is '0'"),
+    (["--use_lazy_mode", "False"], None, "--use_habana with --use_lazy_mode False and no --torch_compile (eager mode) needs "
+                                         "PT_HPU_LAZY_MODE=0 in the environment, and it is unset: rerun as PT_HPU_LAZY_MODE=0"),
+    (["--use_lazy_mode", "False"], "1", "(eager mode) needs PT_HPU_LAZY_MODE=0 in the environment, and it is '1'"),
+    (["--use_lazy_mode", "False", "--torch_compile"], "1", "(eager+compile mode) needs PT_HPU_LAZY_MODE=0"),
+    (["--torch_compile_backend", "hpu_backend"], "1", "--use_lazy_mode (the default) with --torch_compile: lazy mode and "
+                                                      "torch.compile exclude each other"),
+]
+
+
+@pytest.mark.parametrize("flags, value, message", REFUSED, ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED])
+def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(fixtures, tmp_path, datasets_cache, flags,
+                                                                           value, message):
+    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("run_bridgetower.py: error: ") and message in lines[-1], lines[-1]
+    assert "Traceback" not in result.stderr
+    # Refused before anything was loaded or written: no data set cache, no output directory, no step-2 logging.
+    assert not datasets_cache.exists() and not (tmp_path / "run").exists()
+    assert "Process rank" not in result.stdout + result.stderr
+
+
+def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datasets_cache):
+    result = run_gaudi_script(fixtures, tmp_path, ["--use_lazy_mode", "True"], None, datasets_cache, as_json=True)
+    assert result.returncode == 2
+    assert "needs PT_HPU_LAZY_MODE=1 in the environment, and it is unset" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flags, value", [([], "1"), (["--use_lazy_mode", "False"], "0")], ids=["lazy-1", "eager-0"])
+def test_the_right_variable_passes_the_check(fixtures, tmp_path, datasets_cache, flags, value):
+    """Past the check the run reaches optimum-habana's HPU set-up, where the shim has no HPU kernels to offer."""
+    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
+    assert "PT_HPU_LAZY_MODE" not in result.stderr
+    assert result.returncode == 1 and "No module named 'habana_frameworks.torch.hpex'" in result.stderr
+
+
+@pytest.mark.parametrize("use_habana, lazy, compile_, value, refused", [
+    (False, False, False, None, False),  # the tests' CPU runs: --use_cpu --use_lazy_mode False, no bridge
+    (False, True, True, "0", False),
+    (True, True, False, "1", False),
+    (True, True, False, None, True),
+    (True, True, False, "true", True),  # only "1" selects lazy mode
+    (True, False, False, "0", False),
+    (True, False, False, None, True),
+    (True, False, True, "0", False),
+    (True, False, True, None, True),
+    (True, True, True, "1", True),
+    (True, True, True, "0", True),
+])
+def test_which_variable_each_mode_needs(use_habana, lazy, compile_, value, refused):
+    assert (execution_mode.refusal(use_habana, lazy, compile_, value) is not None) == refused
+
+
+@pytest.fixture
+def shim_bridge(monkeypatch):
+    """The shim's habana_frameworks importable in this process (its is_lazy() follows PT_HPU_LAZY_MODE)."""
+    monkeypatch.syspath_prepend(str(SHIM))
+    before = set(sys.modules)
+    yield monkeypatch
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] == "habana_frameworks":
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("value, compile_, recorded", [
+    ("1", False, "lazy"), (None, False, "eager"), ("0", False, "eager"), ("0", True, "eager+compile"),
+])
+def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile_, recorded):
+    if value is None:
+        shim_bridge.delenv(VARIABLE, raising=False)
+    else:
+        shim_bridge.setenv(VARIABLE, value)
+    assert execution_mode.mode_that_ran("hpu", compile_) == recorded
+    assert execution_mode.mode_that_ran("cpu", compile_) == "n/a"
+    assert execution_mode.mode_that_ran("cuda", compile_) == "n/a"
+
+
+def test_an_hpu_run_without_the_bridges_report_is_unknown(monkeypatch):
+    monkeypatch.setitem(sys.modules, "habana_frameworks", None)  # not importable
+    assert execution_mode.mode_that_ran("hpu", False) == "unknown"
+
+
+def test_the_cuda_script_carries_no_habana_mode_check():
+    text = (REPO / "run_bridgetower_cuda.py").read_text()
+    assert "check_lazy_mode_variable" in (REPO / "run_bridgetower.py").read_text()
+    assert "check_lazy_mode_variable" not in text and VARIABLE not in text
+
+
+def test_the_environment_record_off_gaudi(monkeypatch):
+    from bridgetower_bench import run_record
+
+    monkeypatch.setenv("PATH", "")  # neither nvidia-smi nor hl-smi found
+    record = run_record.environment(torch.device("cpu"))
+    assert record["backend"] == "cpu" and record["execution_mode"] == "n/a" and record["torch_compile"] is False
+    assert record["driver_version"] is None and record["device_count"] == 1
+    assert record["version_torch"] == torch.__version__ and record["version_cuda"] == torch.version.cuda
+    assert run_record.nvidia_driver_version() is None and run_record.gaudi_driver_version() is None
+
+
+def test_the_nvidia_driver_is_read_from_nvidia_smi_without_a_device(tmp_path, monkeypatch):
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text('#!/bin/sh\n[ "$1 $2" = "--query-gpu=driver_version --format=csv,noheader" ] && printf "580.82.07\\n580.82.07\\n"\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    from bridgetower_bench import run_record
+
+    assert run_record.nvidia_driver_version() == "580.82.07"
