@@ -150,12 +150,12 @@ def run_need(model, sequence_length: int, args) -> Optional[MemoryNeed]:
                        gradient_checkpointing=bool(args.gradient_checkpointing), parameters=parameters, trained=trained)
 
 
-def check_batch_fits(model, sequence_length: int, args, memory=device_memory) -> Optional[MemoryNeed]:
+def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional[MemoryNeed]:
     """Step 1 on a GPU: raise BatchDoesNotFit when the known need exceeds the device; return the need (or None)."""
     need = run_need(model, sequence_length, args)
     if need is None:
         return None
-    name, total = memory(args.device)
+    name, total = (memory or device_memory)(args.device)
     if not need.fits(args.per_device_train_batch_size, total):
         raise BatchDoesNotFit(does_not_fit_message(
             batch=args.per_device_train_batch_size, accumulation=args.gradient_accumulation_steps,
@@ -163,10 +163,10 @@ def check_batch_fits(model, sequence_length: int, args, memory=device_memory) ->
     return need
 
 
-def out_of_memory_at_first_step(error: BaseException, args, need: Optional[MemoryNeed], memory=device_memory,
+def out_of_memory_at_first_step(error: BaseException, args, need: Optional[MemoryNeed], memory=None,
                                 reached: Optional[float] = None) -> BatchDoesNotFit:
     """The one-line error for an out-of-memory error raised before the first optimizer step ended."""
-    name, total = memory(args.device)
+    name, total = (memory or device_memory)(args.device)
     if reached is None:
         reached = _reached_gib(error, args.device)
     return BatchDoesNotFit(does_not_fit_message(
