@@ -166,8 +166,9 @@ def unusable_reason(*, available: bool, torch_version: str, torch_cuda: Optional
     if driver is not None and driver.version:
         seen = f"driver {driver.version}" + (f", {driver.gpus} GPU{'s' if driver.gpus != 1 else ''}" if driver.gpus is not None else "")
     hidden = visible is not None and not visible.strip()
-    if driver is None and not libraries:
-        return "no NVIDIA driver found (no nvidia-smi on PATH, no libcuda or libnvidia-ml library)" + (
+    if not libraries and (driver is None or not driver.version):
+        said = f"{driver.source}: {driver.error}" if driver is not None and driver.error else "no nvidia-smi on PATH"
+        return f"no NVIDIA driver found (no libcuda or libnvidia-ml library; {said})" + (
             "; CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU" if hidden else "")
     if hidden:
         return "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU" + (f" ({seen})" if seen else "")

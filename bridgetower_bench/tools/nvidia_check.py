@@ -181,7 +181,7 @@ def published_need():
 
 def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> list[Row]:
     route = route_file(gpus.cuda)
-    rows = [gpus_row(gpus), driver_row(gpus), Row("torch", OK, f"{gpus.torch} (built for CUDA {gpus.cuda}; route: {route})")]
+    rows = [gpus_row(gpus), driver_row(gpus), Row("torch build", OK, f"{gpus.torch} (built for CUDA {gpus.cuda}; route: {route})")]
     rows.append(Row("bf16", OK if gpus.bf16 else FAILED,
                     "supported" if gpus.bf16 else "not supported on this GPU: the published recipe trains in bf16 (A100 or newer)"))
     rows.append(memory_row(gpus))
@@ -337,7 +337,7 @@ def main(argv=None, *, probe: Callable[[], "Gpus | str"] = probe_gpus, runner: O
     print(format_table(stack + steps), end="")
     report = record(None, stack, steps, output_dir)
     report.pop("hpus", None)
-    report = {"tool": "python -m bridgetower_bench.tools.nvidia_check", **report, "gpus": asdict(gpus)}
+    report.update(tool="python -m bridgetower_bench.tools.nvidia_check", gpus=asdict(gpus))
     report = shareable(report, args=list(sys.argv[1:] if argv is None else argv))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(json_path, json.dumps(report, indent=2) + "\n")
