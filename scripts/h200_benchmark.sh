@@ -31,6 +31,8 @@
 # $OUT/refusal_no_gpu.txt) and with a per-device batch the device cannot hold, once where the need is measured
 # (the check before step 1: $OUT/refusal_batch_estimate.txt) and once where it is not, so that the first step
 # runs out of memory ($OUT/refusal_batch_oom.txt). TOO_BIG_BATCH (default 128) and OOM_BATCH (512) set them.
+# It builds the Large model once and loads it three times: FIRST_CONTACT=only stops after it, so that it and
+# the runs (FIRST_CONTACT=0) can go in two calls where one command's time is limited.
 #
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself
 # (the self-check then says there is no GPU, exit status 2, and the batch refusals, which need a GPU, are
@@ -64,7 +66,7 @@ TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and th
 WORKERS=${WORKERS:-0 2 1}     # in this order
 SETUPS=${SETUPS:-eager sdpa sdpa-nosync sdpa-nosync-compiled}  # ceilings in this order
 CHECK=${CHECK:-1}             # 0 skips the device decode check (section 2)
-FIRST_CONTACT=${FIRST_CONTACT:-1}    # 0 skips the self-check and the refusals (section 0b)
+FIRST_CONTACT=${FIRST_CONTACT:-1}    # 0 skips the self-check and the refusals (section 0b); "only" runs nothing else
 TOO_BIG_BATCH=${TOO_BIG_BATCH:-128}  # more than one H200 holds by the measured need: refused before step 1
 OOM_BATCH=${OOM_BATCH:-512}          # with sdpa attention (no measured need): the first step runs out of memory
 PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3b)
@@ -126,7 +128,7 @@ refusal() {  # refusal NAME COMMAND...: the command's error line and exit status
     local rc=$?
     { grep -E "error: " "$WORK/logs/refusal_$name.log" | tail -n 3; echo "exit status $rc"; } | tee "$OUT/refusal_$name.txt"
 }
-if [[ $FIRST_CONTACT == 1 ]]; then
+if [[ $FIRST_CONTACT == 1 || $FIRST_CONTACT == only ]]; then
     stamp "nvidia_check"
     timeout --kill-after=10 420 python3 -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
         --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 2>&1 | grep -v Warning
@@ -156,6 +158,7 @@ if [[ $FIRST_CONTACT == 1 ]]; then
     fi
     DEADLINE_S=$(( DEADLINE_S + SECONDS - first_contact_started ))
     stamp "first contact took $(( SECONDS - first_contact_started ))s; no run starts after ${DEADLINE_S}s"
+    if [[ $FIRST_CONTACT == only ]]; then stamp "done (FIRST_CONTACT=only)"; exit 0; fi
 fi
 
 # 1. Fixtures: the random-weight model and the synthetic data set, built side by side, while the GPU tests

@@ -160,3 +160,19 @@ def test_memory_plan_without_a_gpu(capsys):
                         "--gradient_accumulation_steps 3 (about 34.1 GiB)")
     assert lines[2].startswith("48 GiB: per-device batch 48 does not fit") and "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
     assert lines[3] == "80 GiB: per-device batch 48 fits (about 71.9 GiB)"
+
+
+def test_the_record_holds_no_credential_even_when_a_step_prints_one(no_fixture_builds, tmp_path, monkeypatch):
+    token = "hf_FakeTokenForTheNvidiaCheck123"
+    monkeypatch.setenv("HF_TOKEN", token)
+    outcomes = {
+        "1gpu-pytorch-loader": (1, f"OSError: 401 Client Error for url with token {token}"),
+        "1gpu-device-decode": {"loader": "device_decode", "train_samples_per_second": 35.0},
+        "2gpu-torchrun": {"loader": "torch", "train_samples_per_second": 60.2},
+        "large-1step": {"loader": "torch", "train_samples_per_second": 20.0, "peak_gpu_memory_gb": 30.1},
+    }
+    assert nc.main(["--output_dir", str(tmp_path / "check")], probe=two_a100_40gb, runner=reports(outcomes)) == 1
+    written = list((tmp_path / "check").rglob("*.json"))
+    assert written and all(token not in p.read_text() for p in written)
+    failed = {row["name"]: row for row in json.loads((tmp_path / "check" / "nvidia_check.json").read_text())["steps"]}
+    assert failed["1gpu-pytorch-loader"]["result"] == "failed" and "REDACTED" in failed["1gpu-pytorch-loader"]["detail"]
