@@ -8,7 +8,8 @@ layers, 6 cross-modal ones), 294-px images in 14-px patches, captions of 128 tok
 parameter trained, no gradient checkpointing. For that shape:
 
 - measured: a peak of 64.47 GiB of tensors (torch.cuda.max_memory_allocated) at per-device batch 48, on one
-  H200, eager attention (and 54.7 GiB with each repeated layer compiled, `--compile_layers inductor`);
+  H200, eager attention (and 54.7 GiB with each repeated layer compiled, `--compile_layers inductor`), both
+  with fused AdamW, the Trainer's choice then (the CUDA script now takes `adamw_torch`, not yet measured);
 - estimated, fixed part: 16 bytes per parameter (fp32 weights, gradients and AdamW's two moments): 12.9 GiB
   for the 865.6 M parameters trained; a frozen parameter counts 4 bytes (its weights only);
 - estimated, per sample: the rest of the measured peak over the 48 samples, 1.07 GiB. Activations grow in
