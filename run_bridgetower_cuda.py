@@ -20,6 +20,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 
 from bridgetower_bench import data, preflight, resilience, run_directory
 from bridgetower_bench.attention import use_attention
+from bridgetower_bench.cuda_device import refuse_without_gpu
 from bridgetower_bench.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
 from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
@@ -95,8 +96,9 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer):
 def main():
     # 1. Parse the arguments: flags, or a single .json file holding all of them. Values no run can use
     #    (a batch size of 0, an --output_dir that is a file, ...) are refused before anything is written.
-    #    Gaudi-only flags are refused.
+    #    Gaudi-only flags are refused; so is a run without a usable GPU, unless --use_cpu asks for the CPU.
     refuse_unsupported_flags(sys.argv)
+    refuse_without_gpu(sys.argv)
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     model_args, data_args, training_args = preflight.parse_arguments(parser, sys.argv)
     preflight.check_arguments(data_args, training_args)

@@ -13,6 +13,8 @@ It
   the same batches;
 - reports steady-state throughput after `throughput_warmup_steps` (see throughput.py) and records
   which loader and image pipeline actually ran, next to the train metrics;
+- on a GPU, checks at step 1 that the per-device batch fits, and turns running out of memory in the first
+  step into one line saying which batch and accumulation would fit (gpu_memory.py);
 - stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
   saves a checkpoint and ends with one clear message; rerunning the same command resumes;
 - publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
@@ -39,7 +41,7 @@ from transformers.training_args import OptimizerNames, ParallelMode
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
-from . import run_directory
+from . import gpu_memory, run_directory
 from .redaction import without_secrets
 from .resilience import ImageLoadError, StopOnSignal, report_and_exit
 from .run_record import describe_run
@@ -118,6 +120,8 @@ class TrainerExtensions:
         self.add_callback(self.stop_on_signal)
         self._staging = None  # inside `publishing()`: where the files being published are saved
         self._publishing_model = False
+        self._first_step = None  # global step at this train() call's first training step
+        self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
 
     # the same batches on both backends ----------------------------------------------------------------
     def _get_train_sampler(self, *args, **kwargs):
@@ -167,16 +171,38 @@ class TrainerExtensions:
     def get_batch_samples_transformers(self, *args, **kwargs):
         return self._timed_fetch(super().get_batch_samples_transformers, *args, **kwargs)
 
+    # the batch fits the GPU, or one line ---------------------------------------------------------------
+    def training_step(self, model, inputs, *args, **kwargs):
+        if self._first_step is None:  # step 1 of this train() call, before its first forward pass
+            self._first_step = self.state.global_step
+            ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+            if gpu_memory.on_gpu(self.args) and ids is not None:
+                self._memory_need = gpu_memory.check_batch_fits(self.model, int(ids.shape[-1]), self.args)
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def _out_of_memory_at_first_step(self, error: BaseException):
+        """The one-line error for running out of GPU memory before this call's first optimizer step ended, else None."""
+        if not gpu_memory.on_gpu(self.args) or self._first_step not in (None, self.state.global_step):
+            return None
+        return gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need)
+
     # results -------------------------------------------------------------------------------------------
     def train(self, *args, **kwargs):
         # The signal handlers stay installed after a finished training: a signal then waits until the final
         # model is published (`publishing`), so that no signal can lose a finished training.
         self.stop_on_signal.install()
+        self._first_step = None
         try:
             result = super().train(*args, **kwargs)
         except ImageLoadError as error:
             self.stop_on_signal.restore()
             raise self._checkpoint_after_image_error(error) from None
+        except torch.OutOfMemoryError as error:
+            self.stop_on_signal.restore()
+            one_line = self._out_of_memory_at_first_step(error)
+            if one_line is None:
+                raise
+            raise one_line from None
         except BaseException:
             self.stop_on_signal.restore()
             raise

@@ -24,8 +24,19 @@
 # Writes to $OUT (default bench_out/h200): h200_table.md, h200_results.json, device_decode_check.json,
 # h200_logs.txt (the end of every run's log and of the GPU tests' log) and h200_console.log (this output).
 #
+# First contact (FIRST_CONTACT=1, the default; its time is added to DEADLINE_S, so the runs keep their budget):
+# before anything else, the NVIDIA self-check (python -m bridgetower_bench.tools.nvidia_check: its table in
+# the console, its record as $OUT/nvidia_check.json, exit status in $OUT/nvidia_check_exit.txt), then the CUDA
+# script's one-line refusals, each saved with its exit status: with CUDA_VISIBLE_DEVICES= (no GPU visible:
+# $OUT/refusal_no_gpu.txt) and with a per-device batch the device cannot hold, once where the need is measured
+# (the check before step 1: $OUT/refusal_batch_estimate.txt) and once where it is not, so that the first step
+# runs out of memory ($OUT/refusal_batch_oom.txt). TOO_BIG_BATCH (default 128) and OOM_BATCH (512) set them.
+# It builds the Large model once and loads it three times: FIRST_CONTACT=only stops after it, so that it and
+# the runs (FIRST_CONTACT=0) can go in two calls where one command's time is limited.
+#
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself
-# (SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
+# (the self-check then says there is no GPU, exit status 2, and the batch refusals, which need a GPU, are
+# skipped; SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
 # worker counts; CHECK=0 skips the device decode check; PROFILE=0 the profiled ceiling run (its
 # profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). With
 # the project's venv on a CPU machine (WHEELS= skips the wheel install):
@@ -55,6 +66,9 @@ TRAIN_ROWS=$(( (STEPS + 3) * BATCH ))  # the steps, the decode look-ahead and th
 WORKERS=${WORKERS:-0 2 1}     # in this order
 SETUPS=${SETUPS:-eager sdpa sdpa-nosync sdpa-nosync-compiled}  # ceilings in this order
 CHECK=${CHECK:-1}             # 0 skips the device decode check (section 2)
+FIRST_CONTACT=${FIRST_CONTACT:-1}    # 0 skips the self-check and the refusals (section 0b); "only" runs nothing else
+TOO_BIG_BATCH=${TOO_BIG_BATCH:-128}  # more than one H200 holds by the measured need: refused before step 1
+OOM_BATCH=${OOM_BATCH:-512}          # with sdpa attention (no measured need): the first step runs out of memory
 PROFILE=${PROFILE:-1}         # 0 skips the profiled ceiling run (section 3b)
 MODEL_FLAGS=(--large) MODEL_DIR=bridgetower-large-random
 DEVICE_FLAGS=(--bf16)
@@ -104,6 +118,48 @@ except ImportError as error:
     print("simplejpeg: not importable (fast pipelines fall back to torchvision):", error)
 print("cuda:", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 EOF
+
+# 0b. First contact: the self-check, then the CUDA script's one-line refusals (no GPU; a batch too big) -------
+first_contact_started=$SECONDS
+refusal() {  # refusal NAME COMMAND...: the command's error line and exit status into $OUT/refusal_NAME.txt
+    local name=$1; shift
+    stamp "refusal: $name"
+    timeout --kill-after=10 180 "$@" > "$WORK/logs/refusal_$name.log" 2>&1
+    local rc=$?
+    { grep -E "error: " "$WORK/logs/refusal_$name.log" | tail -n 3; echo "exit status $rc"; } | tee "$OUT/refusal_$name.txt"
+}
+if [[ $FIRST_CONTACT == 1 || $FIRST_CONTACT == only ]]; then
+    stamp "nvidia_check"
+    timeout --kill-after=10 420 python3 -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
+        --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 2>&1 | grep -v Warning
+    echo "exit status ${PIPESTATUS[0]}" | tee "$OUT/nvidia_check_exit.txt"
+    # The refusals train on the self-check's fixtures (or, when it stopped early, build the tiny ones).
+    CHECK_FIXTURES=$WORK/nvidia_check/fixtures
+    python3 -m bridgetower_bench.tools.fixtures --out "$CHECK_FIXTURES" > "$WORK/logs/fixtures_check.log" 2>&1
+    ONE_STEP=(--dataset_name "$CHECK_FIXTURES/newyorker-matching-synthetic" --dataset_config_name matching
+              --image_column image --caption_column image_description --do_train --max_steps 1 --save_strategy no
+              --report_to none --remove_unused_columns False --overwrite_output_dir --bf16)
+    CUDA_VISIBLE_DEVICES= refusal no_gpu python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/tiny-bridgetower" \
+        "${ONE_STEP[@]}" --per_device_train_batch_size 4 --output_dir "$WORK/refusal_no_gpu"
+    if [[ $SMOKE == 1 ]]; then
+        stamp "refusals of a batch too big: skipped (smoke mode: no GPU)"
+    elif [[ -d $CHECK_FIXTURES/bridgetower-large-random ]]; then
+        refusal batch_estimate python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
+            "${ONE_STEP[@]}" --per_device_train_batch_size "$TOO_BIG_BATCH" --max_train_samples "$TOO_BIG_BATCH" \
+            --output_dir "$WORK/refusal_batch"
+        refusal batch_oom python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
+            "${ONE_STEP[@]}" --attn_implementation sdpa --per_device_train_batch_size "$OOM_BATCH" \
+            --max_train_samples "$OOM_BATCH" --output_dir "$WORK/refusal_batch"
+    else
+        stamp "refusals of a batch too big: skipped (the self-check built no Large model)"
+    fi
+    if [[ $SMOKE != 1 && -f $CHECK_FIXTURES/bridgetower-large-random/config.json && ! -e $WORK/fixtures/$MODEL_DIR ]]; then
+        mkdir -p "$WORK/fixtures" && ln -s "$CHECK_FIXTURES/bridgetower-large-random" "$WORK/fixtures/$MODEL_DIR"  # built once
+    fi
+    DEADLINE_S=$(( DEADLINE_S + SECONDS - first_contact_started ))
+    stamp "first contact took $(( SECONDS - first_contact_started ))s; no run starts after ${DEADLINE_S}s"
+    if [[ $FIRST_CONTACT == only ]]; then stamp "done (FIRST_CONTACT=only)"; exit 0; fi
+fi
 
 # 1. Fixtures: the random-weight model and the synthetic data set, built side by side, while the GPU tests
 #    run (nvJPEG against the host fast pipeline; the trainer's decode look-ahead; sdpa against eager) -------

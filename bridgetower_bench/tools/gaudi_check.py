@@ -181,10 +181,10 @@ def driver_row() -> Row:
     return Row("Gaudi driver", OK, str(driver))
 
 
-def pinned_requirements(repo: Path = REPO) -> list[str]:
-    """The requirement lines of requirements.txt and requirements-gaudi.txt (comments and -r lines left out)."""
+def pinned_requirements(repo: Path = REPO, files: tuple = REQUIREMENT_FILES) -> list[str]:
+    """The requirement lines of `files` (requirements.txt and requirements-gaudi.txt; comments and -r lines left out)."""
     lines = []
-    for name in REQUIREMENT_FILES:
+    for name in files:
         path = repo / name
         if path.is_file():
             for line in path.read_text().splitlines():
@@ -194,7 +194,7 @@ def pinned_requirements(repo: Path = REPO) -> list[str]:
     return lines
 
 
-def requirement_row(line: str, installed: Callable[[str], str] = metadata.version) -> Row:
+def requirement_row(line: str, installed: Callable[[str], str] = metadata.version, install: str = "requirements-gaudi.txt") -> Row:
     """One pinned package: installed at a version its pin allows?"""
     from packaging.requirements import Requirement
 
@@ -203,7 +203,7 @@ def requirement_row(line: str, installed: Callable[[str], str] = metadata.versio
     try:
         version = installed(requirement.name)
     except metadata.PackageNotFoundError:
-        return Row(requirement.name, FAILED, f"not installed (pinned: {pin}); pip install -r requirements-gaudi.txt")
+        return Row(requirement.name, FAILED, f"not installed (pinned: {pin}); pip install -r {install}")
     if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
         return Row(requirement.name, WARNING, f"{version}, pinned: {pin}")
     return Row(requirement.name, OK, f"{version}" + (f" (pinned: {pin})" if requirement.specifier else ""))
@@ -262,14 +262,14 @@ class Ran:
     note: str = ""
 
 
-def run_command(step: Step, timeout: float) -> Ran:
+def run_command(step: Step, timeout: float, tool: str = "gaudi_check") -> Ran:
     """The real runner: the step's command as a subprocess, all its output into its log file."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **step.env)
     with open(step.log, "w") as log:
         try:
             return Ran(subprocess.run(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode)
         except subprocess.TimeoutExpired:
-            log.write(f"\ngaudi_check: timed out after {timeout:.0f} s\n")
+            log.write(f"\n{tool}: timed out after {timeout:.0f} s\n")
             return Ran(124)
 
 

@@ -1,0 +1,68 @@
+"""The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12
+build from the index its label names, every requirements file the README names exists, and the driver the
+README states for each route is the one the CUDA script's refusal checks."""
+
+import re
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from bridgetower_bench import cuda_device
+from conftest import REPO
+
+ROUTES = {"requirements-cuda.txt": None, "requirements-cuda12.txt": "cu126"}  # file -> CUDA label of its torch build
+
+
+def read(name):
+    """(-r includes, index options, {package: Requirement}) of one requirements file."""
+    includes, indexes, pins = [], [], {}
+    for line in (REPO / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("-r "):
+            includes.append(line[3:].strip())
+        elif line.startswith("--"):
+            indexes.append(line)
+        else:
+            requirement = Requirement(line)
+            pins[requirement.name] = requirement
+    return includes, indexes, pins
+
+
+def exact(requirement):
+    (spec,) = requirement.specifier
+    assert spec.operator == "==", requirement
+    return Version(spec.version)
+
+
+def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requirements():
+    pairs = {}
+    for name, label in ROUTES.items():
+        includes, indexes, pins = read(name)
+        assert includes == ["requirements.txt"], name
+        assert set(pins) == {"torch", "torchvision"}, name  # everything else comes from the common file
+        torch, vision = exact(pins["torch"]), exact(pins["torchvision"])
+        assert torch.local == vision.local == label, name  # both from the same build
+        pairs[name] = (torch.public, vision.public)
+        if label is None:
+            assert indexes == [], name  # PyPI's default wheels
+        else:
+            assert indexes == [f"--extra-index-url https://download.pytorch.org/whl/{label}"], name
+    assert len(set(pairs.values())) == 1, pairs
+    common = read("requirements.txt")[2]
+    assert "torch" not in common and "torchvision" not in common  # Gaudi images keep their own torch
+    assert read("requirements-test.txt")[0] == ["requirements-cuda.txt"]
+
+
+def test_the_readme_names_each_route_and_its_driver():
+    readme = (REPO / "README.md").read_text()
+    named = set(re.findall(r"requirements[\w-]*\.txt", readme))
+    assert set(ROUTES) <= named
+    for name in named:
+        assert (REPO / name).is_file(), f"README names {name}, which does not exist"
+    assert cuda_device.CUDA12_REQUIREMENTS in ROUTES
+    # The drivers the README states are the ones the refusal compares with.
+    assert cuda_device.driver_floor("13.0") == "580" and "R580 or newer" in readme
+    assert cuda_device.driver_floor("12.6") == "525.60.13" and "525.60.13" in readme
+    assert cuda_device.TOOLKIT_DRIVER["13.0"] in readme
