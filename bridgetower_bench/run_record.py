@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from . import cuda_device
 from .execution_mode import mode_that_ran
 
 BACKENDS = {"hpu": "gaudi", "cuda": "cuda", "cpu": "cpu"}
@@ -64,8 +65,9 @@ def _command_output(command: list[str]) -> Optional[str]:
 
 
 def nvidia_driver_version() -> Optional[str]:
-    """The NVIDIA driver's version as `nvidia-smi` reports it (no CUDA context needed), or None."""
-    return _command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    """The NVIDIA driver's version as NVML or `nvidia-smi` reports it (no CUDA context needed), or None."""
+    answer = cuda_device.ask_driver()
+    return answer.version if answer is not None else None
 
 
 def gaudi_driver_version() -> Optional[str]:

@@ -53,7 +53,7 @@ def reports(outcomes):
         if isinstance(outcome, tuple):
             step.log.write_text(f"loading...\n{outcome[1]}\n")
             return nc.Ran(outcome[0])
-        (step.run_dir / "train_results.json").write_text(json.dumps(outcome))
+        (step.run_dir / "train_results.json").write_text(json.dumps({"execution_mode": "n/a", **outcome}))  # as a CUDA run records
         step.log.write_text("done\n")
         return nc.Ran(0)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..atomic_files import write_atomically
+from ..execution_mode import NOT_ON_GAUDI
 from ..redaction import shareable
 from .gaudi_check import (FAILED, OK, SKIPPED, WARNING, REPO, Ran, Row, Step, format_table, judge, last_error_line,
                           pinned_requirements, record, requirement_row, run_command)
@@ -215,7 +216,8 @@ def script_flags(model: Path, dataset: Path, run_dir: Path, max_steps: int, batc
 def plan_steps(fixtures: dict, large_model: Path, output_dir: Path, max_steps: int, gpus: int) -> list[Step]:
     def step(name, expected_loader, flags, launcher=(), needs=1):
         command = [*(launcher or [sys.executable]), str(CUDA_SCRIPT), *flags]
-        return Step(name, command, output_dir / name / "run", output_dir / name / "log.txt", expected_loader, needs)
+        return Step(name, command, output_dir / name / "run", output_dir / name / "log.txt", expected_loader, needs,
+                    expected_mode=NOT_ON_GAUDI, env={})  # no Habana execution mode on a GPU
 
     def tiny(name):
         return script_flags(fixtures["model"], fixtures["dataset"], output_dir / name / "run", max_steps)
