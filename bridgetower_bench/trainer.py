@@ -359,8 +359,9 @@ class TrainerExtensions:
             if self.recipe is not None:
                 required.append(run_recipe.RECIPE_NAME)
             problem = checkpoint_manifest.write(checkpoint, required)
-            if problem is not None:
+            if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
                 logger.warning(f"{checkpoint} does not count for resuming: {problem}")
+                rotation = []
         for args, kwargs in rotation:
             super()._rotate_checkpoints(*args, **kwargs)
 
