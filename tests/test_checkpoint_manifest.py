@@ -113,3 +113,17 @@ def test_with_no_complete_checkpoint_the_run_says_so_and_starts_afresh(runs, fix
     assert "Continuing training" not in log
     expected, actual = load_weights(runs["reference"]), load_weights(out)
     assert all(torch.equal(expected[k], actual[k]) for k in expected)
+
+
+def test_gaudi_script_skips_a_checkpoint_whose_optimizer_state_is_cut_short(fixtures, tmp_path):
+    reference, out = tmp_path / "reference", tmp_path / "run"
+    run_script("gaudi", command(fixtures, reference, "gaudi", max_steps=4))
+    run_killed_while_publishing("gaudi", command(fixtures, out, "gaudi", max_steps=4))  # checkpoints 2 and 4 saved
+    damage(out / "checkpoint-4" / "optimizer.pt", "truncated")
+
+    resumed = run_script("gaudi", command(fixtures, out, "gaudi", max_steps=4))
+    expected, actual = load_weights(reference), load_weights(out)
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), "resumed weights differ from the uninterrupted run"
+    log = resumed.stdout + resumed.stderr
+    assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has " in log
+    assert f"resuming training at {out / 'checkpoint-2'}" in log
