@@ -5,7 +5,6 @@ A resume passes over a checkpoint with a file missing, cut short or changed, nam
 the newest complete one, to the weights of an uninterrupted run.
 """
 
-import os
 import shutil
 
 import pytest

@@ -7,7 +7,6 @@ evaluation alone into a trained run's directory evaluates that run's model.
 """
 
 import json
-import os
 import re
 import shutil
 import signal
