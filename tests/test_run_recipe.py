@@ -21,7 +21,7 @@ import preloaded_python
 from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
 from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
 from test_reliability import write_csv
-from test_scripts import base_args, load_weights
+from test_scripts import base_args, load_weights, run_killed_while_publishing
 
 
 def command(fixtures, out, kind="cuda", *extra, **overrides):
@@ -119,6 +119,20 @@ def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_
     assert read_json(out / "recipe.json")["learning_rate"] == 2e-3
     expected, actual = load_weights(reference), load_weights(out)
     assert all(torch.equal(expected[k], actual[k]) for k in expected), "the published model is not recipe B's"
+
+
+def test_a_resume_with_another_seed_is_refused_and_the_checkpoints_kept(fixtures, tmp_path):
+    out = tmp_path / "run"
+    run_killed_while_publishing("cuda", command(fixtures, out, max_steps=4))  # checkpoints 2 and 4, no model
+    kept = files(out / "checkpoint-4", "model.safetensors", "optimizer.pt")
+
+    rerun = run_script("cuda", command(fixtures, out, max_steps=4, seed=8), check=False)
+    assert rerun.returncode == 2 and "'loss'" not in rerun.stdout, rerun.stderr[-3000:]
+    assert last_line(rerun) == (
+        f"{SCRIPTS['cuda']}: error: --output_dir={out} holds checkpoints (the newest complete one: checkpoint-4) of "
+        "another recipe (--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose "
+        "another --output_dir")
+    assert files(out / "checkpoint-4", *kept) == kept and not (out / "model.safetensors").exists()
 
 
 # ---------------------------------------------------------------------------------------------
