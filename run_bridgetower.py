@@ -21,7 +21,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum.habana.utils import set_seed
 
-from bridgetower_bench import data, preflight, resilience, run_directory
+from bridgetower_bench import data, preflight, resilience, run_directory, run_recipe
 from bridgetower_bench.attention import use_attention
 from bridgetower_bench.execution_mode import check_lazy_mode_variable
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
@@ -130,22 +130,10 @@ def main():
     logger.info(f"Training/evaluation parameters {training_args}")
 
     # 3. Claim output_dir: one run at a time (a lock), files of anyone else never overwritten or deleted. A
-    #    publication a killed run committed is finished, its leftovers cleared. Training resumes from the last
-    #    complete checkpoint, unless told to overwrite; a run whose model is published, trained as far as this
-    #    command asks, goes on to the phases it has not finished.
-    last_checkpoint = resilience.check_output_dir(
-        training_args.output_dir,
-        overwrite_output_dir=training_args.overwrite_output_dir,
-        do_train=training_args.do_train,
-        resume_from_checkpoint=training_args.resume_from_checkpoint,
-    )
+    #    publication a killed run committed is finished, its leftovers cleared.
+    resilience.check_output_dir(training_args.output_dir)
     with training_args.main_process_first(desc="claiming --output_dir", local=False):
         run_directory.claim(training_args.output_dir, holder=training_args.process_index == 0)
-    trained = training_args.do_train and not training_args.overwrite_output_dir and run_directory.finished_training(
-        training_args.output_dir, training_args.max_steps, training_args.num_train_epochs
-    )
-    if trained:
-        logger.info(f"{training_args.output_dir} holds this run's trained model: not training again (--overwrite_output_dir does)")
 
     # 4. Load the data set: a Hub name or local directory, or csv / json / jsonl files.
     dataset = data.load_raw_datasets(
@@ -159,6 +147,11 @@ def main():
         token=model_args.token,
         image_column=data_args.image_column,
     )
+    # What makes this run's model (model, data fingerprints, every argument that changes the weights, seed, version)
+    # against what output_dir holds: a published model of this recipe, trained as far as asked, is not trained
+    # again; training resumes from the newest complete checkpoint of this recipe; another recipe is refused. An
+    # evaluation alone evaluates the model trained there.
+    run = run_recipe.plan_run(training_args.output_dir, model_args, data_args, training_args, dataset)
 
     # 5. Load the pretrained model, tokenizer and image processor (only its mean and std are used).
     tokenizer = AutoTokenizer.from_pretrained(
@@ -176,7 +169,7 @@ def main():
         trust_remote_code=model_args.trust_remote_code,
     )
     model = BridgeTowerForContrastiveLearning.from_pretrained(
-        training_args.output_dir if trained else model_args.model_name_or_path,
+        run.trained_model or model_args.model_name_or_path,
         config=model_args.config_name,
         cache_dir=model_args.cache_dir,
         revision=model_args.model_revision,
@@ -277,12 +270,12 @@ def main():
         image_std=image_processor.image_std,
         loader=loader,
         image_pipeline=data_args.image_pipeline,
+        recipe=run.recipe,
     )
 
-    # 9. Training. The model, processors, metrics and state are published as one set: all or nothing.
-    if training_args.do_train and not trained:
-        checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    # 9. Training. The model, processors, metrics, state and recipe are published as one set: all or nothing.
+    if training_args.do_train and not run.trained_model:
+        train_result = trainer.train(resume_from_checkpoint=run.resume_from)
         trainer.log_metrics("train", train_result.metrics)
         with trainer.publishing():
             trainer.save_model()

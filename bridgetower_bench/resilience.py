@@ -9,13 +9,13 @@
   unfinished run). Rerunning the same command resumes from the checkpoint.
   A signal after the last step (or while results are being saved) waits until the final results
   are saved completely, then ends the run the same way (`stopped_after_saving`).
-- `check_output_dir`: the checkpoint to resume from, or a refusal when --output_dir holds anything
-  that runs of the scripts did not write (run_directory.py keeps that record and the lock).
+- `check_output_dir`: a refusal when --output_dir holds anything that runs of the scripts did not write
+  (run_directory.py keeps that record and the lock); `checkpoints`: its checkpoint-N directories, by step
+  (which one training resumes from: run_recipe.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -186,7 +186,7 @@ def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# --output_dir: resume a previous run, never overwrite anything else
+# --output_dir: never overwrite anything else
 # ---------------------------------------------------------------------------------------------
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -198,36 +198,17 @@ def checkpoints(output_dir: str) -> list[str]:
     return [os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))]
 
 
-def is_complete_checkpoint(checkpoint: str) -> bool:
-    """The Trainer writes trainer_state.json last: a checkpoint without a readable one was cut short."""
-    try:
-        with open(os.path.join(checkpoint, "trainer_state.json")) as f:
-            json.load(f)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def last_complete_checkpoint(output_dir: str) -> Optional[str]:
-    """The newest checkpoint that was saved completely (a kill during a save leaves an incomplete one)."""
-    for checkpoint in reversed(checkpoints(output_dir)):
-        if is_complete_checkpoint(checkpoint):
-            return checkpoint
-        logger.warning(f"{checkpoint} is incomplete (no readable trainer_state.json): not resuming from it")
-    return None
-
-
-def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: bool, resume_from_checkpoint) -> Optional[str]:
-    """The checkpoint to resume training from (None: start afresh), or a ValueError when output_dir must not be written.
+def check_output_dir(output_dir: str) -> None:
+    """A refusal (UserInputError) when output_dir holds anything that runs of these scripts did not write.
 
     output_dir must be absent, empty or hold only what runs of these scripts wrote (see run_directory):
-    files of anyone else are never overwritten or deleted, --overwrite_output_dir or not. Without
-    --overwrite_output_dir, training resumes from the last complete checkpoint there (upstream's rule).
+    files of anyone else are never overwritten or deleted, --overwrite_output_dir or not. Which checkpoint
+    training resumes from, if any, is decided once the run's recipe is known (run_recipe.plan_run).
     """
     from .run_directory import foreign_entries  # (run_directory builds on this module)
 
     if not os.path.isdir(output_dir):
-        return None
+        return
     foreign = foreign_entries(output_dir)
     if foreign:
         listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -235,10 +216,3 @@ def check_output_dir(output_dir: str, *, overwrite_output_dir: bool, do_train: b
             f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
             "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
         )
-    if overwrite_output_dir or not do_train:
-        return None
-    last = last_complete_checkpoint(output_dir)
-    if last is not None and resume_from_checkpoint is None:
-        logger.info(f"Checkpoint detected, resuming training at {last}. Pass --overwrite_output_dir to start over.")
-    return last
-

@@ -27,7 +27,6 @@ import atexit
 import fcntl
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -107,23 +106,6 @@ def foreign_entries(output_dir: str) -> list[str]:
 
 def is_ours(output_dir: str, name: str) -> bool:
     return name in read_record(output_dir)["written"]
-
-
-def finished_training(output_dir: str, max_steps: int, num_train_epochs: float) -> bool:
-    """Whether output_dir holds a published model trained as far as asked (the same --max_steps, or the same
-    --num_train_epochs when --max_steps is not set): its train_results.json and trainer state are part of the set."""
-    if "train_results.json" not in read_record(output_dir)["current"]:
-        return False
-    try:
-        with open(os.path.join(output_dir, "trainer_state.json")) as f:
-            state = json.load(f)
-        if state["global_step"] < state["max_steps"]:
-            return False
-        if max_steps > 0:
-            return state["max_steps"] == max_steps
-        return state["num_train_epochs"] == math.ceil(num_train_epochs)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
 
 
 # ---------------------------------------------------------------------------------------------

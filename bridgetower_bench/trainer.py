@@ -20,13 +20,16 @@ It
 - publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
   after any kill output_dir holds the previous set or the new one, never a mix; SIGTERM/SIGINT after
   the last step waits until the set is published, then ends the run;
-- records the checkpoints it writes, and rotation deletes only those.
+- records the checkpoints it writes, and rotation deletes only those; each checkpoint holds the run's recipe
+  and counts only once its manifest (every file, size and sha256) is written, last (checkpoint_manifest.py);
+  the final model is published with the recipe (run_recipe.py).
 - blanks credentials (--hub_token) in the training_args.bin saved with the weights.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -41,11 +44,14 @@ from transformers.training_args import OptimizerNames, ParallelMode
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
-from . import gpu_memory, run_directory
+
+from . import checkpoint_manifest, gpu_memory, run_directory, run_recipe
 from .redaction import without_secrets
 from .resilience import ImageLoadError, StopOnSignal, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
+
+logger = logging.getLogger(__name__)
 
 
 def _gaudi_default(name: str, default):
@@ -100,8 +106,10 @@ class WarmupTrainingArguments(TrainingArguments):
 
 
 class TrainerExtensions:
-    def __init__(self, *args, image_mean=None, image_std=None, loader: str = "torch", image_pipeline: str = "upstream", **kwargs):
+    def __init__(self, *args, image_mean=None, image_std=None, loader: str = "torch", image_pipeline: str = "upstream",
+                 recipe: Optional[dict] = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.recipe = recipe  # what makes this run's model (run_recipe.describe): saved with the model and every checkpoint
         self.image_mean = tuple(image_mean) if image_mean is not None else None
         self.image_std = tuple(image_std) if image_std is not None else None
         self.run_facts = {
@@ -293,10 +301,10 @@ class TrainerExtensions:
         report_and_exit(interrupted, self.is_world_process_zero())
 
     def save_model(self, output_dir=None, _internal_call: bool = False):
-        """The final model and its config, published with the rest of the set (see `publishing`).
+        """The final model and its config, published with the rest of the set (see `publishing`), with its recipe.
 
-        Checkpoints (`_internal_call`) are written in place: one counts only once its trainer_state.json,
-        written last, is readable (resilience.last_complete_checkpoint).
+        Checkpoints (`_internal_call`) are written in place: one counts only once its manifest, written last,
+        matches every file (`_save_checkpoint`).
         """
         if _internal_call:
             return super().save_model(output_dir, _internal_call=True)
@@ -307,6 +315,8 @@ class TrainerExtensions:
             with self.publishing() as staging:
                 self._publishing_model = True
                 super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
+                if self.recipe is not None and self.args.should_save:
+                    run_recipe.write(staging, self.recipe)
                 run_directory.fault_point()
         if self.args.push_to_hub:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
@@ -360,9 +370,38 @@ class TrainerExtensions:
 
     # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
+        """As the backend's, then the recipe and, last, the manifest: the checkpoint counts from then on."""
+        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
-            run_directory.record_written(self._get_output_dir(trial=trial), [f"checkpoint-{self.state.global_step}"])
-        return super()._save_checkpoint(model, trial)
+            run_directory.record_written(os.path.dirname(checkpoint), [os.path.basename(checkpoint)])
+            checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
+        self._rotation = []  # older checkpoints are rotated away only once this one counts
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            rotation, self._rotation = self._rotation, None
+        if self.args.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank's RNG state is saved
+        if self.args.should_save:
+            if self.recipe is not None:
+                run_recipe.write(checkpoint, self.recipe)
+            required = checkpoint_manifest.required_files(
+                save_only_model=self.args.save_only_model, world_size=self.args.world_size,
+                save_on_each_node=self.args.save_on_each_node)
+            if self.recipe is not None:
+                required.append(run_recipe.RECIPE_NAME)
+            problem = checkpoint_manifest.write(checkpoint, required)
+            if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
+                logger.warning(f"{checkpoint} does not count for resuming: {problem}")
+                rotation = []
+        for args, kwargs in rotation:
+            super()._rotate_checkpoints(*args, **kwargs)
+
+    def _rotate_checkpoints(self, *args, **kwargs):
+        if getattr(self, "_rotation", None) is not None:  # inside _save_checkpoint: after the manifest
+            self._rotation.append((args, kwargs))
+        else:
+            super()._rotate_checkpoints(*args, **kwargs)
 
     def _sorted_checkpoints(self, output_dir=None, *args, **kwargs):
         """Rotation (save_total_limit) and best-model bookkeeping see only the checkpoints runs of ours wrote."""

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+from bridgetower_bench import checkpoint_manifest
 from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
 # Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.
@@ -136,6 +137,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_c
     checkpoint = out / "checkpoint-10"
     assert read_json(checkpoint / "trainer_state.json")["global_step"] == 10
     assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
-    # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (trainer_state.json is
-    # written last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
-    assert float((exits / "rank1").read_text()) >= (checkpoint / "trainer_state.json").stat().st_mtime
+    # The checkpoint counts: both ranks' random states are in its manifest, written last.
+    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(read_json(checkpoint / checkpoint_manifest.MANIFEST_NAME)["files"])
+    # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
+    # last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
+    assert float((exits / "rank1").read_text()) >= (checkpoint / checkpoint_manifest.MANIFEST_NAME).stat().st_mtime

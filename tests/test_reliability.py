@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from bridgetower_bench import data, preflight, resilience, run_directory
+from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
 import preloaded_python
 from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
@@ -237,7 +237,7 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert match, message
     step, checkpoint = int(match.group(1)), match.group(2)
     assert 1 <= step < 6 and checkpoint.endswith(f"checkpoint-{step}")
-    assert resilience.is_complete_checkpoint(checkpoint)
+    assert checkpoint_manifest.incomplete_reason(checkpoint) is None
 
     for path in paths:
         os.rename(path + ".away", path)
@@ -371,32 +371,22 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
 # ---------------------------------------------------------------------------------------------
 
 
-def make_checkpoint(directory, complete=True):
-    directory.mkdir(parents=True)
-    (directory / "trainer_state.json").write_text('{"global_step": 1}' if complete else '{"global_st')
-
-
 def test_output_dir_rules(tmp_path):
     check = resilience.check_output_dir
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("years of work")
-    for do_train, overwrite in ((True, False), (False, False), (True, True)):
-        with pytest.raises(ValueError, match=r"--output_dir=.*foreign holds files this script did not write \(thesis\.tex\)"):
-            check(str(foreign), overwrite_output_dir=overwrite, do_train=do_train, resume_from_checkpoint=None)
+    with pytest.raises(ValueError, match=r"--output_dir=.*foreign holds files this script did not write \(thesis\.tex\)"):
+        check(str(foreign))
 
     previous = tmp_path / "previous"
     previous.mkdir()
     (previous / "all_results.json").write_text("{}")
-    run_directory.record_written(str(previous), ["all_results.json", "checkpoint-2", "checkpoint-10", "checkpoint-12"])
-    assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
-    assert check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) is None  # afresh
-
-    make_checkpoint(previous / "checkpoint-2")
-    make_checkpoint(previous / "checkpoint-10")
-    make_checkpoint(previous / "checkpoint-12", complete=False)  # killed while saving
-    resume = check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
-    assert resume == str(previous / "checkpoint-10")
+    (previous / "checkpoint-2").mkdir()
+    run_directory.record_written(str(previous), ["all_results.json", "checkpoint-2"])
+    assert check(str(previous)) is None
+    assert check(str(tmp_path / "absent")) is None
+    # which checkpoint training resumes from: tests/test_run_recipe.py
 
 
 def test_a_failed_publication_leaves_the_previous_files_alone(tmp_path):
@@ -523,29 +513,6 @@ def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     assert last_stderr_line(result) == f"run_bridgetower_cuda.py: error: {expected}", result.stderr[-3000:]
 
 
-def test_a_checkpoint_is_resumed_only_when_training_without_overwrite(tmp_path, caplog):
-    check = resilience.check_output_dir
-    previous = tmp_path / "previous"
-    previous.mkdir()
-    run_directory.record_written(str(previous), ["checkpoint-4"])
-    make_checkpoint(previous / "checkpoint-4")
-    with caplog.at_level("INFO", logger="bridgetower_bench.resilience"):
-        # --overwrite_output_dir starts afresh; a run that does not train resumes nothing
-        assert check(str(previous), overwrite_output_dir=True, do_train=True, resume_from_checkpoint=None) is None
-        assert check(str(previous), overwrite_output_dir=False, do_train=False, resume_from_checkpoint=None) is None
-        assert "resuming" not in caplog.text
-        # an explicit --resume_from_checkpoint is the user's choice: no "checkpoint detected" message
-        check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=str(previous / "checkpoint-4"))
-        assert "resuming" not in caplog.text
-        # nothing to resume from: nothing said either
-        empty = tmp_path / "empty"
-        empty.mkdir()
-        assert check(str(empty), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) is None
-        assert "resuming" not in caplog.text
-        assert check(str(previous), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None) == str(previous / "checkpoint-4")
-        assert f"Checkpoint detected, resuming training at {previous / 'checkpoint-4'}" in caplog.text
-
-
 def test_image_label_names_the_image_as_errors_do(tmp_path):
     assert resilience.image_label({"bytes": b"\xff\xd8", "path": None}) == "embedded bytes"
     assert resilience.image_label({"bytes": b"\xff\xd8", "path": ""}) == "embedded bytes"
@@ -666,5 +633,5 @@ def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
     for i in range(count):
         (tmp_path / f"a{i}").write_text("theirs")
     with pytest.raises(ValueError) as refused:
-        resilience.check_output_dir(str(tmp_path), overwrite_output_dir=False, do_train=True, resume_from_checkpoint=None)
+        resilience.check_output_dir(str(tmp_path))
     assert f"holds files this script did not write {listed};" in str(refused.value)

@@ -6,12 +6,17 @@ The Gaudi script runs optimum-habana's real GaudiTrainer behind tests/habana_shi
 import json
 import math
 import re
+import shutil
+import signal
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import CPU_FLAGS, REPO, assert_throughput_adds_up, read_json, run_script
+import preloaded_python
+from bridgetower_bench import run_directory
+from conftest import CPU_FLAGS, REPO, SCRIPTS, assert_throughput_adds_up, read_json, run_script, script_env
 
 KINDS = ["gaudi", "cuda"]
 
@@ -49,13 +54,23 @@ def load_weights(directory):
     return load_file(str(directory / "model.safetensors"))
 
 
+def run_killed_while_publishing(kind, args):
+    """A training run SIGKILLed at the first write of its final publication: its checkpoints saved, no model published."""
+    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
+    env = {**script_env(kind == "gaudi"), run_directory.FAULT_ENV: "1:SIGKILL"}
+    result = preloaded_python.run(cmd, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     out = tmp_path / "run"
-    # First run stops at step 2 (a checkpoint is saved there); the rerun, without --overwrite_output_dir,
-    # must resume from it and finish at step 4.
-    run_script(kind, base_args(fixtures, out, max_steps=2) + ["--do_train"] + CPU_FLAGS[kind])
-    assert (out / "checkpoint-2").is_dir()
+    # First run: 4 steps, a checkpoint every 2, killed as it publishes its model, and its checkpoint-4 lost (as if
+    # killed during step 4). The rerun of the same recipe, without --overwrite_output_dir, must resume from
+    # checkpoint-2 and finish at step 4.
+    run_killed_while_publishing(kind, base_args(fixtures, out, max_steps=4) + ["--do_train"] + CPU_FLAGS[kind])
+    assert (out / "checkpoint-2").is_dir() and not (out / "model.safetensors").exists()
+    shutil.rmtree(out / "checkpoint-4")
     result = run_script(
         kind, base_args(fixtures, out, max_steps=4) + ["--do_train", "--do_eval", "--do_predict"] + CPU_FLAGS[kind]
     )

@@ -1,0 +1,286 @@
+"""A run directory knows its recipe: a rerun, resume or evaluation uses the model its command describes, or refuses.
+
+What makes a model (model, data fingerprints, every argument that changes the weights, seed, the scripts'
+version) is saved with the model and with every checkpoint; a rerun of another recipe into a finished run
+is refused naming what differs, a resume takes the newest complete checkpoint of the same recipe, and an
+evaluation alone into a trained run's directory evaluates that run's model.
+"""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import preloaded_python
+from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
+from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
+from test_reliability import write_csv
+from test_scripts import base_args, load_weights, run_killed_while_publishing
+
+
+def command(fixtures, out, kind="cuda", *extra, **overrides):
+    """Train the tiny model: 32 rows in batches of 4 (8 steps an epoch: every step in the first), a checkpoint
+    every 2 steps."""
+    args = {"max_train_samples": 32, "max_steps": 2, **overrides}
+    return base_args(fixtures, out, **args) + ["--do_train", *extra] + CPU_FLAGS[kind]
+
+
+def last_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def files(out, *names) -> dict:
+    return {name: (out / name).read_bytes() for name in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# A finished run is reused only by its own recipe
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["cuda", "gaudi"])
+def test_a_rerun_with_another_learning_rate_and_seed_into_a_finished_run_is_refused(kind, fixtures, tmp_path):
+    out = tmp_path / "run"
+    run_script(kind, command(fixtures, out, kind, "--do_eval"))
+    kept = files(out, "model.safetensors", "all_results.json", "validation_results.json")
+
+    rerun = run_script(kind, command(fixtures, out, kind, "--do_eval", learning_rate=2e-3, seed=8), check=False)
+    assert rerun.returncode == 2 and "Traceback" not in rerun.stderr, rerun.stderr[-3000:]
+    assert read_json(out / "recipe.json")["learning_rate"] == 1e-3  # (saved with the model)
+    assert last_line(rerun) == (
+        f"{SCRIPTS[kind]}: error: --output_dir={out} holds a model of another recipe (--learning_rate 0.001 → 0.002, "
+        "--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir")
+    assert "'loss'" not in rerun.stdout and files(out, *kept) == kept, "the finished run's files were changed"
+
+    same = run_script(kind, command(fixtures, out, kind, "--do_eval"))  # its own recipe: reused, not trained again
+    assert "not training again" in same.stdout + same.stderr and "'loss'" not in same.stdout
+    assert (out / "model.safetensors").read_bytes() == kept["model.safetensors"]
+
+
+def test_a_rerun_on_data_changed_in_place_is_refused_naming_the_data(fixtures, tmp_path):
+    rows = [(f"{i}.jpg", noise_jpeg(i), f"cartoon number {i}") for i in range(20)]
+    train_file = write_csv(tmp_path / "data" / "train.csv", rows)
+    out = tmp_path / "run"
+
+    def csv_command():
+        args = command(fixtures, out, dataset_name=None, dataset_config_name=None, image_column="image_path",
+                       caption_column="caption")
+        return args + ["--train_file", train_file]
+
+    run_script("cuda", csv_command())
+    write_csv(train_file, rows[:-1] + [(rows[-1][0], None, "a caption changed in place")])
+
+    rerun = run_script("cuda", csv_command(), check=False)
+    assert rerun.returncode == 2, rerun.stderr[-3000:]
+    before = read_json(out / "recipe.json")["data_fingerprint_train"]
+    assert re.fullmatch(
+        re.escape(f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a model of another recipe (the train split's data "
+                  f"(datasets fingerprint) {before} → ") + r"[0-9a-f]+" + re.escape(
+            "): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"),
+        last_line(rerun)), last_line(rerun)
+
+
+def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_model(fixtures, tmp_path):
+    """A finished run of recipe A; recipe B started over it with --overwrite_output_dir, stopped by SIGTERM; the
+    rerun of B without --overwrite_output_dir (as the message says) resumes B's checkpoint, passing over A's newer
+    ones, and publishes B's model: the weights of an uninterrupted run of B."""
+    new = {"learning_rate": 2e-3, "max_steps": 6}
+    reference = tmp_path / "reference"
+    run_script("cuda", command(fixtures, reference, **new))
+
+    out = tmp_path / "run"
+    run_script("cuda", command(fixtures, out, max_steps=6))  # recipe A: checkpoints 2, 4, 6 and its model
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(fixtures, out, "cuda", "--overwrite_output_dir", **new)
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        for line in process.stdout:
+            if "'loss'" in line:
+                process.send_signal(signal.SIGTERM)
+                break
+        process.communicate(timeout=300)
+    stopped = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 128 + signal.SIGTERM, stopped[-3000:]
+    step = int(re.search(r"Training stopped by SIGTERM at step (\d+) of 6", stopped).group(1))
+
+    resumed = run_script("cuda", command(fixtures, out, **new))
+    log = resumed.stdout + resumed.stderr
+    assert "not training again" not in log
+    assert f"Checkpoint detected, resuming training at {out / f'checkpoint-{step}'}" in log
+    assert f"Continuing training from global step {step}" in log
+    for older in range(step + 1, 7):
+        if older % 2 == 0:  # recipe A's checkpoints the new run had not reached: named and passed over
+            assert f"Not resuming from {out / f'checkpoint-{older}'}: saved by another recipe (--learning_rate 0.001 → 0.002)" in log
+    assert read_json(out / "recipe.json")["learning_rate"] == 2e-3
+    expected, actual = load_weights(reference), load_weights(out)
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), "the published model is not recipe B's"
+
+
+def test_a_resume_with_another_seed_is_refused_and_the_checkpoints_kept(fixtures, tmp_path):
+    out = tmp_path / "run"
+    run_killed_while_publishing("cuda", command(fixtures, out, max_steps=4))  # checkpoints 2 and 4, no model
+    kept = files(out / "checkpoint-4", "model.safetensors", "optimizer.pt")
+
+    rerun = run_script("cuda", command(fixtures, out, max_steps=4, seed=8), check=False)
+    assert rerun.returncode == 2 and "'loss'" not in rerun.stdout, rerun.stderr[-3000:]
+    assert last_line(rerun) == (
+        f"{SCRIPTS['cuda']}: error: --output_dir={out} holds checkpoints (the newest complete one: checkpoint-4) of "
+        "another recipe (--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose "
+        "another --output_dir")
+    assert files(out / "checkpoint-4", *kept) == kept and not (out / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation alone into a trained run's directory
+# ---------------------------------------------------------------------------------------------
+
+
+def eval_only(fixtures, out, model):
+    return base_args(fixtures, out, model_name_or_path=model) + ["--do_eval"] + CPU_FLAGS["cuda"]
+
+
+def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtures, tmp_path):
+    out = tmp_path / "run"
+    run_script("cuda", command(fixtures, out, "cuda", "--do_eval"))
+    trained = read_json(out / "validation_results.json")["eval_loss"]
+    weights = (out / "model.safetensors").read_bytes()
+    (out / "validation_results.json").unlink()  # this evaluation writes them again
+    again = run_script("cuda", eval_only(fixtures, out, fixtures["model"]))  # the base model named, as in training
+    log = again.stdout + again.stderr
+    assert f"loading weights file {out / 'model.safetensors'}" in log
+    assert f"loading weights file {fixtures['model'] / 'model.safetensors'}" not in log
+    assert f"{out} holds a trained model: evaluating it (not {fixtures['model']}" in log
+    assert read_json(out / "validation_results.json")["eval_loss"] == trained
+    assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(out / "all_results.json")
+    run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
+    assert read_json(out / "validation_results.json")["eval_loss"] == trained
+
+    other = tmp_path / "other-model"
+    shutil.copytree(fixtures["model"], other)
+    kept = files(out, "validation_results.json", "all_results.json")
+    refused = run_script("cuda", eval_only(fixtures, out, other), check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert last_line(refused) == (
+        f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a trained model (trained from {fixtures['model']}); "
+        f"--model_name_or_path={other} names another model, whose results would replace the trained model's: choose "
+        f"another --output_dir, or pass --model_name_or_path {out} to evaluate the trained model")
+    assert files(out, *kept) == kept and (out / "model.safetensors").read_bytes() == weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Which checkpoint a run resumes from (no training: the decision alone)
+# ---------------------------------------------------------------------------------------------
+
+
+def arguments(out, **training):
+    model = SimpleNamespace(model_name_or_path="base-model", model_revision="main")
+    data = SimpleNamespace(dataset_name="cartoons", max_train_samples=None)
+    args = {"output_dir": str(out), "do_train": True, "do_predict": False, "overwrite_output_dir": False,
+            "resume_from_checkpoint": None, "learning_rate": 1e-3, "seed": 7, "max_steps": 6, "warmup_steps": 0,
+            "num_train_epochs": 3.0, "load_best_model_at_end": False, "world_size": 1, **training}
+    dataset = {"train": SimpleNamespace(_fingerprint="f00d"), "validation": SimpleNamespace(_fingerprint="beef")}
+    return model, data, SimpleNamespace(**args), dataset
+
+
+def plan(out, **training):
+    return run_recipe.plan_run(str(out), *arguments(out, **training))
+
+
+def save_checkpoint(out, step, recipe=None, complete=True):
+    checkpoint = out / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "config.json", "trainer_state.json", "training_args.bin", "optimizer.pt",
+                 "scheduler.pt", "rng_state.pth"):
+        (checkpoint / name).write_text(f"{name} at step {step}")
+    if recipe is not None:
+        run_recipe.write(str(checkpoint), recipe)
+    run_directory.record_written(str(out), [checkpoint.name])
+    if complete:
+        assert checkpoint_manifest.write(str(checkpoint), checkpoint_manifest.required_files(
+            save_only_model=False, world_size=1)) is None
+    return checkpoint
+
+
+def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_path, caplog):
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    other = run_recipe.describe(*arguments(out, learning_rate=5e-4)[:3], arguments(out)[3])
+    save_checkpoint(out, 2, recipe)
+    save_checkpoint(out, 4, recipe)
+    save_checkpoint(out, 6, recipe, complete=False)  # killed while saving
+    save_checkpoint(out, 8, other)
+    with caplog.at_level("WARNING", logger="bridgetower_bench"):
+        assert plan(out) == (recipe, None, str(out / "checkpoint-4"))
+    assert f"Not resuming from {out / 'checkpoint-8'}: saved by another recipe (--learning_rate 0.0005 → 0.001)" in caplog.text
+    assert f"Not resuming from {out / 'checkpoint-6'}: it has no checkpoint-manifest.json (its save did not finish)" in caplog.text
+    assert f"resuming training at {out / 'checkpoint-4'}" in caplog.text
+
+    # what a run does not train with decides nothing: more or fewer epochs than --max_steps allows, more workers
+    assert plan(out, num_train_epochs=9.0, dataloader_num_workers=4).resume_from == str(out / "checkpoint-4")
+    # --overwrite_output_dir starts afresh; a run that does not train resumes nothing
+    assert plan(out, overwrite_output_dir=True).resume_from is None
+    assert plan(out, do_train=False).resume_from is None
+    # --resume_from_checkpoint: the user's choice, if complete and of this recipe
+    assert plan(out, resume_from_checkpoint=str(out / "checkpoint-2")).resume_from == str(out / "checkpoint-2")
+    with pytest.raises(ValueError, match=r"^--resume_from_checkpoint=.*checkpoint-8 was saved by another recipe "
+                                         r"\(--learning_rate 0\.0005 → 0\.001\): rerun with its arguments"):
+        plan(out, resume_from_checkpoint=str(out / "checkpoint-8"))
+    with pytest.raises(ValueError, match=r"^--resume_from_checkpoint=.*checkpoint-6 is incomplete \(it has no "):
+        plan(out, resume_from_checkpoint=str(out / "checkpoint-6"))
+
+
+def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only_are_named(tmp_path, caplog):
+    out = tmp_path / "run"
+    other = run_recipe.describe(*arguments(out, seed=3, max_steps=8)[:3], arguments(out)[3])
+    save_checkpoint(out, 2, other)
+    with pytest.raises(ValueError) as refused:
+        plan(out)
+    assert str(refused.value) == (
+        f"--output_dir={out} holds checkpoints (the newest complete one: checkpoint-2) of another recipe (--max_steps 8 → 6, "
+        "--seed 3 → 7): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir")
+
+    fresh = tmp_path / "fresh"
+    save_checkpoint(fresh, 2, None, complete=False)
+    (fresh / "checkpoint-4").mkdir()
+    run_directory.record_written(str(fresh), ["checkpoint-4"])
+    with caplog.at_level("WARNING", logger="bridgetower_bench"):
+        assert plan(fresh).resume_from is None
+    assert (f"{fresh} holds no complete checkpoint, only incomplete ones (checkpoint-4: it has no checkpoint-manifest.json "
+            "(its save did not finish); checkpoint-2: it has no checkpoint-manifest.json (its save did not finish)): "
+            "training starts afresh") in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Every argument is decided: in the recipe or, on purpose, not
+# ---------------------------------------------------------------------------------------------
+
+_FIELDS_PROGRAM = """
+import dataclasses, json, sys
+sys.path.insert(0, sys.argv[1])
+import run_bridgetower, run_bridgetower_cuda
+from bridgetower_bench.trainer import WarmupTrainingArguments
+from optimum.habana import GaudiTrainingArguments
+
+classes = (run_bridgetower.ModelArguments, run_bridgetower.DataTrainingArguments, run_bridgetower_cuda.DataTrainingArguments,
+           GaudiTrainingArguments, WarmupTrainingArguments)
+print(json.dumps(sorted({f.name for cls in classes for f in dataclasses.fields(cls)})))
+"""
+
+
+def test_every_argument_of_both_scripts_is_in_the_recipe_or_listed_as_leaving_the_weights_alone(tmp_path):
+    program = tmp_path / "fields.py"
+    program.write_text(_FIELDS_PROGRAM)
+    result = preloaded_python.run([sys.executable, program, REPO], cwd=REPO, env=script_env(gaudi=True), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    in_recipe = set(run_recipe.MODEL_ARGUMENTS) | set(run_recipe.DATA_ARGUMENTS) | set(run_recipe.TRAINING_ARGUMENTS)
+    not_in = set(run_recipe.NOT_IN_THE_RECIPE)
+    assert not in_recipe & not_in, "an argument is both in and out of the recipe"
+    assert set(run_recipe.BEST_MODEL_ARGUMENTS) <= not_in
+    assert sorted(fields - in_recipe - not_in) == [], "a new argument: decide whether it changes the weights"
+    assert sorted((in_recipe | not_in) - fields) == [], "an argument listed that no script has"
