@@ -181,6 +181,10 @@ class TrainerExtensions:
             world_size=self.args.world_size,
         )
         if diverged is not None:
+            for callback in self.callback_handler.callbacks:  # the progress bar ends before the line, not after it
+                if getattr(callback, "training_bar", None) is not None:
+                    callback.training_bar.close()
+                    callback.training_bar = None
             divergence.report(diverged, self.is_world_process_zero())
 
     def _training_loss_sum(self) -> float:

@@ -1,0 +1,66 @@
+"""Resume bit for bit at any step of any epoch, in both scripts, with and without loader workers.
+
+One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step
+saves: SIGTERM saves the same checkpoint, see test_reliability.py); each stop is then a rerun resumed from
+one of them, which must end with the uninterrupted run's weights exactly and the same `train_loss` (the mean
+over every step of the run, the resumed ones included).
+
+12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the
+middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6).
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from conftest import CPU_FLAGS, read_json, run_script
+from test_scripts import base_args, load_weights
+
+STEPS = 9
+
+
+def command(fixtures, out, workers, **overrides):
+    options = dict(max_train_samples=12, num_train_epochs=3, dataloader_num_workers=workers, save_strategy="steps",
+                   save_steps=1, seed=11)
+    return base_args(fixtures, out, **{**options, **overrides}) + ["--do_train"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(fixtures, tmp_path_factory):
+    """The uninterrupted run of a configuration (script, workers), made once: its directory."""
+    made = {}
+
+    def run(kind, workers):
+        if (kind, workers) not in made:
+            out = tmp_path_factory.mktemp(f"uninterrupted-{kind}-{workers}") / "run"
+            run_script(kind, command(fixtures, out, workers) + CPU_FLAGS[kind])
+            made[kind, workers] = out
+        return made[kind, workers]
+
+    yield run
+    for out in made.values():
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind, workers, stop", [
+    ("cuda", 0, 2), ("cuda", 0, 4), ("cuda", 0, 6), ("cuda", 0, 8),
+    ("cuda", 1, 2), ("cuda", 1, 4), ("cuda", 1, 8),
+    ("gaudi", 0, 8), ("gaudi", 1, 4),
+])
+def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(kind, workers, stop, fixtures,
+                                                                                       uninterrupted, tmp_path):
+    reference = uninterrupted(kind, workers)
+    assert read_json(reference / "trainer_state.json")["global_step"] == STEPS
+    out = tmp_path / "resumed"
+    checkpoint = reference / f"checkpoint-{stop}"
+    resumed = run_script(kind, command(fixtures, out, workers, save_strategy="no",
+                                       resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind])
+    assert f"Continuing training from global step {stop}" in resumed.stdout + resumed.stderr
+
+    expected, actual = load_weights(reference), load_weights(out)
+    assert expected.keys() == actual.keys()
+    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
+    assert not differing, f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
+    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9), "train_loss must average every step of the run"
