@@ -39,17 +39,21 @@ class DivergenceWatch:
         self.reset()
 
     def reset(self) -> None:
-        self._step: Optional[torch.Tensor] = None  # int64; 0 while every step was finite
+        self._step: Optional[torch.Tensor] = None  # int32; 0 while every step was finite
         self._values: Optional[torch.Tensor] = None  # float32 [loss, gradient norm] of that step
+        self._counter: Optional[torch.Tensor] = None  # int32: the step being observed, counted on the device
+        self._last_step = 0  # the last step observed (the Trainer hands the same step again at an epoch's end)
         self._host: Optional[tuple] = None  # (step, loss, grad_norm) found without the device (a float grad norm)
 
     def observe(self, step: int, loss_since_last_log, grad_norm) -> None:
         """Record step `step` (1-based global step just finished). Device operations only: no host wait.
 
         `loss_since_last_log` is the Trainer's running sum since its last logging step: it turns non-finite
-        at the first step whose loss did, and stays so until logged (a check runs before every log).
+        at the first step whose loss did, and stays so until logged (a check runs before every log). The
+        step number itself is counted on the device (a changing host number in every step's operations would
+        make lazy-mode backends build a new graph each step).
         """
-        if not isinstance(loss_since_last_log, torch.Tensor):
+        if not isinstance(loss_since_last_log, torch.Tensor) or step == self._last_step:
             return
         loss = loss_since_last_log.detach().reshape(()).float()
         if isinstance(grad_norm, torch.Tensor):
@@ -59,10 +63,15 @@ class DivergenceWatch:
                 self._host = (step, None, float(grad_norm))
             norm = torch.zeros((), device=loss.device)
         if self._step is None:
-            self._step = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self._step = torch.zeros((), dtype=torch.int32, device=loss.device)
             self._values = torch.zeros(2, dtype=torch.float32, device=loss.device)
+        if self._counter is None or step != self._last_step + 1:
+            self._counter = torch.tensor(step, dtype=torch.int32).to(loss.device)  # (the first step, or after a gap)
+        else:
+            self._counter = self._counter + 1
+        self._last_step = step
         first = (self._step == 0) & ~(torch.isfinite(loss) & torch.isfinite(norm))
-        self._step = torch.where(first, step, self._step)
+        self._step = torch.where(first, self._counter, self._step)
         self._values = torch.where(first, torch.stack([loss, norm]), self._values)
 
     def first_non_finite(self, world_size: int = 1) -> Optional[tuple]:
@@ -82,11 +91,16 @@ class DivergenceWatch:
     def _device(self):
         return self._step.device if self._step is not None else torch.device("cpu")
 
-    def check(self, max_steps: int, output_dir: str, last_checkpoint: Optional[str], world_size: int = 1) -> Optional[TrainingDiverged]:
-        """The exception ending the run when a step was not finite, else None."""
+    def check(self, max_steps: int, output_dir: str, last_checkpoint, world_size: int = 1) -> Optional[TrainingDiverged]:
+        """The exception ending the run when a step was not finite, else None.
+
+        `last_checkpoint`: its path or None, or a function returning it (called only when the run diverged).
+        """
         found = self.first_non_finite(world_size)
         if found is None:
             return None
+        if callable(last_checkpoint):
+            last_checkpoint = last_checkpoint()
         step, loss, norm = found
         what = []
         if loss is not None and not math.isfinite(loss):

@@ -177,7 +177,7 @@ class TrainerExtensions:
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
-            self.state.max_steps, self.args.output_dir, last_complete_checkpoint_quietly(self.args.output_dir),
+            self.state.max_steps, self.args.output_dir, lambda: last_complete_checkpoint_quietly(self.args.output_dir),
             world_size=self.args.world_size,
         )
         if diverged is not None:
@@ -266,7 +266,8 @@ class TrainerExtensions:
         this rank will never join, so the run stops and resumes from its last regular checkpoint.
         """
         step = self.state.global_step
-        self._stop_if_diverged()
+        if self.args.world_size == 1:
+            self._stop_if_diverged()  # (no checkpoint of a diverged model; with several ranks none is saved here)
         if self.args.world_size > 1 or step == 0:
             return ImageLoadError(
                 f"{error.reason} (training stopped before step {step + 1}; no checkpoint saved). Restore the image, "

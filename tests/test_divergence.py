@@ -102,6 +102,11 @@ def test_the_first_non_finite_step_is_kept_with_its_values():
     assert diverged.message.startswith("Training diverged at step 3 of 9 (gradient norm +Infinity): stopped, nothing "
                                        "published in out; the last complete checkpoint is out/checkpoint-2.")
     watch.reset()
+    watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))
+    watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))  # an epoch's end hands the same step again: counted once
+    watch.observe(2, torch.tensor(1.0), torch.tensor(math.nan))
+    assert watch.first_non_finite()[0] == 2
+    watch.reset()
     watch.observe(5, torch.tensor(-math.inf), None)  # no clipping: no gradient norm
     assert watch.first_non_finite() == (5, -math.inf, 0.0)
     assert "(loss -Infinity)" in watch.check(9, "out", None).message
