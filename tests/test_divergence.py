@@ -9,7 +9,7 @@ import torch
 
 from bridgetower_bench import divergence, preflight
 from bridgetower_bench.user_errors import UserInputError
-from conftest import CPU_FLAGS, DEVICES, read_json, run_script
+from conftest import CPU_FLAGS, DEVICES, run_script
 from test_scripts import base_args
 
 
@@ -81,7 +81,10 @@ def test_max_steps_wins_over_zero_epochs_and_eval_only_needs_neither():
 
 
 class _DataArgs:
-    max_seq_length, max_train_samples, max_eval_samples, preprocessing_num_workers, max_image_pixels = 8, None, None, None, 10
+    """Data arguments left unset: only the training arguments are under test."""
+
+    def __getattr__(self, name):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
