@@ -9,6 +9,7 @@ over every step of the run, the resumed ones included).
 middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6).
 """
 
+import json
 import shutil
 
 import pytest
@@ -64,3 +65,19 @@ def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_wei
     assert not differing, f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
     assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
         read_json(reference / "train_results.json")["train_loss"], rel=1e-9), "train_loss must average every step of the run"
+
+
+def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(fixtures, uninterrupted,
+                                                                                                  tmp_path):
+    """A checkpoint saved before the loss sum was kept: same weights, a warning, and its later checkpoints keep the sum."""
+    reference = uninterrupted("cuda", 0)
+    checkpoint = tmp_path / "checkpoint-8"
+    shutil.copytree(reference / "checkpoint-8", checkpoint)
+    state = read_json(checkpoint / "trainer_state.json")
+    del state["stateful_callbacks"]["TrainingLossSum"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    out = tmp_path / "resumed"
+    resumed = run_script("cuda", command(fixtures, out, 0, resume_from_checkpoint=checkpoint) + CPU_FLAGS["cuda"])
+    assert "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on" in resumed.stdout + resumed.stderr
+    assert all(torch.equal(a, b) for a, b in zip(load_weights(reference).values(), load_weights(out).values()))
+    assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
