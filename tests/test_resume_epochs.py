@@ -6,16 +6,22 @@ one of them, which must end with the uninterrupted run's weights exactly and the
 over every step of the run, the resumed ones included).
 
 12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the
-middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6).
+middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6). One more run takes the user's
+path: SIGTERM in the second epoch, then the same command again.
 """
 
 import json
+import re
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import CPU_FLAGS, read_json, run_script
+import preloaded_python
+from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 from test_scripts import base_args, load_weights
 
 STEPS = 9
@@ -81,3 +87,28 @@ def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_los
     assert "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on" in resumed.stdout + resumed.stderr
     assert all(torch.equal(a, b) for a, b in zip(load_weights(reference).values(), load_weights(out).values()))
     assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
+
+
+def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrupted_weights(fixtures, uninterrupted,
+                                                                                          tmp_path):
+    """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143, the same command resumes."""
+    reference = uninterrupted("cuda", 0)
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"]
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        for line in process.stdout:
+            if "'loss'" in line and "'epoch': 1.67" in line:  # step 5 of 9 logged: the second epoch's second step
+                process.send_signal(signal.SIGTERM)
+                break
+        process.communicate(timeout=300)
+    stderr_text = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
+    step = int(re.search(r"Training stopped by SIGTERM at step (\d+) of 9", stderr_text).group(1))
+    assert 5 <= step < 9
+
+    run_script("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"])
+    expected, actual = load_weights(reference), load_weights(out)
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), f"stopped at step {step}: weights differ"
+    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9)
