@@ -177,7 +177,7 @@ class TrainerExtensions:
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
-            self.state.max_steps, self.args.output_dir, lambda: last_complete_checkpoint_quietly(self.args.output_dir),
+            self.state.max_steps, self.args.output_dir, lambda: _last_complete_checkpoint_if_any(self.args.output_dir),
             world_size=self.args.world_size,
         )
         if diverged is not None:
@@ -488,7 +488,7 @@ def _resumed_epoch_keeps_its_order(trainer_class):
             module.skip_first_batches = original
 
 
-def last_complete_checkpoint_quietly(output_dir: str):
+def _last_complete_checkpoint_if_any(output_dir: str):
     """The newest complete checkpoint in output_dir, or None (also when output_dir does not exist yet)."""
     if not os.path.isdir(output_dir):
         return None
