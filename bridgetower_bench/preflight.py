@@ -450,6 +450,12 @@ def check_arguments(data_args, training_args) -> None:
     for flag, value, minimum in at_least:
         if value is not None and value < minimum:
             raise UserInputError(f"{flag}={value}: must be {'positive' if minimum == 1 else 'at least ' + str(minimum)}")
+    if training_args.do_train and training_args.max_steps == 0:
+        raise UserInputError("--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it "
+                             "out to train --num_train_epochs")
+    if training_args.do_train and training_args.max_steps < 0 and training_args.num_train_epochs <= 0:
+        raise UserInputError(f"--num_train_epochs={training_args.num_train_epochs:g} with --do_train trains nothing: "
+                             "pass a positive --num_train_epochs (or a positive --max_steps)")
     if getattr(training_args, "dataloader_persistent_workers", False) and training_args.dataloader_num_workers == 0:
         raise UserInputError("--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more "
                              "(with 0 the main process loads, and there are no workers to keep)")

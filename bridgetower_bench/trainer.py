@@ -23,6 +23,11 @@ It
 - records the checkpoints it writes, and rotation deletes only those; each checkpoint holds the run's recipe
   and counts only once its manifest (every file, size and sha256) is written, last (checkpoint_manifest.py);
   the final model is published with the recipe (run_recipe.py).
+- stops a run whose loss or gradient norm is not finite (divergence.py), before anything is saved or
+  published; writes records with null where a number is not finite;
+- keeps the sum of the training losses in every checkpoint, so that a resumed run's `train_loss` is the
+  mean over all its steps;
+- resumes an epoch stopped midway in the order that epoch was drawn (`_resumed_epoch_keeps_its_order`).
 - blanks credentials (--hub_token) in the training_args.bin saved with the weights.
 """
 
@@ -31,23 +36,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+import accelerate
 import torch
 from torch.utils.data import RandomSampler
-from transformers import TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState
 from transformers.training_args import OptimizerNames, ParallelMode
 
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
-
-from . import checkpoint_manifest, gpu_memory, run_directory, run_recipe
+from . import checkpoint_manifest, divergence, gpu_memory, run_directory, run_recipe
 from .redaction import without_secrets
-from .resilience import ImageLoadError, StopOnSignal, report_and_exit
+from .resilience import ImageLoadError, StopOnSignal, checkpoints, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -126,6 +133,9 @@ class TrainerExtensions:
         self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()
         self.add_callback(self.stop_on_signal)
+        self.divergence = divergence.DivergenceWatch()
+        self.add_callback(TrainingLossSum())
+        self._unlogged_loss = None  # the Trainer's loss summed since its last logging step (a device tensor)
         self._staging = None  # inside `publishing()`: where the files being published are saved
         self._publishing_model = False
         self._first_step = None  # global step at this train() call's first training step
@@ -153,6 +163,48 @@ class TrainerExtensions:
             rounded_up = sampler.num_samples + batch - sampler.num_samples % batch
             return RandomSampler(sampler.data_source, num_samples=rounded_up, generator=sampler.generator)
         return sampler
+
+    # resuming mid-epoch in that epoch's order ----------------------------------------------------------
+    def _inner_training_loop(self, *args, **kwargs):
+        with _resumed_epoch_keeps_its_order(type(self)):
+            return super()._inner_training_loop(*args, **kwargs)
+
+    # every optimizer step: divergence, and the loss not yet logged ----------------------------------------
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
+        """Called by the training loop after every optimizer step (and at each epoch's end).
+
+        The step's loss and gradient norm are recorded on the device (no host wait). Before the Trainer reads
+        them anyway, to log, or saves a checkpoint or evaluates, a non-finite step ends the run: no log line,
+        checkpoint or evaluation ever holds a diverged model's numbers.
+        """
+        self._unlogged_loss = tr_loss
+        self.divergence.observe(self.state.global_step, tr_loss, grad_norm)
+        if self.control.should_log or self.control.should_save or self.control.should_evaluate:
+            self._stop_if_diverged()
+        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
+    def _stop_if_diverged(self) -> None:
+        diverged = self.divergence.check(
+            self.state.max_steps, self.args.output_dir, lambda: _last_complete_checkpoint_if_any(self.args.output_dir, self.recipe),
+            world_size=self.args.world_size,
+        )
+        if diverged is not None:
+            for callback in self.callback_handler.callbacks:  # the progress bar ends before the line, not after it
+                if getattr(callback, "training_bar", None) is not None:
+                    callback.training_bar.close()
+                    callback.training_bar = None
+            divergence.report(diverged, self.is_world_process_zero())
+
+    def _training_loss_sum(self) -> float:
+        """The sum of the losses of every step trained so far, resumed steps included (a host read)."""
+        unlogged = self._unlogged_loss
+        return self._total_loss_scalar + (float(unlogged.item()) if isinstance(unlogged, torch.Tensor) else 0.0)
+
+    def _load_callback_state(self):
+        super()._load_callback_state()  # (with --restore_callback_states_from_checkpoint: callbacks made anew)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TrainingLossSum):
+                callback.trainer = self
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _prepare_inputs(self, inputs):
@@ -200,8 +252,14 @@ class TrainerExtensions:
         # model is published (`publishing`), so that no signal can lose a finished training.
         self.stop_on_signal.install()
         self._first_step = None
+        self.divergence.reset()
+        self._unlogged_loss = None
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TrainingLossSum):
+                callback.trainer = self
         try:
             result = super().train(*args, **kwargs)
+            self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
         except ImageLoadError as error:
             self.stop_on_signal.restore()
             raise self._checkpoint_after_image_error(error) from None
@@ -243,6 +301,8 @@ class TrainerExtensions:
         this rank will never join, so the run stops and resumes from its last regular checkpoint.
         """
         step = self.state.global_step
+        if self.args.world_size == 1:
+            self._stop_if_diverged()  # (no checkpoint of a diverged model; with several ranks none is saved here)
         if self.args.world_size > 1 or step == 0:
             return ImageLoadError(
                 f"{error.reason} (training stopped before step {step + 1}; no checkpoint saved). Restore the image, "
@@ -348,8 +408,9 @@ class TrainerExtensions:
         with self.publishing() as staging:
             if not self.is_world_process_zero():
                 return
+            metrics = divergence.finite_or_none(metrics)  # (null, never a bare NaN: not JSON)
             with open(os.path.join(staging, f"{split}_results.json"), "w") as f:
-                json.dump(metrics, f, indent=4, sort_keys=True)
+                json.dump(metrics, f, indent=4, sort_keys=True, allow_nan=False)
             if combined:  # merged into this set's all_results.json, else the published one (unless replaced)
                 path = os.path.join(staging, "all_results.json")
                 if not os.path.exists(path) and not self._publishing_model:
@@ -359,14 +420,25 @@ class TrainerExtensions:
                     with open(path) as f:
                         combined_metrics = json.load(f)
                 with open(os.path.join(staging, "all_results.json"), "w") as f:
-                    json.dump({**combined_metrics, **metrics}, f, indent=4, sort_keys=True)
+                    json.dump(divergence.finite_or_none({**combined_metrics, **metrics}), f, indent=4, sort_keys=True, allow_nan=False)
             run_directory.fault_point()
 
     def save_state(self):
         with self.publishing() as staging:
             if self.is_world_process_zero():
+                self._finite_state()
                 self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
                 run_directory.fault_point()
+
+    def log(self, logs, *args, **kwargs):
+        """As Trainer.log, with null for a non-finite number (an evaluation of a broken model): the log history
+        goes into trainer_state.json, which must stay JSON."""
+        return super().log(divergence.finite_or_none(logs), *args, **kwargs)
+
+    def _finite_state(self) -> None:
+        """The trainer state's numbers that reach trainer_state.json, finite or null."""
+        self.state.log_history = divergence.finite_or_none(self.state.log_history)
+        self.state.best_metric = divergence.finite_or_none(self.state.best_metric)
 
     # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
@@ -375,6 +447,12 @@ class TrainerExtensions:
         if self.args.should_save:
             run_directory.record_written(os.path.dirname(checkpoint), [os.path.basename(checkpoint)])
             checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TrainingLossSum):
+                callback.loss_sum = self._training_loss_sum()
+                # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
+                self.state.stateful_callbacks.setdefault(type(callback).__name__, callback.state())
+        self._finite_state()
         self._rotation = []  # older checkpoints are rotated away only once this one counts
         try:
             super()._save_checkpoint(model, trial)
@@ -413,6 +491,78 @@ class TrainerExtensions:
         if self.is_world_process_zero():
             run_directory.record_written(self.args.output_dir, ["README.md"])
         return super().create_model_card(*args, **kwargs)
+
+
+class TrainingLossSum(TrainerCallback, ExportableState):
+    """The sum of every step's training loss, kept in each checkpoint's trainer_state.json.
+
+    The Trainer's `train_loss` is its running loss sum over `global_step`, but a resumed run's sum starts at 0
+    while `global_step` starts at the checkpoint's: the mean would count only the steps after the resume. The
+    trainer writes the sum into this callback before each checkpoint (`loss_sum`, saved as its state); at the
+    start of a resumed training it is added back to the Trainer's sum, so `train_loss` is the mean over all
+    steps of the run. A checkpoint without it (an earlier version's) resumes as before, with a warning.
+    """
+
+    def __init__(self, loss_sum: float = 0.0):
+        self.loss_sum = float(loss_sum)
+        self.trainer = None  # set by the trainer (not saved)
+
+    def state(self) -> dict:
+        return {"args": {"loss_sum": self.loss_sum}, "attributes": {}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Called right after the Trainer set its loss sum to 0, with the resumed checkpoint's state loaded.
+        if state.global_step == 0 or self.trainer is None:
+            return
+        saved = state.stateful_callbacks.get(type(self).__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        if not isinstance(saved, dict) or "loss_sum" not in saved.get("args", {}):
+            logger.warning("the checkpoint resumed does not hold the loss sum of its steps: train_loss will average "
+                           "only the steps trained from now on")
+            return
+        self.trainer._total_loss_scalar += float(saved["args"]["loss_sum"])
+
+
+@contextmanager
+def _resumed_epoch_keeps_its_order(trainer_class):
+    """While training: accelerate's skip_first_batches, as the Trainer calls it, keeping the epoch.
+
+    Resumed mid-epoch, the Trainer sets the epoch on its data loader (the sampler draws epoch e's order from
+    the seed + e), then skips the batches already trained with `skip_first_batches`, which builds a new
+    loader whose epoch counter starts at 0; at its first batch that loader sets the sampler's epoch to 0 again.
+    A run resumed in its second or later epoch then trained on the first epoch's order. Here the new loader
+    takes the epoch of the one it skips in: the same order as an uninterrupted run. Nothing else changes: an
+    uninterrupted run never skips batches. (Swapped only in the modules of this trainer's own classes, only
+    while this trainer trains.)
+    """
+    original = accelerate.skip_first_batches
+
+    def skip_first_batches(dataloader, num_batches=0):
+        skipping = original(dataloader, num_batches)
+        if hasattr(dataloader, "iteration") and hasattr(skipping, "iteration"):
+            skipping.iteration = dataloader.iteration  # the epoch set_epoch gave the loader it skips in
+        return skipping
+
+    modules = {sys.modules[cls.__module__] for cls in trainer_class.__mro__ if cls.__module__ in sys.modules}
+    swapped = [module for module in modules if getattr(module, "skip_first_batches", None) is original]
+    for module in swapped:
+        module.skip_first_batches = skip_first_batches
+    try:
+        yield
+    finally:
+        for module in swapped:
+            module.skip_first_batches = original
+
+
+def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):
+    """The newest complete checkpoint in output_dir (of `recipe`, when given), or None (also when output_dir does
+    not exist yet)."""
+    if not os.path.isdir(output_dir):
+        return None
+    for checkpoint in reversed(checkpoints(output_dir)):
+        if checkpoint_manifest.incomplete_reason(checkpoint) is None and (recipe is None or run_recipe.read(checkpoint) == recipe):
+            return checkpoint
+    return None
 
 
 @contextmanager

@@ -1,0 +1,114 @@
+"""Resume bit for bit at any step of any epoch, in both scripts, with and without loader workers.
+
+One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step
+saves: SIGTERM saves the same checkpoint, see test_reliability.py); each stop is then a rerun resumed from
+one of them, which must end with the uninterrupted run's weights exactly and the same `train_loss` (the mean
+over every step of the run, the resumed ones included).
+
+12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the
+middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6). One more run takes the user's
+path: SIGTERM in the second epoch, then the same command again.
+"""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import preloaded_python
+from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+from test_scripts import base_args, load_weights
+
+STEPS = 9
+
+
+def command(fixtures, out, workers, **overrides):
+    options = dict(max_train_samples=12, num_train_epochs=3, dataloader_num_workers=workers, save_strategy="steps",
+                   save_steps=1, seed=11)
+    return base_args(fixtures, out, **{**options, **overrides}) + ["--do_train"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(fixtures, tmp_path_factory):
+    """The uninterrupted run of a configuration (script, workers), made once: its directory."""
+    made = {}
+
+    def run(kind, workers):
+        if (kind, workers) not in made:
+            out = tmp_path_factory.mktemp(f"uninterrupted-{kind}-{workers}") / "run"
+            run_script(kind, command(fixtures, out, workers) + CPU_FLAGS[kind])
+            made[kind, workers] = out
+        return made[kind, workers]
+
+    yield run
+    for out in made.values():
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind, workers, stop", [
+    ("cuda", 0, 2), ("cuda", 0, 4), ("cuda", 0, 6), ("cuda", 0, 8),
+    ("cuda", 1, 2), ("cuda", 1, 4), ("cuda", 1, 8),
+    ("gaudi", 0, 8), ("gaudi", 1, 4),
+])
+def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(kind, workers, stop, fixtures,
+                                                                                       uninterrupted, tmp_path):
+    reference = uninterrupted(kind, workers)
+    assert read_json(reference / "trainer_state.json")["global_step"] == STEPS
+    out = tmp_path / "resumed"
+    checkpoint = reference / f"checkpoint-{stop}"
+    resumed = run_script(kind, command(fixtures, out, workers, save_strategy="no",
+                                       resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind])
+    assert f"Continuing training from global step {stop}" in resumed.stdout + resumed.stderr
+
+    expected, actual = load_weights(reference), load_weights(out)
+    assert expected.keys() == actual.keys()
+    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
+    assert not differing, f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
+    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9), "train_loss must average every step of the run"
+
+
+def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(fixtures, uninterrupted,
+                                                                                                  tmp_path):
+    """A checkpoint saved before the loss sum was kept: same weights, a warning, and its later checkpoints keep the sum."""
+    reference = uninterrupted("cuda", 0)
+    checkpoint = tmp_path / "checkpoint-8"
+    shutil.copytree(reference / "checkpoint-8", checkpoint)
+    state = read_json(checkpoint / "trainer_state.json")
+    del state["stateful_callbacks"]["TrainingLossSum"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    out = tmp_path / "resumed"
+    resumed = run_script("cuda", command(fixtures, out, 0, resume_from_checkpoint=checkpoint) + CPU_FLAGS["cuda"])
+    assert "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on" in resumed.stdout + resumed.stderr
+    assert all(torch.equal(a, b) for a, b in zip(load_weights(reference).values(), load_weights(out).values()))
+    assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
+
+
+def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrupted_weights(fixtures, uninterrupted,
+                                                                                          tmp_path):
+    """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143, the same command resumes."""
+    reference = uninterrupted("cuda", 0)
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"]
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        for line in process.stdout:
+            if "'loss'" in line and "'epoch': 1.67" in line:  # step 5 of 9 logged: the second epoch's second step
+                process.send_signal(signal.SIGTERM)
+                break
+        process.communicate(timeout=300)
+    stderr_text = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
+    step = int(re.search(r"Training stopped by SIGTERM at step (\d+) of 9", stderr_text).group(1))
+    assert 5 <= step < 9
+
+    run_script("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"])
+    expected, actual = load_weights(reference), load_weights(out)
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), f"stopped at step {step}: weights differ"
+    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9)
