@@ -721,3 +721,13 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     assert threads == ["8", "6", "6"]  # workers 0, 2, 2 (persistent)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_diverged_run_shows_its_one_line_not_an_earlier_error():
+    log = "\n".join([
+        "UserWarning: some library's RuntimeError fallback",
+        "{'loss': nan, 'epoch': 1.0}",
+        "Training diverged at step 2 of 6 (loss NaN): stopped, nothing published in runs/a",
+        "some shutdown chatter",
+    ])
+    assert bench.last_error_line(log).startswith("Training diverged at step 2 of 6")

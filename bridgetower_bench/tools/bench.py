@@ -530,7 +530,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
 # Running one configuration
 # ---------------------------------------------------------------------------------------------
 
-_ERROR_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception)\b|\berror:|Killed|Traceback")
+_ERROR_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception)\b|\berror:|Killed|Traceback|^Training (diverged|stopped)\b")
 
 
 def last_error_line(log_text: str) -> str:
