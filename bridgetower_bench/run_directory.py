@@ -29,9 +29,7 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
-import signal
 import socket
 import time
 from contextlib import contextmanager
@@ -47,13 +45,8 @@ RECORD_NAME = ".bridgetower-run.json"
 STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.temp_path)
 PUBLISHING_NAME = ".publishing"
 PUBLICATION_RECORD = ".publication.json"
-# Names earlier versions staged and wrote under, without the host: removed at the next claim.
-_LEGACY = re.compile(r"^(?:\.partial-save|\.staging-\d+|(?P<target>.+)\.partial-\d+)$")
-# Test hook: "N:SIGNAME" sends that signal to this process at the N-th write or rename of the publications.
-FAULT_ENV = "BRIDGETOWER_TEST_PUBLICATION_FAULT"
 
 _held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether claim created the directory)
-_steps_done = 0
 
 
 class OutputDirInUse(UserInputError):
@@ -87,11 +80,9 @@ def record_written(output_dir: str, names) -> None:
 
 
 def _stands_for(name: str) -> Optional[str]:
-    """The name a temporary (or an earlier version's leftover) stands for; None for other names."""
-    if temp := parse_temp_name(name):
-        return temp.target
-    legacy = _LEGACY.match(name)
-    return (legacy["target"] or STAGING_NAME) if legacy else None
+    """The name a temporary stands for; None for other names."""
+    temp = parse_temp_name(name)
+    return temp.target if temp else None
 
 
 def _is_bookkeeping(name: str) -> bool:
@@ -103,10 +94,6 @@ def foreign_entries(output_dir: str) -> list[str]:
     ours = set(read_record(output_dir)["written"])
     return sorted(name for name in os.listdir(output_dir)
                   if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours))
-
-
-def is_ours(output_dir: str, name: str) -> bool:
-    return name in read_record(output_dir)["written"]
 
 
 def finished_training(output_dir: str, max_steps: int, num_train_epochs: float) -> bool:
@@ -206,17 +193,9 @@ def release_all() -> None:
 
 
 def remove_leftovers(output_dir: str) -> None:
-    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host.
-
-    Leftovers of earlier versions (no host in the name) go too: whoever wrote them no longer holds the lock.
-    """
+    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host."""
     ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
     removed = remove_abandoned(output_dir, only=ours.__contains__)
-    for name in os.listdir(output_dir):
-        if _LEGACY.match(name) and _stands_for(name) in ours:
-            path = os.path.join(output_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-            removed.append(name)
     if removed:
         logger.warning(f"--output_dir={output_dir}: removed what killed writes left: {', '.join(sorted(removed))}")
 
@@ -224,17 +203,6 @@ def remove_leftovers(output_dir: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Publication: a set of files, all or nothing
 # ---------------------------------------------------------------------------------------------
-
-
-def fault_point() -> None:
-    """One write or rename of a publication. The fault-injection tests stop the process at a chosen one."""
-    global _steps_done
-    _steps_done += 1
-    spec = os.environ.get(FAULT_ENV)
-    if spec:
-        step, _, name = spec.partition(":")
-        if int(step) == _steps_done:
-            os.kill(os.getpid(), getattr(signal, name or "SIGKILL"))
 
 
 def _fsync(path: str) -> None:
@@ -279,15 +247,12 @@ def _commit(output_dir: str, staging: str) -> None:
     remove = sorted(set(record["current"]) - set(files)) if has_model else []
     current = files if has_model else sorted(set(record["current"]) | set(files))
     record_written(output_dir, {name.split(os.sep)[0] for name in files})
-    fault_point()
     with open(os.path.join(staging, PUBLICATION_RECORD), "w") as f:
         json.dump({"files": files, "remove": remove, "current": current}, f)
         f.flush()
         os.fsync(f.fileno())
-    fault_point()
     os.rename(staging, os.path.join(output_dir, PUBLISHING_NAME))  # the commit point
     _fsync(output_dir)
-    fault_point()
     finish_publication(output_dir)
 
 
@@ -305,19 +270,15 @@ def finish_publication(output_dir: str) -> None:
     for name in plan["remove"]:
         if os.path.isfile(os.path.join(output_dir, name)):
             os.remove(os.path.join(output_dir, name))
-            fault_point()
     for name in plan["files"]:
         source = os.path.join(pending, name)
         if os.path.exists(source):
             os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
             os.replace(source, os.path.join(output_dir, name))
-            fault_point()
     record = read_record(output_dir)
     if record["current"] != plan["current"]:
         record["current"] = plan["current"]
         write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
-        fault_point()
     os.remove(os.path.join(pending, PUBLICATION_RECORD))
     shutil.rmtree(pending)
     _fsync(output_dir)
-    fault_point()

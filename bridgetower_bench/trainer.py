@@ -276,7 +276,6 @@ class TrainerExtensions:
             with self.publishing() as staging:
                 self._publishing_model = True
                 super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
-                run_directory.fault_point()
         if self.args.push_to_hub:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -297,7 +296,6 @@ class TrainerExtensions:
             if self.args.should_save:
                 for processor in processors:
                     processor.save_pretrained(staging)
-                run_directory.fault_point()
 
     def save_metrics(self, split, metrics, combined=True):
         """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), published with the set.
@@ -319,13 +317,11 @@ class TrainerExtensions:
                         combined_metrics = json.load(f)
                 with open(os.path.join(staging, "all_results.json"), "w") as f:
                     json.dump({**combined_metrics, **metrics}, f, indent=4, sort_keys=True)
-            run_directory.fault_point()
 
     def save_state(self):
         with self.publishing() as staging:
             if self.is_world_process_zero():
                 self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
-                run_directory.fault_point()
 
     # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
