@@ -1,6 +1,6 @@
 """The run's --output_dir: one run at a time, nothing foreign touched, the final set published all-or-nothing.
 
-- `claim`: an exclusive lock (`.bridgetower-lock`, fcntl.flock, holding the pid and host for the
+- `claim`: an exclusive lock (`.bridgetower-lock`, filelock's flock-based lock, holding the pid and host for the
   message) for the life of the process. A second run on the same directory is refused naming the
   holder; the lock of a process that died (the kernel releases its flock) is taken over with a
   warning. With several processes only the job's first one claims the directory: the others are
@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import logging
 import math
@@ -34,6 +33,8 @@ import socket
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
+
+from filelock import FileLock, Timeout
 
 from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
@@ -137,25 +138,26 @@ def claim(output_dir: str, holder: bool = True) -> None:
         return
     created = not os.path.isdir(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    lock = open(os.path.join(output_dir, LOCK_NAME), "a+")
+    path, previous = os.path.join(output_dir, LOCK_NAME), []
+
+    def sign(fd: int) -> None:  # once the lock is ours: note what a previous holder left, then who holds it now
+        previous.append(os.pread(fd, 1 << 16, 0).decode(errors="replace").strip())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+
+    # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
+    lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=sign)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        text = lock.read()
-        lock.close()
+        lock.acquire(blocking=False)
+    except Timeout:
+        with open(path) as f:
+            text = f.read()
         raise OutputDirInUse(f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
                              "wait for it to end, or choose another --output_dir") from None
-    lock.seek(0)
-    previous = lock.read().strip()
-    if previous:  # the holder died without releasing it (killed): the kernel dropped its flock
-        logger.warning(f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous)}, "
+    if previous[0]:  # the holder died without releasing it (killed): the kernel dropped its flock
+        logger.warning(f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
                        "which ended without releasing it")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
-    lock.flush()
     if not _held:
         atexit.register(release_all)
     _held[key] = (lock, created)
@@ -177,14 +179,11 @@ def release(output_dir: str) -> None:
             if created and not os.listdir(output_dir):
                 os.rmdir(output_dir)
         else:
-            lock.seek(0)
-            lock.truncate()  # an empty lock file: released cleanly, not stale
-            lock.flush()
+            os.truncate(os.path.join(output_dir, LOCK_NAME), 0)  # an empty lock file: released cleanly, not stale
     except OSError:
         pass
     finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
+        lock.release()
 
 
 def release_all() -> None:
