@@ -15,6 +15,7 @@ import pytest
 
 from conftest import REPO
 
+
 SCRIPTS = [REPO / "run_bridgetower.py", REPO / "run_bridgetower_cuda.py"]
 
 

@@ -14,6 +14,7 @@ from transformers import Trainer
 
 from conftest import script_env
 
+
 # Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls
 # (trainer.py, mediapipe_loader.py) -> the parameters it relies on, in order
 TRAINER_METHODS = {
