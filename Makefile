@@ -28,7 +28,11 @@ bench: not-in-habana-container $(VENV)/.installed-cuda
 
 # One pytest worker per core, at most 4 (each holds the libraries in memory twice: tests/preloaded_python.py).
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
+# Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), then the tests.
 test: not-in-habana-container $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 # Line coverage of the package and the scripts under the whole suite (slower than `make test`).

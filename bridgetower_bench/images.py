@@ -70,7 +70,6 @@ except ImportError:
 
 IMAGE_PIPELINES = ("upstream", "fast", "fast-draft")
 
-_UINT8_PIPELINES = ("fast", "fast-draft")
 _ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -278,12 +277,6 @@ def check_pipeline(pipeline: str) -> None:
     """Raise ``ValueError`` naming ``--image_pipeline`` unless ``pipeline`` is known."""
     if pipeline not in IMAGE_PIPELINES:
         raise ValueError(f"--image_pipeline must be one of {', '.join(IMAGE_PIPELINES)}; got {pipeline!r}")
-
-
-def pipeline_outputs_uint8(pipeline: str) -> bool:
-    """True when the pipeline returns un-normalised uint8 (normalise with ``normalize_on_device``)."""
-    check_pipeline(pipeline)
-    return pipeline in _UINT8_PIPELINES
 
 
 class UpstreamTransform:

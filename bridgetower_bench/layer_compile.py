@@ -40,8 +40,8 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def compile_repeated_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
     """Compile each repeated layer of ``model`` in place with ``backend``; returns how many were compiled."""
-    if backend not in torch._dynamo.list_backends(exclude_tags=()):
-        known = ", ".join(torch._dynamo.list_backends())
+    if backend not in torch.compiler.list_backends(exclude_tags=()):
+        known = ", ".join(torch.compiler.list_backends())
         raise UserInputError(f"--compile_layers {backend!r}: not a torch.compile backend here (known: {known})")
     layers = repeated_layers(model)
     for layer in layers:

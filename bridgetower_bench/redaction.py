@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -63,28 +62,6 @@ def redact_args(args: Sequence[str]) -> list[str]:
         value_follows = secret is not None
         redacted.append(arg)
     return redacted
-
-
-def redact_config(config: Any) -> Any:
-    """A copy of a JSON configuration (nested dicts and lists) with the value of every credential key
-    replaced by REDACTED. The original is not modified."""
-    if isinstance(config, Mapping):
-        return {k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else redact_config(v) for k, v in config.items()}
-    if isinstance(config, list):
-        return [redact_config(v) for v in config]
-    return config
-
-
-def read_config(path: str) -> Any:
-    """The content of a JSON configuration file as a record may copy it: credentials redacted (the
-    file itself is only read)."""
-    with open(path) as f:
-        return redact_config(json.load(f))
-
-
-def redact_environment(env: Mapping[str, str]) -> dict:
-    """A copy of an environment without its credential variables (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ...)."""
-    return {k: v for k, v in env.items() if not is_secret_name(k)}
 
 
 def without_secrets(arguments):

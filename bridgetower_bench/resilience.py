@@ -22,8 +22,7 @@ import re
 import signal
 import sys
 import threading
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from transformers import TrainerCallback
@@ -101,14 +100,6 @@ class StopOnSignal(TrainerCallback):
         self.stopped_at: Optional[int] = None  # the global step the run stopped at because of it
         self.training_done = False  # the last step is done: a signal now waits for the final results to be saved
         self._previous: dict = {}
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        self.install()
-        try:
-            yield
-        finally:
-            self.restore()
 
     def install(self) -> None:
         """Start catching SIGTERM/SIGINT (a fresh start forgets an earlier signal); no-op when already catching."""

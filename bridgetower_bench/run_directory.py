@@ -1,6 +1,6 @@
 """The run's --output_dir: one run at a time, nothing foreign touched, the final set published all-or-nothing.
 
-- `claim`: an exclusive lock (`.bridgetower-lock`, fcntl.flock, holding the pid and host for the
+- `claim`: an exclusive lock (`.bridgetower-lock`, filelock's flock-based lock, holding the pid and host for the
   message) for the life of the process. A second run on the same directory is refused naming the
   holder; the lock of a process that died (the kernel releases its flock) is taken over with a
   warning. With several processes only the job's first one claims the directory: the others are
@@ -24,17 +24,16 @@
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import logging
 import os
-import re
 import shutil
-import signal
 import socket
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
+
+from filelock import FileLock, Timeout
 
 from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
@@ -46,13 +45,8 @@ RECORD_NAME = ".bridgetower-run.json"
 STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.temp_path)
 PUBLISHING_NAME = ".publishing"
 PUBLICATION_RECORD = ".publication.json"
-# Names earlier versions staged and wrote under, without the host: removed at the next claim.
-_LEGACY = re.compile(r"^(?:\.partial-save|\.staging-\d+|(?P<target>.+)\.partial-\d+)$")
-# Test hook: "N:SIGNAME" sends that signal to this process at the N-th write or rename of the publications.
-FAULT_ENV = "BRIDGETOWER_TEST_PUBLICATION_FAULT"
 
 _held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether claim created the directory)
-_steps_done = 0
 
 
 class OutputDirInUse(UserInputError):
@@ -86,11 +80,9 @@ def record_written(output_dir: str, names) -> None:
 
 
 def _stands_for(name: str) -> Optional[str]:
-    """The name a temporary (or an earlier version's leftover) stands for; None for other names."""
-    if temp := parse_temp_name(name):
-        return temp.target
-    legacy = _LEGACY.match(name)
-    return (legacy["target"] or STAGING_NAME) if legacy else None
+    """The name a temporary stands for; None for other names."""
+    temp = parse_temp_name(name)
+    return temp.target if temp else None
 
 
 def _is_bookkeeping(name: str) -> bool:
@@ -104,8 +96,6 @@ def foreign_entries(output_dir: str) -> list[str]:
                   if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours))
 
 
-def is_ours(output_dir: str, name: str) -> bool:
-    return name in read_record(output_dir)["written"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,25 +122,26 @@ def claim(output_dir: str, holder: bool = True) -> None:
         return
     created = not os.path.isdir(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    lock = open(os.path.join(output_dir, LOCK_NAME), "a+")
+    path, previous = os.path.join(output_dir, LOCK_NAME), []
+
+    def sign(fd: int) -> None:  # once the lock is ours: note what a previous holder left, then who holds it now
+        previous.append(os.pread(fd, 1 << 16, 0).decode(errors="replace").strip())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+
+    # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
+    lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=sign)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        text = lock.read()
-        lock.close()
+        lock.acquire(blocking=False)
+    except Timeout:
+        with open(path) as f:
+            text = f.read()
         raise OutputDirInUse(f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
                              "wait for it to end, or choose another --output_dir") from None
-    lock.seek(0)
-    previous = lock.read().strip()
-    if previous:  # the holder died without releasing it (killed): the kernel dropped its flock
-        logger.warning(f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous)}, "
+    if previous[0]:  # the holder died without releasing it (killed): the kernel dropped its flock
+        logger.warning(f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
                        "which ended without releasing it")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
-    lock.flush()
     if not _held:
         atexit.register(release_all)
     _held[key] = (lock, created)
@@ -190,14 +181,11 @@ def release(output_dir: str) -> None:
             if created and not os.listdir(output_dir):
                 os.rmdir(output_dir)
         else:
-            lock.seek(0)
-            lock.truncate()  # an empty lock file: released cleanly, not stale
-            lock.flush()
+            os.truncate(os.path.join(output_dir, LOCK_NAME), 0)  # an empty lock file: released cleanly, not stale
     except OSError:
         pass
     finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
+        lock.release()
 
 
 def release_all() -> None:
@@ -206,17 +194,9 @@ def release_all() -> None:
 
 
 def remove_leftovers(output_dir: str) -> None:
-    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host.
-
-    Leftovers of earlier versions (no host in the name) go too: whoever wrote them no longer holds the lock.
-    """
+    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host."""
     ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
     removed = remove_abandoned(output_dir, only=ours.__contains__)
-    for name in os.listdir(output_dir):
-        if _LEGACY.match(name) and _stands_for(name) in ours:
-            path = os.path.join(output_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-            removed.append(name)
     if removed:
         logger.warning(f"--output_dir={output_dir}: removed what killed writes left: {', '.join(sorted(removed))}")
 
@@ -224,17 +204,6 @@ def remove_leftovers(output_dir: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Publication: a set of files, all or nothing
 # ---------------------------------------------------------------------------------------------
-
-
-def fault_point() -> None:
-    """One write or rename of a publication. The fault-injection tests stop the process at a chosen one."""
-    global _steps_done
-    _steps_done += 1
-    spec = os.environ.get(FAULT_ENV)
-    if spec:
-        step, _, name = spec.partition(":")
-        if int(step) == _steps_done:
-            os.kill(os.getpid(), getattr(signal, name or "SIGKILL"))
 
 
 def _fsync(path: str) -> None:
@@ -279,15 +248,12 @@ def _commit(output_dir: str, staging: str) -> None:
     remove = sorted(set(record["current"]) - set(files)) if has_model else []
     current = files if has_model else sorted(set(record["current"]) | set(files))
     record_written(output_dir, {name.split(os.sep)[0] for name in files})
-    fault_point()
     with open(os.path.join(staging, PUBLICATION_RECORD), "w") as f:
         json.dump({"files": files, "remove": remove, "current": current}, f)
         f.flush()
         os.fsync(f.fileno())
-    fault_point()
     os.rename(staging, os.path.join(output_dir, PUBLISHING_NAME))  # the commit point
     _fsync(output_dir)
-    fault_point()
     finish_publication(output_dir)
 
 
@@ -305,19 +271,15 @@ def finish_publication(output_dir: str) -> None:
     for name in plan["remove"]:
         if os.path.isfile(os.path.join(output_dir, name)):
             os.remove(os.path.join(output_dir, name))
-            fault_point()
     for name in plan["files"]:
         source = os.path.join(pending, name)
         if os.path.exists(source):
             os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
             os.replace(source, os.path.join(output_dir, name))
-            fault_point()
     record = read_record(output_dir)
     if record["current"] != plan["current"]:
         record["current"] = plan["current"]
         write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
-        fault_point()
     os.remove(os.path.join(pending, PUBLICATION_RECORD))
     shutil.rmtree(pending)
     _fsync(output_dir)
-    fault_point()

@@ -377,7 +377,6 @@ class TrainerExtensions:
                 super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
                 if self.recipe is not None and self.args.should_save:
                     run_recipe.write(staging, self.recipe)
-                run_directory.fault_point()
         if self.args.push_to_hub:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -398,7 +397,6 @@ class TrainerExtensions:
             if self.args.should_save:
                 for processor in processors:
                     processor.save_pretrained(staging)
-                run_directory.fault_point()
 
     def save_metrics(self, split, metrics, combined=True):
         """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), published with the set.
@@ -421,14 +419,12 @@ class TrainerExtensions:
                         combined_metrics = json.load(f)
                 with open(os.path.join(staging, "all_results.json"), "w") as f:
                     json.dump(divergence.finite_or_none({**combined_metrics, **metrics}), f, indent=4, sort_keys=True, allow_nan=False)
-            run_directory.fault_point()
 
     def save_state(self):
         with self.publishing() as staging:
             if self.is_world_process_zero():
                 self._finite_state()
                 self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
-                run_directory.fault_point()
 
     def log(self, logs, *args, **kwargs):
         """As Trainer.log, with null for a non-finite number (an evaluation of a broken model): the log history

@@ -30,29 +30,23 @@ def _run(root, name, samples_per_second, recall, loader="torch"):
 def test_load_run_merges_results_files_with_per_split_files_winning(tmp_path):
     run_dir = _write_run(tmp_path, "run", {
         "all_results.json": {"train_samples_per_second": 10.0, "eval_loss": 9.9},
-        "eval_results.json": {"eval_loss": 1.0},
+        "validation_results.json": {"eval_loss": 1.0},
     })
 
     assert compare.load_run(run_dir) == {"train_samples_per_second": 10.0, "eval_loss": 1.0}
 
 
-def test_validation_metrics_are_read_under_the_scripts_name_and_the_earlier_one(tmp_path):
-    new = _write_run(tmp_path, "new", {"validation_results.json": {"eval_loss": 1.0}})
-    old = _write_run(tmp_path, "old", {"eval_results.json": {"eval_loss": 2.0}})
-    assert compare.load_run(new) == {"eval_loss": 1.0} and compare.load_run(old) == {"eval_loss": 2.0}
-
-
 def test_missing_directory_or_results_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
-    _write_run(tmp_path, "broken", {"eval_results.json": {}})
-    (tmp_path / "broken" / "eval_results.json").write_text("{not json")
+    _write_run(tmp_path, "broken", {"validation_results.json": {}})
+    (tmp_path / "broken" / "validation_results.json").write_text("{not json")
     _write_run(tmp_path, "listy", {"train_results.json": [1, 2]})
 
     with pytest.raises(ValueError, match="run directory not found: .*nowhere"):
         compare.load_run(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no results in .*empty: expected one of all_results.json"):
         compare.load_run(tmp_path / "empty")
-    with pytest.raises(ValueError, match="eval_results.json: not valid JSON"):
+    with pytest.raises(ValueError, match="validation_results.json: not valid JSON"):
         compare.load_run(tmp_path / "broken")
     with pytest.raises(ValueError, match="train_results.json: expected a JSON object"):
         compare.load_run(tmp_path / "listy")

@@ -22,7 +22,6 @@ from bridgetower_bench.images import (
     load_image,
     make_image_transform,
     normalize_on_device,
-    pipeline_outputs_uint8,
     resize_and_crop,
     resize_geometry,
     to_rgb,
@@ -326,7 +325,7 @@ def test_every_pil_mode_gives_three_channels(pipeline):
     for mode in ALL_MODES:
         out = transform(image_in_mode(mode))
         assert out.shape == (3, 16, 16), mode
-        assert out.dtype == (torch.uint8 if pipeline_outputs_uint8(pipeline) else torch.float32), mode
+        assert out.dtype == (torch.float32 if pipeline == "upstream" else torch.uint8), mode
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
@@ -423,11 +422,8 @@ def test_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
 
 def test_pipeline_names():
     assert IMAGE_PIPELINES == ("upstream", "fast", "fast-draft")
-    assert [pipeline_outputs_uint8(p) for p in IMAGE_PIPELINES] == [False, True, True]
     with pytest.raises(ValueError, match="--image_pipeline"):
         make_image_transform("turbo", 32, CLIP_MEAN, CLIP_STD)
-    with pytest.raises(ValueError, match="--image_pipeline"):
-        pipeline_outputs_uint8("turbo")
 
 
 def test_normalize_on_device_matches_torchvision_normalize():

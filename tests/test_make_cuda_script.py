@@ -1,5 +1,6 @@
 """The drift check between the Gaudi script, the patches and the committed CUDA script fails when they disagree."""
 
+import difflib
 import re
 import shutil
 
@@ -72,3 +73,45 @@ def test_the_diff_of_a_hand_edit_is_printed_line_by_line(copy, capsys):
     assert make_cuda_script.main(["--check"], repo=copy) == 1
     printed = capsys.readouterr().out.splitlines()
     assert "-    set_seed(training_args.seed + 1)" in printed and "+    set_seed(training_args.seed)" in printed
+
+
+def test_a_patch_whose_hunk_lands_one_line_away_is_refused_by_name(copy):
+    # GNU patch would apply it "at an offset"; a hunk that moves can land in the wrong place without a word.
+    patch = copy / "patches" / "05-compile-layers.patch"
+    patch.write_text(patch.read_text().replace("@@ -23,6 +23,7 @@", "@@ -24,6 +24,7 @@", 1))
+    with pytest.raises(SystemExit, match=r"patches/05-compile-layers.patch applies only at an offset of -1 lines"):
+        make_cuda_script.main(["--check"], repo=copy)
+
+
+def test_a_patch_that_needs_fuzz_is_refused_by_name(copy):
+    # One context line no longer matches: patch's default fuzz would still apply the hunk, --fuzz=0 does not.
+    patch = copy / "patches" / "05-compile-layers.patch"
+    patch.write_text(patch.read_text().replace(
+        " from bridgetower_bench.device_decode import", " from bridgetower_bench.device_decode_elsewhere import", 1))
+    with pytest.raises(SystemExit, match="patches/05-compile-layers.patch does not apply"):
+        make_cuda_script.main(["--check"], repo=copy)
+
+
+def test_refresh_rewrites_the_patches_a_gaudi_edit_moved_and_the_check_passes_again(copy, capsys):
+    gaudi = copy / "run_bridgetower.py"
+    gaudi.write_text(gaudi.read_text().replace("# 2. Logging.", "# 2. Logging.\n# (a line added on the Gaudi side)", 1))
+    with pytest.raises(SystemExit, match="applies only at an offset of 1 lines"):
+        make_cuda_script.main(["--check"], repo=copy)
+
+    assert make_cuda_script.main(["--refresh"], repo=copy) == 0
+    assert "refreshed patches/" in capsys.readouterr().out
+    assert make_cuda_script.main(["--check"], repo=copy) == 0
+    assert "# (a line added on the Gaudi side)" in (copy / "run_bridgetower_cuda.py").read_text()
+
+
+def test_a_further_numbered_patch_is_applied_after_the_others(copy, capsys):
+    cuda = copy / "run_bridgetower_cuda.py"
+    before = cuda.read_text()
+    after = before.replace("# 2. Logging.", "# 2. Logging (a sixth patch).", 1)
+    (copy / "patches" / "06-sixth.patch").write_text(
+        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), cuda.name, cuda.name)))
+
+    assert make_cuda_script.main(["--check"], repo=copy) == 1
+    assert make_cuda_script.main([], repo=copy) == 0
+    assert "+ 6 patches" in capsys.readouterr().out
+    assert cuda.read_text() == after

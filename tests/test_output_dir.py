@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from bridgetower_bench import resilience, run_directory
 import preloaded_python
 from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, script_env
+from stop_at_rename import stop_at
 
 
 def hold_lock_in_another_process(output_dir):
@@ -105,8 +106,8 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
     kept = [f"all_results.json.partial-{host}-{alive}.aa11",  # a live writer's
             f"all_results.json.partial-other-{host}-{dead}.bb22",  # another node's, on a shared filesystem
             f"notes.txt.partial-{host}-{dead}.cc33", "notes.txt.partial-123"]  # the user's own files
-    removed_files = [f"all_results.json.partial-{host}-{dead}.dd44", "all_results.json.partial-77"]  # 77: an earlier version's
-    removed_dirs = [f".staging.partial-{host}-{dead}.ee55", f".staging-{dead}", ".partial-save"]  # the last two: earlier versions'
+    removed_files = [f"all_results.json.partial-{host}-{dead}.dd44"]
+    removed_dirs = [f".staging.partial-{host}-{dead}.ee55"]
     for name in kept + removed_files:
         (out / name).write_text('{"eval_lo')
     for staging in removed_dirs:
@@ -191,7 +192,7 @@ def _wait(pid, seconds):
     raise AssertionError(f"the publishing child hung for {seconds} s")
 
 
-def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_set(fixtures, tmp_path):
+def test_a_kill_at_every_rename_and_removal_of_the_final_save_leaves_one_complete_set(fixtures, tmp_path):
     from transformers import AutoImageProcessor, AutoTokenizer
 
     out, pristine = tmp_path / "out", tmp_path / "pristine"
@@ -207,12 +208,11 @@ def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_
     outcomes = []
     for step in range(1, 60):
         pid = os.fork()
-        if pid == 0:  # the child publishes set 2 and is killed at its `step`-th write or rename
+        if pid == 0:  # the child publishes set 2 and is killed just before its `step`-th rename or removal in out
             status = 3
             try:
                 torch.set_num_threads(1)  # (the parent's OpenMP threads do not exist in a forked child)
-                os.environ[run_directory.FAULT_ENV] = f"{step}:SIGKILL"
-                run_directory._steps_done = 0
+                stop_at(out, lambda count, path: count == step, signal.SIGKILL)
                 _publish(trainer, processors, generation=2)
                 status = 0
             finally:
@@ -230,10 +230,11 @@ def test_a_kill_at_every_write_and_rename_of_the_final_save_leaves_one_complete_
         assert not [n for n in os.listdir(out) if n.startswith((".staging", ".publishing")) or ".partial-" in n]
         shutil.rmtree(out)
         shutil.copytree(pristine, out)
-    # Killed before the commit point: the old set; from it on: the new set, whatever step it was killed at.
-    assert len(outcomes) >= 15, outcomes
+    # Killed before the commit point (the rename onto .publishing): the old set; from it on: the new set, whatever
+    # rename or removal it was killed at.
+    assert len(outcomes) >= 12, outcomes
     commit = outcomes.index(2)
-    assert outcomes == [1] * commit + [2] * (len(outcomes) - commit) and commit >= 4, outcomes
+    assert outcomes == [1] * commit + [2] * (len(outcomes) - commit) and commit >= 1, outcomes
     assert _published_generation(out) == 2  # the publication that was not killed
 
 
@@ -279,10 +280,11 @@ def script_command(kind, fixtures, out):
     ]
 
 
-def run_with_fault(kind, args, fault):
-    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
-    env = {**script_env(kind == "gaudi"), run_directory.FAULT_ENV: fault}
-    return preloaded_python.run(cmd, cwd=REPO, env=env, timeout=600)
+def run_stopped_at(kind, args, signame, name):
+    """Run the script, sending it `signame` just before its first rename or removal of a path named `name` in
+    --output_dir (tests/stop_at_rename.py)."""
+    cmd = [sys.executable, str(REPO / "tests" / "stop_at_rename.py"), signame, name, str(REPO / SCRIPTS[kind])]
+    return preloaded_python.run(cmd + [str(a) for a in args], cwd=REPO, env=script_env(kind == "gaudi"), timeout=600)
 
 
 def assert_rerun_only_evaluates(kind, args, out):
@@ -296,15 +298,16 @@ def assert_rerun_only_evaluates(kind, args, out):
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 
-@pytest.mark.parametrize("step", [4, 10])
-def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(step, fixtures, tmp_path):
-    """Step 4: before the commit point (the staged set is discarded; with --save_strategy no the rerun trains
-    again). Step 10: after it, two files moved (the rerun finishes the publication, then only evaluates)."""
+@pytest.mark.parametrize("at", [run_directory.PUBLISHING_NAME, "model.safetensors"])
+def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(at, fixtures, tmp_path):
+    """Killed at the rename onto .publishing: before the commit point (the staged set is discarded; with
+    --save_strategy no the rerun trains again). At the move of model.safetensors into place: after it, some files
+    moved (the rerun finishes the publication, then only evaluates)."""
     out = tmp_path / "out"
     args = script_command("cuda", fixtures, out)
-    killed = run_with_fault("cuda", args, f"{step}:SIGKILL")
+    killed = run_stopped_at("cuda", args, "SIGKILL", at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    if step < 7:
+    if at == run_directory.PUBLISHING_NAME:
         rerun = run_script("cuda", args)
         assert "'loss'" in rerun.stdout and read_json(out / "trainer_state.json")["global_step"] == 2
         assert "eval_loss" in read_json(out / "validation_results.json")
@@ -316,8 +319,8 @@ def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(step,
 def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_the_phases_left(fixtures, tmp_path):
     out = tmp_path / "out"
     args = script_command("gaudi", fixtures, out)
-    # SIGTERM in the middle of the final save (after the weights were staged), --save_strategy no.
-    stopped = run_with_fault("gaudi", args, "2:SIGTERM")
+    # SIGTERM in the middle of the final save (the weights staged, the set not yet committed), --save_strategy no.
+    stopped = run_stopped_at("gaudi", args, "SIGTERM", run_directory.PUBLISHING_NAME)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"Stopped by SIGTERM after saving completely what the run had done so far in {out}. Rerun the same command "

@@ -46,23 +46,22 @@ def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
     assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
 
 
-def test_a_json_configuration_is_copied_redacted_and_the_file_is_untouched(tmp_path):
+def test_a_json_configuration_is_copied_redacted_and_left_untouched():
     config = {"token": "hf_A", "model_name_or_path": "m", "nested": [{"wandb_api_key": "k123"}], "hub_token": None}
-    path = tmp_path / "args.json"
-    path.write_text(json.dumps(config))
-    before = path.read_bytes()
+    before = json.dumps(config)
 
-    copied = redaction.read_config(str(path))
+    copied = redaction.shareable(config, env={})
 
     assert copied == {"token": "REDACTED", "model_name_or_path": "m", "nested": [{"wandb_api_key": "REDACTED"}], "hub_token": None}
-    assert path.read_bytes() == before
+    assert json.dumps(config) == before
     assert redaction.secret_values(configs=[config]) == {"hf_A", "k123"}
 
 
-def test_credential_environment_variables_are_dropped():
-    env = {"HF_TOKEN": "hf_A", "HUGGING_FACE_HUB_TOKEN": "hf_B", "WANDB_API_KEY": "k", "HF_HOME": "/h", "PATH": "/bin"}
-    assert redaction.redact_environment(env) == {"HF_HOME": "/h", "PATH": "/bin"}
-    assert redaction.scrub("saw hf_A and hf_B", redaction.secret_values(env=env)) == "saw REDACTED and REDACTED"
+def test_the_values_of_credential_environment_variables_are_scrubbed_and_no_others():
+    env = {"HF_TOKEN": "hf_A", "HUGGING_FACE_HUB_TOKEN": "hf_B", "WANDB_API_KEY": "k123", "HF_HOME": "/home/h", "PATH": "/bin"}
+    assert redaction.secret_values(env=env) == {"hf_A", "hf_B", "k123"}
+    assert redaction.shareable({"log": "saw hf_A, hf_B and k123 under /home/h"}, env=env) == {
+        "log": "saw REDACTED, REDACTED and REDACTED under /home/h"}
 
 
 def test_a_tool_record_is_made_shareable_in_one_call(monkeypatch):

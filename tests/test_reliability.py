@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import datasets
 import pytest
@@ -305,6 +306,16 @@ def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures
 # ---------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def catching(stop):
+    """`stop`'s handlers in place for the block, as the trainer installs them for train() and each publication."""
+    stop.install()
+    try:
+        yield
+    finally:
+        stop.restore()
+
+
 def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once():
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -312,7 +323,7 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     before = signal.getsignal(signal.SIGINT)
     args = TrainingArguments(output_dir="unused", use_cpu=True, report_to="none")
     state, control = TrainerState(global_step=3, max_steps=10), TrainerControl()
-    with stop.installed():
+    with catching(stop):
         stop.on_step_end(args, state, control)
         assert not control.should_training_stop
         os.kill(os.getpid(), signal.SIGINT)
@@ -555,7 +566,7 @@ def test_the_first_signal_says_what_happens_next(caplog):
                                  (True, "SIGINT received: the run stops once the final results being saved are complete")):
         caplog.clear()
         stop = resilience.StopOnSignal()
-        with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+        with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), catching(stop):
             step = 10 if last_step_done else 4
             stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
             os.kill(os.getpid(), signal.SIGINT)
@@ -620,7 +631,7 @@ def test_ranks_can_agree_at_every_step(monkeypatch, every):
 def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(caplog):
     stop = resilience.StopOnSignal()
     stop.training_done = True  # what the trainer sets once a first train() call finished
-    with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), stop.installed():
+    with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), catching(stop):
         os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
     assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
 

@@ -700,9 +700,8 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
     row.update({k: v for k, v in train.items() if k.startswith(("version_", "device_decode_"))})
-    # recall@k, mean rank, loss; validation metrics were saved as eval_results.json by earlier versions
-    validation = _read_json(run_dir / "validation_results.json") or _read_json(run_dir / "eval_results.json")
-    row.update(summarise_quality(validation, "eval"))
+    # recall@k, mean rank, loss
+    row.update(summarise_quality(_read_json(run_dir / "validation_results.json"), "eval"))
     row.update(summarise_quality(_read_json(run_dir / "test_results.json"), "test"))
 
     # A diverged run's figures (NaN, Infinity): never a result, and never bare NaN in results.json.

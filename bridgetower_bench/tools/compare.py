@@ -5,7 +5,7 @@
         --group fast=runs/f1,runs/f2,runs/f3 --json comparison.json
 
 Each DIR is a run's output directory holding all_results.json and/or train_results.json,
-eval_results.json, test_results.json. A group is the same configuration repeated under different
+validation_results.json, test_results.json. A group is the same configuration repeated under different
 seeds; for groups the tool prints mean, standard deviation and min-max, and says for every
 quality metric whether the difference between groups is larger than the run-to-run spread.
 """
@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-# validation_results.json is the scripts' name (upstream's); eval_results.json the one of earlier versions
-RESULT_FILES = ("all_results.json", "train_results.json", "eval_results.json", "validation_results.json", "test_results.json")
+RESULT_FILES = ("all_results.json", "train_results.json", "validation_results.json", "test_results.json")
 
 THROUGHPUT_KEYS = (
     "train_samples_per_second",

@@ -1,17 +1,23 @@
 """Generate run_bridgetower_cuda.py from run_bridgetower.py and the numbered patches in patches/.
 
-    python -m bridgetower_bench.tools.make_cuda_script           # (re)write run_bridgetower_cuda.py
-    python -m bridgetower_bench.tools.make_cuda_script --check   # exit 1 if the committed file differs
+    python -m bridgetower_bench.tools.make_cuda_script             # (re)write run_bridgetower_cuda.py
+    python -m bridgetower_bench.tools.make_cuda_script --check     # exit 1 if the committed file differs
+    python -m bridgetower_bench.tools.make_cuda_script --refresh   # rewrite patches whose hunks moved
 
-The patches are ordinary unified diffs, applied in file-name order with `patch` (GNU patch),
-each to the output of the previous one, starting from the Gaudi script. To change a patch:
-edit run_bridgetower_cuda.py in a scratch copy, then `diff -u` against the previous stage.
+The patches are ordinary unified diffs, applied in file-name order with `patch --fuzz=0` (GNU patch),
+each to the output of the previous one, starting from the Gaudi script. Every hunk must apply exactly
+where its line numbers say: a hunk that needs fuzz or lands at an offset stops the tool (exit 1, naming
+the patch), since such a hunk can land in the wrong place without a word. After an edit of the Gaudi
+script moved lines, `--refresh` rewrites each moved patch as the diff between consecutive stages (read
+the rewritten patches before committing them). To change a patch: edit run_bridgetower_cuda.py in a
+scratch copy, then `diff -u` against the previous stage.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import shutil
 import subprocess
 import sys
@@ -21,14 +27,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = "run_bridgetower.py"
 CUDA_SCRIPT = "run_bridgetower_cuda.py"
+# GNU patch's words for a hunk that landed away from where its header says (with --fuzz=0, a hunk that
+# needs fuzz fails outright)
+_MOVED = re.compile(r"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", re.MULTILINE)
 
 
 def patch_files(repo: Path = REPO) -> list[Path]:
     return sorted((repo / "patches").glob("*.patch"))
 
 
-def generate(repo: Path = REPO) -> str:
-    """The CUDA script's text: the Gaudi script with every patch applied in order."""
+def _apply(patch: Path, source: Path, out: Path, repo: Path) -> str:
+    """Apply one patch without fuzz; patch's report, or exit 1 naming the patch when a hunk fails."""
+    result = subprocess.run(
+        ["patch", "--fuzz=0", "--forward", "--no-backup-if-mismatch", "-r", "-", "-o", str(out), str(source), str(patch)],
+        capture_output=True,
+        text=True,
+    )
+    report = "".join(line for line in (result.stdout + result.stderr).splitlines(True) if not line.startswith("patching file "))
+    if result.returncode != 0:
+        raise SystemExit(f"error: {patch.relative_to(repo)} does not apply:\n{report}")
+    return report
+
+
+def generate(repo: Path = REPO, refresh: bool = False) -> str:
+    """The CUDA script's text: the Gaudi script with every patch applied in order, each hunk exactly in place.
+
+    With `refresh`, a patch whose hunks only moved (offsets) is rewritten as the diff between its two stages.
+    """
     if shutil.which("patch") is None:
         raise SystemExit("error: GNU `patch` is needed (apt-get install patch)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -36,22 +61,28 @@ def generate(repo: Path = REPO) -> str:
         work.write_text((repo / GAUDI_SCRIPT).read_text())
         for patch in patch_files(repo):
             out = Path(tmp) / "next.py"
-            result = subprocess.run(
-                ["patch", "--quiet", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "-r", "-", "-o", str(out), str(work), str(patch)],
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode != 0:
-                raise SystemExit(f"error: {patch.relative_to(repo)} does not apply:\n{result.stdout}{result.stderr}")
+            report = _apply(patch, work, out, repo)
+            moved = _MOVED.search(report)
+            if moved and refresh:
+                before, after = work.read_text().splitlines(True), out.read_text().splitlines(True)
+                patch.write_text("".join(difflib.unified_diff(before, after, CUDA_SCRIPT, CUDA_SCRIPT)))
+                print(f"refreshed {patch.relative_to(repo)}")
+            elif moved:
+                raise SystemExit(
+                    f"error: {patch.relative_to(repo)} applies only at an offset of {moved.group(1)} lines; "
+                    f"its hunks must land exactly where they say (--refresh rewrites moved patches):\n{report}"
+                )
             out.replace(work)
         return work.read_text()
 
 
 def main(argv=None, repo: Path = REPO) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if run_bridgetower_cuda.py is out of date")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if run_bridgetower_cuda.py is out of date")
+    mode.add_argument("--refresh", action="store_true", help="rewrite the patches whose hunks moved, then the script")
     args = parser.parse_args(argv)
-    expected = generate(repo)
+    expected = generate(repo, refresh=args.refresh)
     target = repo / CUDA_SCRIPT
     if args.check:
         current = target.read_text() if target.exists() else ""

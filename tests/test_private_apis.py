@@ -1,0 +1,116 @@
+"""The private names of other libraries the kit relies on (docs/ARCHITECTURE.md, "Private APIs") still exist,
+with the parameters the kit's overrides and calls pass. A failure names the library, the name and what changed:
+read that library's new code, adapt the override or the call, and update the table of versions checked."""
+
+import inspect
+import json
+import subprocess
+import sys
+
+import datasets
+import pytest
+import torch
+from transformers import Trainer
+
+from conftest import script_env
+
+
+# Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls
+# (trainer.py, mediapipe_loader.py) -> the parameters it relies on, in order
+TRAINER_METHODS = {
+    "_get_train_sampler": ["self", "train_dataset"],  # overridden; called by the media-pipeline loader
+    "_get_eval_sampler": ["self", "eval_dataset"],  # called by the media-pipeline loader
+    "_prepare_inputs": ["self", "inputs"],  # overridden (pixel normalisation, device decode)
+    "_save": ["self", "output_dir", "state_dict"],  # overridden (no credential in training_args.bin)
+    "_save_checkpoint": ["self", "model", "trial"],  # overridden (the checkpoint recorded before it is written)
+    "_sorted_checkpoints": ["self", "output_dir", "checkpoint_prefix", "use_mtime"],  # overridden (rotation)
+    "_get_output_dir": ["self", "trial"],  # called by the _save_checkpoint override
+    "save_model": ["self", "output_dir", "_internal_call"],  # overridden; its private parameter passed on
+}
+
+
+def parameters(function) -> list:
+    return list(inspect.signature(function).parameters)
+
+
+def missing_or_changed(cls, expected: dict) -> list:
+    problems = []
+    for name, params in expected.items():
+        function = getattr(cls, name, None)
+        if function is None:
+            problems.append(f"{cls.__module__}.{cls.__name__}.{name} no longer exists")
+        elif parameters(function)[: len(params)] != params:
+            problems.append(f"{cls.__name__}.{name}{inspect.signature(function)}: the kit relies on ({', '.join(params)})")
+    return problems
+
+
+def test_transformers_trainer_still_has_the_private_methods_the_kit_overrides_and_calls():
+    problems = missing_or_changed(Trainer, TRAINER_METHODS)
+    assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
+
+
+def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
+    # mediapipe_loader reads self._train_batch_size (what --auto_find_batch_size settled on), else the argument
+    source = inspect.getsource(Trainer)
+    assert "self._train_batch_size = " in source, "transformers' Trainer no longer sets self._train_batch_size"
+
+
+PROBE_GAUDI = """
+import inspect, json, sys
+from optimum.habana import GaudiTrainer
+from optimum.habana.distributed import DistributedRunner
+names = json.loads(sys.argv[1])
+runner = DistributedRunner(command_list=["train.py --flag 1"], world_size=1, use_mpi=False, master_port=29500)
+print(json.dumps({
+    "trainer": {n: list(inspect.signature(getattr(GaudiTrainer, n)).parameters) for n in names if hasattr(GaudiTrainer, n)},
+    "runner": {"_commands": getattr(runner, "_commands", None), "_interpreter": getattr(runner, "_interpreter", None)},
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def gaudi():
+    """What optimum-habana (behind the tests' Habana shim) has of the names the kit relies on."""
+    result = subprocess.run([sys.executable, "-c", PROBE_GAUDI, json.dumps(list(TRAINER_METHODS))],
+                            env=script_env(True), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
+    problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in gaudi["trainer"]]
+    problems += [f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
+                 for name, params in TRAINER_METHODS.items()
+                 if name in gaudi["trainer"] and gaudi["trainer"][name][: len(params)] != params]
+    assert not problems, "optimum-habana changed private GaudiTrainer methods:\n" + "\n".join(problems)
+
+
+def test_optimum_habana_distributed_runner_still_holds_the_commands_launch_gaudi_prints(gaudi):
+    # tools/launch_gaudi.py --dry_run prints runner._interpreter + each of runner._commands
+    runner = gaudi["runner"]
+    assert isinstance(runner["_commands"], list) and any("train.py --flag 1" in c for c in runner["_commands"]), \
+        f"optimum-habana's DistributedRunner._commands changed: {runner['_commands']!r}"
+    assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), \
+        f"optimum-habana's DistributedRunner._interpreter changed: {runner['_interpreter']!r}"
+
+
+def test_torch_still_has_the_antialiased_bicubic_kernel_with_explicit_scales():
+    # images.resize_and_crop: torch.ops.aten._upsample_bicubic2d_aa(input, output_size, align_corners, scales_h, scales_w)
+    op = getattr(torch.ops.aten, "_upsample_bicubic2d_aa", None)
+    assert op is not None, "torch no longer has torch.ops.aten._upsample_bicubic2d_aa"
+    arguments = [a.name for a in op.default._schema.arguments]
+    assert arguments == ["self", "output_size", "align_corners", "scales_h", "scales_w"], \
+        f"torch.ops.aten._upsample_bicubic2d_aa's arguments changed: {arguments}"
+    pixels = torch.arange(2 * 8 * 8, dtype=torch.uint8).reshape(1, 2, 8, 8)
+    assert op(pixels, [3, 2], False, 0.5, 0.5).shape == (1, 2, 3, 2), "output size and scales are no longer independent"
+
+
+def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
+    # preflight, data, mediapipe_loader: dataset._fingerprint names a data set's content in cache keys;
+    # preflight: dataset._indices maps a selection's rows back to the rows as loaded
+    dataset = datasets.Dataset.from_dict({"value": [10, 11, 12]})
+    chosen = dataset.select([2, 0])
+    assert isinstance(getattr(dataset, "_fingerprint", None), str), "datasets.Dataset no longer has _fingerprint"
+    assert chosen._fingerprint != dataset._fingerprint
+    assert getattr(dataset, "_indices", "missing") is None, "datasets.Dataset._indices changed (expected None unselected)"
+    assert chosen._indices.column(0).to_pylist() == [2, 0], "datasets.Dataset._indices no longer maps a selection's rows"
