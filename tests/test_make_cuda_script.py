@@ -107,11 +107,12 @@ def test_refresh_rewrites_the_patches_a_gaudi_edit_moved_and_the_check_passes_ag
 def test_a_further_numbered_patch_is_applied_after_the_others(copy, capsys):
     cuda = copy / "run_bridgetower_cuda.py"
     before = cuda.read_text()
-    after = before.replace("# 2. Logging.", "# 2. Logging (a sixth patch).", 1)
-    (copy / "patches" / "06-sixth.patch").write_text(
+    after = before.replace("# 2. Logging.", "# 2. Logging (a further patch).", 1)
+    count = len(list((copy / "patches").glob("*.patch"))) + 1
+    (copy / "patches" / "99-further.patch").write_text(
         "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), cuda.name, cuda.name)))
 
     assert make_cuda_script.main(["--check"], repo=copy) == 1
     assert make_cuda_script.main([], repo=copy) == 0
-    assert "+ 6 patches" in capsys.readouterr().out
+    assert f"+ {count} patches" in capsys.readouterr().out
     assert cuda.read_text() == after
