@@ -26,6 +26,10 @@ TRAINER_METHODS = {
     "_sorted_checkpoints": ["self", "output_dir", "checkpoint_prefix", "use_mtime"],  # overridden (rotation)
     "_get_output_dir": ["self", "trial"],  # called by the _save_checkpoint override
     "save_model": ["self", "output_dir", "_internal_call"],  # overridden; its private parameter passed on
+    "_inner_training_loop": ["self", "batch_size", "args", "resume_from_checkpoint"],  # overridden (resumed epoch order)
+    "_maybe_log_save_evaluate": ["self", "tr_loss", "grad_norm"],  # overridden (divergence watch)
+    "_load_callback_state": ["self"],  # overridden (the loss sum's callback after a resume)
+    "_rotate_checkpoints": ["self", "use_mtime", "output_dir"],  # overridden (rotation after the manifest)
 }
 
 
@@ -47,6 +51,21 @@ def missing_or_changed(cls, expected: dict) -> list:
 def test_transformers_trainer_still_has_the_private_methods_the_kit_overrides_and_calls():
     problems = missing_or_changed(Trainer, TRAINER_METHODS)
     assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
+
+
+def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_function():
+    # trainer._resumed_epoch_keeps_its_order swaps transformers.trainer.skip_first_batches while training and
+    # hands the new loader the epoch (`iteration`) of accelerate's loader it skips in
+    import accelerate
+    import accelerate.data_loader
+    import transformers.trainer
+
+    assert transformers.trainer.skip_first_batches is accelerate.skip_first_batches, (
+        "transformers.trainer no longer calls accelerate.skip_first_batches by that name")
+    assert "self.iteration" in inspect.getsource(accelerate.data_loader.DataLoaderShard), (
+        "accelerate's DataLoaderShard no longer counts its epochs in `iteration`")
+    assert "self._total_loss_scalar" in inspect.getsource(Trainer), (
+        "transformers' Trainer no longer keeps the logged loss sum in _total_loss_scalar")
 
 
 def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
@@ -77,11 +96,16 @@ def gaudi():
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# optimum-habana names the gradient norm `_grad_norm`; both trainers' loops pass it by position, as the kit does
+GAUDI_PARAMETER_NAMES = {"_grad_norm": "grad_norm"}
+
+
 def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
-    problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in gaudi["trainer"]]
+    found = {name: [GAUDI_PARAMETER_NAMES.get(p, p) for p in params] for name, params in gaudi["trainer"].items()}
+    problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in found]
     problems += [f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
                  for name, params in TRAINER_METHODS.items()
-                 if name in gaudi["trainer"] and gaudi["trainer"][name][: len(params)] != params]
+                 if name in found and found[name][: len(params)] != params]
     assert not problems, "optimum-habana changed private GaudiTrainer methods:\n" + "\n".join(problems)
 
 
