@@ -202,7 +202,8 @@ def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_pa
         data_args = SimpleNamespace(max_seq_length=None, max_train_samples=None, max_eval_samples=None,
                                     preprocessing_num_workers=None, max_image_pixels=1)
         training_args = SimpleNamespace(per_device_train_batch_size=1, per_device_eval_batch_size=1,
-                                        gradient_accumulation_steps=1, dataloader_num_workers=0, output_dir=str(tmp_path / "out"))
+                                        gradient_accumulation_steps=1, dataloader_num_workers=0, output_dir=str(tmp_path / "out"),
+                                        do_train=False, max_steps=-1, num_train_epochs=3.0)
         for name, value in values.items():
             setattr(data_args if hasattr(data_args, name) else training_args, name, value)
         return data_args, training_args
