@@ -219,7 +219,8 @@ class RaplCounter:
         self.total_uj = 0
 
     @classmethod
-    def open(cls, root: str = POWERCAP_ROOT) -> "RaplCounter":
+    def open(cls, root: Optional[str] = None) -> "RaplCounter":
+        root = root or POWERCAP_ROOT
         # Top-level domains only (intel-rapl:N, not their sub-domains intel-rapl:N:M, which they contain), and of
         # those the packages: a "psys" platform domain would count the packages a second time.
         tops = sorted(d for d in glob.glob(os.path.join(root, "intel-rapl:*")) if os.path.basename(d).count(":") == 1)
