@@ -124,11 +124,11 @@ class HlmlPowerSampler:
 
     @classmethod
     def open(cls, environ: Mapping[str, str] = os.environ) -> "HlmlPowerSampler":
-        module = hpu_module_id(environ)
         try:
             import pyhlml  # habana-pyhlml: optional, listed in requirements-gaudi.txt
         except ImportError:
             raise NotMeasured("no HLML (habana-pyhlml not installed)") from None
+        module = hpu_module_id(environ)
         try:
             pyhlml.hlmlInit()
             handles = [pyhlml.hlmlDeviceGetHandleByIndex(i) for i in range(pyhlml.hlmlDeviceGetCount())]
