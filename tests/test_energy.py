@@ -310,3 +310,55 @@ def test_without_warmup_the_window_and_its_energy_start_with_training():
 
     drive(callback, clock, steps=3, step_seconds=1.0, batch=1, poll=burn)
     assert callback.metrics()["energy_joules"] == pytest.approx(21.0)
+
+
+# --- a real Trainer: the trainer extensions measure the training device over the counted window ------------------
+
+
+class PowerMeter:
+    """A counter that accumulates 50 W of wall-clock time: its joules / seconds must come out as 50 W."""
+
+    source = "test-50-watts"
+
+    def start(self):
+        self._start = time.perf_counter()
+
+    def poll(self):
+        pass
+
+    def stop(self):
+        return 50.0 * (time.perf_counter() - self._start)
+
+
+def real_training(tmp_path):
+    from test_throughput import ExtendedTrainer, SlowData, SlowModel
+    from bridgetower_bench.trainer import WarmupTrainingArguments
+
+    args = WarmupTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=6, throughput_warmup_steps=2,
+        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+    )
+    trainer = ExtendedTrainer(model=SlowModel(delay=0.03), args=args, train_dataset=SlowData(12, delay=0.01),
+                              image_mean=(0.5,) * 3, image_std=(0.25,) * 3)
+    return trainer.train().metrics
+
+
+def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tmp_path, monkeypatch):
+    opened = []
+    monkeypatch.setattr(energy, "open_source", lambda device, world_size=1: opened.append((device.type, world_size)) or PowerMeter())
+
+    metrics = real_training(tmp_path)
+
+    assert opened == [("cpu", 1)]
+    assert metrics["energy_source"] == "test-50-watts"
+    assert metrics["energy_watts_per_device"] == pytest.approx(50.0, rel=0.02), "read at the window's two ends"
+    assert metrics["energy_joules_per_sample"] == pytest.approx(metrics["energy_joules"] / 8)
+    assert metrics["energy_seconds"] == metrics["throughput_counted_seconds"]
+
+
+def test_the_trainer_records_why_energy_was_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(energy, "POWERCAP_ROOT", str(tmp_path / "no-powercap"))
+    metrics = real_training(tmp_path)
+    assert metrics["energy_source"] == "not measured"
+    assert metrics["energy_reason"] == f"no RAPL ({tmp_path / 'no-powercap'} has no intel-rapl domain)"
+    assert "energy_joules_per_sample" not in metrics
