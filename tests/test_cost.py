@@ -168,6 +168,8 @@ def sweep(tmp_path, given, env=None):
 def test_with_a_price_every_record_has_the_cost_and_the_chart_is_drawn(tmp_path):
     out, runs, csv_rows = sweep(tmp_path, prices("cpu=0.10", "H100=2.5"))
 
+    assert json.loads((out / "results.json").read_text())["bench"]["prices"] == {"cpu": 0.1, "H100": 2.5}
+
     assert [r["usd_per_1m_samples"] for r in runs] == pytest.approx([0.1 / (10 * 3600) * 1e6, 0.1 / (20 * 3600) * 1e6])
     assert [r["usd_published_experiment"] for r in runs] == pytest.approx([0.1 * 49_000 / (10 * 3600), 0.1 * 49_000 / (20 * 3600)])
     assert float(csv_rows[1]["usd_per_1m_samples"]) == pytest.approx(runs[1]["usd_per_1m_samples"])
@@ -190,6 +192,7 @@ def test_without_prices_there_is_no_cost_column_and_a_run_without_counter_says_w
 
     assert not any(key.startswith("usd_") or key == "price_device" for row in runs for key in row)
     assert not any(key.startswith("usd_") or key == "price_device" for key in csv_rows[0]), "absent, not zero"
+    assert "prices" not in json.loads((out / "results.json").read_text())["bench"]
     assert csv_rows[0]["energy_source"] == "not measured"
     assert csv_rows[0]["energy_reason"] == "no RAPL (/sys/class/powercap has no intel-rapl domain)"
     table = (out / "table.md").read_text()

@@ -723,6 +723,7 @@ def write_results(out: Path, plan: Plan, rows: list[dict]) -> None:
             "preset": plan.preset, "shape": plan.shape, "script": plan.script, "device": plan.device, "nproc": plan.nproc,
             "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
             "variants": [asdict(v) for v in plan.variants],
+            **({"prices": {p.device: p.usd_per_hour for p in plan.prices.entries}} if plan.prices else {}),
         },
         "runs": rows,
     }
