@@ -71,10 +71,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..atomic_files import atomic_path, write_atomically
-from ..user_errors import UserInputError
 from ..mediapipe_loader import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
+from ..user_errors import UserInputError
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
 from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
@@ -782,15 +782,19 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    try:  # malformed prices are refused first; one that matches no device once the plan knows the device
+        prices = prices_from_args(args.price, args.prices)
+    except UserInputError as e:
+        refuse(parser.prog, e)
     try:
         plan = make_plan(args, build_fixtures=not args.dry_run)
     except ValueError as e:
         parser.error(str(e))
     try:  # a price naming no device of this sweep and no published one is refused before anything runs
-        plan.prices = prices_from_args(args.price, args.prices)
-        plan.prices.check([(plan.device, plan.expected_device_name or local_device_name(plan.device))], "this sweep")
+        prices.check([(plan.device, plan.expected_device_name or local_device_name(plan.device))], "this sweep")
     except UserInputError as e:
         refuse(parser.prog, e)
+    plan.prices = prices
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
     print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})")

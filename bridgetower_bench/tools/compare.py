@@ -5,11 +5,13 @@
         --group fast=runs/f1,runs/f2,runs/f3 --json comparison.json
 
 Each DIR is a run's output directory holding all_results.json and/or train_results.json,
-eval_results.json, test_results.json. With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE
-(tools/cost.py), each run also gets USD per 1M training samples and the cost of the published run, and the
-published figures of the priced published devices are listed at those prices. A group is the same configuration repeated under different
+eval_results.json, test_results.json. A group is the same configuration repeated under different
 seeds; for groups the tool prints mean, standard deviation and min-max, and says for every
 quality metric whether the difference between groups is larger than the run-to-run spread.
+
+With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE (tools/cost.py), each run also gets USD per
+1M training samples and the cost of the published run, and the published figures of the priced published
+devices are listed at the same prices. Energy figures the runs recorded (energy_*) are shown beside speed.
 """
 
 from __future__ import annotations
