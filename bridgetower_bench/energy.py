@@ -172,8 +172,7 @@ class HlmlPowerSampler:
 
     def stop(self) -> float:
         self._stop_event.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
         if self.error:
             raise NotMeasured(self.error)
         self.sample()
@@ -215,8 +214,6 @@ class RaplCounter:
         self.domains = domains  # directories such as /sys/class/powercap/intel-rapl:0
         self.ranges = [_read_int(os.path.join(d, "max_energy_range_uj")) for d in domains]
         self.names = [_read_text(os.path.join(d, "name")) for d in domains]
-        self._last = [0] * len(domains)
-        self.total_uj = 0
 
     @classmethod
     def open(cls, root: Optional[str] = None) -> "RaplCounter":
@@ -276,7 +273,7 @@ def _read_int(path: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def open_source(device, world_size: int = 1, environ: Mapping[str, str] = os.environ):
+def open_source(device, world_size: int, environ: Mapping[str, str] = os.environ):
     """The energy reader for the device this process trains on; NotMeasured (with the reason) when there is none."""
     kind = getattr(device, "type", str(device))
     if kind == "cuda":
@@ -298,17 +295,15 @@ class EnergyMeter:
         self.reader = None
         self.reason: Optional[str] = None
         self.joules: Optional[float] = None
-        self.running = False
+        self.running = False  # between start() and stop()
 
     @classmethod
     def for_device(cls, device, world_size: int = 1) -> "EnergyMeter":
         return cls(lambda: open_source(device, world_size))
 
     def prepare(self) -> None:
-        """Find the counter (outside the window: loading a library takes time)."""
-        self.joules, self.running = None, False
-        if self.reader is not None or self.reason is not None:
-            return  # once per process; a resumed train() reuses it
+        """Find the counter (outside the window: loading a library takes time); once per train() call."""
+        self.reader, self.reason, self.joules, self.running = None, None, None, False
         try:
             self.reader = self.open_reader()
         except NotMeasured as error:
@@ -344,17 +339,17 @@ class EnergyMeter:
         """The record of a run without a figure: the reader's own reason first (no counter), else `reason`."""
         return {"energy_source": NOT_MEASURED, "energy_reason": self.reason or reason}
 
-    def metrics(self, samples: int, seconds: float, devices: int = 1) -> dict:
+    def metrics(self, samples: int, seconds: float) -> dict:
         """Fields for train_results.json: the window's joules per sample and watts per device, or why not."""
-        if self.joules is None or self.reader is None:
+        if self.joules is None:
             return self.not_measured("the counted window did not end at the run's last step" if self.running
                                      else "the counted window never opened")
         record = {
             "energy_source": self.reader.source,
             "energy_joules": self.joules,
             "energy_seconds": seconds,
-            "energy_devices_measured": devices,
-            "energy_watts_per_device": self.joules / max(seconds, 1e-9) / devices,
+            "energy_devices_measured": 1,  # this process's device
+            "energy_watts_per_device": self.joules / max(seconds, 1e-9),
         }
         if samples > 0:
             record["energy_joules_per_sample"] = self.joules / samples

@@ -26,6 +26,7 @@ def prices(*texts, file=None):
     ("cpu=nan", "--price cpu=nan: 'nan' is not a finite number"),
     ("cpu", "--price cpu: expected DEVICE=USD_PER_HOUR (e.g. --price H100=2.50)"),
     ("=0.1", "--price =0.1: the device is empty"),
+    ("cpu=", "--price cpu=: the price is missing"),
 ])
 def test_a_malformed_price_is_refused_in_one_line_before_the_sweep_runs(flag, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -57,6 +58,7 @@ def test_compare_refuses_a_price_for_no_run_and_no_published_device(tmp_path, ca
 
 
 def test_prices_files_json_and_csv(tmp_path):
+    assert prices("cpu=0").for_device("cpu", "CPU").usd_per_hour == 0.0, "a machine of your own: free is a price"
     (tmp_path / "p.json").write_text('{"H100": 2.5, "cpu": "0.10"}')
     (tmp_path / "p.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nA100 80GB, 1.8\n")
     assert [(p.device, p.usd_per_hour) for p in prices(file=str(tmp_path / "p.json")).entries] == [("H100", 2.5), ("cpu", 0.1)]
@@ -66,11 +68,14 @@ def test_prices_files_json_and_csv(tmp_path):
     (tmp_path / "bad.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nH100,-2\n")
     (tmp_path / "cols.csv").write_text("name,price\nH100,2\n")
     (tmp_path / "list.json").write_text("[2.5]")
+    (tmp_path / "bool.json").write_text('{"H100": true}')
+    (tmp_path / "short.csv").write_text("device,usd_per_hour\nH100\n")
     (tmp_path / "p.txt").write_text("H100=2")
     for name, message in [("bad.csv", r"--prices .*bad.csv line 3: a price must be 0 or more, got -2"),
                           ("cols.csv", r"expected the columns device,usd_per_hour \(found: name,price\)"),
                           ("list.json", r'expected a JSON object \{"DEVICE": USD_PER_HOUR, ...\}, found list'),
-                          ("p.txt", "expected a .json or .csv file"), ("missing.json", "no such file")]:
+                          ("p.txt", "expected a .json or .csv file"), ("missing.json", "no such file"),
+                          ("bool.json", "key 'H100': 'True' is not a number"), ("short.csv", "line 2: the price is missing")]:
         with pytest.raises(UserInputError, match=message):
             prices(file=str(tmp_path / name))
 
@@ -176,6 +181,7 @@ def test_with_a_price_every_record_has_the_cost_and_the_chart_is_drawn(tmp_path)
     assert csv_rows[0]["price_device"] == "cpu" and csv_rows[0]["energy_source"] == "rapl"
     table = (out / "table.md").read_text()
     assert "| CPU stand-in x1 | cpu: 0.1 USD/h | 2.78 per 1M; 0.136 run | 1.39 per 1M; 0.0681 run |" in table
+    assert "then the published run (5 epochs x about 9.8k rows = 49,000 samples) on the row's devices" in table
     assert "| CPU stand-in x1 | 3 J/sample, 30 W per device (rapl) | 1.5 J/sample, 30 W per device (rapl) |" in table
     published = (out / "vs_published.md").read_text().split("## Cost at the prices given (USD)")[1]
     assert "| workers=2 | - | 9.23 |" in published  # H100 at workers=2: 2.5 x 8 / (602.1 x 3600) x 1e6

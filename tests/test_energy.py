@@ -222,6 +222,9 @@ def test_rapl_sums_the_packages_and_counts_across_a_wrap(tmp_path):
     joules = counter.stop()
 
     assert joules == pytest.approx(5 + 3 + 10 + (top - 1_000_000 - 3_000_000) / 1e6 + 1)
+    assert counter.total_uj == 5_000_000 + 3_000_000 + 10_000_000 + (top - 4_000_000) + 1_000_000, "to the microjoule"
+    counter.start()
+    assert counter.stop() == 0.0, "a counter that did not move: no energy, not a wrap"
 
 
 def test_rapl_over_the_throughput_window_polls_every_counted_step(tmp_path, monkeypatch):
@@ -257,10 +260,13 @@ def test_rapl_not_measured_paths(tmp_path, monkeypatch):
     with pytest.raises(NotMeasured, match=r"^RAPL not readable: permission denied$"):
         RaplCounter.open(str(tmp_path))
     monkeypatch.undo()
+    (tmp_path / "intel-rapl:0" / "name").unlink()
+    with pytest.raises(NotMeasured, match=r"^RAPL not readable: No such file or directory$"):
+        RaplCounter.open(str(tmp_path))
     with pytest.raises(NotMeasured, match="RAPL counts the whole CPU, shared here by 2 training processes"):
         energy.open_source(torch.device("cpu"), world_size=2)
     with pytest.raises(NotMeasured, match="no energy counter known for mps devices"):
-        energy.open_source(SimpleNamespace(type="mps"))
+        energy.open_source(SimpleNamespace(type="mps"), world_size=1)
 
 
 # --- the meter around the window -----------------------------------------------------------------------------
@@ -298,6 +304,46 @@ def test_a_reader_failing_mid_window_never_stops_training_and_is_reported():
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == "energy reading failed: OSError('device gone')"
     assert metrics["train_samples_per_second"] == pytest.approx(2.0)
+
+
+def test_a_run_that_ends_before_its_last_step_or_never_opens_the_window_says_so():
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=1, clock=clock, energy=EnergyMeter(Counter))
+    state = SimpleNamespace(global_step=0, max_steps=10)  # stopped after 4 of 10 steps
+    callback.on_train_begin(CPU_ARGS, state, None)
+    for step in range(1, 5):
+        callback.record_fetch(0.0, 2)
+        clock.now += 1.0
+        state.global_step = step
+        callback.on_step_end(CPU_ARGS, state, None)
+    assert callback.metrics()["energy_reason"] == "the counted window did not end at the run's last step"
+    assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
+
+
+def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing():
+    counter = Counter()
+    meter = EnergyMeter(lambda: counter)
+    meter.prepare()
+    meter.start()
+    counter.value += 12.0
+    meter.stop()
+    counter.value += 100.0
+    meter.stop()  # the window closed once: later readings are not its energy
+    assert meter.metrics(samples=1, seconds=4.0) == {
+        "energy_source": "test-counter", "energy_joules": 12.0, "energy_seconds": 4.0, "energy_devices_measured": 1,
+        "energy_watts_per_device": 3.0, "energy_joules_per_sample": 12.0}
+    assert "energy_joules_per_sample" not in meter.metrics(samples=0, seconds=4.0)
+
+
+def test_the_power_sampler_never_keeps_a_dying_run_alive():
+    import subprocess
+
+    code = ("from bridgetower_bench.energy import HlmlPowerSampler\n"
+            "sampler = HlmlPowerSampler(lambda: 1000, interval=0.01)\n"
+            "sampler.start()\n"
+            "raise SystemExit(3)  # a run that dies inside the window, stop() never called\n")
+    result = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
+    assert result.returncode == 3
 
 
 def test_without_warmup_the_window_and_its_energy_start_with_training():

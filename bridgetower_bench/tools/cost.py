@@ -123,8 +123,8 @@ class Prices:
 
 
 def _price_value(text: object, given: str) -> float:
-    if isinstance(text, bool) or text is None:
-        raise UserInputError(f"{given}: {text!r} is not a number (USD per device-hour)")
+    if text is None or not str(text).strip():
+        raise UserInputError(f"{given}: the price is missing (a number of USD per device-hour)")
     try:
         value = float(str(text).strip())
     except ValueError:
