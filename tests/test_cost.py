@@ -67,12 +67,16 @@ def test_prices_files_json_and_csv(tmp_path):
 
     (tmp_path / "bad.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nH100,-2\n")
     (tmp_path / "cols.csv").write_text("name,price\nH100,2\n")
+    (tmp_path / "one-col.csv").write_text("device,price\nH100,2\n")
+    (tmp_path / "dir.json").mkdir()
     (tmp_path / "list.json").write_text("[2.5]")
     (tmp_path / "bool.json").write_text('{"H100": true}')
     (tmp_path / "short.csv").write_text("device,usd_per_hour\nH100\n")
     (tmp_path / "p.txt").write_text("H100=2")
     for name, message in [("bad.csv", r"--prices .*bad.csv line 3: a price must be 0 or more, got -2"),
                           ("cols.csv", r"expected the columns device,usd_per_hour \(found: name,price\)"),
+                          ("one-col.csv", r"expected the columns device,usd_per_hour \(found: device,price\)"),
+                          ("dir.json", r"dir.json: cannot be read \(Is a directory\)"),
                           ("list.json", r'expected a JSON object \{"DEVICE": USD_PER_HOUR, ...\}, found list'),
                           ("p.txt", "expected a .json or .csv file"), ("missing.json", "no such file"),
                           ("bool.json", "key 'H100': 'True' is not a number"), ("short.csv", "line 2: the price is missing")]:
@@ -89,6 +93,7 @@ def test_a_price_matches_the_device_type_or_part_of_the_name_the_most_specific_w
     assert given.for_device("cuda", "NVIDIA H100 80GB HBM3").device == "H100 80GB", "a longer name beats a shorter one"
     assert given.for_device("cuda", "NVIDIA H100 PCIe").device == "H100", "a name beats the type"
     assert given.for_device("cpu", "CPU AMD EPYC") is None
+    assert prices("cuda=1", "N=2").for_device("cuda", "NVIDIA H200").device == "N", "even a one-letter name beats the type"
     # published rows: by name only; the type of this machine's GPUs prices none of them
     assert given.for_published("H100 GPU").device == "H100"
     assert given.for_published("A100 80GB GPU").device == "a100"
@@ -119,8 +124,12 @@ def test_cost_columns_of_hand_computed_rows():
                             "train_samples_per_second": 20.0}, given)
     assert cpu["usd_per_1m_samples"] == pytest.approx(1.388889, abs=1e-6)
     assert cpu["usd_published_experiment"] == pytest.approx(0.0680556, abs=1e-7)
-    # a failed run keeps its price, and gets no cost; an unpriced device and no prices: no column at all
+    # a row without world_size is one device; a slow one (under 1 sample/s) is still priced
+    slow = cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.5}, given)
+    assert slow["usd_per_1m_samples"] == pytest.approx(0.1 / (0.5 * 3600) * 1e6)
+    # a failed run (no speed, or none measured) keeps its price and gets no cost; an unpriced device and no prices: no column
     assert cost.cost_fields({"device_type": "cpu", "device_name": "CPU"}, given) == {"price_device": "cpu", "usd_per_device_hour": 0.1}
+    assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.0}, given) == {"price_device": "cpu", "usd_per_device_hour": 0.1}
     assert cost.cost_fields({"device_type": "hpu", "device_name": "GAUDI2", "train_samples_per_second": 5.0}, given) == {}
     assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 5.0}, prices()) == {}
 
@@ -181,7 +190,7 @@ def test_with_a_price_every_record_has_the_cost_and_the_chart_is_drawn(tmp_path)
     assert csv_rows[0]["price_device"] == "cpu" and csv_rows[0]["energy_source"] == "rapl"
     table = (out / "table.md").read_text()
     assert "| CPU stand-in x1 | cpu: 0.1 USD/h | 2.78 per 1M; 0.136 run | 1.39 per 1M; 0.0681 run |" in table
-    assert "then the published run (5 epochs x about 9.8k rows = 49,000 samples) on the row's devices" in table
+    assert "then the published run (5 epochs x about 9,800 rows = 49,000 samples) on the row's devices" in table
     assert "| CPU stand-in x1 | 3 J/sample, 30 W per device (rapl) | 1.5 J/sample, 30 W per device (rapl) |" in table
     published = (out / "vs_published.md").read_text().split("## Cost at the prices given (USD)")[1]
     assert "| workers=2 | - | 9.23 |" in published  # H100 at workers=2: 2.5 x 8 / (602.1 x 3600) x 1e6

@@ -41,7 +41,7 @@ from ..user_errors import UserInputError
 PUBLISHED_EPOCHS = 5
 PUBLISHED_TRAIN_ROWS = 9_800
 PUBLISHED_EXPERIMENT_SAMPLES = PUBLISHED_EPOCHS * PUBLISHED_TRAIN_ROWS
-PUBLISHED_EXPERIMENT = f"{PUBLISHED_EPOCHS} epochs x about {PUBLISHED_TRAIN_ROWS / 1000:.1f}k rows"
+PUBLISHED_EXPERIMENT = f"{PUBLISHED_EPOCHS} epochs x about {PUBLISHED_TRAIN_ROWS:,} rows"
 
 # The published devices (bench_report.PUBLISHED, CI_BASELINES) and the names their prices are given under.
 PUBLISHED_PRICE_NAMES = {"Gaudi2 HPU": "Gaudi2", "H100 GPU": "H100", "A100 80GB GPU": "A100 80GB", "Gaudi3 HPU": "Gaudi3"}
@@ -49,7 +49,7 @@ PUBLISHED_PRICE_NAMES = {"Gaudi2 HPU": "Gaudi2", "H100 GPU": "H100", "A100 80GB 
 COST_COLUMNS = ("price_device", "usd_per_device_hour", "usd_per_1m_samples", "usd_published_experiment")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Price:
     device: str  # as the user wrote it
     usd_per_hour: float
@@ -89,11 +89,9 @@ class Prices:
 
     def _most_specific(self, device_type: Optional[str], device_name: str) -> Optional[Price]:
         found = sorted(self._matches(device_type, device_name), key=lambda m: -m[0])
-        if not found:
-            return None
-        if len(found) > 1 and found[0][0] == found[1][0] and found[0][0] > 0:
+        if len(found) > 1 and found[0][0] == found[1][0]:  # two names of one length (one type: priced once)
             raise UserInputError(f"{found[0][1].given} and {found[1][1].given}: both match {device_name} equally; keep one")
-        return found[0][1]
+        return found[0][1] if found else None
 
     def check(self, devices: Iterable[tuple[Optional[str], Optional[str]]], where: str) -> None:
         """Refuse a price that matches none of `devices` ((type, name) of the rows to price) and no published
@@ -210,7 +208,7 @@ def add_price_arguments(parser: argparse.ArgumentParser) -> None:
 
 def refuse(prog: str, error: Exception) -> NoReturn:
     """One line, `<prog>: error: <message>`, exit status 2."""
-    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {error}", file=sys.stderr)
     sys.exit(2)
 
 
