@@ -22,6 +22,10 @@ Both ends of the window wait for the device to finish the work queued so far (`s
 no other step does: the host may run ahead of the device (it does once the Trainer's per-step NaN check
 is off, `--logging_nan_inf_filter False`), and the clock must read when the device is done, not when the
 host has queued the step.
+
+With an `energy` meter (energy.py), the device's energy is read over the same window: the counter is read
+right after each end's synchronisation (and polled at every counted step end in between), so that
+`energy_joules_per_sample` and `energy_watts_per_device` describe exactly the steps samples/s counts.
 """
 
 from __future__ import annotations
@@ -33,13 +37,16 @@ from typing import Callable, Optional
 import torch
 from transformers import TrainerCallback
 
+from .energy import EnergyMeter
+
 logger = logging.getLogger(__name__)
 
 
 class ThroughputCallback(TrainerCallback):
     def __init__(self, warmup_steps: int = 0, world_size: int = 1, clock: Callable[[], float] = time.perf_counter,
-                 synchronize: Optional[Callable[[torch.device], None]] = None):
+                 synchronize: Optional[Callable[[torch.device], None]] = None, energy: Optional[EnergyMeter] = None):
         self.warmup_steps = max(0, int(warmup_steps))
+        self.energy = energy
         self.world_size = world_size
         self.clock = clock
         self.synchronize = synchronize or synchronize_device
@@ -65,9 +72,13 @@ class ThroughputCallback(TrainerCallback):
     # Trainer events ------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._reset(first_step=state.global_step)
+        if self.energy is not None:
+            self.energy.prepare()
         self.train_start = self.clock()
         if self.warmup_steps == 0:
             self.window_start = self.train_start
+            if self.energy is not None:
+                self.energy.start()
         loader = kwargs.get("train_dataloader")
         try:
             self.steps_per_epoch = max(len(loader) // max(1, getattr(args, "gradient_accumulation_steps", 1)), 1)
@@ -91,6 +102,13 @@ class ThroughputCallback(TrainerCallback):
         self.last_step, self.last_step_end = state.global_step, now
         if window_starts:
             self.window_start = now
+        if self.energy is not None:
+            if window_starts:
+                self.energy.start()
+            elif last_step:
+                self.energy.stop()
+            elif self.window_start is not None:
+                self.energy.poll()
 
     # Called by the trainer around every fetch of a batch -------------------------------------------
     def record_fetch(self, seconds: float, num_samples: int) -> None:
@@ -108,8 +126,11 @@ class ThroughputCallback(TrainerCallback):
         counted_steps = steps_run - self.warmup_steps
         if self.last_step_end is None or steps_run == 0:
             return {}
+        energy = {}
         if counted_steps > 0:
             elapsed, samples, wait, warmup = self.last_step_end - self.window_start, self.counted_samples, self.wait_seconds, self.warmup_steps
+            if self.energy is not None:  # this process's device over this process's samples
+                energy = self.energy.metrics(samples=self.counted_samples, seconds=max(elapsed, 1e-9))
         else:
             logger.warning(
                 "throughput_warmup_steps=%d covers all %d steps of this run: throughput counts every step instead",
@@ -118,6 +139,8 @@ class ThroughputCallback(TrainerCallback):
             )
             elapsed, samples, wait, warmup = self.last_step_end - self.train_start, self.all_samples, self.all_wait_seconds, 0
             counted_steps = steps_run
+            if self.energy is not None:
+                energy = self.energy.not_measured("the warm-up covers every step: no counted window")
         elapsed = max(elapsed, 1e-9)
         node_samples = samples * self.world_size
         first_counted = self.first_step + warmup + 1
@@ -140,6 +163,7 @@ class ThroughputCallback(TrainerCallback):
             "data_wait_fraction_steady": min(1.0, steady_wait / elapsed),
             **shape,
             "world_size": self.world_size,
+            **energy,
         }
 
 

@@ -11,7 +11,8 @@ It
 - times every fetch of a batch, for `data_wait_fraction`;
 - on one device, draws each epoch up to whole batches as GaudiTrainer does, so both scripts train on
   the same batches;
-- reports steady-state throughput after `throughput_warmup_steps` (see throughput.py) and records
+- reports steady-state throughput after `throughput_warmup_steps` (see throughput.py), the device's
+  energy over the same window where a counter exists (energy.py), and records
   which loader and image pipeline actually ran, next to the train metrics;
 - on a GPU, checks at step 1 that the per-device batch fits, and turns running out of memory in the first
   step into one line saying which batch and accumulation would fit (gpu_memory.py);
@@ -51,6 +52,7 @@ from transformers.training_args import OptimizerNames, ParallelMode
 
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
+from .energy import EnergyMeter
 from .images import normalize_on_device
 from . import checkpoint_manifest, divergence, gpu_memory, run_directory, run_recipe
 from .redaction import without_secrets
@@ -129,6 +131,7 @@ class TrainerExtensions:
         self.throughput = ThroughputCallback(
             warmup_steps=getattr(self.args, "throughput_warmup_steps", 0) or 0,
             world_size=self.args.world_size,
+            energy=EnergyMeter.for_device(self.args.device, self.args.world_size),
         )
         self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()

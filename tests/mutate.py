@@ -58,6 +58,8 @@ TARGETS = {
     "retrieval.py": ["tests/test_retrieval.py", "tests/test_retrieval_direct.py"],
     "flag_guard.py": ["tests/test_guards.py", "tests/test_scripts.py", "tests/test_user_input.py"],
     "tools/make_cuda_script.py": ["tests/test_make_cuda_script.py"],
+    "energy.py": ["tests/test_energy.py"],
+    "tools/cost.py": ["tests/test_cost.py"],
 }
 
 _COMPARE_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

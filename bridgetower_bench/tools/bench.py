@@ -25,6 +25,12 @@ Written to --out (default bench_out/<timestamp>):
                          the data wait, and its split between epoch-start steps and the steady state
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
+    chart_cost.png       samples/s per device against USD per 1M samples (with --price/--prices) and joules per
+                         sample (where the runs measured energy), the published rows marked
+With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE, every row gets USD per 1M training samples and
+the cost of the published run, and vs_published.md prices the published rows too (tools/cost.py: how a
+DEVICE matches rows). No price is built in. Energy (joules per sample, watts per device) is read by the runs
+from the device's counter where one exists (NVML, HLML, RAPL), else the rows say `not measured` and why.
 These records are made to be shared: credential values (--token, --hub_token, HF_TOKEN, ...; see
 bridgetower_bench.redaction) are replaced by REDACTED in the commands and in the runs' output, and
 paths are written relative to --out (`$OUT/...` in commands) or to the repository.
@@ -94,6 +100,7 @@ from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
+from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"gaudi": REPO / "run_bridgetower.py", "cuda": REPO / "run_bridgetower_cuda.py"}
@@ -134,6 +141,8 @@ CSV_COLUMNS = (
     "data_wait_seconds_steady", "train_loss",
     "version_torch", "version_cuda", "version_intel_gaudi", "version_transformers", "wall_seconds", "log", "output_dir", "command",
 )
+# Columns that follow CSV_COLUMNS when some row has them (no price, no cost column; no energy record, none of these).
+OPTIONAL_COLUMNS = ("energy_source", "energy_reason", "energy_joules_per_sample", "energy_watts_per_device") + COST_COLUMNS
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (
     "device_name", "device_type", "backend", "execution_mode", "torch_compile", "device_count", "device_memory_bytes",
@@ -231,6 +240,7 @@ class Plan:
     def shown_command(self, command: list[str], out: Path) -> str:
         """A run's command as records show it (`shareable_command`), preceded by the variables it needs."""
         return " ".join([f"{name}={value}" for name, value in self.mode_env.items()] + [shareable_command(command, out)])
+    prices: Prices = field(default_factory=Prices)  # --price / --prices: the cost columns of the results
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -699,7 +709,7 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
     }
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
-    row.update({k: v for k, v in train.items() if k.startswith(("version_", "device_decode_"))})
+    row.update({k: v for k, v in train.items() if k.startswith(("version_", "device_decode_", "energy_"))})
     # recall@k, mean rank, loss
     row.update(summarise_quality(_read_json(run_dir / "validation_results.json"), "eval"))
     row.update(summarise_quality(_read_json(run_dir / "test_results.json"), "test"))
@@ -926,13 +936,21 @@ def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, pro
 
 
 def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Sequence[Variant]] = None) -> None:
-    """results.json (the plan's settings, the matrix and every row) and results.csv (every row), replaced atomically."""
+    """results.json (the plan's settings, the matrix and every row) and results.csv (every row), replaced atomically;
+    with prices, each row gets its cost columns first."""
+    for row in rows:
+        row.update(cost_fields(row, plan.prices))
     document = {
-        "bench": {**plan_settings(plan, out), "env": plan.mode_env, "variants": [asdict(v) for v in (variants or plan.variants)]},
+        "bench": {
+            **plan_settings(plan, out), "env": plan.mode_env, "variants": [asdict(v) for v in (variants or plan.variants)],
+            **({"prices": {p.device: p.usd_per_hour for p in plan.prices.entries}} if plan.prices else {}),
+        },
         "runs": rows,
     }
     write_atomically(out / "results.json", json.dumps(document, indent=2, default=str) + "\n")
-    columns = list(CSV_COLUMNS) + sorted({k for row in rows for k in row} - set(CSV_COLUMNS))
+    present = {k for row in rows for k in row}
+    columns = list(CSV_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in present]
+    columns += sorted(present - set(columns))
     with atomic_path(out / "results.csv") as temporary:
         with open(temporary, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
@@ -974,16 +992,26 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, help="Output directory (default: bench_out/<timestamp>).")
     parser.add_argument("--keep-weights", action="store_true", help="Keep each run's saved model (deleted by default).")
     parser.add_argument("--dry-run", action="store_true", help="Print the commands and exit.")
+    add_price_arguments(parser)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    try:  # malformed prices are refused first; one that matches no device once the plan knows the device
+        prices = prices_from_args(args.price, args.prices)
+    except UserInputError as e:
+        refuse(parser.prog, e)
     try:
         plan = make_plan(args, build_fixtures=not args.dry_run)
     except ValueError as e:
         parser.error(str(e))
+    try:  # a price naming no device of this sweep and no published one is refused before anything runs
+        prices.check([(plan.device, plan.expected_device_name or local_device_name(plan.device))], "this sweep")
+    except UserInputError as e:
+        refuse(parser.prog, e)
+    plan.prices = prices
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
     print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})")
@@ -1009,11 +1037,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _refuse(parser, e)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    meta = {"preset": args.preset, "shape": plan.shape, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path")}
+    meta = {"preset": args.preset, "shape": plan.shape, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path"),
+            "prices": plan.prices}
     table = render_all(out, rows, meta)
     print()
     print(table)
-    print(f"results: {out / 'results.json'}, {out / 'results.csv'}, {out / 'table.md'}, {out / 'vs_published.md'}, {out / 'chart.png'}")
+    charts = [out / name for name in ("chart.png", "chart_cost.png") if (out / name).exists()]
+    print(f"results: {out / 'results.json'}, {out / 'results.csv'}, {out / 'table.md'}, {out / 'vs_published.md'}, "
+          + ", ".join(map(str, charts)))
     if interrupted:
         print("interrupted: the rows above are the runs that finished")
         return 130

@@ -1,7 +1,8 @@
 """The benchmark sweep's report: tables, the comparison with the published figures, and the chart.
 
 `render_all(out, rows, meta)` turns the sweep's rows (results.json) into table.md, vs_published.md and
-chart.png. Cells are the median over repeats of one configuration on one device.
+chart.png (with prices or energy figures, also their sections and chart_cost.png: tools/cost_report.py).
+Cells are the median over repeats of one configuration on one device.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Cell:
     recall: list[float] = field(default_factory=list)  # eval i2t recall@1, when evaluated
     failed: int = 0
     recorded_loaders: list[str] = field(default_factory=list)
+    rows: list[Mapping] = field(default_factory=list)  # the finished runs themselves (energy, device type)
 
     @property
     def median(self) -> Optional[float]:
@@ -132,6 +134,7 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
             if row.get("eval_i2t_recall@1") is not None:
                 cell.recall.append(float(row["eval_i2t_recall@1"]))
             cell.recorded_loaders.append(str(row.get("loader")))
+            cell.rows.append(row)
         else:
             cell.failed += 1
 
@@ -466,10 +469,14 @@ def render_chart(summary: Summary, path: Path) -> None:
 
 
 def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
-    """Write table.md, vs_published.md and chart.png; return the table text."""
+    """Write table.md, vs_published.md and chart.png, and where there are prices (`meta["prices"]`) or energy
+    figures their sections and chart_cost.png (tools/cost_report.py); return the table text."""
+    from . import cost_report  # it builds on this module's summaries
+
     summary = summarise(rows)
-    table = render_table(summary)
+    cost_table, cost_vs_published, _ = cost_report.render(out, summary, meta)
+    table = render_table(summary) + cost_table
     write_atomically(out / "table.md", table)
-    write_atomically(out / "vs_published.md", render_vs_published(summary, meta))
+    write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
     render_chart(summary, out / "chart.png")
     return table

@@ -8,6 +8,10 @@ Each DIR is a run's output directory holding all_results.json and/or train_resul
 validation_results.json, test_results.json. A group is the same configuration repeated under different
 seeds; for groups the tool prints mean, standard deviation and min-max, and says for every
 quality metric whether the difference between groups is larger than the run-to-run spread.
+
+With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE (tools/cost.py), each run also gets USD per
+1M training samples and the cost of the published run, and the published figures of the priced published
+devices are listed at the same prices. Energy figures the runs recorded (energy_*) are shown beside speed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ..user_errors import UserInputError
+from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
 
 RESULT_FILES = ("all_results.json", "train_results.json", "validation_results.json", "test_results.json")
 
@@ -35,6 +42,13 @@ THROUGHPUT_KEYS = (
     "loader",
     "image_pipeline",
     "device_name",
+    "energy_source",
+    "energy_reason",
+    "energy_joules_per_sample",
+    "energy_watts_per_device",
+    "usd_per_device_hour",
+    "usd_per_1m_samples",
+    "usd_published_experiment",
 )
 
 SPREAD_RULE = (
@@ -183,12 +197,17 @@ def _unique_labels(dirs: Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------------------------- report
 
 
-def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]]) -> dict:
+def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], prices: Optional[Prices] = None) -> dict:
     """Everything the tables show, as plain data (also what ``--json`` writes)."""
     all_dirs = list(dict.fromkeys(list(run_dirs) + [d for dirs in groups.values() for d in dirs]))
     if not all_dirs:
         raise ValueError("nothing to compare: give run directories and/or --group NAME=DIR1,DIR2")
     metrics_by_dir = {d: load_run(d) for d in all_dirs}
+    prices = prices or Prices()
+    if prices:  # every price must match a run or a published device
+        prices.check([(m.get("device_type"), m.get("device_name")) for m in metrics_by_dir.values()], "the runs compared")
+        for metrics in metrics_by_dir.values():
+            metrics.update(cost_fields(metrics, prices))
     present = {key for metrics in metrics_by_dir.values() for key in metrics}
     throughput = [k for k in THROUGHPUT_KEYS if k in present]
     quality = quality_keys(present)
@@ -199,6 +218,11 @@ def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]]) -
     }
     report = {"throughput_keys": throughput, "quality_keys": quality, "runs": runs, "groups": {},
               "comparisons": [], "rule": SPREAD_RULE}
+    if prices:
+        from .cost_report import published_costs
+
+        report["prices"] = [{"device": p.device, "usd_per_device_hour": p.usd_per_hour} for p in prices.entries]
+        report["published_costs"] = [{k: (v.device if k == "price" else v) for k, v in c.items()} for c in published_costs(prices)]
     for name, dirs in groups.items():
         stats, texts = {}, {}
         for key in throughput + quality:
@@ -250,6 +274,15 @@ def render_markdown(report: dict) -> str:
         members = "; ".join(f"{n}: {', '.join(groups[n]['dirs'])}" for n in names)
         sections.append("## Groups: mean ± std (min–max, n)\n\n" + _table(["metric"] + names, rows)
                         + f"\n\nMembers - {members}" + _speedups(report))
+    if report.get("published_costs"):
+        from .cost import PUBLISHED_EXPERIMENT
+        from .cost_report import usd
+
+        rows = [[c["device"], c["configuration"], _format(c["samples_per_second"]), usd(c["usd_per_1m_samples"]),
+                 usd(c["usd_published_experiment"])] for c in report["published_costs"]]
+        sections.append("## Published figures at these prices (8 devices)\n\n"
+                        + _table(["device", "configuration", "samples/s", "USD per 1M samples",
+                                  f"USD, published run ({PUBLISHED_EXPERIMENT})"], rows))
     if report["comparisons"]:
         rows = [
             [c["metric"], f"{c['group']} vs {c['baseline']}", f"{c['difference']:+.4g}",
@@ -277,6 +310,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--group", action="append", default=[], metavar="NAME=DIR1,DIR2",
                         help="repeats of one configuration (different seeds); give the flag once per group")
     parser.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to this file")
+    add_price_arguments(parser)
     return parser
 
 
@@ -290,7 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name in groups:
                 raise ValueError(f"--group {name!r} is given twice")
             groups[name] = dirs
-        report = build_report(args.dirs, groups)
+        prices = prices_from_args(args.price, args.prices)
+        report = build_report(args.dirs, groups, prices)
+    except UserInputError as error:
+        refuse(parser.prog, error)
     except ValueError as error:
         parser.error(str(error))
     sys.stdout.write(render_markdown(report))
