@@ -154,17 +154,17 @@ def held_by(output_dir: str) -> Optional[str]:
 
     Only tests the lock (flock, as `claim` takes it): takes nothing and creates no file.
     """
+    path = os.path.join(output_dir, LOCK_NAME)
+    if not os.path.isfile(path):  # no lock file (or no directory): nobody ever claimed it
+        return None
+    probe = FileLock(path, thread_local=False, fallback_to_soft=False)
     try:
-        fd = os.open(os.path.join(output_dir, LOCK_NAME), os.O_RDONLY)
-    except OSError:  # no lock file (or no directory): nobody ever claimed it
-        return None
-    with os.fdopen(fd) as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _describe_holder(lock.read())
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        return None
+        probe.acquire(blocking=False)
+    except Timeout:
+        with open(path) as f:
+            return _describe_holder(f.read())
+    probe.release()
+    return None
 
 
 def release(output_dir: str) -> None:
