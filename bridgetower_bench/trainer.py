@@ -39,9 +39,9 @@ from transformers.training_args import OptimizerNames, ParallelMode
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .images import normalize_on_device
-from . import run_directory
+from . import disk_space, run_directory
 from .redaction import without_secrets
-from .resilience import ImageLoadError, StopOnSignal, report_and_exit
+from .resilience import ImageLoadError, StopOnSignal, last_complete_checkpoint, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -331,7 +331,10 @@ class TrainerExtensions:
     def _save_checkpoint(self, model, trial):
         if self.args.should_save:
             run_directory.record_written(self._get_output_dir(trial=trial), [f"checkpoint-{self.state.global_step}"])
-        return super()._save_checkpoint(model, trial)
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir)):
+            return super()._save_checkpoint(model, trial)
 
     def _sorted_checkpoints(self, output_dir=None, *args, **kwargs):
         """Rotation (save_total_limit) and best-model bookkeeping see only the checkpoints runs of ours wrote."""
@@ -343,6 +346,14 @@ class TrainerExtensions:
         if self.is_world_process_zero():
             run_directory.record_written(self.args.output_dir, ["README.md"])
         return super().create_model_card(*args, **kwargs)
+
+
+def _resume_from(output_dir: str) -> str:
+    """What a run stopped by a full disk can resume from, for its one-line message."""
+    last = last_complete_checkpoint(output_dir)
+    if last is None:
+        return "; no complete checkpoint is left to resume from"
+    return f"; the last complete checkpoint, {last}, is intact: free some space and rerun the same command to resume"
 
 
 @contextmanager
