@@ -70,6 +70,7 @@ from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
+from . import tool_paths
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"gaudi": REPO / "run_bridgetower.py", "cuda": REPO / "run_bridgetower_cuda.py"}
@@ -764,6 +765,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.out is not None:
+        tool_paths.output_dir("--out", args.out)
     try:
         plan = make_plan(args, build_fixtures=not args.dry_run)
     except ValueError as e:
@@ -811,4 +814,4 @@ def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

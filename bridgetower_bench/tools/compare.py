@@ -21,6 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+from . import tool_paths
 
 # validation_results.json is the scripts' name (upstream's); eval_results.json the one of earlier versions
 RESULT_FILES = ("all_results.json", "train_results.json", "eval_results.json", "validation_results.json", "test_results.json")
@@ -284,6 +285,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.json:
+        tool_paths.output_file("--json", args.json)
     try:
         groups: dict = {}
         for text in args.group:
@@ -322,4 +325,4 @@ def relative_dirs(report: Any, base: Path) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

@@ -43,6 +43,7 @@ from typing import Callable, Optional
 
 from ..atomic_files import write_atomically
 from ..redaction import shareable
+from . import tool_paths
 
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
@@ -413,6 +414,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--max_steps={args.max_steps}: must be positive")
     if args.timeout <= 0:
         parser.error(f"--timeout={args.timeout}: must be positive")
+    tool_paths.output_dir("--output_dir", args.output_dir)
+    if args.json is not None:
+        tool_paths.output_file("--json", args.json)
     return args
 
 
@@ -445,4 +449,4 @@ def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: O
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)
