@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -279,8 +280,11 @@ def _train_args(fixtures, output_dir, **extra):
 
 
 def _error_line(stderr: str) -> str:
-    """The run's last line of its own (progress bars may redraw after it)."""
-    return [line for line in stderr.splitlines() if line.startswith("run_bridgetower_cuda.py: error: ")][-1]
+    """The run's one-line error (a progress bar may be redrawn after it, or stand before it on its line)."""
+    mark = "run_bridgetower_cuda.py: error: "
+    lines = [mark + line.partition(mark)[2] for line in stderr.splitlines() if mark in line]  # (a bar may precede it)
+    assert lines, stderr[-3000:]
+    return lines[-1]
 
 
 def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last_complete_one(fixtures, small_filesystem):
@@ -388,11 +392,13 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     from test_user_input import run_cuda_script
 
     data_file = _csv_data(tmp_path)
-    changed = tmp_path / "images" / "3.jpg"
     original = preflight.check_splits
+    changed = None
 
-    def check_then_change(*args, **kwargs):
-        checked = original(*args, **kwargs)
+    def check_then_change(splits, image_column, *args, **kwargs):
+        nonlocal changed
+        checked = original(splits, image_column, *args, **kwargs)
+        changed = Path(checked["train"][0][image_column])  # the first training row's image
         stat = os.stat(changed)
         changed.write_bytes(b"\0" * stat.st_size)  # same size, same mtime: only the content differs
         os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -405,7 +411,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     status, stderr = run_cuda_script(common, capsys)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1].startswith(
+    assert _error_line(stderr).startswith(
         f"run_bridgetower_cuda.py: error: split 'train': cannot decode image from {str(changed)!r}")
     assert "(training stopped before step 1; no checkpoint saved). Restore the image, or rerun with --drop_bad_rows" in stderr
 
