@@ -6,6 +6,7 @@ every `python -m bridgetower_bench.tools.*` given a bad path."""
 import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import datasets
 import numpy as np
 import pytest
 
-from bridgetower_bench import disk_space, images, preflight
+from bridgetower_bench import images, preflight
 from conftest import REPO, noise_jpeg, script_env
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +164,21 @@ def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_
     assert found == {row: f"cannot read image file {cases[name][0]!r}: {cases[name][1]}" for row, name in enumerate(names)}
 
 
-def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path):
+@pytest.fixture
+def within_seconds():
+    """Fails the test instead of letting it hang: SIGALRM interrupts a blocking open or read with TimeoutError."""
+    def expire(signum, frame):
+        raise TimeoutError("blocked: the call did not return within the time allowed")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path, within_seconds):
+    """Before the fix, loading the FIFO blocked forever and /dev/zero was read until memory ran out."""
     sock, cases = _special_files(tmp_path)
     try:
         for path, reason in cases.values():
@@ -175,7 +190,7 @@ def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(tmp
         sock.close()
 
 
-def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch):
+def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch, within_seconds):
     """The race: the path was a regular file when looked at, a FIFO when opened. O_NONBLOCK opens it at once, and
     the second look, through the open descriptor, refuses it."""
     fifo = tmp_path / "fifo.jpg"
@@ -324,6 +339,8 @@ def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_publis
 def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, monkeypatch):
     """Simulated (runs everywhere): OSError ENOSPC/EDQUOT, safetensors' text, torch.save's errno-less failure on a
     filesystem left with almost nothing free; other failures pass through unchanged."""
+    from bridgetower_bench import disk_space
+
     assert disk_space.is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
     assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
     assert disk_space.is_disk_full(Exception("Error while serializing: I/O error: No space left on device (os error 28)"), tmp_path)
@@ -460,6 +477,12 @@ TOOL_CASES = {
 }
 
 
+def _run_tool(tool, args, cwd):
+    command = [sys.executable, "-m", f"bridgetower_bench.tools.{tool}", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env={**script_env(False), "OMP_NUM_THREADS": "1"})
+
+
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
 def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
     args, expected = TOOL_CASES[case]
@@ -468,9 +491,7 @@ def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
     (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
     fill = {**{k: str(v) for k, v in places.items()}, "run": str(run)}
     tool, *rest = args
-    command = [sys.executable, "-m", f"bridgetower_bench.tools.{tool}", *[a.format(**fill) for a in rest]]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env={**script_env(False), "OMP_NUM_THREADS": "1"})
+    result = _run_tool(tool, [a.format(**fill) for a in rest], tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -478,3 +499,46 @@ def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
     if expected is not None:
         assert lines[0] == f"{tool}: error: {expected.format(**fill)}"
     assert places["file"].read_text() == "the user's own file"
+
+
+@pytest.fixture
+def read_only_place(tmp_path):
+    """A directory nobody may create anything in: a read-only tmpfs where it can be mounted (root may write into
+    any directory whatever its mode), else a directory without write permission."""
+    place = tmp_path / "read-only"
+    place.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)], capture_output=True).returncode == 0
+    if not mounted:
+        place.chmod(0o555)
+        if os.access(place, os.W_OK):
+            pytest.skip("no read-only place can be made here")
+    yield place
+    if mounted:
+        subprocess.run(["umount", "-l", str(place)], capture_output=True)
+    else:
+        place.chmod(0o755)
+
+
+@pytest.mark.parametrize("tool, args, flag", [
+    ("fixtures", ["gaudi-config", "--out"], "--out"),
+    ("gaudi_check", ["--output_dir"], "--output_dir"),
+    ("compare", ["{run}", "--json"], "--json"),
+])
+def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_only_place, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    target = read_only_place / "out"
+    result = _run_tool(tool, [a.format(run=run) for a in args] + [target], tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    what = "file" if flag == "--json" else "directory"
+    assert result.stderr.strip().splitlines() == [
+        f"{tool}: error: {flag}={target}: cannot create the {what}: {read_only_place} is not writable"]
+
+
+def test_the_launcher_refuses_a_training_script_that_is_not_a_file_without_a_traceback(tmp_path):
+    """launch_gaudi checks its script with argparse (usage, then the error line)."""
+    result = _run_tool("launch_gaudi", ["--dry_run", tmp_path], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(f"error: training_script {tmp_path}: no such file")
