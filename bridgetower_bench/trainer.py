@@ -18,7 +18,8 @@ It
 - publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
   after any kill output_dir holds the previous set or the new one, never a mix; SIGTERM/SIGINT after
   the last step waits until the set is published, then ends the run;
-- records the checkpoints it writes, and rotation deletes only those.
+- records the checkpoints it writes, and rotation deletes only those; a full disk while saving one ends the
+  run in one line, the partial checkpoint removed (disk_space.py);
 - blanks credentials (--hub_token) in the training_args.bin saved with the weights.
 """
 
@@ -329,11 +330,11 @@ class TrainerExtensions:
 
     # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
-        if self.args.should_save:
-            run_directory.record_written(self._get_output_dir(trial=trial), [f"checkpoint-{self.state.global_step}"])
         run_dir = self._get_output_dir(trial=trial)
         checkpoint = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir)):
+            if self.args.should_save:
+                run_directory.record_written(run_dir, [os.path.basename(checkpoint)])
             return super()._save_checkpoint(model, trial)
 
     def _sorted_checkpoints(self, output_dir=None, *args, **kwargs):
