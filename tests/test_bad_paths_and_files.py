@@ -93,7 +93,7 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
 
 
 def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
-    """The case as found: "overwrite_output_dir": "false" was taken as true (and then overwrote the directory)."""
+    """What used to happen: "overwrite_output_dir": "false" was taken as true (and then overwrote the directory)."""
     from conftest import run_script
 
     config = tmp_path / "run.json"
@@ -145,7 +145,7 @@ print(json.dumps([[p.row, p.reason] for p in problems]))
 
 @pytest.mark.parametrize("num_proc", [1])
 def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, num_proc):
-    """The case as found: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
+    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
     subprocess with a timeout: before the fix this test would otherwise hang.)"""
     sock, cases = _special_files(tmp_path)
     good = tmp_path / "good.jpg"
@@ -248,7 +248,7 @@ print("cache" if transform is not fallback else "fallback", transform(rows[0]).s
 
 
 def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning(small_filesystem, tmp_path):
-    """The case as found, on a real small filesystem: the pixel file (60 images x 3 x 294 x 294 = 15 MiB) did not
+    """On a real small filesystem, what used to happen: the pixel file (60 images x 3 x 294 x 294 = 15 MiB) did not
     fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left)."""
     disk = small_filesystem(4096)
     result = subprocess.run([sys.executable, "-c", BUILD_CACHE, str(REPO), str(disk / "cache"), "60"],
@@ -366,7 +366,7 @@ def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, mo
 
 
 def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_path):
-    """The case as found: the file changed with its size and modification time as before (written within one tick
+    """What used to happen: the file changed with its size and modification time as before (written within one tick
     of the filesystem's clock, or its mtime set back), and the cached verdict was reused."""
     path = tmp_path / "a.jpg"
     good = noise_jpeg(0)
@@ -404,7 +404,7 @@ def _csv_data(tmp_path, rows=8):
 
 def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
         fixtures, tmp_path, capsys, monkeypatch):
-    """The case as found: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
+    """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
     from test_user_input import run_cuda_script
 
