@@ -93,7 +93,7 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
 
 
 def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
-    """What used to happen: "overwrite_output_dir": "false" was taken as true (and then overwrote the directory)."""
+    """What used to happen: "overwrite_output_dir": "false" was taken as true."""
     from conftest import run_script
 
     config = tmp_path / "run.json"
