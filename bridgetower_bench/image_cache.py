@@ -29,6 +29,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -271,6 +272,7 @@ def build_decoded_image_cache(
     with atomic_path(directory / PIXELS_FILE) as pixels_tmp, atomic_path(directory / DIGESTS_FILE) as digests_tmp:
         pixels = np.lib.format.open_memmap(pixels_tmp, mode="w+", dtype=np.uint8, shape=(len(digests), 3, size, size))
         del pixels  # created at full size; the decoders map it themselves
+        reserve_space(pixels_tmp, directory)  # a write through the mapping into a full disk would be a SIGBUS
         _decode_into(Path(pixels_tmp), representatives, settings["pipeline"], size, num_proc)
         with open(digests_tmp, "wb") as handle:
             np.save(handle, np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), DIGEST_SIZE))
@@ -284,6 +286,25 @@ def build_decoded_image_cache(
     write_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     logger.info("Built the decoded image cache %s: %d distinct images of %d.", directory, len(digests), n_values)
     return manifest
+
+
+def reserve_space(path: str, directory: Path) -> None:
+    """Allocate every block of the (sparse) file at `path` now, or raise OSError naming the cache and the free space.
+
+    The pixels are written through a memory mapping: a page that the filesystem cannot allocate there kills
+    the process with SIGBUS, with no message. Reserved beforehand, a full disk is an OSError here instead,
+    and the run goes on without the cache (`data.decoded_image_cache` warns).
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        free = shutil.disk_usage(directory).free
+        raise OSError(error.errno, f"cannot reserve {size / 2**20:.1f} MiB for the decoded image cache {directory} "
+                                   f"({error.strerror}; {free / 2**20:.1f} MiB free there)") from error
+    finally:
+        os.close(fd)
 
 
 def _distinct_images(image_values: Iterable[Any]) -> tuple[list[bytes], list[Any], int]:

@@ -42,7 +42,7 @@ from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampl
 
 from .atomic_files import remove_abandoned, write_atomically
 from .data import cache_dir as bench_cache_dir
-from .images import jpeg_orientation, to_rgb, upright
+from .images import jpeg_orientation, read_regular_file, to_rgb, upright
 from .jpeg_headers import SOF_BASELINE, read_jpeg_header
 
 logger = logging.getLogger(__name__)
@@ -251,13 +251,12 @@ class _ImageStore:
     def _plan_file(self, path, where: str, what: str):
         given = os.fspath(path)
         if not os.path.isfile(given):
-            raise ValueError(f"{where}: {what} {given!r} does not exist")
+            raise ValueError(f"{where}: {what} {given!r} " + ("is not a regular file" if os.path.exists(given) else "does not exist"))
         path = os.path.abspath(given)
         return ("file", os.path.realpath(path)), lambda: self._use_or_store_file(path, f"{where} ({given!r})")
 
     def _use_or_store_file(self, path: str, label: str) -> str:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_regular_file(path)  # (a FIFO or device swapped in since the check is refused, never read)
         if is_decoder_ready_jpeg(data):
             return path
         return self._store(data, hashlib.sha256(data).hexdigest(), label)

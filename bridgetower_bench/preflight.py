@@ -15,8 +15,11 @@ truncated file is still caught, but the inverse DCT does a fraction of the work)
 are checked in parallel by --preprocessing_num_workers processes.
 
 The outcome is cached as a small json file in --preflight_cache_dir (default: see `data.cache_dir`),
-keyed by the splits' fingerprints and the settings; it also records size and modification time of every image file the rows point
-to, so a file that changed or vanished since is checked again. An unchanged data set is checked once.
+keyed by the splits' fingerprints and the settings; it also records size, modification and change times and
+inode of every image file the rows point to (and a digest of the content of files modified just before the
+check), so a file that changed, was replaced or vanished since is checked again: the cache never vouches for
+content it did not check. An unchanged data set is checked once. Only regular files are read: a directory,
+FIFO, device or socket is a bad row (looked at before it is opened, so the check never blocks).
 A cache that cannot be written is skipped with a warning.
 
 Problems stop the run with one UserInputError listing them (split, row, column, reason);
@@ -29,6 +32,7 @@ line), and `check_arguments` refuses values no run can use before anything is lo
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import hashlib
 import io
@@ -37,6 +41,8 @@ import logging
 import multiprocessing
 import os
 import time
+import types
+import typing
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
@@ -47,12 +53,17 @@ from PIL import Image, UnidentifiedImageError
 
 from .atomic_files import write_json_atomically
 from .data import cache_dir as bench_cache_dir
-from .images import resize_geometry, upright
+from .images import read_regular_file, resize_geometry, upright
 from .user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_VERSION = 3  # 2: the pixel budget and missing-value markers; 3: the EXIF orientation is read too
+PREFLIGHT_VERSION = 4  # 2: the pixel budget and missing-value markers; 3: the EXIF orientation is read too;
+# 4: image files are known by size, mtime, ctime and inode (and content, when changed just before the check)
+# A file modified less than this long before the check started may change again within the same tick of the
+# filesystem's clock (coarse: milliseconds; seconds on some network filesystems) without its times changing:
+# the cache then also records a digest of its content, compared whenever the cache is read.
+RACY_WINDOW_NS = 2_000_000_000
 # An image may hold at most this many pixels, decoded and resized before the centre crop. The `upstream`
 # pipeline holds an image as float32 several times over while it resizes it: about 31 bytes a pixel
 # (1.5 GB for a 48 MP photograph), in every loader worker at once. 50 MP admits the photographs of
@@ -213,6 +224,7 @@ def find_problems(
             "settings": settings,
             "rows_checked": rows,
             "distinct_images": len(checker.rows_of),
+            "checked_at_ns": checker.started_ns,
             "files": checker.file_stats,
             "problems": [dataclasses.asdict(p) for p in problems],
         })
@@ -233,7 +245,8 @@ def _read_cache(cache_file: Path, settings: dict) -> Optional[dict]:
         return None
     if cached.get("settings") != settings:
         return None
-    if any(_file_stat(path) != stat for path, stat in cached.get("files", {}).items()):
+    checked_at_ns = cached.get("checked_at_ns", 0)
+    if any(_file_identity(path, checked_at_ns) != identity for path, identity in cached.get("files", {}).items()):
         logger.info("Preflight: image files changed since the last check; checking again.")
         return None
     return cached
@@ -295,7 +308,8 @@ class _ImageChecker:
         self.num_proc = num_proc or 1
         self.check_image = check_image or image_problem
         self.rows_of: dict[tuple, list] = {}  # image key -> the (split, row) showing it
-        self.file_stats: dict[str, Optional[list]] = {}  # path -> [size, mtime_ns] (None: missing)
+        self.file_stats: dict[str, Optional[list]] = {}  # path -> _file_identity (None: missing)
+        self.started_ns = time.time_ns()
         self._pending: list[tuple[tuple, Any]] = []  # (key, payload) not yet decoded
         self._failed: dict[tuple, str] = {}
         self._pool = None
@@ -338,7 +352,7 @@ class _ImageChecker:
         path = value.get("path") if isinstance(value, dict) else value
         if isinstance(path, (str, os.PathLike)) and os.fspath(path):
             path = os.fspath(path)
-            self.file_stats[path] = _file_stat(path)
+            self.file_stats[path] = _file_identity(path, self.started_ns)
             return ("path", path), path
         return ("none",), None
 
@@ -357,12 +371,22 @@ class _ImageChecker:
         self._pending = []
 
 
-def _file_stat(path: str) -> Optional[list]:
+def _file_identity(path: str, checked_at_ns: int) -> Optional[list]:
+    """What the cache knows a checked image file by (None: missing): [size, mtime_ns, ctime_ns, inode], plus the
+    blake2b digest of its content when it was modified within RACY_WINDOW_NS of the check's start
+    (`checked_at_ns`). A write changes mtime and ctime; setting the mtime back changes the ctime; replacing the
+    file changes the inode; and a change too quick for the clock to see changes the digest."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return [stat.st_size, stat.st_mtime_ns]
+    identity = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+    if max(stat.st_mtime_ns, stat.st_ctime_ns) >= checked_at_ns - RACY_WINDOW_NS:
+        try:
+            identity.append(hashlib.blake2b(read_regular_file(path), digest_size=16).hexdigest())
+        except OSError:
+            pass  # not readable as a regular file: its check says why
+    return identity
 
 
 def image_problem(
@@ -376,8 +400,7 @@ def image_problem(
     if isinstance(payload, str):
         label = f"image file {payload!r}"
         try:
-            with open(payload, "rb") as f:
-                data = f.read()
+            data = read_regular_file(payload)  # a directory, FIFO, device or socket is a bad row, never read
         except FileNotFoundError:
             return f"missing image file {payload!r}"
         except OSError as error:
@@ -502,4 +525,103 @@ def parse_json_arguments(parser, json_file: str) -> tuple:
             f"{path}: unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
             "(see --help for the arguments this script takes)"
         )
+    check_json_types(parser, config, path)
     return parser.parse_dict(config)
+
+
+# Fields whose declared type admits null though a null would not mean what it says: TrainingArguments turns
+# an output_dir of None into ./trainer_output, in whatever the working directory is.
+_NULL_REFUSED = {"output_dir": "null would write the run into ./trainer_output"}
+
+
+def check_json_types(parser, config: dict, path: str) -> None:
+    """Every value of a configuration file has the type its dataclass field declares, or a UserInputError naming
+    key, value and expected type. The flags' parser converts text to each field's type; `parse_dict` stores
+    JSON values as they are, so "false" would be a true boolean and "2" a string where a number belongs."""
+    for dtype in parser.dataclass_types:
+        hints = typing.get_type_hints(dtype)
+        for field in dataclasses.fields(dtype):
+            if not field.init or field.name not in config:
+                continue
+            value, expected = config[field.name], hints[field.name]
+            if value is None and field.name in _NULL_REFUSED:
+                raise UserInputError(f"{path}: \"{field.name}\" is null, expected a path ({_NULL_REFUSED[field.name]})")
+            choices = field.metadata.get("choices")
+            if not _json_value_fits(value, expected) or (choices is not None and value is not None and value not in choices):
+                wanted = f"one of {', '.join(map(str, choices))}" if choices is not None else _describe_type(expected)
+                raise UserInputError(f"{path}: \"{field.name}\" is {_show_json(value)}, expected {wanted}")
+
+
+def _json_value_fits(value: Any, expected: Any) -> bool:
+    """Whether a JSON value is of the (resolved) type hint `expected`."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is Any:
+        return True
+    if expected is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+        if enums and str in args and isinstance(value, str):  # Union[SomeEnum, str]: the str is a member's value
+            return any(_json_value_fits(value, e) for e in enums)
+        return any(_json_value_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple, set, frozenset) or expected in (list, tuple):
+        return isinstance(value, list) and all(_json_value_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+    if origin is dict or expected is dict:
+        return isinstance(value, dict) and (not args or all(_json_value_fits(v, args[1]) for v in value.values()))
+    if isinstance(expected, type) and issubclass(expected, enum.Enum):
+        return any(value == member.value for member in expected)
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is str:
+        return isinstance(value, str)
+    return True  # a type JSON has no form for: left to the dataclass
+
+
+def _describe_type(expected: Any) -> str:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+        shown = [a for a in args if not (a is str and enums)]
+        return " or ".join(_describe_type(a) for a in shown)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(json.dumps, args))
+    if origin in (list, tuple, set, frozenset) or expected in (list, tuple):
+        return f"a list of {_plural(args[0])}" if args else "a list"
+    if origin is dict or expected is dict:
+        return "an object"
+    if isinstance(expected, type) and issubclass(expected, enum.Enum):
+        return "one of " + ", ".join(str(member.value) for member in expected)
+    return {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}.get(
+        expected, getattr(expected, "__name__", str(expected)))
+
+
+def _plural(expected: Any) -> str:
+    described = _describe_type(expected)
+    return {"a string": "strings", "an integer": "integers", "a number": "numbers"}.get(described, described)
+
+
+def _describe_json(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _show_json(value: Any) -> str:
+    """A JSON value as written, shortened, and what it is: '"2" (a string)'."""
+    text = json.dumps(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if value is None else f"{text} ({_describe_json(value)})"

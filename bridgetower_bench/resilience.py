@@ -36,8 +36,11 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 
 
-class ImageLoadError(ValueError):
+class ImageLoadError(UserInputError):
     """An image could not be loaded while training or evaluating. The message names the split and path.
+
+    Bad data, as the check before step 1 reports it: the run ends in one line, exit status 2 (an image that
+    changed or vanished after that check; a checkpoint of the last completed step is saved first).
 
     Raised inside a DataLoader worker, it reaches the main process re-created by PyTorch with a
     message that wraps the worker's whole traceback; `reason` recovers the original one-line message.

@@ -35,6 +35,7 @@ from typing import Iterator, Optional
 
 from filelock import FileLock, Timeout
 
+from . import disk_space
 from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
 
@@ -226,13 +227,15 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
         return
     os.makedirs(output_dir, exist_ok=True)
     finish_publication(output_dir)
-    os.makedirs(staging)
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _commit(output_dir, staging)
+    with disk_space.removed_when_disk_full(staging, f"the final results into {output_dir}",
+                                           after=lambda: "; the results published before are intact"):
+        os.makedirs(staging)
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _commit(output_dir, staging)
 
 
 def _commit(output_dir: str, staging: str) -> None:

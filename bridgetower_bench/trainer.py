@@ -23,7 +23,8 @@ It
   the last step waits until the set is published, then ends the run;
 - records the checkpoints it writes, and rotation deletes only those; each checkpoint holds the run's recipe
   and counts only once its manifest (every file, size and sha256) is written, last (checkpoint_manifest.py);
-  the final model is published with the recipe (run_recipe.py).
+  the final model is published with the recipe (run_recipe.py); a full disk while saving one ends the run in
+  one line, the partial checkpoint removed (disk_space.py);
 - stops a run whose loss or gradient norm is not finite (divergence.py), before anything is saved or
   published; writes records with null where a number is not finite;
 - keeps the sum of the training losses in every checkpoint, so that a resumed run's `train_loss` is the
@@ -54,7 +55,7 @@ from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .energy import EnergyMeter
 from .images import normalize_on_device
-from . import checkpoint_manifest, divergence, gpu_memory, run_directory, run_recipe
+from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
 from .redaction import without_secrets
 from .resilience import ImageLoadError, StopOnSignal, checkpoints, report_and_exit
 from .run_record import describe_run
@@ -453,24 +454,26 @@ class TrainerExtensions:
                 self.state.stateful_callbacks.setdefault(type(callback).__name__, callback.state())
         self._finite_state()
         self._rotation = []  # older checkpoints are rotated away only once this one counts
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            rotation, self._rotation = self._rotation, None
-        if self.args.world_size > 1 and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # every rank's RNG state is saved
-        if self.args.should_save:
-            if self.recipe is not None:
-                run_recipe.write(checkpoint, self.recipe)
-            required = checkpoint_manifest.required_files(
-                save_only_model=self.args.save_only_model, world_size=self.args.world_size,
-                save_on_each_node=self.args.save_on_each_node)
-            if self.recipe is not None:
-                required.append(run_recipe.RECIPE_NAME)
-            problem = checkpoint_manifest.write(checkpoint, required)
-            if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
-                logger.warning(f"{checkpoint} does not count for resuming: {problem}")
-                rotation = []
+        run_dir = os.path.dirname(checkpoint)
+        with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir, self.recipe)):
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                rotation, self._rotation = self._rotation, None
+            if self.args.world_size > 1 and torch.distributed.is_initialized():
+                torch.distributed.barrier()  # every rank's RNG state is saved
+            if self.args.should_save:
+                if self.recipe is not None:
+                    run_recipe.write(checkpoint, self.recipe)
+                required = checkpoint_manifest.required_files(
+                    save_only_model=self.args.save_only_model, world_size=self.args.world_size,
+                    save_on_each_node=self.args.save_on_each_node)
+                if self.recipe is not None:
+                    required.append(run_recipe.RECIPE_NAME)
+                problem = checkpoint_manifest.write(checkpoint, required)
+                if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
+                    logger.warning(f"{checkpoint} does not count for resuming: {problem}")
+                    rotation = []
         for args, kwargs in rotation:
             super()._rotate_checkpoints(*args, **kwargs)
 
@@ -562,6 +565,14 @@ def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):
         if checkpoint_manifest.incomplete_reason(checkpoint) is None and (recipe is None or run_recipe.read(checkpoint) == recipe):
             return checkpoint
     return None
+
+
+def _resume_from(output_dir: str, recipe=None) -> str:
+    """What a run stopped by a full disk can resume from, for its one-line message."""
+    last = _last_complete_checkpoint_if_any(output_dir, recipe)
+    if last is None:
+        return "; no complete checkpoint is left to resume from"
+    return f"; the last complete checkpoint, {last}, is intact: free some space and rerun the same command to resume"
 
 
 @contextmanager

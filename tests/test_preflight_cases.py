@@ -192,7 +192,7 @@ def test_pixel_budget_of_one_pixel_strips_and_empty_sizes():
 
 def test_a_directory_given_as_an_image_file_is_named_with_the_reason(tmp_path):
     (tmp_path / "cat.jpg").mkdir()
-    assert preflight.image_problem(str(tmp_path / "cat.jpg")) == f"cannot read image file {str(tmp_path / 'cat.jpg')!r}: Is a directory"
+    assert preflight.image_problem(str(tmp_path / "cat.jpg")) == f"cannot read image file {str(tmp_path / 'cat.jpg')!r}: not a regular file: directory"
 
 
 def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_path):

@@ -101,6 +101,7 @@ from ..user_errors import UserInputError
 from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
                            render_all)
 from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+from . import tool_paths
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"gaudi": REPO / "run_bridgetower.py", "cuda": REPO / "run_bridgetower_cuda.py"}
@@ -1003,6 +1004,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prices = prices_from_args(args.price, args.prices)
     except UserInputError as e:
         refuse(parser.prog, e)
+    if args.out is not None:
+        tool_paths.output_dir("--out", args.out)
     try:
         plan = make_plan(args, build_fixtures=not args.dry_run)
     except ValueError as e:
@@ -1074,4 +1077,4 @@ def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .cartoons import draw_cartoon, jpeg_bytes
 from ..image_cache import open_decoded_image_cache
+from . import tool_paths
 
 
 def _status_kib(field: str, source: str = "status") -> int:
@@ -77,6 +78,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=2, help="dataloader worker processes")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.json:
+        tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as directory:
         rows = [worker_memory(n, args.workers, directory) for n in (args.small, args.large)]
@@ -94,4 +97,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    tool_paths.run(main)

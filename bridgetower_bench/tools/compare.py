@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from . import tool_paths
+
 from ..user_errors import UserInputError
 from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
 
@@ -317,6 +319,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.json:
+        tool_paths.output_file("--json", args.json)
     try:
         groups: dict = {}
         for text in args.group:
@@ -358,4 +362,4 @@ def relative_dirs(report: Any, base: Path) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

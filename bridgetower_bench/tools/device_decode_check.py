@@ -19,6 +19,7 @@ from ..device_decode import ENCODED_IMAGES_KEY, DecodeCounts, EncodedImageTransf
 from ..images import FastTransform, normalize_on_device
 from ..throughput import synchronize_device
 from .fixtures import CLIP_MEAN, CLIP_STD
+from . import tool_paths
 
 
 
@@ -87,6 +88,10 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    for path in args.images:
+        tool_paths.input_file("images", path)
+    if args.json:
+        tool_paths.output_file("--json", args.json)
     if torch.device(args.device).type == "cpu":
         torch.set_num_threads(1)  # one core, like a loader worker
     result = compare_with_host(_image_values(args.images, args.column, args.limit), args.device, args.image_size,
@@ -98,4 +103,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    tool_paths.run(main)

@@ -37,6 +37,7 @@ from ..atomic_files import remove_abandoned, staged_directory
 from .cartoons import (IMAGE_SIDE_RANGE, MIN_IMAGE_SIDE, SETTING_PREPOSITIONS, SETTINGS, THINGS, Scene, describe,
                        exif_oriented_jpeg_bytes, jpeg_bytes,
                        render_scene, sample_image_size, sample_scene)
+from . import tool_paths
 
 # ---------------------------------------------------------------------------------------------
 # Constants shared by the fixtures
@@ -631,6 +632,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = _parse_args(argv)
+    if args.out is not None:
+        tool_paths.output_dir("--out", args.out)
     root = args.out if args.out is not None else default_fixtures_root()
     requested = {
         "model": _model_options(args),
@@ -688,4 +691,4 @@ def _summary(kind: str, path: Path) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    tool_paths.run(main)

@@ -46,6 +46,7 @@ from typing import Callable, Optional
 from ..atomic_files import write_atomically
 from ..execution_mode import LAZY, LAZY_MODE_VARIABLE
 from ..redaction import shareable
+from . import tool_paths
 
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
@@ -449,6 +450,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--max_steps={args.max_steps}: must be positive")
     if args.timeout <= 0:
         parser.error(f"--timeout={args.timeout}: must be positive")
+    tool_paths.output_dir("--output_dir", args.output_dir)
+    if args.json is not None:
+        tool_paths.output_file("--json", args.json)
     return args
 
 
@@ -481,4 +485,4 @@ def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: O
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

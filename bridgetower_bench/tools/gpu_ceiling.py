@@ -14,6 +14,7 @@ runs (after ``--throughput_warmup_steps``) and saved as ``train_results.json`` i
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from ..attention import use_attention
 from ..layer_compile import compile_repeated_layers
 from .step_profile import StepProfiler
 from ..trainer import TrainerExtensions, WarmupTrainingArguments
+from . import tool_paths
 
 logger = logging.getLogger(__name__)
 
@@ -144,10 +146,13 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
 def main(argv=None) -> dict:
     parser = HfArgumentParser((CeilingArguments, WarmupTrainingArguments))
     ceiling_args, training_args = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
+    if ceiling_args.model_name_or_path.startswith((".", "/", "~")):  # a path, not a Hub model id
+        tool_paths.input_dir("--model_name_or_path", os.path.expanduser(ceiling_args.model_name_or_path))
+    tool_paths.output_dir("--output_dir", training_args.output_dir)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO,
                         handlers=[logging.StreamHandler(sys.stdout)])
     return run_ceiling(ceiling_args, training_args)
 
 
 if __name__ == "__main__":
-    main()
+    tool_paths.run(main)

@@ -37,6 +37,7 @@ from torchvision.io import decode_jpeg
 from .. import images
 from ..image_cache import open_decoded_image_cache
 from ..images import jpeg_decoder, make_image_transform
+from . import tool_paths
 
 CARTOON_SIZE = (800, 650)
 # Targets from the project issue: speed as a multiple of upstream (or of the decode-only rate of
@@ -261,6 +262,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.json is not None:
+        tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
     if args.without_simplejpeg:
         images.simplejpeg = None
@@ -284,4 +287,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    tool_paths.run(main)

@@ -24,6 +24,7 @@ import re
 import sys
 import urllib.request
 from pathlib import Path
+from . import tool_paths
 
 UPSTREAM_COMMIT = "1d8504c6c7666a19d71968dba50976dceaf7c6b6"
 UPSTREAM_URL = (
@@ -266,4 +267,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

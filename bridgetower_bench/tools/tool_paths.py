@@ -1,0 +1,102 @@
+"""The tools' paths: a bad one ends a tool in one line, exit status 2, as bad input ends the scripts.
+
+Each tool checks the paths it was given right after parsing its arguments, before any work (a benchmark
+that ran for minutes must not fail at the end on its --json path):
+
+- `output_file(flag, path)`: a file to write: not a directory, and its directory exists or can be created
+  in a writable place;
+- `output_dir(flag, path)`: a directory to write into: a directory or creatable, in a writable place;
+- `input_file(flag, path)` / `input_dir(flag, path)`: must exist as a regular file / a directory.
+
+Each raises a UserInputError naming the flag and the path. `run(main)` runs a tool's main() from its
+`__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
+a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
+result is the exit status.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Callable
+
+from ..disk_space import describe_bytes, free_bytes
+from ..images import not_regular_reason
+from ..user_errors import UserInputError
+
+
+def _writable_place(flag: str, path: str, what: str) -> None:
+    """The nearest existing ancestor of `path` must be a directory this process may write into."""
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserInputError(f"{flag}={path}: cannot create the {what}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag}={path}: cannot create the {what}: {existing} is not writable")
+
+
+def output_file(flag: str, path) -> None:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise UserInputError(f"{flag}={path} is a directory; give a file name to write")
+    if os.path.lexists(path):
+        if not os.access(path, os.W_OK):
+            raise UserInputError(f"{flag}={path} is not writable")
+        return
+    _writable_place(flag, path, "file")
+
+
+def output_dir(flag: str, path) -> None:
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise UserInputError(f"{flag}={path} is a file, not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserInputError(f"{flag}={path} is not writable")
+        return
+    _writable_place(flag, path, "directory")
+
+
+def input_file(flag: str, path) -> None:
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise UserInputError(f"{flag}={path}: {error.strerror}") from None
+    reason = not_regular_reason(mode)
+    if reason:
+        raise UserInputError(f"{flag}={path}: {reason}")
+
+
+def input_dir(flag: str, path) -> None:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise UserInputError(f"{flag}={path}: no such directory")
+    if not os.path.isdir(path):
+        raise UserInputError(f"{flag}={path} is not a directory")
+
+
+def run(main: Callable[[], object]) -> None:
+    """Run a tool's main() and exit with its status (an int result; 0 otherwise), bad paths in one line."""
+    spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
+    prog = (spec.name if spec is not None else main.__module__).rpartition(".")[2]
+    try:
+        status = main()
+    except UserInputError as error:
+        _fail(prog, str(error))
+    except OSError as error:
+        if error.filename is None:
+            raise
+        detail = error.strerror or str(error)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            detail += f" ({describe_bytes(free_bytes(error.filename))} free there)"
+        _fail(prog, f"{error.filename}: {detail}")
+    sys.exit(status if isinstance(status, int) else 0)
+
+
+def _fail(prog: str, message: str) -> None:
+    sys.stdout.flush()
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)

@@ -1,0 +1,544 @@
+"""Paths that are not what they should be end in one line: a JSON configuration whose values have the wrong
+type, image paths that are not regular files (a FIFO, a device: never read, never waited on), a full disk
+(the decoded-image cache, a checkpoint, the final publication), an image that changed after the check, and
+every `python -m bridgetower_bench.tools.*` given a bad path."""
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from bridgetower_bench import images, preflight
+from conftest import REPO, noise_jpeg, script_env
+
+# ---------------------------------------------------------------------------------------------
+# A JSON configuration: every value of its field's type
+# ---------------------------------------------------------------------------------------------
+
+CONFIG_REFUSALS = {
+    "a string for a boolean": ({"overwrite_output_dir": "false"},
+                               '"overwrite_output_dir" is "false" (a string), expected a boolean (true or false)'),
+    "null for output_dir": ({"output_dir": None},
+                            '"output_dir" is null, expected a path (null would write the run into ./trainer_output)'),
+    "a word for a number": ({"per_device_train_batch_size": "four"},
+                            '"per_device_train_batch_size" is "four" (a string), expected an integer'),
+    "a string of digits for a number": ({"max_steps": "2"}, '"max_steps" is "2" (a string), expected an integer'),
+    "a list for a number": ({"learning_rate": [1e-4]}, '"learning_rate" is [0.0001] (a list), expected a number'),
+    "a fraction for an integer": ({"seed": 1.5}, '"seed" is 1.5 (a number), expected an integer'),
+    "a boolean for a number": ({"num_train_epochs": True}, '"num_train_epochs" is true (a boolean), expected a number'),
+    "null for a required string": ({"model_name_or_path": None}, '"model_name_or_path" is null, expected a string'),
+    "an unknown schedule": ({"lr_scheduler_type": "cosin"}, '"lr_scheduler_type" is "cosin" (a string), expected one of '
+                            "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, "
+                            "inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, cosine_warmup_with_min_lr, "
+                            "warmup_stable_decay"),
+    "an unknown pipeline": ({"image_pipeline": "fastt"},
+                            '"image_pipeline" is "fastt" (a string), expected one of upstream, fast, fast-draft'),
+    "a number in a list of strings": ({"report_to": ["none", 3]},
+                                      '"report_to" is ["none", 3] (a list), expected null or a string or a list of strings'),
+}
+
+
+def _script_parser():
+    """The CUDA script's own argument dataclasses, parsed as its step 1 does."""
+    import runpy
+
+    from transformers import HfArgumentParser
+
+    names = runpy.run_path(str(REPO / "run_bridgetower_cuda.py"), run_name="arguments_only")
+    return HfArgumentParser((names["ModelArguments"], names["DataTrainingArguments"], names["TrainingArguments"]))
+
+
+@pytest.fixture(scope="module")
+def script_parser():
+    return _script_parser()
+
+
+BASE_CONFIG = {"model_name_or_path": "a-model", "train_file": "train.csv", "do_train": True}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_REFUSALS))
+def test_configuration_values_of_the_wrong_type_are_refused_naming_key_value_and_type(case, script_parser, tmp_path):
+    values, expected = CONFIG_REFUSALS[case]
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), **values}))
+    with pytest.raises(preflight.UserInputError) as refused:
+        preflight.parse_arguments(script_parser, ["script.py", str(config)])
+    assert str(refused.value) == f"{config}: {expected}"
+
+
+def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them(script_parser, tmp_path):
+    config = tmp_path / "run.json"
+    values = {**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "overwrite_output_dir": False, "learning_rate": 1,
+              "max_train_samples": None, "lr_scheduler_type": "cosine", "report_to": ["none"], "log_level": "info",
+              "num_train_epochs": 2, "image_pipeline": "fast", "image_column": None}
+    config.write_text(json.dumps(values))
+    model_args, data_args, training_args = preflight.parse_arguments(script_parser, ["script.py", str(config)])
+    flags = ["script.py", "--model_name_or_path", "a-model", "--train_file", "train.csv", "--do_train", "--output_dir",
+             str(tmp_path / "out"), "--learning_rate", "1", "--lr_scheduler_type", "cosine", "--report_to", "none",
+             "--log_level", "info", "--num_train_epochs", "2", "--image_pipeline", "fast"]
+    from_flags = preflight.parse_arguments(script_parser, flags)
+    assert training_args.overwrite_output_dir is False and training_args.learning_rate == 1.0
+    assert training_args.lr_scheduler_type == from_flags[2].lr_scheduler_type
+    assert training_args.report_to == from_flags[2].report_to == []
+    assert data_args.image_pipeline == "fast" and data_args.image_column is None
+
+
+def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
+    """What used to happen: "overwrite_output_dir": "false" was taken as true."""
+    from conftest import run_script
+
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"]),
+                                  "output_dir": str(tmp_path / "out"), "do_train": True, "overwrite_output_dir": "false",
+                                  "use_cpu": True}))
+    result = run_script("cuda", [config], check=False, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f'run_bridgetower_cuda.py: error: {config}: "overwrite_output_dir" is "false" (a string), '
+        "expected a boolean (true or false)")
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Only regular files are read as images
+# ---------------------------------------------------------------------------------------------
+
+
+def _special_files(tmp_path):
+    """name -> (a path that is not a regular file, the reason a row showing it gets)."""
+    fifo = tmp_path / "fifo.jpg"
+    os.mkfifo(fifo)
+    directory = tmp_path / "folder.jpg"
+    directory.mkdir()
+    sock_path = tmp_path / "socket.jpg"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    return sock, {
+        "FIFO": (str(fifo), "not a regular file: FIFO"),
+        "directory": (str(directory), "not a regular file: directory"),
+        "device": ("/dev/zero", "not a regular file: character device"),
+        "socket": (str(sock_path), "not a regular file: socket"),
+    }
+
+
+CHECK_SPECIAL_FILES = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import datasets
+from bridgetower_bench import preflight
+paths = json.loads(sys.argv[2])
+splits = {"train": datasets.Dataset.from_dict({"image": paths + [sys.argv[3]], "caption": ["c"] * (len(paths) + 1)})}
+problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=sys.argv[4], num_proc=int(sys.argv[5]))
+print(json.dumps([[p.row, p.reason] for p in problems]))
+"""
+
+
+@pytest.mark.parametrize("num_proc", [1])
+def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, num_proc):
+    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
+    subprocess with a timeout: before the fix this test would otherwise hang.)"""
+    sock, cases = _special_files(tmp_path)
+    good = tmp_path / "good.jpg"
+    good.write_bytes(noise_jpeg(0))
+    names = sorted(cases)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CHECK_SPECIAL_FILES, str(REPO), json.dumps([cases[n][0] for n in names]), str(good),
+             str(tmp_path / "cache"), str(num_proc)],
+            capture_output=True, text=True, timeout=240, env={**script_env(False), "OMP_NUM_THREADS": "1"},
+        )
+    finally:
+        sock.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = dict((row, reason) for row, reason in json.loads(result.stdout.strip().splitlines()[-1]))
+    assert found == {row: f"cannot read image file {cases[name][0]!r}: {cases[name][1]}" for row, name in enumerate(names)}
+
+
+@pytest.fixture
+def within_seconds():
+    """Fails the test instead of letting it hang: SIGALRM interrupts a blocking open or read with TimeoutError."""
+    def expire(signum, frame):
+        raise TimeoutError("blocked: the call did not return within the time allowed")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path, within_seconds):
+    """Before the fix, loading the FIFO blocked forever and /dev/zero was read until memory ran out."""
+    sock, cases = _special_files(tmp_path)
+    try:
+        for path, reason in cases.values():
+            for load in (images.load_image, images.make_image_transform("fast", 32, (), ())):
+                with pytest.raises(ValueError) as refused:
+                    load(path)
+                assert str(refused.value) == f"cannot read image file {path!r}: {reason}"
+    finally:
+        sock.close()
+
+
+def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch, within_seconds):
+    """The race: the path was a regular file when looked at, a FIFO when opened. O_NONBLOCK opens it at once, and
+    the second look, through the open descriptor, refuses it."""
+    fifo = tmp_path / "fifo.jpg"
+    os.mkfifo(fifo)
+    real_stat = os.stat
+    regular = real_stat(__file__)
+    monkeypatch.setattr(images.os, "stat", lambda path, *a, **k: regular if str(path) == str(fifo) else real_stat(path, *a, **k))
+    with pytest.raises(images.NotARegularFile, match="not a regular file: FIFO"):
+        images.read_regular_file(fifo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Full disks
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A real filesystem of a few MiB (a tmpfs: needs the right to mount, e.g. root); skipped where it cannot be
+    mounted (the tests below also run against a simulated full disk)."""
+    mounted = []
+
+    def make(size_kib: int):
+        point = tmp_path / f"small-{len(mounted)}"
+        point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.strip()})")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+BUILD_CACHE = """
+import logging, sys
+sys.path.insert(0, sys.argv[1])
+logging.basicConfig(level=logging.WARNING)
+import datasets
+from types import SimpleNamespace
+from bridgetower_bench import data
+from bridgetower_bench.images import make_image_transform
+from conftest import noise_jpeg
+rows = [{"bytes": noise_jpeg(i, (64, 64)), "path": None} for i in range(int(sys.argv[3]))]
+features = datasets.Features({"image": datasets.Image(decode=False)})
+splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=features)}
+args = SimpleNamespace(decoded_image_cache_dir=sys.argv[2], image_pipeline="fast", preprocessing_num_workers=1)
+fallback = make_image_transform("fast", 294, (), ())
+transform = data.decoded_image_cache(splits, "image", args, 294, fallback)
+print("cache" if transform is not fallback else "fallback", transform(rows[0]).shape)
+"""
+
+
+def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning(small_filesystem, tmp_path):
+    """On a real small filesystem, what used to happen: the pixel file (60 images x 3 x 294 x 294 = 15 MiB) did not
+    fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left)."""
+    disk = small_filesystem(4096)
+    result = subprocess.run([sys.executable, "-c", BUILD_CACHE, str(REPO), str(disk / "cache"), "60"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**script_env(False), "PYTHONPATH": str(REPO / "tests")})
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert result.stdout.strip().splitlines()[-1] == "fallback torch.Size([3, 294, 294])"
+    assert "--cache_decoded_images: cannot write the decoded image cache in" in result.stderr
+    assert "No space left on device" in result.stderr and "training without it" in result.stderr
+    leftovers = [os.path.join(root, name) for root, _, names in os.walk(disk) for name in names]
+    assert leftovers == [], leftovers
+
+
+def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, monkeypatch, caplog):
+    """Simulated full disk (runs everywhere): the reservation fails, the build is skipped with the warning and
+    leaves no file; nothing was written through the mapping first."""
+    from types import SimpleNamespace
+
+    from bridgetower_bench import data, image_cache
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    decoded = []
+    monkeypatch.setattr(image_cache.os, "posix_fallocate", full)
+    monkeypatch.setattr(image_cache, "_decode_into", lambda *a, **k: decoded.append(1))
+    rows = [{"bytes": noise_jpeg(i), "path": None} for i in range(3)]
+    splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=datasets.Features({"image": datasets.Image(decode=False)}))}
+    args = SimpleNamespace(decoded_image_cache_dir=str(tmp_path / "cache"), image_pipeline="fast", preprocessing_num_workers=1)
+    fallback = images.make_image_transform("fast", 32, (), ())
+    assert data.decoded_image_cache(splits, "image", args, 32, fallback) is fallback
+    assert decoded == []
+    assert "cannot reserve" in caplog.text and "No space left on device" in caplog.text
+    assert [n for _, _, names in os.walk(tmp_path / "cache") for n in names] == []
+
+
+def _train_args(fixtures, output_dir, **extra):
+    args = {"model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
+            "image_column": "image", "caption_column": "image_description", "output_dir": output_dir, "do_train": None,
+            "per_device_train_batch_size": 2, "max_train_samples": 8, "max_steps": 3, "learning_rate": 1e-3,
+            "report_to": "none", "seed": 7, "dataloader_num_workers": 0, "save_strategy": "steps", "save_steps": 1,
+            "use_cpu": None, **extra}
+    return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
+
+
+def _error_line(stderr: str) -> str:
+    """The run's one-line error (a progress bar may be redrawn after it, or stand before it on its line)."""
+    mark = "run_bridgetower_cuda.py: error: "
+    lines = [mark + line.partition(mark)[2] for line in stderr.splitlines() if mark in line]  # (a bar may precede it)
+    assert lines, stderr[-3000:]
+    return lines[-1]
+
+
+def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last_complete_one(fixtures, small_filesystem):
+    """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
+    from conftest import run_script
+
+    from bridgetower_bench.resilience import checkpoints, is_complete_checkpoint
+
+    out = small_filesystem(11 * 1024) / "out"
+    result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = _error_line(result.stderr)
+    assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing a checkpoint ({out / 'checkpoint-2'}): ")
+    assert " free on its filesystem; the partial files were removed; the last complete checkpoint, " \
+           f"{out / 'checkpoint-1'}, is intact: free some space and rerun the same command to resume" in last
+    assert [os.path.basename(c) for c in checkpoints(str(out))] == ["checkpoint-1"]
+    assert is_complete_checkpoint(str(out / "checkpoint-1"))
+
+
+def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_published(fixtures, small_filesystem):
+    """Real small filesystem: training (no checkpoints) fits, the final model does not."""
+    from conftest import run_script
+
+    disk = small_filesystem(1024)
+    out = disk / "out"
+    result = run_script("cuda", _train_args(fixtures, out, save_strategy="no", max_steps=1), check=False, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = _error_line(result.stderr)
+    assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing the final results into {out} (")
+    assert last.endswith("free on its filesystem; the partial files were removed; the results published before are intact")
+    # Nothing of the failed publication is left, and the disk is not left full (the run wrote nothing else there).
+    assert [n for _, _, names in os.walk(disk) for n in names] == []
+
+
+def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, monkeypatch):
+    """Simulated (runs everywhere): OSError ENOSPC/EDQUOT, safetensors' text, torch.save's errno-less failure on a
+    filesystem left with almost nothing free; other failures pass through unchanged."""
+    from bridgetower_bench import disk_space
+
+    assert disk_space.is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
+    assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
+    assert disk_space.is_disk_full(Exception("Error while serializing: I/O error: No space left on device (os error 28)"), tmp_path)
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    assert not disk_space.is_disk_full(torch_error, tmp_path)
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
+    assert disk_space.is_disk_full(torch_error, tmp_path)
+    assert not disk_space.is_disk_full(KeyboardInterrupt(), tmp_path)
+
+    target = tmp_path / "checkpoint-5"
+    with pytest.raises(disk_space.DiskFull, match=r"^disk full while writing a checkpoint \(.*checkpoint-5\): 4.0 KiB free "
+                       r"on its filesystem; the partial files were removed$"):
+        with disk_space.removed_when_disk_full(target, "a checkpoint"):
+            target.mkdir()
+            (target / "model.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert not target.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# An image that changed after the check
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_path):
+    """What used to happen: the file changed with its size and modification time as before (written within one tick
+    of the filesystem's clock, or its mtime set back), and the cached verdict was reused."""
+    path = tmp_path / "a.jpg"
+    good = noise_jpeg(0)
+    path.write_bytes(good)
+    splits = {"train": datasets.Dataset.from_dict({"image": [str(path)], "caption": ["a caption"]})}
+    assert preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0] == []
+    before = os.stat(path)
+    path.write_bytes(b"\0" * len(good))  # garbage of the same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    problems = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0]
+    assert [(p.row, p.reason.split(":")[0]) for p in problems] == [(0, f"cannot decode image file {str(path)!r}")]
+
+
+def test_a_file_replaced_by_another_of_the_same_size_and_times_is_checked_again(tmp_path):
+    path, other = tmp_path / "a.jpg", tmp_path / "b.jpg"
+    good = noise_jpeg(0)
+    path.write_bytes(good)
+    other.write_bytes(good[:100] + b"\0" * (len(good) - 100))
+    stat = os.stat(path)
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    splits = {"train": datasets.Dataset.from_dict({"image": [str(path)], "caption": ["a caption"]})}
+    assert preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0] == []
+    os.replace(other, path)
+    assert len(preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0]) == 1
+
+
+def _csv_data(tmp_path, rows=8):
+    (tmp_path / "images").mkdir()
+    for row in range(rows):
+        (tmp_path / "images" / f"{row}.jpg").write_bytes(noise_jpeg(row, (64, 48)))
+    data_file = tmp_path / "train.csv"
+    data_file.write_text("image_path,caption\n" + "".join(f"images/{row}.jpg,picture {row}\n" for row in range(rows)))
+    return data_file
+
+
+def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
+        fixtures, tmp_path, capsys, monkeypatch):
+    """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
+    check's cached verdict and stopped again."""
+    from test_user_input import run_cuda_script
+
+    data_file = _csv_data(tmp_path)
+    original = preflight.check_splits
+    changed = None
+
+    def check_then_change(splits, image_column, *args, **kwargs):
+        nonlocal changed
+        checked = original(splits, image_column, *args, **kwargs)
+        changed = Path(checked["train"][0][image_column])  # the first training row's image
+        stat = os.stat(changed)
+        changed.write_bytes(b"\0" * stat.st_size)  # same size, same mtime: only the content differs
+        os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        return checked
+
+    common = ["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", tmp_path / "out",
+              "--do_train", "--per_device_train_batch_size", 8, "--max_steps", 1, "--report_to", "none", "--use_cpu",
+              "--dataloader_num_workers", 0, "--preflight_cache_dir", tmp_path / "preflight"]
+    monkeypatch.setattr(preflight, "check_splits", check_then_change)
+    status, stderr = run_cuda_script(common, capsys)
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert _error_line(stderr).startswith(
+        f"run_bridgetower_cuda.py: error: split 'train': cannot decode image from {str(changed)!r}")
+    assert "(training stopped before step 1; no checkpoint saved). Restore the image, or rerun with --drop_bad_rows" in stderr
+
+    monkeypatch.setattr(preflight, "check_splits", original)
+    status, stderr = run_cuda_script(common + ["--drop_bad_rows"], capsys)
+    assert status == 0, stderr[-3000:]
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The tools: a bad path ends in one line, exit status 2
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def places(tmp_path):
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    a_file = tmp_path / "a-file.txt"
+    a_file.write_text("the user's own file")
+    return {"dir": directory, "file": a_file, "under_file": a_file / "out", "missing": tmp_path / "missing"}
+
+
+TOOL_CASES = {
+    "compare --json <a directory>": (["compare", "{run}", "--json", "{dir}"], "--json={dir} is a directory; give a file name to write"),
+    "compare --json under a file": (["compare", "{run}", "--json", "{under_file}/x.json"],
+                                    "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory"),
+    "fixtures --out <a file>": (["fixtures", "gaudi-config", "--out", "{file}"], "--out={file} is a file, not a directory"),
+    "fixtures --out under a file": (["fixtures", "gaudi-config", "--out", "{under_file}"],
+                                    "--out={under_file}: cannot create the directory: {file} is a file, not a directory"),
+    "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], "--out={file} is a file, not a directory"),
+    "image_bench --json <a directory>": (["image_bench", "--json", "{dir}"], "--json={dir} is a directory; give a file name to write"),
+    "cache_memory_bench --json <a directory>": (["cache_memory_bench", "--json", "{dir}"],
+                                                "--json={dir} is a directory; give a file name to write"),
+    "device_decode_check <a missing image>": (["device_decode_check", "{missing}"], "images={missing}: No such file or directory"),
+    "device_decode_check <a directory>": (["device_decode_check", "{dir}"], "images={dir}: not a regular file: directory"),
+    "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], "--output_dir={file} is a file, not a directory"),
+    "gaudi_check --json <a directory>": (["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
+                                         "--json={dir} is a directory; give a file name to write"),
+    "gpu_ceiling --output_dir <a file>": (["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
+                                          "--output_dir={file} is a file, not a directory"),
+    "gpu_ceiling --model_name_or_path <a missing directory>": (
+        ["gpu_ceiling", "--model_name_or_path", "{missing}", "--output_dir", "{dir}"], "--model_name_or_path={missing}: no such directory"),
+    "upstream_diff --upstream <a directory>": (["upstream_diff", "--upstream", "{dir}"], None),
+    "upstream_diff --ours <a missing file>": (["upstream_diff", "--upstream", "{file}", "--ours", "{missing}"], None),
+}
+
+
+def _run_tool(tool, args, cwd):
+    command = [sys.executable, "-m", f"bridgetower_bench.tools.{tool}", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env={**script_env(False), "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
+    args, expected = TOOL_CASES[case]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    fill = {**{k: str(v) for k, v in places.items()}, "run": str(run)}
+    tool, *rest = args
+    result = _run_tool(tool, [a.format(**fill) for a in rest], tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    if expected is not None:
+        assert lines[0] == f"{tool}: error: {expected.format(**fill)}"
+    assert places["file"].read_text() == "the user's own file"
+
+
+@pytest.fixture
+def read_only_place(tmp_path):
+    """A directory nobody may create anything in: a read-only tmpfs where it can be mounted (root may write into
+    any directory whatever its mode), else a directory without write permission."""
+    place = tmp_path / "read-only"
+    place.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)], capture_output=True).returncode == 0
+    if not mounted:
+        place.chmod(0o555)
+        if os.access(place, os.W_OK):
+            pytest.skip("no read-only place can be made here")
+    yield place
+    if mounted:
+        subprocess.run(["umount", "-l", str(place)], capture_output=True)
+    else:
+        place.chmod(0o755)
+
+
+@pytest.mark.parametrize("tool, args, flag", [
+    ("fixtures", ["gaudi-config", "--out"], "--out"),
+    ("gaudi_check", ["--output_dir"], "--output_dir"),
+    ("compare", ["{run}", "--json"], "--json"),
+])
+def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_only_place, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    target = read_only_place / "out"
+    result = _run_tool(tool, [a.format(run=run) for a in args] + [target], tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    what = "file" if flag == "--json" else "directory"
+    assert result.stderr.strip().splitlines() == [
+        f"{tool}: error: {flag}={target}: cannot create the {what}: {read_only_place} is not writable"]
+
+
+def test_the_launcher_refuses_a_training_script_that_is_not_a_file_without_a_traceback(tmp_path):
+    """launch_gaudi checks its script with argparse (usage, then the error line)."""
+    result = _run_tool("launch_gaudi", ["--dry_run", tmp_path], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(f"error: training_script {tmp_path}: no such file")
