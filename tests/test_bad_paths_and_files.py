@@ -468,6 +468,10 @@ TOOL_CASES = {
     "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], "--output_dir={file} is a file, not a directory"),
     "gaudi_check --json <a directory>": (["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
                                          "--json={dir} is a directory; give a file name to write"),
+    "nvidia_check --output_dir <a file>": (["nvidia_check", "--output_dir", "{file}"], "--output_dir={file} is a file, not a directory"),
+    "nvidia_check --json <a directory>": (["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
+                                          "--json={dir} is a directory; give a file name to write"),
+    "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
     "gpu_ceiling --output_dir <a file>": (["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
                                           "--output_dir={file} is a file, not a directory"),
     "gpu_ceiling --model_name_or_path <a missing directory>": (

@@ -40,6 +40,7 @@ from typing import Callable, Optional
 from ..atomic_files import write_atomically
 from ..execution_mode import NOT_ON_GAUDI
 from ..redaction import shareable
+from . import tool_paths
 from .gaudi_check import (FAILED, OK, SKIPPED, WARNING, REPO, Ran, Row, Step, format_table, judge, last_error_line,
                           pinned_requirements, record, requirement_row, run_command)
 
@@ -309,6 +310,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--timeout={args.timeout}: must be positive")
     if args.memory and min(args.memory) <= 0:
         parser.error("--memory: sizes must be positive")
+    if not args.memory:  # (--memory writes nothing)
+        tool_paths.output_dir("--output_dir", args.output_dir)
+        if args.json is not None:
+            tool_paths.output_file("--json", args.json)
     return args
 
 
@@ -348,4 +353,4 @@ def main(argv=None, *, probe: Callable[[], "Gpus | str"] = probe_gpus, runner: O
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)
