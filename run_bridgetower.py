@@ -15,11 +15,10 @@ from typing import Optional
 
 import datasets
 import transformers
-from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser
-from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
-
 from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum.habana.utils import set_seed
+from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser
+from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
 from bridgetower_bench import data, preflight, resilience, run_directory, run_recipe
 from bridgetower_bench.attention import use_attention
@@ -30,6 +29,7 @@ from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,13 +39,21 @@ class ModelArguments:
 
     model_name_or_path: str = field(metadata={"help": "Model directory or Hugging Face Hub model id."})
     config_name: Optional[str] = field(default=None, metadata={"help": "Config name or path, if not the model's."})
-    tokenizer_name: Optional[str] = field(default=None, metadata={"help": "Tokenizer name or path, if not the model's."})
-    image_processor_name: Optional[str] = field(default=None, metadata={"help": "Image processor name or path, if not the model's."})
-    cache_dir: Optional[str] = field(default=None, metadata={"help": "Where downloaded models and data sets are cached."})
+    tokenizer_name: Optional[str] = field(
+        default=None, metadata={"help": "Tokenizer name or path, if not the model's."}
+    )
+    image_processor_name: Optional[str] = field(
+        default=None, metadata={"help": "Image processor name or path, if not the model's."}
+    )
+    cache_dir: Optional[str] = field(
+        default=None, metadata={"help": "Where downloaded models and data sets are cached."}
+    )
     model_revision: str = field(default="main", metadata={"help": "Model version: branch, tag or commit id."})
     use_fast_tokenizer: bool = field(default=True, metadata={"help": "Use a fast (tokenizers-backed) tokenizer."})
     token: Optional[str] = field(default=None, metadata={"help": "Hugging Face token for private models or data."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow code from the Hub to run (trusted repositories only)."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow code from the Hub to run (trusted repositories only)."}
+    )
     freeze_vision_model: bool = field(default=False, metadata={"help": "Freeze the vision tower."})
     freeze_text_model: bool = field(default=False, metadata={"help": "Freeze the text tower."})
     freeze_text_pooler: bool = field(default=True, metadata={"help": "Remove the (unused) text pooler."})
@@ -56,28 +64,71 @@ class DataTrainingArguments:
     """Which data to train and evaluate on, and how images reach the model."""
 
     dataset_name: Optional[str] = field(default=None, metadata={"help": "Data set: Hub name or local directory."})
-    dataset_config_name: Optional[str] = field(default=None, metadata={"help": "Data set configuration (e.g. matching)."})
+    dataset_config_name: Optional[str] = field(
+        default=None, metadata={"help": "Data set configuration (e.g. matching)."}
+    )
     dataset_revision: str = field(default="main", metadata={"help": "Data set version: branch, tag or commit id."})
     data_dir: Optional[str] = field(default=None, metadata={"help": "data_dir passed to datasets.load_dataset."})
-    image_column: Optional[str] = field(default="image_path", metadata={"help": "Column with images or image file paths."})
+    image_column: Optional[str] = field(
+        default="image_path", metadata={"help": "Column with images or image file paths."}
+    )
     caption_column: Optional[str] = field(default="caption", metadata={"help": "Column with the captions."})
     train_file: Optional[str] = field(default=None, metadata={"help": "Training data: a csv, json or jsonl file."})
-    validation_file: Optional[str] = field(default=None, metadata={"help": "Validation data: a csv, json or jsonl file."})
-    max_seq_length: Optional[int] = field(default=128, metadata={"help": "Captions are padded or truncated to this many tokens (at least 1)."})
+    validation_file: Optional[str] = field(
+        default=None, metadata={"help": "Validation data: a csv, json or jsonl file."}
+    )
+    max_seq_length: Optional[int] = field(
+        default=128, metadata={"help": "Captions are padded or truncated to this many tokens (at least 1)."}
+    )
     max_train_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many training rows."})
-    max_eval_samples: Optional[int] = field(default=None, metadata={"help": "Use only this many validation and test rows."})
-    overwrite_cache: bool = field(default=False, metadata={"help": "Redo the tokenization and the image check instead of using their caches."})
+    max_eval_samples: Optional[int] = field(
+        default=None, metadata={"help": "Use only this many validation and test rows."}
+    )
+    overwrite_cache: bool = field(
+        default=False, metadata={"help": "Redo the tokenization and the image check instead of using their caches."}
+    )
     preprocessing_num_workers: Optional[int] = field(default=None, metadata={"help": "Processes for preprocessing."})
-    mediapipe_dataloader: bool = field(default=False, metadata={"help": "Gaudi only: decode and resize images on the HPU (media pipeline); it prefetches --dataloader_num_workers + 1 batches, at most 3."})
+    mediapipe_dataloader: bool = field(
+        default=False,
+        metadata={
+            "help": "Gaudi only: decode and resize images on the HPU (media pipeline); it prefetches --dataloader_num_workers + 1 batches, at most 3."
+        },
+    )
     image_pipeline: str = field(
         default="upstream",
-        metadata={"help": "Host image path: upstream (exact reproduction), fast (uint8, same pixels), fast-draft (JPEG DCT downscale).", "choices": IMAGE_PIPELINES},
+        metadata={
+            "help": "Host image path: upstream (exact reproduction), fast (uint8, same pixels), fast-draft (JPEG DCT downscale).",
+            "choices": IMAGE_PIPELINES,
+        },
     )
-    cache_decoded_images: bool = field(default=False, metadata={"help": "Decode and resize each distinct image once, into a memory-mapped cache (fast pipelines)."})
-    decoded_image_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where --cache_decoded_images keeps its cache (default bridgetower_bench/decoded_images under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
-    preflight_cache_dir: Optional[str] = field(default=None, metadata={"help": "Where the image and caption check keeps its outcome (default bridgetower_bench/preflight under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."})
-    max_image_pixels: int = field(default=preflight.DEFAULT_MAX_IMAGE_PIXELS, metadata={"help": "Pixel budget of one image, as decoded and as resized before the centre crop; a bigger image is a bad row. The upstream pipeline needs about 31 bytes a pixel."})
-    drop_bad_rows: bool = field(default=False, metadata={"help": "Train without rows whose image is missing, undecodable or over --max_image_pixels or whose caption is empty (found before training), instead of stopping."})
+    cache_decoded_images: bool = field(
+        default=False,
+        metadata={"help": "Decode and resize each distinct image once, into a memory-mapped cache (fast pipelines)."},
+    )
+    decoded_image_cache_dir: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Where --cache_decoded_images keeps its cache (default bridgetower_bench/decoded_images under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."
+        },
+    )
+    preflight_cache_dir: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Where the image and caption check keeps its outcome (default bridgetower_bench/preflight under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache)."
+        },
+    )
+    max_image_pixels: int = field(
+        default=preflight.DEFAULT_MAX_IMAGE_PIXELS,
+        metadata={
+            "help": "Pixel budget of one image, as decoded and as resized before the centre crop; a bigger image is a bad row. The upstream pipeline needs about 31 bytes a pixel."
+        },
+    )
+    drop_bad_rows: bool = field(
+        default=False,
+        metadata={
+            "help": "Train without rows whose image is missing, undecodable or over --max_image_pixels or whose caption is empty (found before training), instead of stopping."
+        },
+    )
 
     def __post_init__(self):
         data.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
@@ -120,7 +171,10 @@ def main():
     gaudi_config = GaudiConfig()
     if training_args.gaudi_config_name:
         gaudi_config = GaudiConfig.from_pretrained(
-            training_args.gaudi_config_name, cache_dir=model_args.cache_dir, revision=model_args.model_revision, token=model_args.token
+            training_args.gaudi_config_name,
+            cache_dir=model_args.cache_dir,
+            revision=model_args.model_revision,
+            token=model_args.token,
         )
     logger.warning(
         f"Process rank: {training_args.local_rank}, device: {training_args.device}, "
@@ -183,7 +237,10 @@ def main():
     if model_args.freeze_text_pooler:
         model.bridgetower.text_model.pooler = None
     towers = model.bridgetower  # (upstream's model.vision_model / model.text_model do not exist)
-    for frozen, tower in ((model_args.freeze_vision_model, towers.vision_model), (model_args.freeze_text_model, towers.text_model)):
+    for frozen, tower in (
+        (model_args.freeze_vision_model, towers.vision_model),
+        (model_args.freeze_text_model, towers.text_model),
+    ):
         if frozen:
             tower.requires_grad_(False)
 
@@ -192,7 +249,15 @@ def main():
     # Keep the splits that exist; split only what is missing off train, with the run's seed (no test split
     # is carved off train without --do_predict).
     dataset = data.make_splits(dataset, training_args.seed, need_test=training_args.do_predict)
-    wanted = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval), ("test", training_args.do_predict)) if on]
+    wanted = [
+        s
+        for s, on in (
+            ("train", training_args.do_train),
+            ("validation", training_args.do_eval),
+            ("test", training_args.do_predict),
+        )
+        if on
+    ]
     if not wanted:
         logger.info("There is nothing to do. Please pass --do_train, --do_eval and/or --do_predict.")
         return
@@ -217,9 +282,14 @@ def main():
     # (or, with --drop_bad_rows, their rows are left out). Checked once per data set, then cached.
     with training_args.main_process_first(desc="checking images and captions"):
         splits = preflight.check_splits(
-            splits, image_column, caption_column, num_proc=data_args.preprocessing_num_workers,
-            drop_bad_rows=data_args.drop_bad_rows, overwrite_cache=data_args.overwrite_cache,
-            cache_dir=data_args.preflight_cache_dir, image_size=config.vision_config.image_size,
+            splits,
+            image_column,
+            caption_column,
+            num_proc=data_args.preprocessing_num_workers,
+            drop_bad_rows=data_args.drop_bad_rows,
+            overwrite_cache=data_args.overwrite_cache,
+            cache_dir=data_args.preflight_cache_dir,
+            image_size=config.vision_config.image_size,
             max_image_pixels=data_args.max_image_pixels,
         )
     for split, split_data in splits.items():
@@ -234,9 +304,13 @@ def main():
             split=split,
         )
     # Rows showing the same image count as one image in the retrieval metrics.
-    image_groups = {split: image_group_ids(split_data[image_column]) for split, split_data in splits.items() if split != "train"}
+    image_groups = {
+        split: image_group_ids(split_data[image_column]) for split, split_data in splits.items() if split != "train"
+    }
     image_size = config.vision_config.image_size
-    image_transform = make_image_transform(data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std)
+    image_transform = make_image_transform(
+        data_args.image_pipeline, image_size, image_processor.image_mean, image_processor.image_std
+    )
     if data_args.cache_decoded_images:  # built once, by the first process; the others open it
         with training_args.main_process_first(desc="decoding each distinct image once into the cache"):
             image_transform = data.decoded_image_cache(splits, image_column, data_args, image_size, image_transform)
@@ -247,12 +321,20 @@ def main():
     # the run says so once and records that the PyTorch loader ran.
     loader, unavailable = choose_loader(data_args.mediapipe_dataloader)
     if unavailable:
-        logger.warning(f"--mediapipe_dataloader: the media pipeline cannot run here ({unavailable}); using the PyTorch loader")
+        logger.warning(
+            f"--mediapipe_dataloader: the media pipeline cannot run here ({unavailable}); using the PyTorch loader"
+        )
     if loader == "mediapipe":  # the HPU decoder reads files: embedded images are written out once (rank 0)
         with training_args.main_process_first(desc="writing image files for the media pipeline"):
             for split_data in splits.values():
-                feed_media_pipeline(split_data, image_column, image_size, image_processor.image_mean,
-                                    image_processor.image_std, data_args.preprocessing_num_workers)
+                feed_media_pipeline(
+                    split_data,
+                    image_column,
+                    image_size,
+                    image_processor.image_mean,
+                    image_processor.image_std,
+                    data_args.preprocessing_num_workers,
+                )
     trainer_cls = MediaPipeBridgeTowerTrainer if loader == "mediapipe" else BridgeTowerTrainer
 
     # 8. The trainer. Our images and captions live in columns the model does not take: keep them.

@@ -20,8 +20,10 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, NamedTuple, Optional
+from typing import NamedTuple, Optional
+
 
 PARTIAL_MARK = ".partial-"
 # The host takes everything up to the last "-<pid>.<random>": host names may hold "-" and "." themselves.

@@ -25,6 +25,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerSelf
 
 from .user_errors import UserInputError
 
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -33,11 +34,31 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 class SdpaBridgeTowerSelfAttention(BridgeTowerSelfAttention):
     """BridgeTowerSelfAttention whose common case (no weights out, no head mask, absolute positions) is fused."""
 
-    def forward(self, hidden_states, attention_mask=None, head_mask=None, encoder_hidden_states=None,
-                past_key_value=None, output_attentions=False, cache_position=None):
-        if output_attentions or head_mask is not None or past_key_value is not None or self.position_embedding_type != "absolute":
-            return super().forward(hidden_states, attention_mask, head_mask, encoder_hidden_states,
-                                   past_key_value, output_attentions, cache_position)
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        head_mask=None,
+        encoder_hidden_states=None,
+        past_key_value=None,
+        output_attentions=False,
+        cache_position=None,
+    ):
+        if (
+            output_attentions
+            or head_mask is not None
+            or past_key_value is not None
+            or self.position_embedding_type != "absolute"
+        ):
+            return super().forward(
+                hidden_states,
+                attention_mask,
+                head_mask,
+                encoder_hidden_states,
+                past_key_value,
+                output_attentions,
+                cache_position,
+            )
         batch_size, length, _ = hidden_states.shape
         source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
 
@@ -62,7 +83,9 @@ def use_attention(model: torch.nn.Module, implementation: str) -> int:
     back and forth is allowed; parameters and buffers are never touched.
     """
     if implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise UserInputError(f"--attn_implementation {implementation!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        raise UserInputError(
+            f"--attn_implementation {implementation!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+        )
     target = SdpaBridgeTowerSelfAttention if implementation == "sdpa" else BridgeTowerSelfAttention
     changed = 0
     for module in model.modules():

@@ -27,8 +27,14 @@ from typing import Optional
 
 from .atomic_files import PARTIAL_MARK, write_atomically
 
+
 MANIFEST_NAME = "checkpoint-manifest.json"
-MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+MODEL_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def required_files(*, save_only_model: bool, world_size: int, save_on_each_node: bool = False) -> list:
@@ -87,7 +93,11 @@ def write(checkpoint: str, required: list) -> Optional[str]:
     for name in _files(checkpoint):
         path = os.path.join(checkpoint, name)
         files[name] = {"bytes": os.path.getsize(path), "sha256": sha256(path)}
-    write_atomically(os.path.join(checkpoint, MANIFEST_NAME), json.dumps({"files": files}, indent=4, sort_keys=True) + "\n", fsync=True)
+    write_atomically(
+        os.path.join(checkpoint, MANIFEST_NAME),
+        json.dumps({"files": files}, indent=4, sort_keys=True) + "\n",
+        fsync=True,
+    )
     return None
 
 

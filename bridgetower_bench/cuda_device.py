@@ -25,17 +25,27 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from .user_errors import UserInputError
+
 
 # The oldest driver a CUDA major version's builds run on (NVIDIA's minor version compatibility table).
 DRIVER_FLOOR = {13: "580", 12: "525.60.13", 11: "450.80.02"}
 # The Linux x86_64 driver each CUDA toolkit release shipped with (NVIDIA's CUDA toolkit release notes).
 TOOLKIT_DRIVER = {
-    "13.0": "580.65.06", "12.9": "575.51.03", "12.8": "570.26", "12.6": "560.28.03", "12.5": "555.42.02",
-    "12.4": "550.54.14", "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02", "12.0": "525.60.13",
+    "13.0": "580.65.06",
+    "12.9": "575.51.03",
+    "12.8": "570.26",
+    "12.6": "560.28.03",
+    "12.5": "555.42.02",
+    "12.4": "550.54.14",
+    "12.3": "545.23.06",
+    "12.2": "535.54.03",
+    "12.1": "530.30.02",
+    "12.0": "525.60.13",
 }
 # The install route for drivers older than R580: torch's CUDA 12.6 build (README, NVIDIA section).
 CUDA12_REQUIREMENTS = "requirements-cuda12.txt"
@@ -91,7 +101,12 @@ def ask_nvidia_smi(run: Callable = subprocess.run, which: Callable = shutil.whic
     if executable is None:
         return None
     try:
-        done = run([executable, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        done = run(
+            [executable, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         return DriverAnswer("nvidia-smi", error=f"{type(error).__name__}: {error}")
     return parse_nvidia_smi(done.returncode, done.stdout, done.stderr)
@@ -107,8 +122,9 @@ def parse_nvidia_smi(returncode: int, stdout: str, stderr: str = "") -> DriverAn
     return DriverAnswer("nvidia-smi", version=versions[0] if versions else None, gpus=len(versions))
 
 
-def ask_driver(nvml: Callable[[], Optional[DriverAnswer]] = ask_nvml,
-               smi: Callable[[], Optional[DriverAnswer]] = ask_nvidia_smi) -> Optional[DriverAnswer]:
+def ask_driver(
+    nvml: Callable[[], Optional[DriverAnswer]] = ask_nvml, smi: Callable[[], Optional[DriverAnswer]] = ask_nvidia_smi
+) -> Optional[DriverAnswer]:
     """NVML first, then nvidia-smi: the first answer with a version, else the first failure; None if neither exists."""
     answers = []
     for ask in (nvml, smi):
@@ -150,13 +166,23 @@ def driver_needs(torch_version: str, torch_cuda: str) -> str:
     floor = driver_floor(torch_cuda)
     minor = ".".join(torch_cuda.split(".")[:2])
     shipped = TOOLKIT_DRIVER.get(minor)
-    needs = f"torch {torch_version} is built for CUDA {torch_cuda}, which needs driver {floor} or newer" if floor else (
-        f"torch {torch_version} is built for CUDA {torch_cuda}")
+    needs = (
+        f"torch {torch_version} is built for CUDA {torch_cuda}, which needs driver {floor} or newer"
+        if floor
+        else (f"torch {torch_version} is built for CUDA {torch_cuda}")
+    )
     return needs + (f" (the CUDA {minor} toolkit shipped with {shipped})" if shipped else "")
 
 
-def unusable_reason(*, available: bool, torch_version: str, torch_cuda: Optional[str], visible: Optional[str],
-                    driver: Optional[DriverAnswer], libraries: list[str]) -> Optional[str]:
+def unusable_reason(
+    *,
+    available: bool,
+    torch_version: str,
+    torch_cuda: Optional[str],
+    visible: Optional[str],
+    driver: Optional[DriverAnswer],
+    libraries: list[str],
+) -> Optional[str]:
     """Why torch has no CUDA device, from the facts; None when it has one."""
     if available:
         return None
@@ -164,12 +190,15 @@ def unusable_reason(*, available: bool, torch_version: str, torch_cuda: Optional
         return f"this torch ({torch_version}) is built without CUDA: pip install -r requirements-cuda.txt (or {CUDA12_REQUIREMENTS})"
     seen = ""
     if driver is not None and driver.version:
-        seen = f"driver {driver.version}" + (f", {driver.gpus} GPU{'s' if driver.gpus != 1 else ''}" if driver.gpus is not None else "")
+        seen = f"driver {driver.version}" + (
+            f", {driver.gpus} GPU{'s' if driver.gpus != 1 else ''}" if driver.gpus is not None else ""
+        )
     hidden = visible is not None and not visible.strip()
     if not libraries and (driver is None or not driver.version):
         said = f"{driver.source}: {driver.error}" if driver is not None and driver.error else "no nvidia-smi on PATH"
         return f"no NVIDIA driver found (no libcuda or libnvidia-ml library; {said})" + (
-            "; CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU" if hidden else "")
+            "; CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU" if hidden else ""
+        )
     if hidden:
         return "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU" + (f" ({seen})" if seen else "")
     if driver is not None and driver.version and driver_too_old(driver.version, torch_cuda):
@@ -183,7 +212,9 @@ def unusable_reason(*, available: bool, torch_version: str, torch_cuda: Optional
         return f"the NVIDIA driver {driver.version} sees no GPU"
     if visible is not None:
         return f"CUDA_VISIBLE_DEVICES={visible!r} leaves torch no GPU" + (f" ({seen})" if seen else "")
-    found = seen or (f"only the driver's libraries ({', '.join('lib' + name for name in libraries)})" if libraries else "nothing")
+    found = seen or (
+        f"only the driver's libraries ({', '.join('lib' + name for name in libraries)})" if libraries else "nothing"
+    )
     return f"torch {torch_version} (CUDA {torch_cuda}) cannot use a GPU; found: {found}; nvidia-smi may say why"
 
 
@@ -200,8 +231,12 @@ def why_no_cuda(environ=None) -> Optional[str]:
     if torch.cuda.is_available():
         return None
     return unusable_reason(
-        available=False, torch_version=torch.__version__, torch_cuda=torch.version.cuda,
-        visible=environ.get("CUDA_VISIBLE_DEVICES"), driver=ask_driver(), libraries=driver_libraries(),
+        available=False,
+        torch_version=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        visible=environ.get("CUDA_VISIBLE_DEVICES"),
+        driver=ask_driver(),
+        libraries=driver_libraries(),
     )
 
 
@@ -225,11 +260,22 @@ def cpu_requested(argv: list[str], environ=None) -> Optional[bool]:
                 config = json.load(f)
             if not isinstance(config, dict):
                 return None
-            return any(string_to_bool(config[key]) if isinstance(config[key], str) else bool(config[key])
-                       for key in ("use_cpu", "no_cuda") if key in config)
+            return any(
+                string_to_bool(config[key]) if isinstance(config[key], str) else bool(config[key])
+                for key in ("use_cpu", "no_cuda")
+                if key in config
+            )
         parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
         for name in ("use_cpu", "no_cuda"):
-            parser.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name, nargs="?", const=True, default=False, type=string_to_bool)
+            parser.add_argument(
+                f"--{name}",
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                nargs="?",
+                const=True,
+                default=False,
+                type=string_to_bool,
+            )
         known, _ = parser.parse_known_args(argv[1:])
     except (OSError, ValueError, TypeError, argparse.ArgumentError):
         return None

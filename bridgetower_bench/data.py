@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 import datasets
 import torch
@@ -18,6 +19,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from .resilience import ImageLoadError, image_label
 from .user_errors import UserInputError
+
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +41,15 @@ def data_file_builder(path: str, flag: str) -> str:
     return DATA_FILE_BUILDERS[extension]
 
 
-def check_data_arguments(dataset_name: Optional[str], train_file: Optional[str], validation_file: Optional[str]) -> None:
+def check_data_arguments(
+    dataset_name: Optional[str], train_file: Optional[str], validation_file: Optional[str]
+) -> None:
     """Upstream's checks on the data flags, as clear errors instead of asserts."""
     if dataset_name is None and train_file is None and validation_file is None:
         raise UserInputError("Need either --dataset_name or --train_file / --validation_file.")
-    builders = {data_file_builder(p, f) for p, f in ((train_file, "--train_file"), (validation_file, "--validation_file")) if p}
+    builders = {
+        data_file_builder(p, f) for p, f in ((train_file, "--train_file"), (validation_file, "--validation_file")) if p
+    }
     if len(builders) > 1:
         raise UserInputError(
             f"--train_file={train_file} and --validation_file={validation_file} must have the same format (csv or json)."
@@ -84,9 +90,14 @@ def load_raw_datasets(
                 revision=dataset_revision,
             )
         except DatasetGenerationError as error:  # a file of the data set cannot be read
-            raise UserInputError(f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}") from None
+            raise UserInputError(
+                f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}"
+            ) from None
     raw = DatasetDict()
-    for split, path, flag in (("train", train_file, "--train_file"), ("validation", validation_file, "--validation_file")):
+    for split, path, flag in (
+        ("train", train_file, "--train_file"),
+        ("validation", validation_file, "--validation_file"),
+    ):
         if path is None:
             continue
         if not os.path.isfile(path):
@@ -108,7 +119,9 @@ def load_data_file(path: str, flag: str, split: str, *, cache_dir: Optional[str]
     builder = data_file_builder(path, flag)
     options = CSV_OPTIONS if builder == "csv" else {}
     try:
-        return load_dataset(builder, data_files={split: path}, split=split, cache_dir=cache_dir, token=token, **options)
+        return load_dataset(
+            builder, data_files={split: path}, split=split, cache_dir=cache_dir, token=token, **options
+        )
     except (DatasetGenerationError, ValueError) as error:  # ValueError: a file with no rows
         cause = error.__cause__ if isinstance(error, DatasetGenerationError) and error.__cause__ else error
         if "corresponds to no data" in str(cause):
@@ -177,7 +190,9 @@ def resolve_column(column_names: Sequence[str], requested: Optional[str], flag: 
     if requested is None:
         return column_names[fallback_index]
     if requested not in column_names:
-        raise UserInputError(f"{flag}={requested} is not a column of the data set; available columns: {', '.join(column_names)}")
+        raise UserInputError(
+            f"{flag}={requested} is not a column of the data set; available columns: {', '.join(column_names)}"
+        )
     return requested
 
 
@@ -215,7 +230,9 @@ class TokenizeCaptions:
         return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
 
 
-def tokenize_split(dataset, tokenizer, *, image_column, caption_column, max_seq_length, num_proc, overwrite_cache, split):
+def tokenize_split(
+    dataset, tokenizer, *, image_column, caption_column, max_seq_length, num_proc, overwrite_cache, split
+):
     """Tokenize one split, keeping only the image column and the token columns."""
     return dataset.map(
         TokenizeCaptions(tokenizer, caption_column, max_seq_length),

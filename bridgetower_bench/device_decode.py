@@ -31,9 +31,10 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,7 @@ from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize
 from .jpeg_headers import read_jpeg_header
 from .resilience import ImageLoadError
 
+
 logger = logging.getLogger(__name__)
 
 ENCODED_IMAGES_KEY = "encoded_images"
@@ -55,8 +57,13 @@ DEFAULT_CHUNK_SIZE = 64
 # ----------------------------------------------------------------------------------------------------------
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_OTHER_FORMATS = ((b"\x89PNG", "PNG image"), (b"GIF8", "GIF image"), (b"BM", "BMP image"),
-                  (b"II*\x00", "TIFF image"), (b"MM\x00*", "TIFF image"))
+_OTHER_FORMATS = (
+    (b"\x89PNG", "PNG image"),
+    (b"GIF8", "GIF image"),
+    (b"BM", "BMP image"),
+    (b"II*\x00", "TIFF image"),
+    (b"MM\x00*", "TIFF image"),
+)
 _DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progressive: what nvJPEG decodes
 
 
@@ -140,9 +147,18 @@ class EncodedBatch:
     a ``to`` method: the trainer and accelerate then leave it on the host as it is.
     """
 
-    def __init__(self, size: int, image_size: int, jpeg_data: torch.Tensor, jpeg_lengths: list[int],
-                 jpeg_positions: list[int], host_pixels: torch.Tensor, host_positions: list[int],
-                 host_reasons: list[str], jpeg_orientations: Optional[list[Optional[int]]] = None):
+    def __init__(
+        self,
+        size: int,
+        image_size: int,
+        jpeg_data: torch.Tensor,
+        jpeg_lengths: list[int],
+        jpeg_positions: list[int],
+        host_pixels: torch.Tensor,
+        host_positions: list[int],
+        host_reasons: list[str],
+        jpeg_orientations: Optional[list[Optional[int]]] = None,
+    ):
         self.size = size
         self.image_size = image_size
         self.jpeg_data = jpeg_data
@@ -154,7 +170,7 @@ class EncodedBatch:
         self.jpeg_orientations = jpeg_orientations or [None] * len(jpeg_lengths)
 
     @classmethod
-    def pack(cls, images: Sequence[EncodedImage]) -> "EncodedBatch":
+    def pack(cls, images: Sequence[EncodedImage]) -> EncodedBatch:
         if not images:
             raise ValueError("cannot collate an empty batch of images")
         sizes = {image.image_size for image in images}
@@ -170,7 +186,9 @@ class EncodedBatch:
             jpeg_data=torch.cat([data for _, data in jpegs]) if jpegs else empty,
             jpeg_lengths=[int(data.numel()) for _, data in jpegs],
             jpeg_positions=[i for i, _ in jpegs],
-            host_pixels=torch.stack([image.pixels for _, image in hosts]) if hosts else empty.view(0, 3, image_size, image_size),
+            host_pixels=torch.stack([image.pixels for _, image in hosts])
+            if hosts
+            else empty.view(0, 3, image_size, image_size),
             host_positions=[i for i, _ in hosts],
             host_reasons=[image.fallback_reason or "decoded on the host" for _, image in hosts],
             jpeg_orientations=[images[i].orientation for i, _ in jpegs],
@@ -217,7 +235,7 @@ class DecodeCounts:
     def fallback_images(self) -> int:
         return sum(self.fallback_reasons.values())
 
-    def add(self, other: "DecodeCounts") -> None:
+    def add(self, other: DecodeCounts) -> None:
         self.device_images += other.device_images
         self.fallback_reasons.update(other.fallback_reasons)
 
@@ -251,7 +269,9 @@ def resize_and_crop_on_device(pixels: torch.Tensor, image_size: int) -> torch.Te
 
 def _bicubic_uint8(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """One antialiased bicubic resize of a uint8 (C, H, W) tensor, in float, rounded back to uint8."""
-    resized = F.interpolate(pixels.unsqueeze(0).float(), size=size, mode="bicubic", antialias=True, align_corners=False)
+    resized = F.interpolate(
+        pixels.unsqueeze(0).float(), size=size, mode="bicubic", antialias=True, align_corners=False
+    )
     return resized[0].round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -273,8 +293,13 @@ def _decode_on_host(host_transform: FastTransform, jpeg: torch.Tensor, position:
         raise ImageLoadError(f"image {position} of the batch: rejected by the device decoder, and {error}") from error
 
 
-def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 counts: Optional[DecodeCounts] = None) -> torch.Tensor:
+def decode_batch(
+    encoded: EncodedBatch,
+    device,
+    image_size: int,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    counts: Optional[DecodeCounts] = None,
+) -> torch.Tensor:
     """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order.
 
     JPEGs are decoded ``chunk_size`` at a time (one batched ``decode_jpeg`` call each), which bounds the
@@ -298,7 +323,9 @@ def decode_batch(encoded: EncodedBatch, device, image_size: int, chunk_size: int
         chunk = jpegs[start : start + chunk_size]
         chunk_positions = positions[start : start + chunk_size]
         chunk_orientations = orientations[start : start + chunk_size]
-        for jpeg, position, orientation, decoded in zip(chunk, chunk_positions, chunk_orientations, _decode_chunk(chunk, device)):
+        for jpeg, position, orientation, decoded in zip(
+            chunk, chunk_positions, chunk_orientations, _decode_chunk(chunk, device)
+        ):
             if decoded is None:
                 host_transform = host_transform or FastTransform(image_size)
                 out[position] = _decode_on_host(host_transform, jpeg, position).to(device)
@@ -335,7 +362,9 @@ class DecodeAhead:
     timed fetch, so it counts as data wait. The loader is only ever touched by one thread at a time.
     """
 
-    def __init__(self, source: Iterator[dict], helper: ThreadPoolExecutor, decode: Callable[[EncodedBatch], DecodedImages]):
+    def __init__(
+        self, source: Iterator[dict], helper: ThreadPoolExecutor, decode: Callable[[EncodedBatch], DecodedImages]
+    ):
         self.source = source
         self.helper = helper
         self.decode = decode
@@ -377,7 +406,7 @@ class DecodeAhead:
 class _DecodeReport(TrainerCallback):
     """Logs what was decoded where, once per epoch and once per evaluation or prediction."""
 
-    def __init__(self, trainer: "DeviceDecodeTrainerMixin"):
+    def __init__(self, trainer: DeviceDecodeTrainerMixin):
         self.trainer = trainer
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -402,7 +431,9 @@ class DeviceDecodeTrainerMixin:
     training batches are read and decoded one batch ahead in a helper thread, on a side CUDA stream.
     """
 
-    def __init__(self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs):
+    def __init__(
+        self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         if isinstance(decode_chunk_size, bool) or not isinstance(decode_chunk_size, int) or decode_chunk_size < 1:
             raise ValueError(f"decode_chunk_size must be a positive integer; got {decode_chunk_size!r}")
@@ -456,13 +487,17 @@ class DeviceDecodeTrainerMixin:
             pixels = decode_batch(item, self.args.device, item.image_size, self.decode_chunk_size, counts)
             self._count(counts)
             return pixels
-        raise TypeError(f"'{ENCODED_IMAGES_KEY}' holds {type(item).__name__}; expected an EncodedBatch (use collate_encoded)")
+        raise TypeError(
+            f"'{ENCODED_IMAGES_KEY}' holds {type(item).__name__}; expected an EncodedBatch (use collate_encoded)"
+        )
 
     # one batch ahead, on a side stream -------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.decode_ahead:
             if self._decode_ahead_iterator is None or self._decode_ahead_iterator.source is not epoch_iterator:
-                self._decode_ahead_iterator = DecodeAhead(epoch_iterator, self._helper_thread(), self._decode_on_side_stream)
+                self._decode_ahead_iterator = DecodeAhead(
+                    epoch_iterator, self._helper_thread(), self._decode_on_side_stream
+                )
             epoch_iterator = self._decode_ahead_iterator
         return super().get_batch_samples(epoch_iterator, num_batches, device)
 
@@ -471,15 +506,18 @@ class DeviceDecodeTrainerMixin:
         if self._decode_thread is None:
             device = self.args.device
             set_device = (torch.cuda.set_device, (device,)) if device.type == "cuda" else (None, ())
-            self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode",
-                                                     initializer=set_device[0], initargs=set_device[1])
+            self._decode_thread = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="device-decode", initializer=set_device[0], initargs=set_device[1]
+            )
         return self._decode_thread
 
     def _decode_on_side_stream(self, encoded: EncodedBatch) -> DecodedImages:
         device = self.args.device
         counts = DecodeCounts()
         if device.type != "cuda":
-            return DecodedImages(decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts), None, counts)
+            return DecodedImages(
+                decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts), None, counts
+            )
         if self._decode_stream is None:
             self._decode_stream = torch.cuda.Stream(device=device)
         # The current device and stream are per thread: set both in the thread that decodes.

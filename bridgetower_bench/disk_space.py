@@ -17,10 +17,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 from .user_errors import UserInputError
+
 
 NEARLY_FULL_BYTES = 1 << 20
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -88,6 +90,8 @@ def removed_when_disk_full(directory, what: str, after: Callable[[], str] = lamb
         else:
             shutil.rmtree(directory, ignore_errors=True)
             left = "; the partial files were removed"
-        message = (f"disk full while writing {what} ({directory}): {describe_bytes(free_bytes(directory))} free on "
-                   f"its filesystem{left}{after()}")
+        message = (
+            f"disk full while writing {what} ({directory}): {describe_bytes(free_bytes(directory))} free on "
+            f"its filesystem{left}{after()}"
+        )
         raise DiskFull(message) from None

@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+
 DIVERGED_EXIT_STATUS = 3
 
 
@@ -91,7 +92,9 @@ class DivergenceWatch:
     def _device(self):
         return self._step.device if self._step is not None else torch.device("cpu")
 
-    def check(self, max_steps: int, output_dir: str, last_checkpoint, world_size: int = 1) -> Optional[TrainingDiverged]:
+    def check(
+        self, max_steps: int, output_dir: str, last_checkpoint, world_size: int = 1
+    ) -> Optional[TrainingDiverged]:
         """The exception ending the run when a step was not finite, else None.
 
         `last_checkpoint`: its path or None, or a function returning it (called only when the run diverged).
@@ -108,7 +111,11 @@ class DivergenceWatch:
         if norm is not None and not math.isfinite(norm):
             what.append(f"gradient norm {_number(norm)}")
         observed = " and ".join(what) or "a value on another process not finite"
-        kept = f"the last complete checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was saved before it"
+        kept = (
+            f"the last complete checkpoint is {last_checkpoint}"
+            if last_checkpoint
+            else "no checkpoint was saved before it"
+        )
         message = (
             f"Training diverged at step {step} of {max_steps} ({observed}): stopped, nothing published in {output_dir}; "
             f"{kept}. Change the recipe (a lower --learning_rate, --max_grad_norm) and rerun with --overwrite_output_dir "

@@ -34,7 +34,9 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Optional
+
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class NvmlEnergyCounter:
         self.reading = 0.0
 
     @classmethod
-    def open(cls, device) -> "NvmlEnergyCounter":
+    def open(cls, device) -> NvmlEnergyCounter:
         try:
             import pynvml  # nvidia-ml-py: optional, listed in requirements-cuda.txt
         except ImportError:
@@ -113,8 +115,12 @@ class HlmlPowerSampler:
 
     source = HLML_SOURCE
 
-    def __init__(self, read_milliwatts: Callable[[], float], interval: float = HLML_SAMPLE_SECONDS,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        read_milliwatts: Callable[[], float],
+        interval: float = HLML_SAMPLE_SECONDS,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.read_milliwatts, self.interval, self.clock = read_milliwatts, interval, clock
         self.samples: list[tuple[float, float]] = []  # (seconds, watts)
         self._stop_event = threading.Event()
@@ -123,7 +129,7 @@ class HlmlPowerSampler:
         self.error: Optional[str] = None
 
     @classmethod
-    def open(cls, environ: Mapping[str, str] = os.environ) -> "HlmlPowerSampler":
+    def open(cls, environ: Mapping[str, str] = os.environ) -> HlmlPowerSampler:
         try:
             import pyhlml  # habana-pyhlml: optional, listed in requirements-gaudi.txt
         except ImportError:
@@ -196,8 +202,10 @@ def hpu_module_id(environ: Mapping[str, str]) -> int:
         return int(visible[int(local_rank or 0)])
     if local_rank is not None:
         return int(local_rank)
-    raise NotMeasured("a single process takes the first free HPU, whose module ID is unknown here; "
-                      "set HLS_MODULE_ID (or HABANA_VISIBLE_MODULES) to the module it should use")
+    raise NotMeasured(
+        "a single process takes the first free HPU, whose module ID is unknown here; "
+        "set HLS_MODULE_ID (or HABANA_VISIBLE_MODULES) to the module it should use"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +224,7 @@ class RaplCounter:
         self.names = [_read_text(os.path.join(d, "name")) for d in domains]
 
     @classmethod
-    def open(cls, root: Optional[str] = None) -> "RaplCounter":
+    def open(cls, root: Optional[str] = None) -> RaplCounter:
         root = root or POWERCAP_ROOT
         # Top-level domains only (intel-rapl:N, not their sub-domains intel-rapl:N:M, which they contain), and of
         # those the packages: a "psys" platform domain would count the packages a second time.
@@ -298,7 +306,7 @@ class EnergyMeter:
         self.running = False  # between start() and stop()
 
     @classmethod
-    def for_device(cls, device, world_size: int = 1) -> "EnergyMeter":
+    def for_device(cls, device, world_size: int = 1) -> EnergyMeter:
         return cls(lambda: open_source(device, world_size))
 
     def prepare(self) -> None:
@@ -342,8 +350,11 @@ class EnergyMeter:
     def metrics(self, samples: int, seconds: float) -> dict:
         """Fields for train_results.json: the window's joules per sample and watts per device, or why not."""
         if self.joules is None:
-            return self.not_measured("the counted window did not end at the run's last step" if self.running
-                                     else "the counted window never opened")
+            return self.not_measured(
+                "the counted window did not end at the run's last step"
+                if self.running
+                else "the counted window never opened"
+            )
         record = {
             "energy_source": self.reader.source,
             "energy_joules": self.joules,

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from .user_errors import UserInputError
+
 
 LAZY_MODE_VARIABLE = "PT_HPU_LAZY_MODE"
 LAZY, EAGER, EAGER_COMPILE, NOT_ON_GAUDI = "lazy", "eager", "eager+compile", "n/a"
@@ -37,26 +39,36 @@ def refusal(use_habana: bool, use_lazy_mode: bool, torch_compile: bool, value: O
     if not use_habana:  # CPU runs of the Gaudi script (--use_cpu --use_lazy_mode False) load no bridge
         return None
     if use_lazy_mode and torch_compile:
-        return (f"--use_lazy_mode (the default) with --torch_compile: lazy mode and torch.compile exclude each other on "
-                f"Gaudi; for compile pass --use_lazy_mode False and set {LAZY_MODE_VARIABLE}=0, for lazy mode drop the compile flags")
+        return (
+            f"--use_lazy_mode (the default) with --torch_compile: lazy mode and torch.compile exclude each other on "
+            f"Gaudi; for compile pass --use_lazy_mode False and set {LAZY_MODE_VARIABLE}=0, for lazy mode drop the compile flags"
+        )
     wanted = "1" if use_lazy_mode else "0"
     if value == wanted:
         return None
     found = "unset" if value is None else repr(value)
     if use_lazy_mode:
-        return (f"--use_habana with --use_lazy_mode (lazy mode, the default) needs {LAZY_MODE_VARIABLE}=1 in the environment, "
-                f"and it is {found} (Habana's bridge would not run lazy mode): rerun as {LAZY_MODE_VARIABLE}=1 python ...")
+        return (
+            f"--use_habana with --use_lazy_mode (lazy mode, the default) needs {LAZY_MODE_VARIABLE}=1 in the environment, "
+            f"and it is {found} (Habana's bridge would not run lazy mode): rerun as {LAZY_MODE_VARIABLE}=1 python ..."
+        )
     if torch_compile:
-        return (f"--use_habana with --use_lazy_mode False --torch_compile (eager+compile mode) needs {LAZY_MODE_VARIABLE}=0 "
-                f"in the environment, and it is {found}: rerun as {LAZY_MODE_VARIABLE}=0 python ...")
-    return (f"--use_habana with --use_lazy_mode False and no --torch_compile (eager mode) needs {LAZY_MODE_VARIABLE}=0 in the "
-            f"environment, and it is {found}: rerun as {LAZY_MODE_VARIABLE}=0 python ... (or drop --use_lazy_mode False and "
-            f"set {LAZY_MODE_VARIABLE}=1 for lazy mode)")
+        return (
+            f"--use_habana with --use_lazy_mode False --torch_compile (eager+compile mode) needs {LAZY_MODE_VARIABLE}=0 "
+            f"in the environment, and it is {found}: rerun as {LAZY_MODE_VARIABLE}=0 python ..."
+        )
+    return (
+        f"--use_habana with --use_lazy_mode False and no --torch_compile (eager mode) needs {LAZY_MODE_VARIABLE}=0 in the "
+        f"environment, and it is {found}: rerun as {LAZY_MODE_VARIABLE}=0 python ... (or drop --use_lazy_mode False and "
+        f"set {LAZY_MODE_VARIABLE}=1 for lazy mode)"
+    )
 
 
 def _asked_flags(parser, argv: list[str]) -> Optional[dict]:
     """use_habana, use_lazy_mode and compile as the arguments give them, read without building the dataclasses."""
-    if len(argv) == 2 and argv[1].endswith(".json"):  # a configuration file: its values go to the dataclasses as they are
+    if len(argv) == 2 and argv[1].endswith(
+        ".json"
+    ):  # a configuration file: its values go to the dataclasses as they are
         try:
             with open(argv[1]) as f:
                 values = json.load(f)
@@ -70,7 +82,9 @@ def _asked_flags(parser, argv: list[str]) -> Optional[dict]:
         "use_habana": bool(values.get("use_habana", False)),
         "use_lazy_mode": bool(values.get("use_lazy_mode", True)),  # GaudiTrainingArguments' default
         # TrainingArguments turns compile on when a compile backend or mode is given
-        "torch_compile": any(values.get(name) for name in ("torch_compile", "torch_compile_backend", "torch_compile_mode")),
+        "torch_compile": any(
+            values.get(name) for name in ("torch_compile", "torch_compile_backend", "torch_compile_mode")
+        ),
     }
 
 
@@ -80,7 +94,9 @@ def check_lazy_mode_variable(parser, argv: list[str], environ: Mapping[str, str]
     flags = _asked_flags(parser, argv)
     if flags is None:
         return
-    reason = refusal(flags["use_habana"], flags["use_lazy_mode"], flags["torch_compile"], environ.get(LAZY_MODE_VARIABLE))
+    reason = refusal(
+        flags["use_habana"], flags["use_lazy_mode"], flags["torch_compile"], environ.get(LAZY_MODE_VARIABLE)
+    )
     if reason:
         raise UserInputError(reason)
 

@@ -11,6 +11,7 @@ import json
 
 from .user_errors import UserInputError
 
+
 HPU_ONLY_FLAGS = (
     "use_habana",
     "use_lazy_mode",

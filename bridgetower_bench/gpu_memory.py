@@ -30,11 +30,14 @@ from typing import Optional
 
 from .user_errors import UserInputError
 
+
 GIB = 2**30
 # BridgeTower Large as published: (hidden size, text layers, vision layers, cross-modal layers, image size, patch size)
 PUBLISHED_SHAPE = (1024, 24, 24, 6, 294, 14)
 PUBLISHED_SEQUENCE = 128
-PUBLISHED_TRAINED_PARAMETERS = 865_612_289  # BridgeTowerForContrastiveLearning without the text pooler (removed by default)
+PUBLISHED_TRAINED_PARAMETERS = (
+    865_612_289  # BridgeTowerForContrastiveLearning without the text pooler (removed by default)
+)
 FIXED_BYTES_TRAINED = 16  # fp32 weight + gradient + AdamW's exp_avg and exp_avg_sq
 FIXED_BYTES_FROZEN = 4  # fp32 weight
 ALLOCATOR_RESERVE = 0.10  # estimate: memory the caching allocator holds beyond the tensors
@@ -82,12 +85,26 @@ def fixed_gib(parameters: int, trained: int) -> float:
     return (FIXED_BYTES_TRAINED * trained + FIXED_BYTES_FROZEN * (parameters - trained)) / GIB
 
 
-def memory_need(*, shape: tuple, sequence_length: int, bf16: bool, attention: str, compiled: bool,
-                gradient_checkpointing: bool, parameters: int, trained: int) -> Optional[MemoryNeed]:
+def memory_need(
+    *,
+    shape: tuple,
+    sequence_length: int,
+    bf16: bool,
+    attention: str,
+    compiled: bool,
+    gradient_checkpointing: bool,
+    parameters: int,
+    trained: int,
+) -> Optional[MemoryNeed]:
     """The need of a run of the published shape, from its measured peak; None when no figure applies."""
     measured = MEASURED_PEAKS.get((attention, bool(compiled)))
-    if measured is None or tuple(shape) != PUBLISHED_SHAPE or sequence_length != PUBLISHED_SEQUENCE or not bf16 \
-            or gradient_checkpointing:
+    if (
+        measured is None
+        or tuple(shape) != PUBLISHED_SHAPE
+        or sequence_length != PUBLISHED_SEQUENCE
+        or not bf16
+        or gradient_checkpointing
+    ):
         return None
     published_fixed = fixed_gib(PUBLISHED_TRAINED_PARAMETERS, PUBLISHED_TRAINED_PARAMETERS)
     per_sample = (measured.peak_gib - published_fixed) / measured.batch
@@ -103,15 +120,27 @@ def same_global_batch(batch: int, accumulation: int, fits) -> Optional[tuple[int
     return None
 
 
-def does_not_fit_message(*, batch: int, accumulation: int, world_size: int, device_name: str, device_total_gib: float,
-                         need: Optional[MemoryNeed], reached_gib: Optional[float] = None) -> str:
+def does_not_fit_message(
+    *,
+    batch: int,
+    accumulation: int,
+    world_size: int,
+    device_name: str,
+    device_total_gib: float,
+    need: Optional[MemoryNeed],
+    reached_gib: Optional[float] = None,
+) -> str:
     """The one line: what was asked, the device, the need, and what keeps the global batch."""
-    asked = f"--per_device_train_batch_size {batch}" + (f" with --gradient_accumulation_steps {accumulation}" if accumulation > 1 else "")
+    asked = f"--per_device_train_batch_size {batch}" + (
+        f" with --gradient_accumulation_steps {accumulation}" if accumulation > 1 else ""
+    )
     line = f"{asked} does not fit on {device_name} ({device_total_gib:.1f} GiB): "
     if need is not None:
-        line += (f"BridgeTower Large (294 px, 128 tokens, bf16) needs about {need.device_gib(batch):.1f} GiB per device at batch "
-                 f"{batch} (estimated from {need.measured.peak_gib:.1f} GiB of tensors at batch {need.measured.batch}, "
-                 f"{need.measured.where}, plus the allocator's reserve and the CUDA context)")
+        line += (
+            f"BridgeTower Large (294 px, 128 tokens, bf16) needs about {need.device_gib(batch):.1f} GiB per device at batch "
+            f"{batch} (estimated from {need.measured.peak_gib:.1f} GiB of tensors at batch {need.measured.batch}, "
+            f"{need.measured.where}, plus the allocator's reserve and the CUDA context)"
+        )
         smaller = same_global_batch(batch, accumulation, lambda b: need.fits(b, device_total_gib))
     else:
         line += "the first step ran out of memory" + (f" after reaching {reached_gib:.1f} GiB" if reached_gib else "")
@@ -121,8 +150,10 @@ def does_not_fit_message(*, batch: int, accumulation: int, world_size: int, devi
         return line + "; not even a per-device batch of 1 fits: use a GPU with more memory"
     b, a = smaller
     estimate = f", about {need.device_gib(b):.1f} GiB" if need is not None else ", half the batch: a first guess"
-    return (line + f"; --per_device_train_batch_size {b} --gradient_accumulation_steps {a} keeps the global batch of "
-            f"{global_batch}{estimate} (each step's contrastive loss then sees {b} pairs, not {batch})")
+    return (
+        line + f"; --per_device_train_batch_size {b} --gradient_accumulation_steps {a} keeps the global batch of "
+        f"{global_batch}{estimate} (each step's contrastive loss then sees {b} pairs, not {batch})"
+    )
 
 
 def on_gpu(args) -> bool:
@@ -141,14 +172,26 @@ def device_memory(device) -> tuple[str, float]:
 def run_need(model, sequence_length: int, args) -> Optional[MemoryNeed]:
     """The need of this run (model, the batch's sequence length, the training arguments), or None."""
     config = model.config
-    shape = (config.hidden_size, config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers,
-             config.num_hidden_layers, config.vision_config.image_size, config.vision_config.patch_size)
+    shape = (
+        config.hidden_size,
+        config.text_config.num_hidden_layers,
+        config.vision_config.num_hidden_layers,
+        config.num_hidden_layers,
+        config.vision_config.image_size,
+        config.vision_config.patch_size,
+    )
     parameters = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return memory_need(shape=shape, sequence_length=sequence_length, bf16=bool(args.bf16),
-                       attention=getattr(args, "attn_implementation", "eager") or "eager",
-                       compiled=bool(getattr(args, "compile_layers", None)),
-                       gradient_checkpointing=bool(args.gradient_checkpointing), parameters=parameters, trained=trained)
+    return memory_need(
+        shape=shape,
+        sequence_length=sequence_length,
+        bf16=bool(args.bf16),
+        attention=getattr(args, "attn_implementation", "eager") or "eager",
+        compiled=bool(getattr(args, "compile_layers", None)),
+        gradient_checkpointing=bool(args.gradient_checkpointing),
+        parameters=parameters,
+        trained=trained,
+    )
 
 
 def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional[MemoryNeed]:
@@ -158,21 +201,37 @@ def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional
         return None
     name, total = (memory or device_memory)(args.device)
     if not need.fits(args.per_device_train_batch_size, total):
-        raise BatchDoesNotFit(does_not_fit_message(
-            batch=args.per_device_train_batch_size, accumulation=args.gradient_accumulation_steps,
-            world_size=args.world_size, device_name=name, device_total_gib=total, need=need))
+        raise BatchDoesNotFit(
+            does_not_fit_message(
+                batch=args.per_device_train_batch_size,
+                accumulation=args.gradient_accumulation_steps,
+                world_size=args.world_size,
+                device_name=name,
+                device_total_gib=total,
+                need=need,
+            )
+        )
     return need
 
 
-def out_of_memory_at_first_step(error: BaseException, args, need: Optional[MemoryNeed], memory=None,
-                                reached: Optional[float] = None) -> BatchDoesNotFit:
+def out_of_memory_at_first_step(
+    error: BaseException, args, need: Optional[MemoryNeed], memory=None, reached: Optional[float] = None
+) -> BatchDoesNotFit:
     """The one-line error for an out-of-memory error raised before the first optimizer step ended."""
     name, total = (memory or device_memory)(args.device)
     if reached is None:
         reached = _reached_gib(error, args.device)
-    return BatchDoesNotFit(does_not_fit_message(
-        batch=args.per_device_train_batch_size, accumulation=args.gradient_accumulation_steps, world_size=args.world_size,
-        device_name=name, device_total_gib=total, need=need, reached_gib=reached))
+    return BatchDoesNotFit(
+        does_not_fit_message(
+            batch=args.per_device_train_batch_size,
+            accumulation=args.gradient_accumulation_steps,
+            world_size=args.world_size,
+            device_name=name,
+            device_total_gib=total,
+            need=need,
+            reached_gib=reached,
+        )
+    )
 
 
 def _reached_gib(error: BaseException, device) -> Optional[float]:

@@ -31,8 +31,9 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import PIL
@@ -44,6 +45,7 @@ from tqdm import tqdm
 from .atomic_files import atomic_path, remove_abandoned, write_atomically
 from .images import check_pipeline, encoded_image_bytes, jpeg_decoder, make_image_transform
 from .user_errors import UserInputError
+
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +267,9 @@ def build_decoded_image_cache(
         directory.mkdir(parents=True, exist_ok=True)
         (directory / MANIFEST_FILE).unlink(missing_ok=True)  # the directory is not complete any more
     except OSError as error:
-        raise OSError(f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}") from error
+        raise OSError(
+            f"cannot write the decoded image cache {directory} (--decoded_image_cache_dir): {error}"
+        ) from error
     remove_abandoned(directory)  # temporary files of killed builds on this host, so they do not pile up
     size = settings["image_size"]
     # interrupted or failed: no half-written file is left behind
@@ -301,8 +305,11 @@ def reserve_space(path: str, directory: Path) -> None:
         os.posix_fallocate(fd, 0, size)
     except OSError as error:
         free = shutil.disk_usage(directory).free
-        raise OSError(error.errno, f"cannot reserve {size / 2**20:.1f} MiB for the decoded image cache {directory} "
-                                   f"({error.strerror}; {free / 2**20:.1f} MiB free there)") from error
+        raise OSError(
+            error.errno,
+            f"cannot reserve {size / 2**20:.1f} MiB for the decoded image cache {directory} "
+            f"({error.strerror}; {free / 2**20:.1f} MiB free there)",
+        ) from error
     finally:
         os.close(fd)
 
@@ -325,7 +332,9 @@ def _distinct_images(image_values: Iterable[Any]) -> tuple[list[bytes], list[Any
     return list(slot_of), representatives, n_values
 
 
-def _decode_into(pixels_path: Path, representatives: list, pipeline: str, image_size: int, num_proc: int | None) -> None:
+def _decode_into(
+    pixels_path: Path, representatives: list, pipeline: str, image_size: int, num_proc: int | None
+) -> None:
     """Decode ``representatives`` (``(row, value)`` by slot) into the pixel file, in parallel."""
     tasks = list(enumerate(representatives))
     progress = tqdm(total=len(tasks), desc=f"Decoding images once ({pipeline}, {image_size} px)", unit="img")

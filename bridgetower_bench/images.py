@@ -54,7 +54,8 @@ import errno
 import io
 import os
 import stat
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +65,7 @@ from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationM
 from torchvision.transforms.functional import to_tensor
 
 from .jpeg_headers import read_jpeg_header
+
 
 try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
     import simplejpeg
@@ -405,7 +407,11 @@ class FastTransform:
             scaled_to = self._min_decoded_size(width, height)  # None: decode at full scale
             min_w, min_h = scaled_to or (0, 0)
             decoded = simplejpeg.decode_jpeg(
-                data, _SIMPLEJPEG_MODES[colorspace], min_height=min_h, min_width=min_w, min_factor=2 if scaled_to else 1
+                data,
+                _SIMPLEJPEG_MODES[colorspace],
+                min_height=min_h,
+                min_width=min_w,
+                min_factor=2 if scaled_to else 1,
             )
         except ValueError:  # simplejpeg's error for corrupt or unsupported data
             return None
@@ -469,9 +475,7 @@ def pil_to_uint8_tensor(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
 
-def resize_and_crop(
-    pixels: torch.Tensor, image_size: int, full_size: tuple[int, int] | None = None
-) -> torch.Tensor:
+def resize_and_crop(pixels: torch.Tensor, image_size: int, full_size: tuple[int, int] | None = None) -> torch.Tensor:
     """Resize a uint8 (C, H, W) tensor with upstream's geometry and centre-crop it to 3 x S x S.
 
     C is 3, 1 (grey: replicated to 3 after the resize) or 4 (RGBX: the 4th channel is

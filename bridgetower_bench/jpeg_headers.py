@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+
 # Frame headers (SOFn): 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive (Huffman-coded); the rest
 # are lossless, hierarchical or arithmetic-coded. 0xC4, 0xC8 and 0xCC lie in that range but are DHT, JPG
 # and DAC segments.

@@ -22,6 +22,7 @@ import torch
 
 from .user_errors import UserInputError
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,8 +33,12 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """
     layers = []
     for module in model.modules():
-        if (isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
-                and next(module[0].children(), None) is not None):
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) > 1
+            and len({type(m) for m in module}) == 1
+            and next(module[0].children(), None) is not None
+        ):
             layers.extend(module)
     return layers
 
@@ -46,5 +51,7 @@ def compile_repeated_layers(model: torch.nn.Module, backend: str = "inductor") -
     layers = repeated_layers(model)
     for layer in layers:
         layer.compile(backend=backend)
-    logger.info("--compile_layers %s: %d repeated layers compiled in place (on their first call)", backend, len(layers))
+    logger.info(
+        "--compile_layers %s: %d repeated layers compiled in place (on their first call)", backend, len(layers)
+    )
     return len(layers)

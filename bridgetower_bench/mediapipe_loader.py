@@ -28,9 +28,10 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from .atomic_files import remove_abandoned, write_atomically
 from .data import cache_dir as bench_cache_dir
 from .images import jpeg_orientation, read_regular_file, to_rgb, upright
 from .jpeg_headers import SOF_BASELINE, read_jpeg_header
+
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ def choose_loader(requested: bool) -> tuple[str, Optional[str]]:
 # ----------------------------------------------------------------------------------------
 # Materialising images as JPEG files the HPU decoder takes
 # ----------------------------------------------------------------------------------------
+
 
 def is_decoder_ready_jpeg(data: bytes) -> bool:
     """Whether encoded bytes can go to the HPU decoder as they are.
@@ -224,7 +227,10 @@ class _ImageStore:
                     path_of_key[key] = path
         logger.info(
             "image cache %s: %d rows, %d distinct images, %d files written",
-            self.out_dir, len(row_keys), len(path_of_key), self.written,
+            self.out_dir,
+            len(row_keys),
+            len(path_of_key),
+            self.written,
         )
         return [path_of_key[key] for key in row_keys]
 
@@ -251,7 +257,10 @@ class _ImageStore:
     def _plan_file(self, path, where: str, what: str):
         given = os.fspath(path)
         if not os.path.isfile(given):
-            raise ValueError(f"{where}: {what} {given!r} " + ("is not a regular file" if os.path.exists(given) else "does not exist"))
+            raise ValueError(
+                f"{where}: {what} {given!r} "
+                + ("is not a regular file" if os.path.exists(given) else "does not exist")
+            )
         path = os.path.abspath(given)
         return ("file", os.path.realpath(path)), lambda: self._use_or_store_file(path, f"{where} ({given!r})")
 
@@ -490,8 +499,14 @@ def _media_api():
     from habana_frameworks.mediapipe.plugins.iterator_pytorch import HPUGenericPytorchIterator
 
     return SimpleNamespace(
-        fn=fn, dtype=dtype, ftype=ftype, imgtype=imgtype, randomCropType=randomCropType,
-        readerOutType=readerOutType, MediaPipe=MediaPipe, media_ext_reader_op_impl=media_ext_reader_op_impl,
+        fn=fn,
+        dtype=dtype,
+        ftype=ftype,
+        imgtype=imgtype,
+        randomCropType=randomCropType,
+        readerOutType=readerOutType,
+        MediaPipe=MediaPipe,
+        media_ext_reader_op_impl=media_ext_reader_op_impl,
         media_ext_reader_op_tensor_info=media_ext_reader_op_tensor_info,
         HPUGenericPytorchIterator=HPUGenericPytorchIterator,
     )
@@ -545,7 +560,7 @@ class _EpochPlan:
 
 
 # Reader nodes find their loader's plan by key: the pipeline may copy its params, a string survives.
-_EPOCH_PLANS: "weakref.WeakValueDictionary[str, _EpochPlan]" = weakref.WeakValueDictionary()
+_EPOCH_PLANS: weakref.WeakValueDictionary[str, _EpochPlan] = weakref.WeakValueDictionary()
 
 
 def _reader_node_class(api):
@@ -597,7 +612,9 @@ def _pipe_class(api):
         """read files -> HPU decode (centre square, resize) -> crop + normalise (CropMirrorNorm)."""
 
         def __init__(self, *, batch_size, prefetch_depth, pipe_name, reader_params, image_size, mean, std):
-            super().__init__(device="legacy", batch_size=batch_size, prefetch_depth=prefetch_depth, pipe_name=pipe_name)
+            super().__init__(
+                device="legacy", batch_size=batch_size, prefetch_depth=prefetch_depth, pipe_name=pipe_name
+            )
             fn = api.fn
             mean_255, inv_std_255 = normalisation_constants(mean, std)
             self._read = fn.MediaExtReaderOp(impl=_reader_node_class(api), num_outputs=3, priv_params=reader_params)
@@ -852,7 +869,9 @@ def _shuffles(sampler, world_size: int) -> bool:
     )
 
 
-def feed_media_pipeline(dataset, image_column: str, image_size: int, mean, std, num_proc=None, cache_dir=None) -> MediaPipeInputs:
+def feed_media_pipeline(
+    dataset, image_column: str, image_size: int, mean, std, num_proc=None, cache_dir=None
+) -> MediaPipeInputs:
     """What the Gaudi script calls per split: image files on disk for the HPU decoder, then the loader's inputs."""
     cache_dir = bench_cache_dir("mediapipe_images", cache_dir)  # under $HF_HOME, else $XDG_CACHE_HOME, else ~/.cache
     paths = materialise_images(dataset, image_column, cache_dir, dataset._fingerprint, num_proc)

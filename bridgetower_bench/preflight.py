@@ -56,6 +56,7 @@ from .data import cache_dir as bench_cache_dir
 from .images import read_regular_file, resize_geometry, upright
 from .user_errors import UserInputError
 
+
 logger = logging.getLogger(__name__)
 
 PREFLIGHT_VERSION = 4  # 2: the pixel budget and missing-value markers; 3: the EXIF orientation is read too;
@@ -71,10 +72,28 @@ RACY_WINDOW_NS = 2_000_000_000
 # does not see the aspect ratio (a 100000x10 strip is resized to 2940000x294 before the crop).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
 # What pandas' csv reader (and so upstream's data loading) takes for a missing value.
-MISSING_VALUE_MARKERS = frozenset({
-    "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
-    "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
-})
+MISSING_VALUE_MARKERS = frozenset(
+    {
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    }
+)
 MAX_LISTED = 20  # problems named in the error / log; the cache file holds them all
 _DRAFT_SIZE = (64, 64)  # JPEGs decode at the smallest DCT scale still at least this big
 _ROWS_PER_BATCH = 1024  # rows read from the data set at a time
@@ -127,13 +146,23 @@ def check_splits(
             raise UserInputError(f"split '{split}' has no rows")
         check_caption_column(dataset, caption_column, split)
     problems, cache_file = find_problems(
-        splits, image_column, caption_column, num_proc=num_proc, overwrite_cache=overwrite_cache, cache_dir=cache_dir,
-        image_size=image_size, max_image_pixels=max_image_pixels,
+        splits,
+        image_column,
+        caption_column,
+        num_proc=num_proc,
+        overwrite_cache=overwrite_cache,
+        cache_dir=cache_dir,
+        image_size=image_size,
+        max_image_pixels=max_image_pixels,
     )
     if not problems:
         return splits
     if not drop_bad_rows:
-        raise UserInputError(describe_problems(problems, "found before training (pass --drop_bad_rows to train without them)", cache_file))
+        raise UserInputError(
+            describe_problems(
+                problems, "found before training (pass --drop_bad_rows to train without them)", cache_file
+            )
+        )
     logger.warning(describe_problems(problems, "dropped (--drop_bad_rows)", cache_file))
     return drop_rows(splits, problems)
 
@@ -152,7 +181,9 @@ def describe_problems(problems: list[Problem], what: str, cache_file: Optional[P
     lines = [f"{len(problems)} bad row{'s' if len(problems) != 1 else ''} {what}:"]
     lines += [f"  {problem}" for problem in problems[:MAX_LISTED]]
     if len(problems) > MAX_LISTED:
-        lines.append(f"  ... and {len(problems) - MAX_LISTED} more" + (f" (all listed in {cache_file})" if cache_file else ""))
+        lines.append(
+            f"  ... and {len(problems) - MAX_LISTED} more" + (f" (all listed in {cache_file})" if cache_file else "")
+        )
     return "\n".join(lines)
 
 
@@ -220,14 +251,17 @@ def find_problems(
     )
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(str(cache_file), {
-            "settings": settings,
-            "rows_checked": rows,
-            "distinct_images": len(checker.rows_of),
-            "checked_at_ns": checker.started_ns,
-            "files": checker.file_stats,
-            "problems": [dataclasses.asdict(p) for p in problems],
-        })
+        write_json_atomically(
+            str(cache_file),
+            {
+                "settings": settings,
+                "rows_checked": rows,
+                "distinct_images": len(checker.rows_of),
+                "checked_at_ns": checker.started_ns,
+                "files": checker.file_stats,
+                "problems": [dataclasses.asdict(p) for p in problems],
+            },
+        )
     except OSError as error:
         logger.warning(
             f"Preflight: cannot write its cache {cache_file} ({error}); the next run checks again "
@@ -472,16 +506,24 @@ def check_arguments(data_args, training_args) -> None:
     ]
     for flag, value, minimum in at_least:
         if value is not None and value < minimum:
-            raise UserInputError(f"{flag}={value}: must be {'positive' if minimum == 1 else 'at least ' + str(minimum)}")
+            raise UserInputError(
+                f"{flag}={value}: must be {'positive' if minimum == 1 else 'at least ' + str(minimum)}"
+            )
     if training_args.do_train and training_args.max_steps == 0:
-        raise UserInputError("--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it "
-                             "out to train --num_train_epochs")
+        raise UserInputError(
+            "--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it "
+            "out to train --num_train_epochs"
+        )
     if training_args.do_train and training_args.max_steps < 0 and training_args.num_train_epochs <= 0:
-        raise UserInputError(f"--num_train_epochs={training_args.num_train_epochs:g} with --do_train trains nothing: "
-                             "pass a positive --num_train_epochs (or a positive --max_steps)")
+        raise UserInputError(
+            f"--num_train_epochs={training_args.num_train_epochs:g} with --do_train trains nothing: "
+            "pass a positive --num_train_epochs (or a positive --max_steps)"
+        )
     if getattr(training_args, "dataloader_persistent_workers", False) and training_args.dataloader_num_workers == 0:
-        raise UserInputError("--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more "
-                             "(with 0 the main process loads, and there are no workers to keep)")
+        raise UserInputError(
+            "--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more "
+            "(with 0 the main process loads, and there are no workers to keep)"
+        )
     check_output_dir_path(training_args.output_dir)
 
 
@@ -545,11 +587,13 @@ def check_json_types(parser, config: dict, path: str) -> None:
                 continue
             value, expected = config[field.name], hints[field.name]
             if value is None and field.name in _NULL_REFUSED:
-                raise UserInputError(f"{path}: \"{field.name}\" is null, expected a path ({_NULL_REFUSED[field.name]})")
+                raise UserInputError(f'{path}: "{field.name}" is null, expected a path ({_NULL_REFUSED[field.name]})')
             choices = field.metadata.get("choices")
-            if not _json_value_fits(value, expected) or (choices is not None and value is not None and value not in choices):
+            if not _json_value_fits(value, expected) or (
+                choices is not None and value is not None and value not in choices
+            ):
                 wanted = f"one of {', '.join(map(str, choices))}" if choices is not None else _describe_type(expected)
-                raise UserInputError(f"{path}: \"{field.name}\" is {_show_json(value)}, expected {wanted}")
+                raise UserInputError(f'{path}: "{field.name}" is {_show_json(value)}, expected {wanted}')
 
 
 def _json_value_fits(value: Any, expected: Any) -> bool:
@@ -567,7 +611,11 @@ def _json_value_fits(value: Any, expected: Any) -> bool:
     if origin is typing.Literal:
         return value in args
     if origin in (list, tuple, set, frozenset) or expected in (list, tuple):
-        return isinstance(value, list) and all(_json_value_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+        return (
+            isinstance(value, list) and all(_json_value_fits(v, args[0]) for v in value)
+            if args
+            else isinstance(value, list)
+        )
     if origin is dict or expected is dict:
         return isinstance(value, dict) and (not args or all(_json_value_fits(v, args[1]) for v in value.values()))
     if isinstance(expected, type) and issubclass(expected, enum.Enum):
@@ -600,7 +648,8 @@ def _describe_type(expected: Any) -> str:
     if isinstance(expected, type) and issubclass(expected, enum.Enum):
         return "one of " + ", ".join(str(member.value) for member in expected)
     return {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}.get(
-        expected, getattr(expected, "__name__", str(expected)))
+        expected, getattr(expected, "__name__", str(expected))
+    )
 
 
 def _plural(expected: Any) -> str:

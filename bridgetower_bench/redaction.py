@@ -17,7 +17,9 @@ import copy
 import dataclasses
 import os
 import re
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
+
 
 REDACTED = "REDACTED"  # no character a shell would quote: commands stay readable
 
@@ -67,7 +69,9 @@ def redact_args(args: Sequence[str]) -> list[str]:
 def without_secrets(arguments):
     """A shallow copy of a dataclass of arguments (e.g. TrainingArguments) with every credential field
     set to None, or `arguments` itself when none is set."""
-    secret = [f.name for f in dataclasses.fields(arguments) if is_secret_name(f.name) and getattr(arguments, f.name, None)]
+    secret = [
+        f.name for f in dataclasses.fields(arguments) if is_secret_name(f.name) and getattr(arguments, f.name, None)
+    ]
     if not secret:
         return arguments
     blank = copy.copy(arguments)
@@ -76,8 +80,9 @@ def without_secrets(arguments):
     return blank
 
 
-def secret_values(args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None,
-                  configs: Iterable[Any] = ()) -> set[str]:
+def secret_values(
+    args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, configs: Iterable[Any] = ()
+) -> set[str]:
     """The credential values in an argument list, an environment and JSON configurations (credential
     keys, and argument lists inside them): what `scrub` removes from free text (a run's output)."""
     values: set[str] = set()
@@ -132,7 +137,9 @@ def shareable(record: Any, args: Sequence[str] = (), env: Optional[Mapping[str, 
 
     def walk(value):
         if isinstance(value, Mapping):
-            return {k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else walk(v) for k, v in value.items()}
+            return {
+                k: REDACTED if is_secret_name(str(k)) and v not in (None, "") else walk(v) for k, v in value.items()
+            }
         if isinstance(value, (list, tuple)):
             if value and all(isinstance(v, str) for v in value):
                 value = redact_args(value)

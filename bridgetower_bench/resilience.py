@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 
 from .user_errors import UserInputError
 
+
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +190,9 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 def checkpoints(output_dir: str) -> list[str]:
     """checkpoint-N directories in output_dir, by step."""
     found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
-    return [os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))]
+    return [
+        os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))
+    ]
 
 
 def check_output_dir(output_dir: str) -> None:

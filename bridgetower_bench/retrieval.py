@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
 
 DEFAULT_KS = (1, 5, 10)
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "retrieval_recall"
@@ -61,9 +63,7 @@ def _dense_groups(group_ids: Any, num_rows: int) -> np.ndarray:
     """Group ids renumbered 0..M-1 in order of first appearance (one number per unique image)."""
     ids = np.asarray(group_ids)
     if ids.ndim != 1 or len(ids) != num_rows:
-        raise ValueError(
-            f"image_group_ids must hold one id per row: got shape {ids.shape} for {num_rows} rows"
-        )
+        raise ValueError(f"image_group_ids must hold one id per row: got shape {ids.shape} for {num_rows} rows")
     _, first_rows, inverse = np.unique(ids, return_index=True, return_inverse=True)
     # np.unique numbers groups in sorted order; renumber them by first appearance instead.
     order_of_first_appearance = np.argsort(first_rows, kind="stable")
@@ -137,9 +137,7 @@ def retrieval_metrics(
     if len(images) == 0:
         raise ValueError("retrieval metrics need at least one (image, caption) row, got none")
     if images.shape[1] != texts.shape[1]:
-        raise ValueError(
-            f"image and text embeddings differ in size: {images.shape[1]} vs {texts.shape[1]}"
-        )
+        raise ValueError(f"image and text embeddings differ in size: {images.shape[1]} vs {texts.shape[1]}")
     ks = _check_ks(ks)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")

@@ -30,14 +30,16 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 from filelock import FileLock, Timeout
 
 from . import disk_space
 from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
+
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +95,11 @@ def _is_bookkeeping(name: str) -> bool:
 def foreign_entries(output_dir: str) -> list[str]:
     """Entries of output_dir that no run of these scripts wrote (sorted)."""
     ours = set(read_record(output_dir)["written"])
-    return sorted(name for name in os.listdir(output_dir)
-                  if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours))
-
-
+    return sorted(
+        name
+        for name in os.listdir(output_dir)
+        if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +131,13 @@ def claim(output_dir: str, holder: bool = True) -> None:
     def sign(fd: int) -> None:  # once the lock is ours: note what a previous holder left, then who holds it now
         previous.append(os.pread(fd, 1 << 16, 0).decode(errors="replace").strip())
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+            ).encode(),
+            0,
+        )
 
     # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
     lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=sign)
@@ -138,11 +146,15 @@ def claim(output_dir: str, holder: bool = True) -> None:
     except Timeout:
         with open(path) as f:
             text = f.read()
-        raise OutputDirInUse(f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
-                             "wait for it to end, or choose another --output_dir") from None
+        raise OutputDirInUse(
+            f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
+            "wait for it to end, or choose another --output_dir"
+        ) from None
     if previous[0]:  # the holder died without releasing it (killed): the kernel dropped its flock
-        logger.warning(f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
-                       "which ended without releasing it")
+        logger.warning(
+            f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
+            "which ended without releasing it"
+        )
     if not _held:
         atexit.register(release_all)
     _held[key] = (lock, created)
@@ -227,8 +239,9 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
         return
     os.makedirs(output_dir, exist_ok=True)
     finish_publication(output_dir)
-    with disk_space.removed_when_disk_full(staging, f"the final results into {output_dir}",
-                                           after=lambda: "; the results published before are intact"):
+    with disk_space.removed_when_disk_full(
+        staging, f"the final results into {output_dir}", after=lambda: "; the results published before are intact"
+    ):
         os.makedirs(staging)
         try:
             yield staging
@@ -239,8 +252,9 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
 
 
 def _commit(output_dir: str, staging: str) -> None:
-    files = sorted(os.path.relpath(os.path.join(root, name), staging)
-                   for root, _, names in os.walk(staging) for name in names)
+    files = sorted(
+        os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging) for name in names
+    )
     if not files:
         shutil.rmtree(staging)
         return

@@ -35,6 +35,7 @@ from .atomic_files import write_json_atomically
 from .resilience import checkpoints
 from .user_errors import UserInputError
 
+
 logger = logging.getLogger(__name__)
 
 RECIPE_NAME = "recipe.json"
@@ -45,33 +46,93 @@ RECIPE_NAME = "recipe.json"
 # ---------------------------------------------------------------------------------------------
 
 MODEL_ARGUMENTS = (
-    "model_name_or_path", "model_revision", "config_name", "tokenizer_name", "image_processor_name",  # which weights, captions' tokens, mean/std
-    "freeze_vision_model", "freeze_text_model", "freeze_text_pooler",  # which weights train
+    "model_name_or_path",
+    "model_revision",
+    "config_name",
+    "tokenizer_name",
+    "image_processor_name",  # which weights, captions' tokens, mean/std
+    "freeze_vision_model",
+    "freeze_text_model",
+    "freeze_text_pooler",  # which weights train
 )
 DATA_ARGUMENTS = (
-    "dataset_name", "dataset_config_name", "dataset_revision", "data_dir", "train_file", "validation_file",
-    "image_column", "caption_column",
-    "max_seq_length", "max_train_samples",  # what one caption and the train split hold
-    "image_pipeline", "mediapipe_dataloader", "device_decode",  # the pixels (the three paths round differently)
-    "drop_bad_rows", "max_image_pixels",  # which rows are trained on
+    "dataset_name",
+    "dataset_config_name",
+    "dataset_revision",
+    "data_dir",
+    "train_file",
+    "validation_file",
+    "image_column",
+    "caption_column",
+    "max_seq_length",
+    "max_train_samples",  # what one caption and the train split hold
+    "image_pipeline",
+    "mediapipe_dataloader",
+    "device_decode",  # the pixels (the three paths round differently)
+    "drop_bad_rows",
+    "max_image_pixels",  # which rows are trained on
 )
 TRAINING_ARGUMENTS = (
     # how far and how fast
-    "learning_rate", "num_train_epochs", "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_ratio", "warmup_steps",
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_ratio",
+    "warmup_steps",
     # what one step sees (with the number of processes, recorded beside them)
-    "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last", "group_by_length",
-    "length_column_name", "average_tokens_across_devices", "auto_find_batch_size",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "dataloader_drop_last",
+    "group_by_length",
+    "length_column_name",
+    "average_tokens_across_devices",
+    "auto_find_batch_size",
     # randomness: the order of the rows, dropout, the splits cut from train
-    "seed", "data_seed", "full_determinism",
+    "seed",
+    "data_seed",
+    "full_determinism",
     # the optimizer and the loss
-    "optim", "optim_args", "optim_target_modules", "adafactor", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
-    "max_grad_norm", "label_smoothing_factor", "neftune_noise_alpha",
+    "optim",
+    "optim_args",
+    "optim_target_modules",
+    "adafactor",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "neftune_noise_alpha",
     # the arithmetic: precision, fused or compiled kernels (the same function, other rounding)
-    "bf16", "fp16", "fp16_opt_level", "half_precision_backend", "tf32", "torch_compile", "torch_compile_backend",
-    "torch_compile_mode", "torchdynamo", "use_liger_kernel", "liger_kernel_config", "attn_implementation", "compile_layers",
-    "deepspeed", "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap",
-    "gaudi_config_name", "sdp_on_bf16", "fp8", "use_lazy_mode", "use_compiled_autograd", "use_regional_compilation",
-    "distribution_strategy", "context_parallel_size", "use_zero3_leaf_promotion",
+    "bf16",
+    "fp16",
+    "fp16_opt_level",
+    "half_precision_backend",
+    "tf32",
+    "torch_compile",
+    "torch_compile_backend",
+    "torch_compile_mode",
+    "torchdynamo",
+    "use_liger_kernel",
+    "liger_kernel_config",
+    "attn_implementation",
+    "compile_layers",
+    "deepspeed",
+    "fsdp",
+    "fsdp_config",
+    "fsdp_min_num_params",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "gaudi_config_name",
+    "sdp_on_bf16",
+    "fp8",
+    "use_lazy_mode",
+    "use_compiled_autograd",
+    "use_regional_compilation",
+    "distribution_strategy",
+    "context_parallel_size",
+    "use_zero3_leaf_promotion",
     # a resume that does not skip the rows already trained trains on other rows
     "ignore_data_skip",
     # the final model is the best checkpoint's rather than the last one's
@@ -79,42 +140,148 @@ TRAINING_ARGUMENTS = (
 )
 # With --load_best_model_at_end the evaluation picks the final model: what it measures and when is then part of it.
 BEST_MODEL_ARGUMENTS = (
-    "metric_for_best_model", "greater_is_better", "eval_strategy", "eval_steps", "eval_delay", "eval_on_start",
-    "save_strategy", "save_steps", "per_device_eval_batch_size", "max_eval_samples", "eval_accumulation_steps",
+    "metric_for_best_model",
+    "greater_is_better",
+    "eval_strategy",
+    "eval_steps",
+    "eval_delay",
+    "eval_on_start",
+    "save_strategy",
+    "save_steps",
+    "per_device_eval_batch_size",
+    "max_eval_samples",
+    "eval_accumulation_steps",
 )
 # Everything else leaves the weights as they are: where and how often results are written or logged, what
 # is evaluated and how fast, how batches are fetched (workers, pinning, prefetch), how processes talk, how
 # the throughput is counted, credentials and the Hub.
 NOT_IN_THE_RECIPE = (
     # where and what is written, logged, pushed
-    "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "logging_dir", "logging_strategy",
-    "logging_first_step", "logging_steps", "logging_nan_inf_filter", "log_level", "log_level_replica", "log_on_each_node",
-    "save_total_limit", "save_safetensors", "save_on_each_node", "save_only_model", "restore_callback_states_from_checkpoint",
-    "resume_from_checkpoint", "run_name", "disable_tqdm", "report_to", "skip_memory_metrics", "include_tokens_per_second",
-    "include_num_input_tokens_seen", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
-    "hub_always_push", "hub_revision", "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token", "token",
-    "cache_dir", "trust_remote_code", "use_fast_tokenizer", "overwrite_cache", "preprocessing_num_workers",
-    "cache_decoded_images", "decoded_image_cache_dir", "preflight_cache_dir",
+    "output_dir",
+    "overwrite_output_dir",
+    "do_train",
+    "do_eval",
+    "do_predict",
+    "logging_dir",
+    "logging_strategy",
+    "logging_first_step",
+    "logging_steps",
+    "logging_nan_inf_filter",
+    "log_level",
+    "log_level_replica",
+    "log_on_each_node",
+    "save_total_limit",
+    "save_safetensors",
+    "save_on_each_node",
+    "save_only_model",
+    "restore_callback_states_from_checkpoint",
+    "resume_from_checkpoint",
+    "run_name",
+    "disable_tqdm",
+    "report_to",
+    "skip_memory_metrics",
+    "include_tokens_per_second",
+    "include_num_input_tokens_seen",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_strategy",
+    "hub_token",
+    "hub_private_repo",
+    "hub_always_push",
+    "hub_revision",
+    "push_to_hub_model_id",
+    "push_to_hub_organization",
+    "push_to_hub_token",
+    "token",
+    "cache_dir",
+    "trust_remote_code",
+    "use_fast_tokenizer",
+    "overwrite_cache",
+    "preprocessing_num_workers",
+    "cache_decoded_images",
+    "decoded_image_cache_dir",
+    "preflight_cache_dir",
     # evaluation and prediction (unless --load_best_model_at_end: BEST_MODEL_ARGUMENTS)
-    "prediction_loss_only", "per_gpu_eval_batch_size", "bf16_full_eval", "fp16_full_eval", "jit_mode_eval",
-    "use_ipex", "include_inputs_for_metrics", "include_for_metrics", "eval_do_concat_batches", "batch_eval_metrics",
-    "eval_use_gather_object", "use_legacy_prediction_loop", "label_names", "past_index", "remove_unused_columns",
-    "use_hpu_graphs_for_inference", "disable_tensor_cache_hpu_graphs", "max_hpu_graphs", "ignore_eos",
-    "metric_for_best_model", "greater_is_better", "eval_strategy", "eval_steps", "eval_delay", "eval_on_start",
-    "save_strategy", "save_steps", "per_device_eval_batch_size", "max_eval_samples", "eval_accumulation_steps",
+    "prediction_loss_only",
+    "per_gpu_eval_batch_size",
+    "bf16_full_eval",
+    "fp16_full_eval",
+    "jit_mode_eval",
+    "use_ipex",
+    "include_inputs_for_metrics",
+    "include_for_metrics",
+    "eval_do_concat_batches",
+    "batch_eval_metrics",
+    "eval_use_gather_object",
+    "use_legacy_prediction_loop",
+    "label_names",
+    "past_index",
+    "remove_unused_columns",
+    "use_hpu_graphs_for_inference",
+    "disable_tensor_cache_hpu_graphs",
+    "max_hpu_graphs",
+    "ignore_eos",
+    "metric_for_best_model",
+    "greater_is_better",
+    "eval_strategy",
+    "eval_steps",
+    "eval_delay",
+    "eval_on_start",
+    "save_strategy",
+    "save_steps",
+    "per_device_eval_batch_size",
+    "max_eval_samples",
+    "eval_accumulation_steps",
     # how batches are fetched and how processes talk (the same batches, the same sums)
-    "dataloader_num_workers", "dataloader_prefetch_factor", "dataloader_pin_memory", "dataloader_persistent_workers",
-    "non_blocking_data_copy", "local_rank", "ddp_backend", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
-    "ddp_broadcast_buffers", "ddp_timeout", "accelerator_config", "tpu_num_cores", "tpu_metrics_debug", "debug",
-    "mp_parameters", "_n_gpu", "ray_scope", "per_gpu_train_batch_size", "no_cuda", "use_cpu", "use_mps_device",
-    "use_habana", "torch_empty_cache_steps", "gradient_checkpointing", "gradient_checkpointing_kwargs",
-    "use_hpu_graphs", "use_hpu_graphs_for_training", "compile_from_sec_iteration", "compile_dynamic", "cache_size_limit",
-    "inline_inbuilt_nn_modules", "allow_unspec_int_on_nn_module", "minimize_memory", "pipelining_fwd_bwd",
+    "dataloader_num_workers",
+    "dataloader_prefetch_factor",
+    "dataloader_pin_memory",
+    "dataloader_persistent_workers",
+    "non_blocking_data_copy",
+    "local_rank",
+    "ddp_backend",
+    "ddp_find_unused_parameters",
+    "ddp_bucket_cap_mb",
+    "ddp_broadcast_buffers",
+    "ddp_timeout",
+    "accelerator_config",
+    "tpu_num_cores",
+    "tpu_metrics_debug",
+    "debug",
+    "mp_parameters",
+    "_n_gpu",
+    "ray_scope",
+    "per_gpu_train_batch_size",
+    "no_cuda",
+    "use_cpu",
+    "use_mps_device",
+    "use_habana",
+    "torch_empty_cache_steps",
+    "gradient_checkpointing",
+    "gradient_checkpointing_kwargs",
+    "use_hpu_graphs",
+    "use_hpu_graphs_for_training",
+    "compile_from_sec_iteration",
+    "compile_dynamic",
+    "cache_size_limit",
+    "inline_inbuilt_nn_modules",
+    "allow_unspec_int_on_nn_module",
+    "minimize_memory",
+    "pipelining_fwd_bwd",
     # attention kernels of other models (BridgeTower does not take Habana's fused attention)
-    "flash_attention_recompute", "flash_attention_fast_softmax", "flash_attention_causal_mask", "flash_attention_fp8",
+    "flash_attention_recompute",
+    "flash_attention_fast_softmax",
+    "flash_attention_causal_mask",
+    "flash_attention_fp8",
     # measuring: throughput and profiles
-    "throughput_warmup_steps", "adjust_throughput", "profiling_warmup_steps", "profiling_steps",
-    "profiling_warmup_steps_eval", "profiling_steps_eval", "profiling_record_shapes", "profiling_with_stack",
+    "throughput_warmup_steps",
+    "adjust_throughput",
+    "profiling_warmup_steps",
+    "profiling_steps",
+    "profiling_warmup_steps_eval",
+    "profiling_steps_eval",
+    "profiling_record_shapes",
+    "profiling_with_stack",
     "fp16_backend",  # (deprecated alias of half_precision_backend, which is in the recipe)
 )
 
@@ -124,8 +291,17 @@ _LABELS = {
     "splits_cut_from_train": "the splits cut from train (--do_predict cuts a test split when the data set has none)",
     "scripts_version": "the scripts' version",
 }
-_PATHS = ("model_name_or_path", "config_name", "tokenizer_name", "image_processor_name", "dataset_name", "data_dir",
-          "train_file", "validation_file", "deepspeed")
+_PATHS = (
+    "model_name_or_path",
+    "config_name",
+    "tokenizer_name",
+    "image_processor_name",
+    "dataset_name",
+    "data_dir",
+    "train_file",
+    "validation_file",
+    "deepspeed",
+)
 
 
 def scripts_version() -> str:
@@ -160,7 +336,11 @@ def _splits_cut_from_train(split_names, do_predict: bool) -> list:
 def describe(model_args, data_args, training_args, dataset) -> dict:
     """The recipe of this command: every argument that changes the weights, the data's fingerprints, the version."""
     recipe = {}
-    for arguments, names in ((model_args, MODEL_ARGUMENTS), (data_args, DATA_ARGUMENTS), (training_args, TRAINING_ARGUMENTS)):
+    for arguments, names in (
+        (model_args, MODEL_ARGUMENTS),
+        (data_args, DATA_ARGUMENTS),
+        (training_args, TRAINING_ARGUMENTS),
+    ):
         for name in names:
             if hasattr(arguments, name):  # (each backend's arguments have only some of them: recorded when present)
                 recipe[name] = _argument(name, getattr(arguments, name))
@@ -183,7 +363,7 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
 
 def _name(key: str) -> str:
     if key.startswith("data_fingerprint_"):
-        return f"the {key[len('data_fingerprint_'):]} split's data (datasets fingerprint)"
+        return f"the {key[len('data_fingerprint_') :]} split's data (datasets fingerprint)"
     return _LABELS.get(key, f"--{key}")
 
 
@@ -267,15 +447,19 @@ def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
             f"{model_args.model_name_or_path} names another model, whose results would replace the trained model's: "
             f"choose another --output_dir, or pass --model_name_or_path {output_dir} to evaluate the trained model"
         )
-    logger.warning(f"{output_dir} holds a trained model: evaluating it (not {model_args.model_name_or_path}, the model it "
-                   "was trained from)")
+    logger.warning(
+        f"{output_dir} holds a trained model: evaluating it (not {model_args.model_name_or_path}, the model it "
+        "was trained from)"
+    )
     return RunPlan(recipe, output_dir, None)
 
 
 def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
     reason = checkpoint_manifest.incomplete_reason(checkpoint)
     if reason is not None:
-        raise UserInputError(f"--resume_from_checkpoint={checkpoint} is incomplete ({reason}): choose a complete checkpoint")
+        raise UserInputError(
+            f"--resume_from_checkpoint={checkpoint} is incomplete ({reason}): choose a complete checkpoint"
+        )
     recorded = read(checkpoint)
     if recorded != recipe:
         raise UserInputError(
@@ -289,7 +473,11 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
     """What this run does with --output_dir: reuse its model, resume a checkpoint, or start afresh (module doc)."""
     recipe = describe(model_args, data_args, training_args, dataset)
     if not training_args.do_train:
-        return _evaluation_only(output_dir, recipe, model_args) if os.path.isdir(output_dir) else RunPlan(recipe, None, None)
+        return (
+            _evaluation_only(output_dir, recipe, model_args)
+            if os.path.isdir(output_dir)
+            else RunPlan(recipe, None, None)
+        )
     if training_args.resume_from_checkpoint:
         return _explicit_checkpoint(training_args.resume_from_checkpoint, recipe)
     if training_args.overwrite_output_dir or not os.path.isdir(output_dir):
@@ -297,8 +485,10 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
 
     trained, published, finished = _published_model(output_dir)
     if trained and finished and published == recipe:
-        logger.warning(f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
-                       "(--overwrite_output_dir trains it afresh)")
+        logger.warning(
+            f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
+            "(--overwrite_output_dir trains it afresh)"
+        )
         return RunPlan(recipe, output_dir, None)
     skipped, other = [], None  # (newer checkpoints passed over, why), the newest complete one of another recipe
     for checkpoint in reversed(checkpoints(output_dir)):
@@ -308,8 +498,10 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             if recorded == recipe:
                 for name, why in skipped:
                     logger.warning(f"Not resuming from {name}: {why}")
-                logger.warning(f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir "
-                               "to start over.")
+                logger.warning(
+                    f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir "
+                    "to start over."
+                )
                 return RunPlan(recipe, None, checkpoint)
             other = other or (checkpoint, recorded)
             reason = f"saved by another recipe ({differences(recorded, recipe)})"
@@ -320,5 +512,7 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
         _refuse(output_dir, f"checkpoints (the newest complete one: {os.path.basename(other[0])})", other[1], recipe)
     if skipped:
         listed = "; ".join(f"{os.path.basename(name)}: {why}" for name, why in skipped)
-        logger.warning(f"{output_dir} holds no complete checkpoint, only incomplete ones ({listed}): training starts afresh")
+        logger.warning(
+            f"{output_dir} holds no complete checkpoint, only incomplete ones ({listed}): training starts afresh"
+        )
     return RunPlan(recipe, None, None)

@@ -14,6 +14,7 @@ import torch
 from . import cuda_device
 from .execution_mode import mode_that_ran
 
+
 BACKENDS = {"hpu": "gaudi", "cuda": "cuda", "cpu": "cpu"}
 
 

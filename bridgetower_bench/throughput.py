@@ -32,19 +32,27 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 from transformers import TrainerCallback
 
 from .energy import EnergyMeter
 
+
 logger = logging.getLogger(__name__)
 
 
 class ThroughputCallback(TrainerCallback):
-    def __init__(self, warmup_steps: int = 0, world_size: int = 1, clock: Callable[[], float] = time.perf_counter,
-                 synchronize: Optional[Callable[[torch.device], None]] = None, energy: Optional[EnergyMeter] = None):
+    def __init__(
+        self,
+        warmup_steps: int = 0,
+        world_size: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+        synchronize: Optional[Callable[[torch.device], None]] = None,
+        energy: Optional[EnergyMeter] = None,
+    ):
         self.warmup_steps = max(0, int(warmup_steps))
         self.energy = energy
         self.world_size = world_size
@@ -128,7 +136,12 @@ class ThroughputCallback(TrainerCallback):
             return {}
         energy = {}
         if counted_steps > 0:
-            elapsed, samples, wait, warmup = self.last_step_end - self.window_start, self.counted_samples, self.wait_seconds, self.warmup_steps
+            elapsed, samples, wait, warmup = (
+                self.last_step_end - self.window_start,
+                self.counted_samples,
+                self.wait_seconds,
+                self.warmup_steps,
+            )
             if self.energy is not None:  # this process's device over this process's samples
                 energy = self.energy.metrics(samples=self.counted_samples, seconds=max(elapsed, 1e-9))
         else:
@@ -137,7 +150,12 @@ class ThroughputCallback(TrainerCallback):
                 self.warmup_steps,
                 steps_run,
             )
-            elapsed, samples, wait, warmup = self.last_step_end - self.train_start, self.all_samples, self.all_wait_seconds, 0
+            elapsed, samples, wait, warmup = (
+                self.last_step_end - self.train_start,
+                self.all_samples,
+                self.all_wait_seconds,
+                0,
+            )
             counted_steps = steps_run
             if self.energy is not None:
                 energy = self.energy.not_measured("the warm-up covers every step: no counted window")

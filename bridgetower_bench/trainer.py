@@ -51,15 +51,16 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
 from transformers.training_args import OptimizerNames, ParallelMode
 
+from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
 from .atomic_files import atomic_path
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .energy import EnergyMeter
 from .images import normalize_on_device
-from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
 from .redaction import without_secrets
 from .resilience import ImageLoadError, StopOnSignal, checkpoints, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
+
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,9 @@ class WarmupTrainingArguments(TrainingArguments):
 
     adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
     optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
-    logging_nan_inf_filter: bool = _gaudi_default("logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"])
+    logging_nan_inf_filter: bool = _gaudi_default(
+        "logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"]
+    )
 
     throughput_warmup_steps: int = field(
         default=0,
@@ -101,12 +104,16 @@ class WarmupTrainingArguments(TrainingArguments):
     )
     attn_implementation: str = field(
         default="eager",
-        metadata={"help": "Text and cross-modal attention: eager (transformers' code, as upstream) or sdpa (the same function in one fused torch call).",
-                  "choices": ATTENTION_IMPLEMENTATIONS},
+        metadata={
+            "help": "Text and cross-modal attention: eager (transformers' code, as upstream) or sdpa (the same function in one fused torch call).",
+            "choices": ATTENTION_IMPLEMENTATIONS,
+        },
     )
     compile_layers: Optional[str] = field(
         default=None,
-        metadata={"help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."},
+        metadata={
+            "help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."
+        },
     )
 
     def __post_init__(self):
@@ -116,10 +123,20 @@ class WarmupTrainingArguments(TrainingArguments):
 
 
 class TrainerExtensions:
-    def __init__(self, *args, image_mean=None, image_std=None, loader: str = "torch", image_pipeline: str = "upstream",
-                 recipe: Optional[dict] = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        image_mean=None,
+        image_std=None,
+        loader: str = "torch",
+        image_pipeline: str = "upstream",
+        recipe: Optional[dict] = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
-        self.recipe = recipe  # what makes this run's model (run_recipe.describe): saved with the model and every checkpoint
+        self.recipe = (
+            recipe  # what makes this run's model (run_recipe.describe): saved with the model and every checkpoint
+        )
         self.image_mean = tuple(image_mean) if image_mean is not None else None
         self.image_std = tuple(image_std) if image_std is not None else None
         self.run_facts = {
@@ -189,7 +206,9 @@ class TrainerExtensions:
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
-            self.state.max_steps, self.args.output_dir, lambda: _last_complete_checkpoint_if_any(self.args.output_dir, self.recipe),
+            self.state.max_steps,
+            self.args.output_dir,
+            lambda: _last_complete_checkpoint_if_any(self.args.output_dir, self.recipe),
             world_size=self.args.world_size,
         )
         if diverged is not None:
@@ -422,7 +441,13 @@ class TrainerExtensions:
                     with open(path) as f:
                         combined_metrics = json.load(f)
                 with open(os.path.join(staging, "all_results.json"), "w") as f:
-                    json.dump(divergence.finite_or_none({**combined_metrics, **metrics}), f, indent=4, sort_keys=True, allow_nan=False)
+                    json.dump(
+                        divergence.finite_or_none({**combined_metrics, **metrics}),
+                        f,
+                        indent=4,
+                        sort_keys=True,
+                        allow_nan=False,
+                    )
 
     def save_state(self):
         with self.publishing() as staging:
@@ -455,7 +480,9 @@ class TrainerExtensions:
         self._finite_state()
         self._rotation = []  # older checkpoints are rotated away only once this one counts
         run_dir = os.path.dirname(checkpoint)
-        with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir, self.recipe)):
+        with disk_space.removed_when_disk_full(
+            checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir, self.recipe)
+        ):
             try:
                 super()._save_checkpoint(model, trial)
             finally:
@@ -466,8 +493,10 @@ class TrainerExtensions:
                 if self.recipe is not None:
                     run_recipe.write(checkpoint, self.recipe)
                 required = checkpoint_manifest.required_files(
-                    save_only_model=self.args.save_only_model, world_size=self.args.world_size,
-                    save_on_each_node=self.args.save_on_each_node)
+                    save_only_model=self.args.save_only_model,
+                    world_size=self.args.world_size,
+                    save_on_each_node=self.args.save_on_each_node,
+                )
                 if self.recipe is not None:
                     required.append(run_recipe.RECIPE_NAME)
                 problem = checkpoint_manifest.write(checkpoint, required)
@@ -519,8 +548,10 @@ class TrainingLossSum(TrainerCallback, ExportableState):
         saved = state.stateful_callbacks.get(type(self).__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         if not isinstance(saved, dict) or "loss_sum" not in saved.get("args", {}):
-            logger.warning("the checkpoint resumed does not hold the loss sum of its steps: train_loss will average "
-                           "only the steps trained from now on")
+            logger.warning(
+                "the checkpoint resumed does not hold the loss sum of its steps: train_loss will average "
+                "only the steps trained from now on"
+            )
             return
         self.trainer._total_loss_scalar += float(saved["args"]["loss_sum"])
 
@@ -562,7 +593,9 @@ def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):
     if not os.path.isdir(output_dir):
         return None
     for checkpoint in reversed(checkpoints(output_dir)):
-        if checkpoint_manifest.incomplete_reason(checkpoint) is None and (recipe is None or run_recipe.read(checkpoint) == recipe):
+        if checkpoint_manifest.incomplete_reason(checkpoint) is None and (
+            recipe is None or run_recipe.read(checkpoint) == recipe
+        ):
             return checkpoint
     return None
 

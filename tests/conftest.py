@@ -7,8 +7,8 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import preloaded_python
+
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = REPO / "tests" / "habana_shim"
@@ -36,7 +37,9 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 def script_env(gaudi: bool) -> dict:
     """Environment for a script subprocess: offline, the repo importable, and the Habana shim for the Gaudi script."""
     env = dict(os.environ)
-    env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    )
     env["HF_DATASETS_CACHE"] = env.get("BRIDGETOWER_TEST_DATASETS_CACHE", str(REPO / ".cache" / "hf_datasets"))
     paths = [str(REPO)] + ([str(SHIM)] if gaudi else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
@@ -63,7 +66,9 @@ def run_script(kind: str, args: list, check: bool = True, timeout: int = 600) ->
     cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
     result = preloaded_python.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), timeout=timeout)
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -124,7 +129,9 @@ def ctrl_c_raises():
     process may have inherited SIGINT as ignored (under `make coverage` the pytest workers do; so does anything
     a non-interactive shell starts in the background) or blocked, and either stays so in every child python."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back by signal_handlers_as_they_were)
-    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # a blocked one is inherited too
+    blocked = signal.SIGINT in signal.pthread_sigmask(
+        signal.SIG_UNBLOCK, [signal.SIGINT]
+    )  # a blocked one is inherited too
     yield
     if blocked:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])

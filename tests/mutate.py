@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parent.parent
 
 # module (under bridgetower_bench/) -> the test files that guard it
@@ -62,8 +63,18 @@ TARGETS = {
     "tools/cost.py": ["tests/test_cost.py"],
 }
 
-_COMPARE_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-                  ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_COMPARE_SWAPS = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _BINOP_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div}
 _BOOLOP_SWAPS = {ast.And: ast.Or, ast.Or: ast.And}
 
@@ -81,24 +92,49 @@ class Mutant:
 
 def _sites(tree: ast.AST):
     """(node, description, apply) for every place one mutation can go, in a fixed order."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             for i, op in enumerate(node.ops):
                 if type(op) in _COMPARE_SWAPS:
                     new = _COMPARE_SWAPS[type(op)]
-                    yield node, f"{type(op).__name__} -> {new.__name__}", (lambda n=node, i=i, new=new: n.ops.__setitem__(i, new()))
+                    yield (
+                        node,
+                        f"{type(op).__name__} -> {new.__name__}",
+                        (lambda n=node, i=i, new=new: n.ops.__setitem__(i, new())),
+                    )
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAPS:
             new = _BINOP_SWAPS[type(node.op)]
-            yield node, f"{type(node.op).__name__} -> {new.__name__}", (lambda n=node, new=new: setattr(n, "op", new()))
+            yield (
+                node,
+                f"{type(node.op).__name__} -> {new.__name__}",
+                (lambda n=node, new=new: setattr(n, "op", new())),
+            )
         elif isinstance(node, ast.BoolOp):
             new = _BOOLOP_SWAPS[type(node.op)]
-            yield node, f"{type(node.op).__name__} -> {new.__name__}", (lambda n=node, new=new: setattr(n, "op", new()))
+            yield (
+                node,
+                f"{type(node.op).__name__} -> {new.__name__}",
+                (lambda n=node, new=new: setattr(n, "op", new())),
+            )
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            yield node, "not x -> x", (lambda n=node: (setattr(n, "op", ast.UAdd()), setattr(n, "operand", ast.Call(
-                ast.Name("bool", ast.Load()), [n.operand], []))))
+            yield (
+                node,
+                "not x -> x",
+                (
+                    lambda n=node: (
+                        setattr(n, "op", ast.UAdd()),
+                        setattr(n, "operand", ast.Call(ast.Name("bool", ast.Load()), [n.operand], [])),
+                    )
+                ),
+            )
         elif isinstance(node, ast.Constant) and id(node) not in docstrings:
             if isinstance(node.value, bool):
                 yield node, f"{node.value} -> {not node.value}", (lambda n=node: setattr(n, "value", not n.value))
@@ -128,7 +164,9 @@ def mutated_source(mutant: Mutant) -> str:
 
 def copy_repository(into: Path) -> Path:
     """The files the tests need, without .git, .venv and caches."""
-    ignore = shutil.ignore_patterns(".git", ".venv", ".cache", "__pycache__", "bench_out", "*.egg-info", "runs", "mutants*")
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv", ".cache", "__pycache__", "bench_out", "*.egg-info", "runs", "mutants*"
+    )
     shutil.copytree(REPO, into, ignore=ignore)
     return into
 
@@ -136,12 +174,17 @@ def copy_repository(into: Path) -> Path:
 def test_env(copy: Path) -> dict:
     # No bytecode is written: a mutant of the same size written in the same second as the last one would
     # otherwise be run from the last one's stale .pyc.
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(copy),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            # every script a test starts is a fresh python (not tests/preloaded_python.py's forks): its lines then
-            # carry that test's coverage context, and a forked test run starts no second forking server
-            "BRIDGETOWER_TESTS_FRESH_PYTHON": "1",
-            "BRIDGETOWER_BENCH_FIXTURES": os.environ.get("BRIDGETOWER_BENCH_FIXTURES", str(REPO / ".cache" / "fixtures"))}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(copy),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # every script a test starts is a fresh python (not tests/preloaded_python.py's forks): its lines then
+        # carry that test's coverage context, and a forked test run starts no second forking server
+        "BRIDGETOWER_TESTS_FRESH_PYTHON": "1",
+        "BRIDGETOWER_BENCH_FIXTURES": os.environ.get("BRIDGETOWER_BENCH_FIXTURES", str(REPO / ".cache" / "fixtures")),
+    }
 
 
 def _stop_group(pid: int) -> None:
@@ -157,9 +200,14 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, float]
     # In a session of its own: past the time limit, the scripts and loader workers the tests started are
     # stopped with pytest (killing pytest alone would leave a mutant's endless loop running in a script).
     with open(copy / "mutate-tests.log", "w") as log:  # the last run's output, shown when the unmutated tests fail
-        tests_run = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                     cwd=copy, env=test_env(copy), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        tests_run = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=copy,
+            env=test_env(copy),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             returncode = tests_run.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -218,16 +266,22 @@ def pytest_sessionfinish(session, exitstatus):
     _switch_context("finish")
     # The libraries the tests imported (not the repository's own modules), for the forking test server.
     copy = str(Path(session.config.rootpath).resolve())
-    libraries = [name for name, module in list(sys.modules.items())
-                 if name.split(".")[0] in _PRELOAD_PACKAGES and not str(getattr(module, "__file__", "") or "").startswith(copy)]
+    libraries = [
+        name
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] in _PRELOAD_PACKAGES and not str(getattr(module, "__file__", "") or "").startswith(copy)
+    ]
     out = os.environ.get("MUTATE_COVERAGE_INFO")
     if out:
-        Path(out).write_text(json.dumps({"durations": _DURATIONS, "libraries": libraries, "exitstatus": int(exitstatus)}))
+        Path(out).write_text(
+            json.dumps({"durations": _DURATIONS, "libraries": libraries, "exitstatus": int(exitstatus)})
+        )
 
 
 @dataclass
 class Coverage:
     """For one module: line -> contexts that ran it, and how long each test took."""
+
     contexts: dict[int, set[str]]
     durations: dict[str, float]
 
@@ -235,22 +289,48 @@ class Coverage:
 def measure_coverage(copy: Path, tests: list[str], workdir: Path) -> tuple[str, dict, float]:
     """Run the test files once under coverage (subprocesses included); returns status, info and seconds."""
     rc = workdir / "coveragerc"
-    rc.write_text(f"[run]\ndata_file = {workdir / 'coverage'}\nsource = {copy / 'bridgetower_bench'}\n"
-                  "patch = subprocess, fork, _exit\nparallel = true\nconcurrency = thread, multiprocessing\n")
+    rc.write_text(
+        f"[run]\ndata_file = {workdir / 'coverage'}\nsource = {copy / 'bridgetower_bench'}\n"
+        "patch = subprocess, fork, _exit\nparallel = true\nconcurrency = thread, multiprocessing\n"
+    )
     info_path = workdir / "info.json"
-    env = {**test_env(copy), "PYTHONPATH": os.pathsep.join([str(copy), str(copy / "tests")]),
-           "MUTATE_COVERAGE_INFO": str(info_path)}
+    env = {
+        **test_env(copy),
+        "PYTHONPATH": os.pathsep.join([str(copy), str(copy / "tests")]),
+        "MUTATE_COVERAGE_INFO": str(info_path),
+    }
     started = time.perf_counter()
     with open(copy / "mutate-tests.log", "w") as log:
-        run = subprocess.Popen([sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
-                                "-p", "no:cacheprovider", "-p", "mutate", *tests], cwd=copy, env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "coverage",
+                "run",
+                f"--rcfile={rc}",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "mutate",
+                *tests,
+            ],
+            cwd=copy,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         returncode = run.wait()
         _stop_group(run.pid)
     seconds = time.perf_counter() - started
     if returncode != 0 or not info_path.exists():
         return "failed", {}, seconds
-    subprocess.run([sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy, env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], cwd=copy, env=env, check=True
+    )
     return "passed", json.loads(info_path.read_text()), seconds
 
 
@@ -287,9 +367,30 @@ def select_tests(mutant: Mutant, cov: Coverage, files: list[str]) -> list[str] |
 # imports the mutated module from disk, as a fresh process would. A run that times out is checked again in a
 # fresh process, so that nothing a fork could leave behind counts a mutant as killed.
 
-_PRELOAD_PACKAGES = {"torch", "torchvision", "numpy", "PIL", "transformers", "datasets", "pyarrow", "pandas",
-                     "safetensors", "tokenizers", "huggingface_hub", "sklearn", "scipy", "pytest", "_pytest",
-                     "pluggy", "accelerate", "fsspec", "tqdm", "yaml", "filelock", "requests"}
+_PRELOAD_PACKAGES = {
+    "torch",
+    "torchvision",
+    "numpy",
+    "PIL",
+    "transformers",
+    "datasets",
+    "pyarrow",
+    "pandas",
+    "safetensors",
+    "tokenizers",
+    "huggingface_hub",
+    "sklearn",
+    "scipy",
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "accelerate",
+    "fsspec",
+    "tqdm",
+    "yaml",
+    "filelock",
+    "requests",
+}
 
 
 def serve(libraries: list[str]) -> None:
@@ -340,15 +441,23 @@ def serve(libraries: list[str]) -> None:
 class TestServer:
     def __init__(self, copy: Path, libraries: list[str]):
         self.copy = copy
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", json.dumps(libraries)],
-                                        cwd=copy, env=test_env(copy), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, bufsize=1, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve", json.dumps(libraries)],
+            cwd=copy,
+            env=test_env(copy),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError("the test server did not start")
 
     def run(self, tests: list[str], timeout: float) -> tuple[str, float]:
-        self.process.stdin.write(json.dumps({"tests": tests, "timeout": timeout,
-                                             "log": str(self.copy / "mutate-tests.log")}) + "\n")
+        self.process.stdin.write(
+            json.dumps({"tests": tests, "timeout": timeout, "log": str(self.copy / "mutate-tests.log")}) + "\n"
+        )
         reply = json.loads(self.process.stdout.readline())
         return reply["status"], reply["seconds"]
 
@@ -386,16 +495,27 @@ def equivalent_entry(mutant: Mutant) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", action="append", choices=[m.removesuffix(".py").replace("tools/", "") for m in TARGETS],
-                        help="only this module (repeatable)")
+    parser.add_argument(
+        "--module",
+        action="append",
+        choices=[m.removesuffix(".py").replace("tools/", "") for m in TARGETS],
+        help="only this module (repeatable)",
+    )
     parser.add_argument("--sample", type=int, default=None, help="at most this many mutants per module")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write every mutant's outcome here")
-    parser.add_argument("--retry", type=Path, default=None,
-                        help="a --json file of an earlier run: its killed mutants count as killed again without running"
-                             " (after tests were only added), the others run")
-    parser.add_argument("--run-equivalents", action="store_true",
-                        help="run the mutants listed in tests/mutation_equivalents.txt too, to confirm they survive")
+    parser.add_argument(
+        "--retry",
+        type=Path,
+        default=None,
+        help="a --json file of an earlier run: its killed mutants count as killed again without running"
+        " (after tests were only added), the others run",
+    )
+    parser.add_argument(
+        "--run-equivalents",
+        action="store_true",
+        help="run the mutants listed in tests/mutation_equivalents.txt too, to confirm they survive",
+    )
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -430,16 +550,24 @@ def main(argv=None) -> int:
                 target = copy / "bridgetower_bench" / module
                 original = target.read_text()
                 cov = coverage_of(Path(tmp), target, info["durations"])
-                everything = [n for n in sorted(info["durations"], key=info["durations"].get) if n.split("::")[0] in tests]
+                everything = [
+                    n for n in sorted(info["durations"], key=info["durations"].get) if n.split("::")[0] in tests
+                ]
                 status, baseline = server.run(everything, timeout=3600)
                 if status != "passed":
                     output = (copy / "mutate-tests.log").read_text(errors="replace").strip().splitlines()
-                    print(f"{module}: its tests fail in a forked run without any mutant; skipped:", *output[-15:], sep="\n  ")
+                    print(
+                        f"{module}: its tests fail in a forked run without any mutant; skipped:",
+                        *output[-15:],
+                        sep="\n  ",
+                    )
                     continue
                 mutants = mutants_of(module)
                 if args.sample is not None and len(mutants) > args.sample:
                     mutants = sorted(random.Random(args.seed).sample(mutants, args.sample), key=lambda m: m.index)
-                print(f"{module}: {len(mutants)} mutants, its {len(everything)} tests take {baseline:.0f} s", flush=True)
+                print(
+                    f"{module}: {len(mutants)} mutants, its {len(everything)} tests take {baseline:.0f} s", flush=True
+                )
                 ordinal = {}
                 for mutant in mutants:
                     selected = select_tests(mutant, cov, tests)
@@ -461,19 +589,37 @@ def main(argv=None) -> int:
                             seconds += more
                         target.write_text(original)
                     killed = status in ("failed", "timeout", "killed earlier")
-                    outcomes.append({"module": module, "line": mutant.line, "change": mutant.change,
-                                     "occurrence": mutant.occurrence, "text": mutant.text, "status": status,
-                                     "killed": killed, "equivalent": reason if not killed else None,
-                                     "tests": len(selected or []), "seconds": round(seconds, 1)})
+                    outcomes.append(
+                        {
+                            "module": module,
+                            "line": mutant.line,
+                            "change": mutant.change,
+                            "occurrence": mutant.occurrence,
+                            "text": mutant.text,
+                            "status": status,
+                            "killed": killed,
+                            "equivalent": reason if not killed else None,
+                            "tests": len(selected or []),
+                            "seconds": round(seconds, 1),
+                        }
+                    )
                     if args.json:  # as it goes: a run stopped early keeps what it found
                         args.json.write_text(json.dumps(outcomes, indent=1) + "\n")
                     if killed and reason:
-                        print(f"  killed although listed as equivalent: bridgetower_bench/{module}:{mutant.line} {mutant.change}")
+                        print(
+                            f"  killed although listed as equivalent: bridgetower_bench/{module}:{mutant.line} {mutant.change}"
+                        )
                     elif not killed and reason:
-                        print(f"  equivalent: bridgetower_bench/{module}:{mutant.line} {mutant.change} ({reason})", flush=True)
+                        print(
+                            f"  equivalent: bridgetower_bench/{module}:{mutant.line} {mutant.change} ({reason})",
+                            flush=True,
+                        )
                     elif not killed:
-                        print(f"  survived ({status}): bridgetower_bench/{module}:{mutant.line} {mutant.change}\n"
-                              f"    {equivalent_entry(mutant)}", flush=True)
+                        print(
+                            f"  survived ({status}): bridgetower_bench/{module}:{mutant.line} {mutant.change}\n"
+                            f"    {equivalent_entry(mutant)}",
+                            flush=True,
+                        )
         finally:
             server.close()
 
@@ -485,7 +631,9 @@ def main(argv=None) -> int:
         rows = [o for o in outcomes if o["module"] == module]
         if rows:
             killed, equivalent = sum(o["killed"] for o in rows), sum(bool(o["equivalent"]) for o in rows)
-            print(f"| {module} | {len(rows)} | {equivalent} | {killed} | {100 * killed / max(1, len(rows) - equivalent):.0f} % |")
+            print(
+                f"| {module} | {len(rows)} | {equivalent} | {killed} | {100 * killed / max(1, len(rows) - equivalent):.0f} % |"
+            )
     total, killed = len(outcomes), sum(o["killed"] for o in outcomes)
     equivalent = sum(bool(o["equivalent"]) for o in outcomes)
     if total:

@@ -33,11 +33,31 @@ import sys
 import tempfile
 import threading
 
+
 # Variables that the libraries read while they are imported: a run that sets any of them differently from
 # the server starts a fresh interpreter.
-_READ_AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTORCH", "OMP_",
-                   "MKL", "OPENBLAS", "CUDA", "XDG_", "TOKENIZERS", "HABANA", "PT_", "LD_", "PATH", "HOME",
-                   "COVERAGE", "TMPDIR")
+_READ_AT_IMPORT = (
+    "PYTHON",
+    "HF_",
+    "HUGGINGFACE",
+    "TRANSFORMERS",
+    "DATASETS",
+    "TORCH",
+    "PYTORCH",
+    "OMP_",
+    "MKL",
+    "OPENBLAS",
+    "CUDA",
+    "XDG_",
+    "TOKENIZERS",
+    "HABANA",
+    "PT_",
+    "LD_",
+    "PATH",
+    "HOME",
+    "COVERAGE",
+    "TMPDIR",
+)
 
 # What the server imports before forking: the scripts' heavy dependencies, never the package under test.
 _PRELOAD = """
@@ -64,8 +84,13 @@ def _standard_stream(fd: int, like, unbuffered: bool):
     import io
 
     raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding=like.encoding, errors=like.errors,
-                            write_through=unbuffered, line_buffering=not unbuffered and (raw.isatty() or fd == 2))
+    return io.TextIOWrapper(
+        raw if unbuffered else io.BufferedWriter(raw),
+        encoding=like.encoding,
+        errors=like.errors,
+        write_through=unbuffered,
+        line_buffering=not unbuffered and (raw.isatty() or fd == 2),
+    )
 
 
 def _child(request: dict, stdout: int, stderr: int) -> None:
@@ -175,9 +200,18 @@ class _Server:
         read_replies, write_replies = os.pipe()
         code = _PRELOAD + (_PRELOAD_GAUDI if gaudi else "")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", f"{code}\nimport sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-             "import preloaded_python; del sys.path[0]; preloaded_python._serve(int(sys.argv[1]))", str(write_replies)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=self.env, text=True, pass_fds=(write_replies,),
+            [
+                sys.executable,
+                "-c",
+                f"{code}\nimport sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                "import preloaded_python; del sys.path[0]; preloaded_python._serve(int(sys.argv[1]))",
+                str(write_replies),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=self.env,
+            text=True,
+            pass_fds=(write_replies,),
         )
         os.close(write_replies)
         self.replies = os.fdopen(read_replies)
@@ -202,7 +236,9 @@ class _Run:
     sweep use: args, pid, stdout (when it is PIPE), returncode, poll, wait, communicate, send_signal, terminate,
     kill. The caller holds `server.lock`; the run releases it when it ends."""
 
-    def __init__(self, server: _Server, argv: list, cwd, env: dict, stdout: dict | None, stderr: dict | None, text: bool):
+    def __init__(
+        self, server: _Server, argv: list, cwd, env: dict, stdout: dict | None, stderr: dict | None, text: bool
+    ):
         self.args = [sys.executable, *argv]
         self.returncode = None
         self.stdout = None
@@ -318,7 +354,9 @@ def run(command: list, cwd, env: dict | None = None, timeout: float | None = Non
     with tempfile.TemporaryDirectory(prefix="preloaded-run-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         server.lock.acquire()
-        process = _Run(server, command[1:], cwd, env, {"path": out, "append": False}, {"path": err, "append": False}, True)
+        process = _Run(
+            server, command[1:], cwd, env, {"path": out, "append": False}, {"path": err, "append": False}, True
+        )
         try:
             process.wait(timeout)
             timed_out = False
@@ -360,16 +398,35 @@ def _output_of(stream, default_fd: int) -> dict | None | bool:
     return {"path": f"/proc/{os.getpid()}/fd/{fd}", "append": True}
 
 
-def Popen(command: list, cwd=None, env: dict | None = None, stdout=None, stderr=None, text: bool = False,
-          start_new_session: bool = False, **options):
+def Popen(
+    command: list,
+    cwd=None,
+    env: dict | None = None,
+    stdout=None,
+    stderr=None,
+    text: bool = False,
+    start_new_session: bool = False,
+    **options,
+):
     """subprocess.Popen for a plain `python <script>` or `python -m <module>` run, through a preloaded server.
 
     stdout: PIPE, DEVNULL, None (the caller's) or an open file; stderr: the same but PIPE, or STDOUT. The run
     is always in a process group of its own (as with start_new_session=True) and reads nothing from stdin.
     Anything else (other options, stderr=PIPE, a server busy with another run) starts a real subprocess.Popen.
     """
-    real = lambda: subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
-                                    start_new_session=start_new_session, **options)
+
+    def real():
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            text=text,
+            start_new_session=start_new_session,
+            **options,
+        )
+
     run_env = dict(os.environ if env is None else env)
     argv = [str(part) for part in command]
     out = _output_of(stdout, 1)
@@ -394,4 +451,3 @@ def stop_servers() -> None:
     for server in _servers.values():
         _stop(server)
     _servers.clear()
-

@@ -32,19 +32,31 @@ def imported_modules(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_the_scripts_never_import_the_tools_or_the_tests(path):
-    offending = [n for n in imported_modules(path)
-                 if n == "bridgetower_bench.tools" or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "habana_shim"))]
+    offending = [
+        n
+        for n in imported_modules(path)
+        if n == "bridgetower_bench.tools"
+        or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "habana_shim"))
+    ]
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
 def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a_module_imports_the_tests(tmp_path):
-    shutil.copytree(REPO / "bridgetower_bench", tmp_path / "bridgetower_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "bridgetower_bench", tmp_path / "bridgetower_bench", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    lint = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()",
-            "--no-cache"]
+    lint = [
+        sys.executable,
+        "-c",
+        "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()",
+        "--no-cache",
+    ]
 
     def broken_contracts():
-        result = subprocess.run(lint, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, capture_output=True, text=True)
+        result = subprocess.run(
+            lint, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, capture_output=True, text=True
+        )
         assert result.returncode in (0, 1), result.stdout + result.stderr
         return [line for line in result.stdout.splitlines() if line.endswith("BROKEN")], result.stdout
 
@@ -55,4 +67,7 @@ def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a
         f.write("\nimport conftest\n")
     broken, report = broken_contracts()
     assert len(broken) == 2, report
-    assert "bridgetower_bench.attention -> bridgetower_bench.tools" in report and "bridgetower_bench.data -> conftest" in report
+    assert (
+        "bridgetower_bench.attention -> bridgetower_bench.tools" in report
+        and "bridgetower_bench.data -> conftest" in report
+    )

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from bridgetower_bench import atomic_files
-from bridgetower_bench.atomic_files import (atomic_path, parse_temp_name, remove_abandoned, staged_directory, temp_path,
-                                            write_atomically, write_json_atomically)
+from bridgetower_bench.atomic_files import (
+    atomic_path,
+    parse_temp_name,
+    remove_abandoned,
+    staged_directory,
+    temp_path,
+    write_atomically,
+    write_json_atomically,
+)
 from conftest import dead_pid
 
 
@@ -52,9 +59,14 @@ def test_a_failure_before_the_rename_keeps_the_old_file_and_leaves_no_temporary(
 def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypatch, fsync):
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(atomic_files.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd)))
-    monkeypatch.setattr(atomic_files.os, "replace",
-                        lambda src, dst: (events.append(("rename", os.stat(src).st_ino)), real_replace(src, dst)))
+    monkeypatch.setattr(
+        atomic_files.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd))
+    )
+    monkeypatch.setattr(
+        atomic_files.os,
+        "replace",
+        lambda src, dst: (events.append(("rename", os.stat(src).st_ino)), real_replace(src, dst)),
+    )
     path = tmp_path / "image.jpg"
     write_atomically(path, b"\xff\xd8 jpeg", fsync=fsync)
     written = path.stat().st_ino
@@ -67,7 +79,14 @@ def test_temporary_names_record_host_and_pid_whatever_the_host_name(monkeypatch)
         first, second = temp_path("/out/all_results.json"), temp_path("/out/all_results.json")
         assert first != second  # two writers of one process never share a temporary
         assert parse_temp_name(os.path.basename(first)) == ("all_results.json", host, os.getpid())
-    for name in ("notes.txt", "notes.partial-123", ".staging-123", "x.partial-host-12", "x.partial-12.ab", ".x.1a.host.12.tmp"):
+    for name in (
+        "notes.txt",
+        "notes.partial-123",
+        ".staging-123",
+        "x.partial-host-12",
+        "x.partial-12.ab",
+        ".x.1a.host.12.tmp",
+    ):
         assert parse_temp_name(name) is None, name
 
 
@@ -101,7 +120,9 @@ def test_the_cleaner_removes_only_dead_writers_leftovers_of_this_host(tmp_path):
     kept = [
         f"pixels.npy.partial-{host}-{os.getppid()}.5e6f",  # a live writer's
         f"pixels.npy.partial-other-{host}-{dead}.7a8b",  # another node's: its pid means nothing here
-        "pixels.npy", "notes.partial-123", f".pixels.npy.1a2b.{host}.{dead}.tmp",  # outside the scheme
+        "pixels.npy",
+        "notes.partial-123",
+        f".pixels.npy.1a2b.{host}.{dead}.tmp",  # outside the scheme
     ]
     for name in removed[:1] + kept:
         (tmp_path / name).write_bytes(b"half")
@@ -153,9 +174,17 @@ def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
 
 
 def test_asking_whether_a_process_is_alive_does_not_disturb_it():
-    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                              "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
-                              "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         assert atomic_files.process_alive(child.pid)

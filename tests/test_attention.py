@@ -6,16 +6,21 @@ scripts/h200_benchmark.sh does): there SDPA picks a fused CUDA kernel, here the 
 
 import pytest
 import torch
-from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning, BridgeTowerSelfAttention
+from transformers.models.bridgetower.modeling_bridgetower import (
+    BridgeTowerForContrastiveLearning,
+    BridgeTowerSelfAttention,
+)
 
-from bridgetower_bench.tools import fixtures as fixture_builders
 from bridgetower_bench.attention import SdpaBridgeTowerSelfAttention, use_attention
+from bridgetower_bench.tools import fixtures as fixture_builders
 from conftest import DEVICES
 
 
 def tiny_model(dropout=0.0, device="cpu"):
     torch.manual_seed(0)
-    config = fixture_builders.bridgetower_config(large=False, vocab_size=200, image_size=56, patch_size=14, layers=2, dropout=dropout)
+    config = fixture_builders.bridgetower_config(
+        large=False, vocab_size=200, image_size=56, patch_size=14, layers=2, dropout=dropout
+    )
     return BridgeTowerForContrastiveLearning(config).to(device)
 
 
@@ -26,7 +31,11 @@ def batch(size=4, length=12, device="cpu"):
     attention_mask[1, 5:] = 0  # padded captions: their padding must be masked out in every attention
     attention_mask[2, 9:] = 0
     pixel_values = torch.randn(size, 3, 56, 56, generator=generator)
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "pixel_values": pixel_values.to(device)}
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": attention_mask.to(device),
+        "pixel_values": pixel_values.to(device),
+    }
 
 
 def loss_and_grads(model, inputs):
@@ -107,7 +116,9 @@ def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     use_attention(model, "sdpa")
-    assert all(type(m) is SdpaBridgeTowerSelfAttention for m in model.modules() if isinstance(m, BridgeTowerSelfAttention))
+    assert all(
+        type(m) is SdpaBridgeTowerSelfAttention for m in model.modules() if isinstance(m, BridgeTowerSelfAttention)
+    )
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     model.save_pretrained(tmp_path)
@@ -123,7 +134,11 @@ def test_gaudi_script_trains_with_sdpa_attention(fixtures, tmp_path):
     from test_scripts import base_args
 
     out = tmp_path / "run"
-    result = run_script("gaudi", base_args(fixtures, out, max_steps=2, save_steps=None, save_strategy="no")
-                        + ["--do_train", "--attn_implementation", "sdpa"] + CPU_FLAGS["gaudi"])
+    result = run_script(
+        "gaudi",
+        base_args(fixtures, out, max_steps=2, save_steps=None, save_strategy="no")
+        + ["--do_train", "--attn_implementation", "sdpa"]
+        + CPU_FLAGS["gaudi"],
+    )
     assert "--attn_implementation sdpa: 5 text and cross-modal attention modules" in result.stdout + result.stderr
     assert_throughput_adds_up(read_json(out / "train_results.json"), counted_steps=1, samples_per_step=4)

@@ -10,40 +10,55 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import datasets
-import numpy as np
 import pytest
 
 from bridgetower_bench import images, preflight
 from conftest import REPO, noise_jpeg, script_env
+
 
 # ---------------------------------------------------------------------------------------------
 # A JSON configuration: every value of its field's type
 # ---------------------------------------------------------------------------------------------
 
 CONFIG_REFUSALS = {
-    "a string for a boolean": ({"overwrite_output_dir": "false"},
-                               '"overwrite_output_dir" is "false" (a string), expected a boolean (true or false)'),
-    "null for output_dir": ({"output_dir": None},
-                            '"output_dir" is null, expected a path (null would write the run into ./trainer_output)'),
-    "a word for a number": ({"per_device_train_batch_size": "four"},
-                            '"per_device_train_batch_size" is "four" (a string), expected an integer'),
+    "a string for a boolean": (
+        {"overwrite_output_dir": "false"},
+        '"overwrite_output_dir" is "false" (a string), expected a boolean (true or false)',
+    ),
+    "null for output_dir": (
+        {"output_dir": None},
+        '"output_dir" is null, expected a path (null would write the run into ./trainer_output)',
+    ),
+    "a word for a number": (
+        {"per_device_train_batch_size": "four"},
+        '"per_device_train_batch_size" is "four" (a string), expected an integer',
+    ),
     "a string of digits for a number": ({"max_steps": "2"}, '"max_steps" is "2" (a string), expected an integer'),
     "a list for a number": ({"learning_rate": [1e-4]}, '"learning_rate" is [0.0001] (a list), expected a number'),
     "a fraction for an integer": ({"seed": 1.5}, '"seed" is 1.5 (a number), expected an integer'),
-    "a boolean for a number": ({"num_train_epochs": True}, '"num_train_epochs" is true (a boolean), expected a number'),
+    "a boolean for a number": (
+        {"num_train_epochs": True},
+        '"num_train_epochs" is true (a boolean), expected a number',
+    ),
     "null for a required string": ({"model_name_or_path": None}, '"model_name_or_path" is null, expected a string'),
-    "an unknown schedule": ({"lr_scheduler_type": "cosin"}, '"lr_scheduler_type" is "cosin" (a string), expected one of '
-                            "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, "
-                            "inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, cosine_warmup_with_min_lr, "
-                            "warmup_stable_decay"),
-    "an unknown pipeline": ({"image_pipeline": "fastt"},
-                            '"image_pipeline" is "fastt" (a string), expected one of upstream, fast, fast-draft'),
-    "a number in a list of strings": ({"report_to": ["none", 3]},
-                                      '"report_to" is ["none", 3] (a list), expected null or a string or a list of strings'),
+    "an unknown schedule": (
+        {"lr_scheduler_type": "cosin"},
+        '"lr_scheduler_type" is "cosin" (a string), expected one of '
+        "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, "
+        "inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, cosine_warmup_with_min_lr, "
+        "warmup_stable_decay",
+    ),
+    "an unknown pipeline": (
+        {"image_pipeline": "fastt"},
+        '"image_pipeline" is "fastt" (a string), expected one of upstream, fast, fast-draft',
+    ),
+    "a number in a list of strings": (
+        {"report_to": ["none", 3]},
+        '"report_to" is ["none", 3] (a list), expected null or a string or a list of strings',
+    ),
 }
 
 
@@ -77,14 +92,43 @@ def test_configuration_values_of_the_wrong_type_are_refused_naming_key_value_and
 
 def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them(script_parser, tmp_path):
     config = tmp_path / "run.json"
-    values = {**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "overwrite_output_dir": False, "learning_rate": 1,
-              "max_train_samples": None, "lr_scheduler_type": "cosine", "report_to": ["none"], "log_level": "info",
-              "num_train_epochs": 2, "image_pipeline": "fast", "image_column": None}
+    values = {
+        **BASE_CONFIG,
+        "output_dir": str(tmp_path / "out"),
+        "overwrite_output_dir": False,
+        "learning_rate": 1,
+        "max_train_samples": None,
+        "lr_scheduler_type": "cosine",
+        "report_to": ["none"],
+        "log_level": "info",
+        "num_train_epochs": 2,
+        "image_pipeline": "fast",
+        "image_column": None,
+    }
     config.write_text(json.dumps(values))
     model_args, data_args, training_args = preflight.parse_arguments(script_parser, ["script.py", str(config)])
-    flags = ["script.py", "--model_name_or_path", "a-model", "--train_file", "train.csv", "--do_train", "--output_dir",
-             str(tmp_path / "out"), "--learning_rate", "1", "--lr_scheduler_type", "cosine", "--report_to", "none",
-             "--log_level", "info", "--num_train_epochs", "2", "--image_pipeline", "fast"]
+    flags = [
+        "script.py",
+        "--model_name_or_path",
+        "a-model",
+        "--train_file",
+        "train.csv",
+        "--do_train",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--learning_rate",
+        "1",
+        "--lr_scheduler_type",
+        "cosine",
+        "--report_to",
+        "none",
+        "--log_level",
+        "info",
+        "--num_train_epochs",
+        "2",
+        "--image_pipeline",
+        "fast",
+    ]
     from_flags = preflight.parse_arguments(script_parser, flags)
     assert training_args.overwrite_output_dir is False and training_args.learning_rate == 1.0
     assert training_args.lr_scheduler_type == from_flags[2].lr_scheduler_type
@@ -97,15 +141,25 @@ def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtu
     from conftest import run_script
 
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"]),
-                                  "output_dir": str(tmp_path / "out"), "do_train": True, "overwrite_output_dir": "false",
-                                  "use_cpu": True}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": str(fixtures["model"]),
+                "dataset_name": str(fixtures["dataset"]),
+                "output_dir": str(tmp_path / "out"),
+                "do_train": True,
+                "overwrite_output_dir": "false",
+                "use_cpu": True,
+            }
+        )
+    )
     result = run_script("cuda", [config], check=False, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f'run_bridgetower_cuda.py: error: {config}: "overwrite_output_dir" is "false" (a string), '
-        "expected a boolean (true or false)")
+        "expected a boolean (true or false)"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -153,20 +207,34 @@ def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_
     names = sorted(cases)
     try:
         result = subprocess.run(
-            [sys.executable, "-c", CHECK_SPECIAL_FILES, str(REPO), json.dumps([cases[n][0] for n in names]), str(good),
-             str(tmp_path / "cache"), str(num_proc)],
-            capture_output=True, text=True, timeout=240, env={**script_env(False), "OMP_NUM_THREADS": "1"},
+            [
+                sys.executable,
+                "-c",
+                CHECK_SPECIAL_FILES,
+                str(REPO),
+                json.dumps([cases[n][0] for n in names]),
+                str(good),
+                str(tmp_path / "cache"),
+                str(num_proc),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**script_env(False), "OMP_NUM_THREADS": "1"},
         )
     finally:
         sock.close()
     assert result.returncode == 0, result.stderr[-3000:]
     found = dict((row, reason) for row, reason in json.loads(result.stdout.strip().splitlines()[-1]))
-    assert found == {row: f"cannot read image file {cases[name][0]!r}: {cases[name][1]}" for row, name in enumerate(names)}
+    assert found == {
+        row: f"cannot read image file {cases[name][0]!r}: {cases[name][1]}" for row, name in enumerate(names)
+    }
 
 
 @pytest.fixture
 def within_seconds():
     """Fails the test instead of letting it hang: SIGALRM interrupts a blocking open or read with TimeoutError."""
+
     def expire(signum, frame):
         raise TimeoutError("blocked: the call did not return within the time allowed")
 
@@ -197,7 +265,9 @@ def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch
     os.mkfifo(fifo)
     real_stat = os.stat
     regular = real_stat(__file__)
-    monkeypatch.setattr(images.os, "stat", lambda path, *a, **k: regular if str(path) == str(fifo) else real_stat(path, *a, **k))
+    monkeypatch.setattr(
+        images.os, "stat", lambda path, *a, **k: regular if str(path) == str(fifo) else real_stat(path, *a, **k)
+    )
     with pytest.raises(images.NotARegularFile, match="not a regular file: FIFO"):
         images.read_regular_file(fifo)
 
@@ -216,8 +286,9 @@ def small_filesystem(tmp_path):
     def make(size_kib: int):
         point = tmp_path / f"small-{len(mounted)}"
         point.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)], capture_output=True, text=True
+        )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a small tmpfs here ({result.stderr.strip()})")
         mounted.append(point)
@@ -251,9 +322,13 @@ def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning
     """On a real small filesystem, what used to happen: the pixel file (60 images x 3 x 294 x 294 = 15 MiB) did not
     fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left)."""
     disk = small_filesystem(4096)
-    result = subprocess.run([sys.executable, "-c", BUILD_CACHE, str(REPO), str(disk / "cache"), "60"],
-                            capture_output=True, text=True, timeout=300,
-                            env={**script_env(False), "PYTHONPATH": str(REPO / "tests")})
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD_CACHE, str(REPO), str(disk / "cache"), "60"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**script_env(False), "PYTHONPATH": str(REPO / "tests")},
+    )
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout.strip().splitlines()[-1] == "fallback torch.Size([3, 294, 294])"
     assert "--cache_decoded_images: cannot write the decoded image cache in" in result.stderr
@@ -276,8 +351,14 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     monkeypatch.setattr(image_cache.os, "posix_fallocate", full)
     monkeypatch.setattr(image_cache, "_decode_into", lambda *a, **k: decoded.append(1))
     rows = [{"bytes": noise_jpeg(i), "path": None} for i in range(3)]
-    splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=datasets.Features({"image": datasets.Image(decode=False)}))}
-    args = SimpleNamespace(decoded_image_cache_dir=str(tmp_path / "cache"), image_pipeline="fast", preprocessing_num_workers=1)
+    splits = {
+        "train": datasets.Dataset.from_dict(
+            {"image": rows}, features=datasets.Features({"image": datasets.Image(decode=False)})
+        )
+    }
+    args = SimpleNamespace(
+        decoded_image_cache_dir=str(tmp_path / "cache"), image_pipeline="fast", preprocessing_num_workers=1
+    )
     fallback = images.make_image_transform("fast", 32, (), ())
     assert data.decoded_image_cache(splits, "image", args, 32, fallback) is fallback
     assert decoded == []
@@ -286,11 +367,26 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
 
 
 def _train_args(fixtures, output_dir, **extra):
-    args = {"model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
-            "image_column": "image", "caption_column": "image_description", "output_dir": output_dir, "do_train": None,
-            "per_device_train_batch_size": 2, "max_train_samples": 8, "max_steps": 3, "learning_rate": 1e-3,
-            "report_to": "none", "seed": 7, "dataloader_num_workers": 0, "save_strategy": "steps", "save_steps": 1,
-            "use_cpu": None, **extra}
+    args = {
+        "model_name_or_path": fixtures["model"],
+        "dataset_name": fixtures["dataset"],
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": output_dir,
+        "do_train": None,
+        "per_device_train_batch_size": 2,
+        "max_train_samples": 8,
+        "max_steps": 3,
+        "learning_rate": 1e-3,
+        "report_to": "none",
+        "seed": 7,
+        "dataloader_num_workers": 0,
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "use_cpu": None,
+        **extra,
+    }
     return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
 
 
@@ -302,20 +398,25 @@ def _error_line(stderr: str) -> str:
     return lines[-1]
 
 
-def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last_complete_one(fixtures, small_filesystem):
+def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last_complete_one(
+    fixtures, small_filesystem
+):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
-    from conftest import run_script
-
     from bridgetower_bench.resilience import checkpoints, is_complete_checkpoint
+    from conftest import run_script
 
     out = small_filesystem(11 * 1024) / "out"
     result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     last = _error_line(result.stderr)
-    assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing a checkpoint ({out / 'checkpoint-2'}): ")
-    assert " free on its filesystem; the partial files were removed; the last complete checkpoint, " \
-           f"{out / 'checkpoint-1'}, is intact: free some space and rerun the same command to resume" in last
+    assert last.startswith(
+        f"run_bridgetower_cuda.py: error: disk full while writing a checkpoint ({out / 'checkpoint-2'}): "
+    )
+    assert (
+        " free on its filesystem; the partial files were removed; the last complete checkpoint, "
+        f"{out / 'checkpoint-1'}, is intact: free some space and rerun the same command to resume" in last
+    )
     assert [os.path.basename(c) for c in checkpoints(str(out))] == ["checkpoint-1"]
     assert is_complete_checkpoint(str(out / "checkpoint-1"))
 
@@ -331,7 +432,9 @@ def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_publis
     assert "Traceback" not in result.stderr
     last = _error_line(result.stderr)
     assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing the final results into {out} (")
-    assert last.endswith("free on its filesystem; the partial files were removed; the results published before are intact")
+    assert last.endswith(
+        "free on its filesystem; the partial files were removed; the results published before are intact"
+    )
     # Nothing of the failed publication is left, and the disk is not left full (the run wrote nothing else there).
     assert [n for _, _, names in os.walk(disk) for n in names] == []
 
@@ -343,7 +446,9 @@ def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, mo
 
     assert disk_space.is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
     assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
-    assert disk_space.is_disk_full(Exception("Error while serializing: I/O error: No space left on device (os error 28)"), tmp_path)
+    assert disk_space.is_disk_full(
+        Exception("Error while serializing: I/O error: No space left on device (os error 28)"), tmp_path
+    )
     torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
     assert not disk_space.is_disk_full(torch_error, tmp_path)
     monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
@@ -351,8 +456,11 @@ def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, mo
     assert not disk_space.is_disk_full(KeyboardInterrupt(), tmp_path)
 
     target = tmp_path / "checkpoint-5"
-    with pytest.raises(disk_space.DiskFull, match=r"^disk full while writing a checkpoint \(.*checkpoint-5\): 4.0 KiB free "
-                       r"on its filesystem; the partial files were removed$"):
+    with pytest.raises(
+        disk_space.DiskFull,
+        match=r"^disk full while writing a checkpoint \(.*checkpoint-5\): 4.0 KiB free "
+        r"on its filesystem; the partial files were removed$",
+    ):
         with disk_space.removed_when_disk_full(target, "a checkpoint"):
             target.mkdir()
             (target / "model.safetensors").write_bytes(b"partial")
@@ -403,7 +511,8 @@ def _csv_data(tmp_path, rows=8):
 
 
 def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
-        fixtures, tmp_path, capsys, monkeypatch):
+    fixtures, tmp_path, capsys, monkeypatch
+):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
     from test_user_input import run_cuda_script
@@ -421,16 +530,37 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         return checked
 
-    common = ["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", tmp_path / "out",
-              "--do_train", "--per_device_train_batch_size", 8, "--max_steps", 1, "--report_to", "none", "--use_cpu",
-              "--dataloader_num_workers", 0, "--preflight_cache_dir", tmp_path / "preflight"]
+    common = [
+        "--model_name_or_path",
+        fixtures["model"],
+        "--train_file",
+        data_file,
+        "--output_dir",
+        tmp_path / "out",
+        "--do_train",
+        "--per_device_train_batch_size",
+        8,
+        "--max_steps",
+        1,
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--dataloader_num_workers",
+        0,
+        "--preflight_cache_dir",
+        tmp_path / "preflight",
+    ]
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
     status, stderr = run_cuda_script(common, capsys)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     assert _error_line(stderr).startswith(
-        f"run_bridgetower_cuda.py: error: split 'train': cannot decode image from {str(changed)!r}")
-    assert "(training stopped before step 1; no checkpoint saved). Restore the image, or rerun with --drop_bad_rows" in stderr
+        f"run_bridgetower_cuda.py: error: split 'train': cannot decode image from {str(changed)!r}"
+    )
+    assert (
+        "(training stopped before step 1; no checkpoint saved). Restore the image, or rerun with --drop_bad_rows"
+        in stderr
+    )
 
     monkeypatch.setattr(preflight, "check_splits", original)
     status, stderr = run_cuda_script(common + ["--drop_bad_rows"], capsys)
@@ -453,29 +583,64 @@ def places(tmp_path):
 
 
 TOOL_CASES = {
-    "compare --json <a directory>": (["compare", "{run}", "--json", "{dir}"], "--json={dir} is a directory; give a file name to write"),
-    "compare --json under a file": (["compare", "{run}", "--json", "{under_file}/x.json"],
-                                    "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory"),
-    "fixtures --out <a file>": (["fixtures", "gaudi-config", "--out", "{file}"], "--out={file} is a file, not a directory"),
-    "fixtures --out under a file": (["fixtures", "gaudi-config", "--out", "{under_file}"],
-                                    "--out={under_file}: cannot create the directory: {file} is a file, not a directory"),
+    "compare --json <a directory>": (
+        ["compare", "{run}", "--json", "{dir}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
+    "compare --json under a file": (
+        ["compare", "{run}", "--json", "{under_file}/x.json"],
+        "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory",
+    ),
+    "fixtures --out <a file>": (
+        ["fixtures", "gaudi-config", "--out", "{file}"],
+        "--out={file} is a file, not a directory",
+    ),
+    "fixtures --out under a file": (
+        ["fixtures", "gaudi-config", "--out", "{under_file}"],
+        "--out={under_file}: cannot create the directory: {file} is a file, not a directory",
+    ),
     "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], "--out={file} is a file, not a directory"),
-    "image_bench --json <a directory>": (["image_bench", "--json", "{dir}"], "--json={dir} is a directory; give a file name to write"),
-    "cache_memory_bench --json <a directory>": (["cache_memory_bench", "--json", "{dir}"],
-                                                "--json={dir} is a directory; give a file name to write"),
-    "device_decode_check <a missing image>": (["device_decode_check", "{missing}"], "images={missing}: No such file or directory"),
-    "device_decode_check <a directory>": (["device_decode_check", "{dir}"], "images={dir}: not a regular file: directory"),
-    "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], "--output_dir={file} is a file, not a directory"),
-    "gaudi_check --json <a directory>": (["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
-                                         "--json={dir} is a directory; give a file name to write"),
-    "nvidia_check --output_dir <a file>": (["nvidia_check", "--output_dir", "{file}"], "--output_dir={file} is a file, not a directory"),
-    "nvidia_check --json <a directory>": (["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
-                                          "--json={dir} is a directory; give a file name to write"),
+    "image_bench --json <a directory>": (
+        ["image_bench", "--json", "{dir}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
+    "cache_memory_bench --json <a directory>": (
+        ["cache_memory_bench", "--json", "{dir}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
+    "device_decode_check <a missing image>": (
+        ["device_decode_check", "{missing}"],
+        "images={missing}: No such file or directory",
+    ),
+    "device_decode_check <a directory>": (
+        ["device_decode_check", "{dir}"],
+        "images={dir}: not a regular file: directory",
+    ),
+    "gaudi_check --output_dir <a file>": (
+        ["gaudi_check", "--output_dir", "{file}"],
+        "--output_dir={file} is a file, not a directory",
+    ),
+    "gaudi_check --json <a directory>": (
+        ["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
+    "nvidia_check --output_dir <a file>": (
+        ["nvidia_check", "--output_dir", "{file}"],
+        "--output_dir={file} is a file, not a directory",
+    ),
+    "nvidia_check --json <a directory>": (
+        ["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
     "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
-    "gpu_ceiling --output_dir <a file>": (["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
-                                          "--output_dir={file} is a file, not a directory"),
+    "gpu_ceiling --output_dir <a file>": (
+        ["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
+        "--output_dir={file} is a file, not a directory",
+    ),
     "gpu_ceiling --model_name_or_path <a missing directory>": (
-        ["gpu_ceiling", "--model_name_or_path", "{missing}", "--output_dir", "{dir}"], "--model_name_or_path={missing}: no such directory"),
+        ["gpu_ceiling", "--model_name_or_path", "{missing}", "--output_dir", "{dir}"],
+        "--model_name_or_path={missing}: no such directory",
+    ),
     "upstream_diff --upstream <a directory>": (["upstream_diff", "--upstream", "{dir}"], None),
     "upstream_diff --ours <a missing file>": (["upstream_diff", "--upstream", "{file}", "--ours", "{missing}"], None),
 }
@@ -483,8 +648,14 @@ TOOL_CASES = {
 
 def _run_tool(tool, args, cwd):
     command = [sys.executable, "-m", f"bridgetower_bench.tools.{tool}", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
-                          env={**script_env(False), "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**script_env(False), "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
@@ -511,8 +682,13 @@ def read_only_place(tmp_path):
     any directory whatever its mode), else a directory without write permission."""
     place = tmp_path / "read-only"
     place.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)], capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)], capture_output=True
+        ).returncode
+        == 0
+    )
     if not mounted:
         place.chmod(0o555)
         if os.access(place, os.W_OK):
@@ -524,11 +700,14 @@ def read_only_place(tmp_path):
         place.chmod(0o755)
 
 
-@pytest.mark.parametrize("tool, args, flag", [
-    ("fixtures", ["gaudi-config", "--out"], "--out"),
-    ("gaudi_check", ["--output_dir"], "--output_dir"),
-    ("compare", ["{run}", "--json"], "--json"),
-])
+@pytest.mark.parametrize(
+    "tool, args, flag",
+    [
+        ("fixtures", ["gaudi-config", "--out"], "--out"),
+        ("gaudi_check", ["--output_dir"], "--output_dir"),
+        ("compare", ["{run}", "--json"], "--json"),
+    ],
+)
 def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_only_place, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -538,7 +717,8 @@ def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_onl
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     what = "file" if flag == "--json" else "directory"
     assert result.stderr.strip().splitlines() == [
-        f"{tool}: error: {flag}={target}: cannot create the {what}: {read_only_place} is not writable"]
+        f"{tool}: error: {flag}={target}: cannot create the {what}: {read_only_place} is not writable"
+    ]
 
 
 def test_the_launcher_refuses_a_training_script_that_is_not_a_file_without_a_traceback(tmp_path):

@@ -9,29 +9,41 @@ import sys
 import threading
 import time
 
-import preloaded_python
 import pytest
 from PIL import Image
 
+import preloaded_python
 from bridgetower_bench.tools import bench, bench_report
+
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
 # so steps 3 and 5 begin epochs inside the counted window.
-TINY_RUN = ("--max_train_samples 4 --max_steps 5 --throughput_warmup_steps 1 --per_device_train_batch_size 2 "
-            "--logging_steps 1 --max_eval_samples 8")
+TINY_RUN = (
+    "--max_train_samples 4 --max_steps 5 --throughput_warmup_steps 1 --per_device_train_batch_size 2 "
+    "--logging_steps 1 --max_eval_samples 8"
+)
 
 
 def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded_sweep, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
     out = tmp_path / "bench"
 
-    code = bench.main(["--workers", "0", "1", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)])
+    code = bench.main(
+        ["--workers", "0", "1", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)]
+    )
 
     printed = capsys.readouterr().out
     assert code == 0, printed
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert [(r["workers"], r["persistent_workers"], r["status"]) for r in runs] == [(0, False, "ok"), (1, False, "ok"), (1, True, "ok")]
-    assert "--dataloader_persistent_workers True" in runs[2]["command"] and "--dataloader_persistent_workers" not in runs[1]["command"]
+    assert [(r["workers"], r["persistent_workers"], r["status"]) for r in runs] == [
+        (0, False, "ok"),
+        (1, False, "ok"),
+        (1, True, "ok"),
+    ]
+    assert (
+        "--dataloader_persistent_workers True" in runs[2]["command"]
+        and "--dataloader_persistent_workers" not in runs[1]["command"]
+    )
     for row in runs:
         assert row["loader"] == "torch" and row["image_pipeline"] == "upstream" and row["script"] == "cuda"
         assert row["device_name"].startswith("CPU") and row["world_size"] == 1
@@ -44,14 +56,25 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
         assert row["train_samples_per_second"] == pytest.approx(8 / train["throughput_counted_seconds"], rel=1e-9)
         assert row["data_wait_fraction"] == train["data_wait_fraction"] < 1
         evaluation = json.loads((out / row["output_dir"] / "validation_results.json").read_text())
-        assert row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"] and row["eval_loss"] == evaluation["eval_loss"]
+        assert (
+            row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"] and row["eval_loss"] == evaluation["eval_loss"]
+        )
         assert f"{row['train_samples_per_second']:.2f} samples/s" in printed
-        assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(row["data_wait_fraction"])
+        assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(
+            row["data_wait_fraction"]
+        )
         assert row["data_wait_seconds_epoch_start"] > 0
         assert row["version_torch"] and row["version_transformers"]
         # The environment the run names: a CPU run of the CUDA/CPU script, no Habana mode, no driver read.
-        assert (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"]) == ("cpu", "n/a", False, 1)
-        assert row["device_memory_bytes"] > 2**30 and row["driver_version"] is None and row["version_intel_gaudi"] is None
+        assert (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"]) == (
+            "cpu",
+            "n/a",
+            False,
+            1,
+        )
+        assert (
+            row["device_memory_bytes"] > 2**30 and row["driver_version"] is None and row["version_intel_gaudi"] is None
+        )
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
         assert not list((out / "runs" / row["run_id"]).glob("*.safetensors")), "weights are deleted by default"
 
@@ -63,8 +86,10 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
     table = (out / "table.md").read_text()
     assert "| device | workers=0 | workers=1 | workers=1 (persistent) |" in table and "(x1.00)" in table
     gib = f"{runs[0]['device_memory_bytes'] / 2**30:.1f} GiB"
-    assert (f"| {runs[0]['device_name']} x1 | cpu | n/a | False | {runs[0]['version_torch']} | {runs[0]['version_cuda'] or '-'} "
-            f"| - | - | 1 | {gib} |") in table.split("## Environment (as the runs recorded it)")[1]
+    assert (
+        f"| {runs[0]['device_name']} x1 | cpu | n/a | False | {runs[0]['version_torch']} | {runs[0]['version_cuda'] or '-'} "
+        f"| - | - | 1 | {gib} |"
+    ) in table.split("## Environment (as the runs recorded it)")[1]
     assert "Shape: 2 optimizer steps per epoch; 2 epoch start(s) inside the counted window." in table
     assert "## Data wait at epoch starts beside the steady state (median)" in table
     split = table.split("## Data wait at epoch starts beside the steady state (median)")[1].split("##")[0]
@@ -82,7 +107,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
 # Failures and Ctrl-C, with a stand-in training script (fast, and it can fail on demand)
 # ---------------------------------------------------------------------------------------------
 
-STAND_IN = '''
+STAND_IN = """
 import argparse, json, os, signal, sys, time
 p = argparse.ArgumentParser()
 p.add_argument("--output_dir")
@@ -111,16 +136,21 @@ json.dump({"train_samples_per_second": sps, "train_samples_per_second_per_device
            "version_torch": "0"}, open(os.path.join(a.output_dir, "train_results.json"), "w"))
 if a.dataloader_num_workers == 3:  # validation metrics, under the scripts' name
     json.dump({"eval_loss": 0.3}, open(os.path.join(a.output_dir, "validation_results.json"), "w"))
-'''
+"""
 
 
 def stand_in_plan(tmp_path, workers, image_pipelines=("upstream",), repeats=1):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     return bench.Plan(
-        preset="local", script="cuda", device="cpu", nproc=1,
+        preset="local",
+        script="cuda",
+        device="cpu",
+        nproc=1,
         variants=bench.expand_matrix(list(workers), ["torch"], list(image_pipelines), repeats=repeats),
-        base_args=[], script_path=script, expected_device_name="CPU stand-in",
+        base_args=[],
+        script_path=script,
+        expected_device_name="CPU stand-in",
         env={"STAND_IN_STARTS": str(tmp_path / "starts.txt")},
     )
 
@@ -147,7 +177,10 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
         assert bad["status"] == "failed" and bad["returncode"] == 2
         assert "invalid choice: 'no-such-pipeline'" in bad["error"]
     assert status[("upstream", 0)]["status"] == "ok", "runs after a failure still run"
-    assert status[("upstream", 8)]["status"] == "failed" and "no train_samples_per_second" in status[("upstream", 8)]["error"]
+    assert (
+        status[("upstream", 8)]["status"] == "failed"
+        and "no train_samples_per_second" in status[("upstream", 8)]["error"]
+    )
     assert status[("upstream", 9)]["error"].startswith("killed by signal SIGKILL")
     assert any("FAILED (return code 2)" in line and "invalid choice" in line for line in lines)
     saved = json.loads((out / "results.json").read_text())["runs"]
@@ -206,6 +239,7 @@ def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, 
 
 def saved_rows(out):
     """results.json's rows; bare NaN or Infinity (not JSON) fail the test."""
+
     def refuse(constant):
         raise AssertionError(f"results.json holds bare {constant}")
 
@@ -232,7 +266,9 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
     assert {"w2-torch-upstream-r1", "w0-torch-fast-r1", "w0-torch-upstream-r2"} <= set(started)
     assert [r["run_id"] for r in rows] == [v.run_id for v in wider.variants]
     assert rows[0] == first[0] and saved_rows(out) == rows
-    assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [bench.asdict(v) for v in wider.variants]
+    assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [
+        bench.asdict(v) for v in wider.variants
+    ]
 
     # A narrower rerun runs nothing new and drops no row.
     narrow, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0]), out, echo=lines.append)
@@ -242,8 +278,10 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
 def test_an_interrupted_run_is_made_again_by_the_rerun(ctrl_c_raises, tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 7])
     pid_file = tmp_path / "out" / "runs" / plan.variants[1].run_id / "pid"
-    threading.Thread(target=lambda: (wait_for(pid_file), signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)),
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: (wait_for(pid_file), signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)),
+        daemon=True,
+    ).start()
     rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
     assert interrupted and [r["status"] for r in rows] == ["ok", "interrupted"]
     starts(tmp_path)
@@ -263,16 +301,25 @@ def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
     return path.read_text()
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda plan: setattr(plan, "preset", "blog"), "(--preset local → blog)"),
-    (lambda plan: setattr(plan, "extra_args", ["--seed", "2"]), '(--extra-args "--seed 1" → "--seed 2")'),
-    (lambda plan: setattr(plan, "extra_args", []), '(--extra-args "--seed 1" → "")'),
-    (lambda plan: setattr(plan, "nproc", 2), "(--nproc 1 → 2)"),
-    (lambda plan: setattr(plan, "shape", "within-epoch"), "(--shape published → within-epoch)"),
-    (lambda plan: setattr(plan, "base_args", ["--do_eval"]), "(--eval off → on)"),
-    (lambda plan: setattr(plan, "base_args", ["--max_seq_length", "64"]), "(the runs' arguments \"\" → \"--max_seq_length 64\")"),
-    (lambda plan: (setattr(plan, "script", "gaudi"), setattr(plan, "device", "hpu")), "(--script cuda → gaudi; device cpu → hpu)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda plan: setattr(plan, "preset", "blog"), "(--preset local → blog)"),
+        (lambda plan: setattr(plan, "extra_args", ["--seed", "2"]), '(--extra-args "--seed 1" → "--seed 2")'),
+        (lambda plan: setattr(plan, "extra_args", []), '(--extra-args "--seed 1" → "")'),
+        (lambda plan: setattr(plan, "nproc", 2), "(--nproc 1 → 2)"),
+        (lambda plan: setattr(plan, "shape", "within-epoch"), "(--shape published → within-epoch)"),
+        (lambda plan: setattr(plan, "base_args", ["--do_eval"]), "(--eval off → on)"),
+        (
+            lambda plan: setattr(plan, "base_args", ["--max_seq_length", "64"]),
+            '(the runs\' arguments "" → "--max_seq_length 64")',
+        ),
+        (
+            lambda plan: (setattr(plan, "script", "gaudi"), setattr(plan, "device", "hpu")),
+            "(--script cuda → gaudi; device cpu → hpu)",
+        ),
+    ],
+)
 def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_path, change, message):
     plan = stand_in_plan(tmp_path, workers=[0])
     plan.extra_args, plan.shape = ["--seed", "1"], "published"
@@ -303,14 +350,34 @@ def test_an_out_that_holds_no_readable_sweep_or_is_a_file_is_refused_naming_it(t
 
 def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
     out = tmp_path / "out"
-    plan = bench.make_plan(bench.make_parser().parse_args(["--workers", "0", "1", "--image-pipelines", "fast",
-                                                           "--extra-args", "--seed 1"]), build_fixtures=False)
+    plan = bench.make_plan(
+        bench.make_parser().parse_args(
+            ["--workers", "0", "1", "--image-pipelines", "fast", "--extra-args", "--seed 1"]
+        ),
+        build_fixtures=False,
+    )
     plan.expected_device_name = ""  # as a dry run plans it
     out.mkdir()
     bench.write_results(out, plan, [{"run_id": plan.variants[0].run_id, "status": "ok"}])
 
-    assert bench.main(["--dry-run", "--workers", "0", "1", "2", "--image-pipelines", "fast", "--extra-args", "--seed 1",
-                       "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--dry-run",
+                "--workers",
+                "0",
+                "1",
+                "2",
+                "--image-pipelines",
+                "fast",
+                "--extra-args",
+                "--seed 1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "1 of them already finished" in printed
     assert "--dataloader_num_workers 0" not in printed and printed.count("--dataloader_num_workers 2") == 2
@@ -363,7 +430,9 @@ def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path,
     assert code == 2 and error.count("\n") == 1
     assert f"--out {out} is in use by another sweep (process {os.getpid()} on host " in error
     assert starts(tmp_path) == [] and not (out / "results.json").exists()
-    assert bench.run_sweep(plan, out, echo=lambda line: None)[0][0]["status"] == "ok", "a sweep that ended left it free"
+    assert bench.run_sweep(plan, out, echo=lambda line: None)[0][0]["status"] == "ok", (
+        "a sweep that ended left it free"
+    )
 
 
 def test_a_rerun_never_touches_a_run_directory_a_live_process_holds(tmp_path, held_run_directory):
@@ -372,8 +441,11 @@ def test_a_rerun_never_touches_a_run_directory_a_live_process_holds(tmp_path, he
     holder = held_run_directory(held)
     (held / "train_results.json").write_text("{}")  # what the live run is writing
 
-    with pytest.raises(bench.UserInputError, match=rf"runs/{plan.variants[1].run_id} is in use by a live run "
-                                                   rf"\(process {holder.pid} on host "):
+    with pytest.raises(
+        bench.UserInputError,
+        match=rf"runs/{plan.variants[1].run_id} is in use by a live run "
+        rf"\(process {holder.pid} on host ",
+    ):
         bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
 
     assert (held / "train_results.json").read_text() == "{}" and starts(tmp_path) == []
@@ -405,8 +477,11 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
     driver.write_text(SWEEP_OF_ONE.format(repo=str(bench.REPO)))
     script = stand_in_plan(tmp_path, workers=[7]).script_path
     # (through the preloaded interpreter: the sweep's imports take seconds; its runs are its own real children)
-    sweep = preloaded_python.Popen([sys.executable, str(driver), str(script), str(tmp_path / "out")],
-                                   stdout=subprocess.DEVNULL, start_new_session=True)
+    sweep = preloaded_python.Popen(
+        [sys.executable, str(driver), str(script), str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     run = int(wait_for(tmp_path / "out" / "runs" / bench.Variant(7).run_id / "pid"))
     try:
         assert _running(run)
@@ -424,7 +499,9 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
 def test_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
     rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 0]), tmp_path / "out", echo=lambda line: None)
 
-    assert rows[0]["status"] == "failed" and rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
+    assert (
+        rows[0]["status"] == "failed" and rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
+    )
     assert rows[0]["train_loss"] is None and rows[1]["status"] == "ok"
     assert saved_rows(tmp_path / "out") == rows
 
@@ -434,14 +511,35 @@ def test_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def row(sps, workers, loader="torch", requested=None, status="ok", device="Gaudi2", world_size=8, repeat=1, pipeline="upstream"):
+def row(
+    sps,
+    workers,
+    loader="torch",
+    requested=None,
+    status="ok",
+    device="Gaudi2",
+    world_size=8,
+    repeat=1,
+    pipeline="upstream",
+):
     return {
-        "run_id": f"w{workers}-{requested or loader}-r{repeat}", "status": status, "returncode": 0 if status == "ok" else 1,
-        "error": "" if status == "ok" else "RuntimeError: boom", "log": "x.log",
-        "device_name": device, "world_size": world_size, "requested_loader": requested or loader,
-        "loader": loader if status == "ok" else None, "image_pipeline": pipeline, "workers": workers, "repeat": repeat,
-        "train_samples_per_second": sps, "train_samples_per_second_per_device": None if sps is None else sps / world_size,
-        "data_wait_fraction": 0.25, "throughput_warmup_steps": 3, "throughput_counted_steps": 10,
+        "run_id": f"w{workers}-{requested or loader}-r{repeat}",
+        "status": status,
+        "returncode": 0 if status == "ok" else 1,
+        "error": "" if status == "ok" else "RuntimeError: boom",
+        "log": "x.log",
+        "device_name": device,
+        "world_size": world_size,
+        "requested_loader": requested or loader,
+        "loader": loader if status == "ok" else None,
+        "image_pipeline": pipeline,
+        "workers": workers,
+        "repeat": repeat,
+        "train_samples_per_second": sps,
+        "train_samples_per_second_per_device": None if sps is None else sps / world_size,
+        "data_wait_fraction": 0.25,
+        "throughput_warmup_steps": 3,
+        "throughput_counted_steps": 10,
         "per_device_train_batch_size": 48,
     }
 
@@ -449,8 +547,11 @@ def row(sps, workers, loader="torch", requested=None, status="ok", device="Gaudi
 FALLBACK = "torch (media pipeline unavailable: no habana_frameworks)"
 HAND_MADE = [
     row(100.0, 0),
-    row(140.0, 1), row(160.0, 1, repeat=2), row(130.0, 1, repeat=3),  # median 140
-    row(200.0, 2), row(None, 2, status="failed", repeat=2),
+    row(140.0, 1),
+    row(160.0, 1, repeat=2),
+    row(130.0, 1, repeat=3),  # median 140
+    row(200.0, 2),
+    row(None, 2, status="failed", repeat=2),
     row(210.0, 2, loader=FALLBACK, requested="mediapipe"),
     row(50.0, 1, device="H100", world_size=1),  # no workers=0 run: no speedups on this device
     row(None, 2, status="interrupted", device="Nowhere"),  # interrupted runs are left out
@@ -472,12 +573,16 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
     assert "| Gaudi2 x8 | 100.0 (x1.00) | 140.0 (x1.40) | 200.0 (x2.00) [1 failed] | 210.0 (x2.10) |" in table
     assert "| H100 x1 | - | 50.0 | - | - |" in table
     assert "+ mediapipe" not in table
-    assert "after 3 warm-up step(s), over 10 counted step(s); per-device batch 48; median of up to 3 repeat(s)" in table
+    assert (
+        "after 3 warm-up step(s), over 10 counted step(s); per-device batch 48; median of up to 3 repeat(s)" in table
+    )
     assert "| Gaudi2 x8 | 100.0-100.0 (n=1) | 130.0-160.0 (n=3) | 200.0-200.0 (n=1) | 210.0-210.0 (n=1) |" in table
 
 
 def test_vs_published_lines_up_node_per_device_and_speedups():
-    text = bench_report.render_vs_published(bench_report.summarise(HAND_MADE), {"preset": "blog", "model": bench.BLOG_MODEL})
+    text = bench_report.render_vs_published(
+        bench_report.summarise(HAND_MADE), {"preset": "blog", "model": bench.BLOG_MODEL}
+    )
 
     header = "| configuration | Gaudi2 x8 (this run) | H100 x1 (this run) | Gaudi2 HPU (published) | H100 GPU (published) | A100 80GB GPU (published) |"
     assert text.count(header) == 3
@@ -493,14 +598,24 @@ def test_vs_published_lines_up_node_per_device_and_speedups():
 def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
     def split_row(workers, persistent, start_seconds, steady_seconds, repeat=1):
         counted_seconds = 10.0  # 50 counted steps, 2 of them epoch starts
-        return {**row(80.0, workers, device="CPU", world_size=1, repeat=repeat), "persistent_workers": persistent,
-                "throughput_counted_steps": 50, "throughput_steps_per_epoch": 24, "throughput_epoch_starts": 2,
-                "data_wait_seconds_epoch_start": start_seconds, "data_wait_seconds_steady": steady_seconds,
-                "data_wait_fraction_epoch_start": start_seconds / counted_seconds,
-                "data_wait_fraction_steady": steady_seconds / counted_seconds}
+        return {
+            **row(80.0, workers, device="CPU", world_size=1, repeat=repeat),
+            "persistent_workers": persistent,
+            "throughput_counted_steps": 50,
+            "throughput_steps_per_epoch": 24,
+            "throughput_epoch_starts": 2,
+            "data_wait_seconds_epoch_start": start_seconds,
+            "data_wait_seconds_steady": steady_seconds,
+            "data_wait_fraction_epoch_start": start_seconds / counted_seconds,
+            "data_wait_fraction_steady": steady_seconds / counted_seconds,
+        }
 
-    rows = [split_row(2, False, 1.2, 0.96), split_row(2, False, 1.6, 0.96, repeat=2), split_row(2, True, 0.1, 0.48),
-            {**row(90.0, 0, device="CPU", world_size=1), "throughput_epoch_starts": 0}]  # no boundary counted: no split
+    rows = [
+        split_row(2, False, 1.2, 0.96),
+        split_row(2, False, 1.6, 0.96, repeat=2),
+        split_row(2, True, 0.1, 0.48),
+        {**row(90.0, 0, device="CPU", world_size=1), "throughput_epoch_starts": 0},
+    ]  # no boundary counted: no split
     table = bench_report.render_table(bench_report.summarise(rows))
 
     assert "| device | workers=0 | workers=2 | workers=2 (persistent) |" in table
@@ -527,20 +642,36 @@ def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
     labels = [bench.configuration_label(v.workers, v.loader) for v in plan.variants]
     assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
     command = plan.command(plan.variants[-1], tmp_path / "run")
-    assert command[:7] == [sys.executable, "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi",
-                           str(bench.SCRIPTS["gaudi"])]
+    assert command[:7] == [
+        sys.executable,
+        "-m",
+        "bridgetower_bench.tools.launch_gaudi",
+        "--world_size",
+        "8",
+        "--use_mpi",
+        str(bench.SCRIPTS["gaudi"]),
+    ]
     text = " ".join(command)
-    for flags in ("--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",
-                  "--dataset_name jmhessel/newyorker_caption_contest --dataset_config_name matching",
-                  "--per_device_train_batch_size 48", "--num_train_epochs 5", "--learning_rate 1e-5",
-                  "--throughput_warmup_steps 3", "--do_train --do_eval", "--report_to none",
-                  "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --sdp_on_bf16",
-                  "--dataloader_num_workers 2", "--mediapipe_dataloader"):
+    for flags in (
+        "--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",
+        "--dataset_name jmhessel/newyorker_caption_contest --dataset_config_name matching",
+        "--per_device_train_batch_size 48",
+        "--num_train_epochs 5",
+        "--learning_rate 1e-5",
+        "--throughput_warmup_steps 3",
+        "--do_train --do_eval",
+        "--report_to none",
+        "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --sdp_on_bf16",
+        "--dataloader_num_workers 2",
+        "--mediapipe_dataloader",
+    ):
         assert flags in text
     assert "--do_predict" not in text and "--bf16" not in command  # as upstream's CI: autocast from Habana/clip
     # Lazy mode needs the variable in the runs' environment; every command the sweep shows carries it.
     assert plan.mode_env == {"PT_HPU_LAZY_MODE": "1"} and plan.run_env(plan.variants[-1])["PT_HPU_LAZY_MODE"] == "1"
-    assert plan.shown_command(command, tmp_path).startswith("PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi ")
+    assert plan.shown_command(command, tmp_path).startswith(
+        "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi "
+    )
     assert "PT_HPU_LAZY_MODE" not in plan_for(["--preset", "blog"], accelerator="cuda").run_env()
     assert plan_for(["--preset", "blog"], accelerator="cuda").mode_env == {}
 
@@ -579,14 +710,21 @@ def test_the_sweeps_gaudi_blog_preset_runs_the_readmes_published_gaudi_command(t
     words = readme_command("Gaudi2 / Gaudi3 on Intel Developer Cloud", "launch_gaudi")
     assert words[0] == "PT_HPU_LAZY_MODE=1", "the published command runs lazy mode"
     script_at = words.index("run_bridgetower.py")
-    assert words[1:script_at] == ["python", "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
-    published = as_flags(words[script_at + 1:])
+    assert words[1:script_at] == [
+        "python",
+        "-m",
+        "bridgetower_bench.tools.launch_gaudi",
+        "--world_size",
+        "8",
+        "--use_mpi",
+    ]
+    published = as_flags(words[script_at + 1 :])
 
     plan = plan_for(["--preset", "blog"], accelerator="hpu")
     mediapipe = next(v for v in plan.variants if v.loader == "mediapipe")
     command = plan.command(mediapipe, tmp_path / "run")
     assert command[1:6] == words[2:script_at]
-    swept = as_flags(command[command.index(str(bench.SCRIPTS["gaudi"])) + 1:])
+    swept = as_flags(command[command.index(str(bench.SCRIPTS["gaudi"])) + 1 :])
     for flags in (published, swept):
         flags.pop("--output_dir")
     assert swept.pop("--image_pipeline") == "upstream"  # the default: upstream's images, as published
@@ -602,7 +740,9 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
     assert "--per_device_train_batch_size 8 --max_seq_length 32" in command
     tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
     data = load_dataset(str(fixtures["dataset"]), "matching", cache_dir=str(tmp_path / "hf-cache"))
-    longest = max(len(ids) for split in data.values() for ids in tokenizer(list(split["image_description"]))["input_ids"])
+    longest = max(
+        len(ids) for split in data.values() for ids in tokenizer(list(split["image_description"]))["input_ids"]
+    )
     assert 8 < longest <= 32
 
 
@@ -612,8 +752,10 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
     assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [("torch", "upstream")] * 5 + [
-        ("device_decode", "upstream")] * 2 + [("torch", "fast")] * 5, \
+        ("device_decode", "upstream")
+    ] * 2 + [("torch", "fast")] * 5, (
         "the local preset sets upstream's images beside ours, with and without persistent workers; the device loader runs with the first"
+    )
     assert {v.image_pipeline for v in plan_for(["--preset", "blog"], accelerator="cuda").variants} == {"upstream"}
 
     gaudi_on_cpu = plan_for(["--script", "gaudi", "--workers", "0"], accelerator="cpu")
@@ -622,29 +764,59 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     assert "--use_habana" not in command and [v.loader for v in gaudi_on_cpu.variants] == ["torch", "torch"]
 
 
-@pytest.mark.parametrize("argv, accelerator, message", [
-    (["--loaders", "torch", "mediapipe"], "cpu", "--loaders mediapipe: only run_bridgetower.py has it"),
-    (["--script", "gaudi", "--loaders", "device_decode"], "hpu", "--loaders device_decode: only run_bridgetower_cuda.py"),
-    (["--loaders", "dali"], "cpu", "--loaders dali: unknown loader"),
-    (["--workers", "0", "-1"], "cpu", "--workers 0 -1: worker counts must be 0 or more"),
-    (["--repeats", "0"], "cpu", "--repeats 0"),
-    (["--script", "gaudi", "--nproc", "8"], "cpu", "--nproc 8: the Gaudi script runs several processes only on HPUs"),
-    (["--extra-args", "--output_dir /tmp/x"], "cpu", "--extra-args: --output_dir is set per run by the sweep"),
-    (["--extra-args", "--seed '3"], "cpu", "--extra-args .*No closing quotation"),
-    (["--extra-args=--dataloader_persistent_workers"], "cpu", "--extra-args: --dataloader_persistent_workers is set per run"),
-    (["--preset", "blog", "--shape", "within-epoch"], "cpu", "--shape within-epoch: only the local preset"),
-    (["--prefetch-factors", "0"], "cpu", "--prefetch-factors 0: must be 1 or more"),
-])
+@pytest.mark.parametrize(
+    "argv, accelerator, message",
+    [
+        (["--loaders", "torch", "mediapipe"], "cpu", "--loaders mediapipe: only run_bridgetower.py has it"),
+        (
+            ["--script", "gaudi", "--loaders", "device_decode"],
+            "hpu",
+            "--loaders device_decode: only run_bridgetower_cuda.py",
+        ),
+        (["--loaders", "dali"], "cpu", "--loaders dali: unknown loader"),
+        (["--workers", "0", "-1"], "cpu", "--workers 0 -1: worker counts must be 0 or more"),
+        (["--repeats", "0"], "cpu", "--repeats 0"),
+        (
+            ["--script", "gaudi", "--nproc", "8"],
+            "cpu",
+            "--nproc 8: the Gaudi script runs several processes only on HPUs",
+        ),
+        (["--extra-args", "--output_dir /tmp/x"], "cpu", "--extra-args: --output_dir is set per run by the sweep"),
+        (["--extra-args", "--seed '3"], "cpu", "--extra-args .*No closing quotation"),
+        (
+            ["--extra-args=--dataloader_persistent_workers"],
+            "cpu",
+            "--extra-args: --dataloader_persistent_workers is set per run",
+        ),
+        (["--preset", "blog", "--shape", "within-epoch"], "cpu", "--shape within-epoch: only the local preset"),
+        (["--prefetch-factors", "0"], "cpu", "--prefetch-factors 0: must be 1 or more"),
+    ],
+)
 def test_bad_command_lines_are_refused_with_the_flag_named(argv, accelerator, message):
     with pytest.raises(ValueError, match=message):
         plan_for(argv, accelerator)
 
 
 def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
-    rows = [{"status": "ok", "requested_loader": loader, "image_pipeline": pipeline, "workers": w, "repeat": 1,
-             "train_samples_per_second": 10.0 + w, "loader": loader, "device_name": "CPU", "world_size": 1}
-            for pipeline in ("upstream", "fast") for w in (0, 1, 2) for loader in ("torch",)]
-    rows.append({**rows[-1], "requested_loader": "device_decode", "loader": "device_decode", "image_pipeline": "upstream"})
+    rows = [
+        {
+            "status": "ok",
+            "requested_loader": loader,
+            "image_pipeline": pipeline,
+            "workers": w,
+            "repeat": 1,
+            "train_samples_per_second": 10.0 + w,
+            "loader": loader,
+            "device_name": "CPU",
+            "world_size": 1,
+        }
+        for pipeline in ("upstream", "fast")
+        for w in (0, 1, 2)
+        for loader in ("torch",)
+    ]
+    rows.append(
+        {**rows[-1], "requested_loader": "device_decode", "loader": "device_decode", "image_pipeline": "upstream"}
+    )
 
     groups, series = bench_report.chart_groups(bench_report.summarise(rows))
 
@@ -656,8 +828,15 @@ def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
 def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(tmp_path):
     def shape(argv):
         command = plan_for(argv, accelerator="cpu").command(bench.Variant(2), tmp_path)
-        value = {flag: int(command[command.index(flag) + 1]) for flag in
-                 ("--max_train_samples", "--per_device_train_batch_size", "--max_steps", "--throughput_warmup_steps")}
+        value = {
+            flag: int(command[command.index(flag) + 1])
+            for flag in (
+                "--max_train_samples",
+                "--per_device_train_batch_size",
+                "--max_steps",
+                "--throughput_warmup_steps",
+            )
+        }
         steps_per_epoch = -(-value["--max_train_samples"] // value["--per_device_train_batch_size"])
         counted = range(value["--throughput_warmup_steps"] + 1, value["--max_steps"] + 1)
         return steps_per_epoch, [step for step in counted if (step - 1) % steps_per_epoch == 0]
@@ -673,17 +852,36 @@ def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(t
 def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
     plan = plan_for(["--image-pipelines", "fast"], accelerator="cpu")
     assert [v.label for v in plan.variants] == [
-        "workers=0, fast images", "workers=1, fast images", "workers=1 (persistent), fast images",
-        "workers=2, fast images", "workers=2 (persistent), fast images"]
+        "workers=0, fast images",
+        "workers=1, fast images",
+        "workers=1 (persistent), fast images",
+        "workers=2, fast images",
+        "workers=2 (persistent), fast images",
+    ]
     for variant in plan.variants:
         command = plan.command(variant, tmp_path / variant.run_id)
         assert ("--dataloader_persistent_workers" in command) == variant.persistent_workers
     assert len({v.run_id for v in plan.variants}) == len(plan.variants)
 
-    chosen = plan_for(["--workers", "0", "2", "--persistent-workers", "yes", "--prefetch-factors", "4",
-                       "--image-pipelines", "upstream"], accelerator="cuda")
-    assert [v.label for v in chosen.variants] == ["workers=0", "workers=2 (persistent, prefetch 4)",
-                                                  "workers=2 (persistent, prefetch 4) + device_decode"]
+    chosen = plan_for(
+        [
+            "--workers",
+            "0",
+            "2",
+            "--persistent-workers",
+            "yes",
+            "--prefetch-factors",
+            "4",
+            "--image-pipelines",
+            "upstream",
+        ],
+        accelerator="cuda",
+    )
+    assert [v.label for v in chosen.variants] == [
+        "workers=0",
+        "workers=2 (persistent, prefetch 4)",
+        "workers=2 (persistent, prefetch 4) + device_decode",
+    ]
     command = " ".join(chosen.command(chosen.variants[1], tmp_path / "run"))
     assert "--dataloader_persistent_workers True --dataloader_prefetch_factor 4" in command
     assert "--dataloader_persistent_workers" not in chosen.command(chosen.variants[0], tmp_path / "run")
@@ -692,7 +890,13 @@ def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
     assert not any(v.persistent_workers for v in gaudi.variants)
     with_mediapipe = plan_for(["--preset", "blog", "--persistent-workers", "no", "yes"], accelerator="hpu")
     assert [v.label for v in with_mediapipe.variants] == [
-        "workers=0", "workers=1", "workers=1 (persistent)", "workers=2", "workers=2 (persistent)", "workers=2 + mediapipe"]
+        "workers=0",
+        "workers=1",
+        "workers=1 (persistent)",
+        "workers=2",
+        "workers=2 (persistent)",
+        "workers=2 + mediapipe",
+    ]
 
 
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
@@ -704,10 +908,16 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
 
 
 def test_last_error_line_prefers_the_child_exception_over_launcher_noise():
-    log = "\n".join([
-        "step 1", "Traceback (most recent call last):", '  File "x.py", line 3', "[rank0]: ValueError: --image_column foo not found",
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "=====",
-    ])
+    log = "\n".join(
+        [
+            "step 1",
+            "Traceback (most recent call last):",
+            '  File "x.py", line 3',
+            "[rank0]: ValueError: --image_column foo not found",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+            "=====",
+        ]
+    )
     assert bench.last_error_line(log) == "[rank0]: ValueError: --image_column foo not found"
     assert bench.last_error_line("all fine\nlast words\n") == "last words"
 
@@ -723,10 +933,12 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
 
 
 def test_a_diverged_run_shows_its_one_line_not_an_earlier_error():
-    log = "\n".join([
-        "UserWarning: some library's RuntimeError fallback",
-        "{'loss': nan, 'epoch': 1.0}",
-        "Training diverged at step 2 of 6 (loss NaN): stopped, nothing published in runs/a",
-        "some shutdown chatter",
-    ])
+    log = "\n".join(
+        [
+            "UserWarning: some library's RuntimeError fallback",
+            "{'loss': nan, 'epoch': 1.0}",
+            "Training diverged at step 2 of 6 (loss NaN): stopped, nothing published in runs/a",
+            "some shutdown chatter",
+        ]
+    )
     assert bench.last_error_line(log).startswith("Training diverged at step 2 of 6")

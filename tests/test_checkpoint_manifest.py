@@ -15,13 +15,21 @@ from conftest import read_json, run_script
 from test_run_recipe import command
 from test_scripts import load_weights, run_killed_while_publishing
 
+
 REQUIRED = checkpoint_manifest.required_files(save_only_model=False, world_size=1)
 
 
 def saved_checkpoint(directory):
     directory.mkdir()
-    for name in ("model.safetensors", "config.json", "trainer_state.json", "training_args.bin", "optimizer.pt",
-                 "scheduler.pt", "rng_state.pth"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "trainer_state.json",
+        "training_args.bin",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+    ):
         (directory / name).write_bytes(name.encode() * 100)
     assert checkpoint_manifest.write(str(directory), REQUIRED) is None
     return directory
@@ -36,12 +44,18 @@ def test_a_checkpoint_counts_only_with_every_file_as_saved(tmp_path):
     (checkpoint / "optimizer.pt").write_bytes(b"optimizer.pt" * 50)
     assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "optimizer.pt has 600 bytes, not the 1200 saved"
     (checkpoint / "optimizer.pt").write_bytes(b"optimizer.pT" * 100)  # same size, other content
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "optimizer.pt is not the file saved (its sha256 differs)"
+    assert (
+        checkpoint_manifest.incomplete_reason(str(checkpoint))
+        == "optimizer.pt is not the file saved (its sha256 differs)"
+    )
 
     (checkpoint / checkpoint_manifest.MANIFEST_NAME).write_text('{"files": ')
     assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "its checkpoint-manifest.json is unreadable"
     checkpoint_manifest.remove(str(checkpoint))  # (what a save into this directory does first)
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "it has no checkpoint-manifest.json (its save did not finish)"
+    assert (
+        checkpoint_manifest.incomplete_reason(str(checkpoint))
+        == "it has no checkpoint-manifest.json (its save did not finish)"
+    )
 
     # a save that left out a file the trainer needs to resume exactly writes no manifest: the checkpoint never counts
     (checkpoint / "rng_state.pth").unlink()
@@ -78,12 +92,17 @@ def damage(path, how):
             f.truncate(size // 2)
 
 
-CASES = [(name, how) for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors")
-         for how in ("removed", "truncated")]
+CASES = [
+    (name, how)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors")
+    for how in ("removed", "truncated")
+]
 
 
 @pytest.mark.parametrize("name, how", CASES, ids=[f"{n}-{h}" for n, h in CASES])
-def test_a_damaged_checkpoint_is_skipped_and_the_earlier_one_resumed_to_the_uninterrupted_weights(name, how, runs, fixtures, tmp_path):
+def test_a_damaged_checkpoint_is_skipped_and_the_earlier_one_resumed_to_the_uninterrupted_weights(
+    name, how, runs, fixtures, tmp_path
+):
     out = tmp_path / "run"
     shutil.copytree(runs["killed"], out)
     damage(out / "checkpoint-4" / name, how)
@@ -91,11 +110,22 @@ def test_a_damaged_checkpoint_is_skipped_and_the_earlier_one_resumed_to_the_unin
     resumed = run_script("cuda", command(fixtures, out, max_steps=6))
     expected, actual = load_weights(runs["reference"]), load_weights(out)
     assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), "resumed weights differ from the uninterrupted run"
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), (
+        "resumed weights differ from the uninterrupted run"
+    )
     log = resumed.stdout + resumed.stderr
-    assert f"Not resuming from {out / 'checkpoint-4'}: {name} " + ("is missing" if how == "removed" else "has ") in log, log[-3000:]
+    assert (
+        f"Not resuming from {out / 'checkpoint-4'}: {name} " + ("is missing" if how == "removed" else "has ") in log
+    ), log[-3000:]
     assert f"resuming training at {out / 'checkpoint-2'}" in log and "Continuing training from global step 2" in log
-    assert [e["step"] for e in read_json(out / "trainer_state.json")["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in read_json(out / "trainer_state.json")["log_history"] if "loss" in e] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-4")) is None, "saved again, complete"
 
 
@@ -122,7 +152,9 @@ def test_gaudi_script_skips_a_checkpoint_whose_optimizer_state_is_cut_short(fixt
 
     resumed = run_script("gaudi", command(fixtures, out, "gaudi", max_steps=4))
     expected, actual = load_weights(reference), load_weights(out)
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), "resumed weights differ from the uninterrupted run"
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), (
+        "resumed weights differ from the uninterrupted run"
+    )
     log = resumed.stdout + resumed.stderr
     assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has " in log
     assert f"resuming training at {out / 'checkpoint-2'}" in log

@@ -18,20 +18,38 @@ def _write_run(root, name, files):
 
 def _run(root, name, samples_per_second, recall, loader="torch"):
     """A typical finished run: train figures, eval and test retrieval metrics in separate files."""
-    return _write_run(root, name, {
-        "train_results.json": {"train_samples_per_second": samples_per_second, "data_wait_fraction": 0.25,
-                               "loader": loader, "image_pipeline": "fast", "train_loss": 0.9},
-        "validation_results.json": {"eval_loss": 1.5, "eval_i2t_recall@1": recall, "eval_t2i_recall@1": recall / 2,
-                                    "eval_i2t_mean_rank": 4.0, "eval_runtime": 3.0},
-        "test_results.json": {"test_i2t_recall@10": 0.8},
-    })
+    return _write_run(
+        root,
+        name,
+        {
+            "train_results.json": {
+                "train_samples_per_second": samples_per_second,
+                "data_wait_fraction": 0.25,
+                "loader": loader,
+                "image_pipeline": "fast",
+                "train_loss": 0.9,
+            },
+            "validation_results.json": {
+                "eval_loss": 1.5,
+                "eval_i2t_recall@1": recall,
+                "eval_t2i_recall@1": recall / 2,
+                "eval_i2t_mean_rank": 4.0,
+                "eval_runtime": 3.0,
+            },
+            "test_results.json": {"test_i2t_recall@10": 0.8},
+        },
+    )
 
 
 def test_load_run_merges_results_files_with_per_split_files_winning(tmp_path):
-    run_dir = _write_run(tmp_path, "run", {
-        "all_results.json": {"train_samples_per_second": 10.0, "eval_loss": 9.9},
-        "validation_results.json": {"eval_loss": 1.0},
-    })
+    run_dir = _write_run(
+        tmp_path,
+        "run",
+        {
+            "all_results.json": {"train_samples_per_second": 10.0, "eval_loss": 9.9},
+            "validation_results.json": {"eval_loss": 1.0},
+        },
+    )
 
     assert compare.load_run(run_dir) == {"train_samples_per_second": 10.0, "eval_loss": 1.0}
 
@@ -65,8 +83,13 @@ def test_cli_prints_runs_side_by_side(tmp_path, capsys):
     assert "| test_i2t_recall@10 | 0.8 | 0.8 |" in out
     assert "| loader | torch | torch (media pipeline unavailable: no\\|module) |" in out
     assert "eval_runtime" not in out  # neither a throughput nor a quality figure
-    assert out.index("train_loss") < out.index("eval_loss") < out.index("eval_i2t_recall@1") \
-        < out.index("eval_i2t_mean_rank") < out.index("test_i2t_recall@10")
+    assert (
+        out.index("train_loss")
+        < out.index("eval_loss")
+        < out.index("eval_i2t_recall@1")
+        < out.index("eval_i2t_mean_rank")
+        < out.index("test_i2t_recall@10")
+    )
 
 
 def test_cli_reports_a_missing_directory_by_name(tmp_path, capsys):
@@ -88,12 +111,26 @@ def test_malformed_group_flag_is_refused(flag, capsys):
 
 
 def test_quality_keys_order_and_discovery():
-    present = ["test_t2i_recall@5", "eval_t2i_mean_rank", "eval_i2t_recall@10", "eval_i2t_recall@2",
-               "eval_loss", "train_loss", "eval_runtime", "eval_t2i_recall@1", "train_samples_per_second"]
+    present = [
+        "test_t2i_recall@5",
+        "eval_t2i_mean_rank",
+        "eval_i2t_recall@10",
+        "eval_i2t_recall@2",
+        "eval_loss",
+        "train_loss",
+        "eval_runtime",
+        "eval_t2i_recall@1",
+        "train_samples_per_second",
+    ]
 
     assert compare.quality_keys(present) == [
-        "train_loss", "eval_loss", "eval_i2t_recall@2", "eval_i2t_recall@10", "eval_t2i_recall@1",
-        "eval_t2i_mean_rank", "test_t2i_recall@5",
+        "train_loss",
+        "eval_loss",
+        "eval_i2t_recall@2",
+        "eval_i2t_recall@10",
+        "eval_t2i_recall@1",
+        "eval_t2i_mean_rank",
+        "test_t2i_recall@5",
     ]
 
 
@@ -121,8 +158,9 @@ def test_groups_print_mean_spread_and_verdict_and_write_json(tmp_path, capsys):
     fast = [_run(tmp_path, f"f{seed}", sps, r) for seed, sps, r in ((1, 760.0, 0.33), (2, 770.0, 0.45))]
     out_json = tmp_path / "comparison.json"
 
-    compare.main(["--group", "upstream=" + ",".join(upstream), "--group", "fast=" + ",".join(fast),
-                  "--json", str(out_json)])
+    compare.main(
+        ["--group", "upstream=" + ",".join(upstream), "--group", "fast=" + ",".join(fast), "--json", str(out_json)]
+    )
     out = capsys.readouterr().out
 
     assert "| metric | upstream | fast |" in out
@@ -140,8 +178,14 @@ def test_groups_print_mean_spread_and_verdict_and_write_json(tmp_path, capsys):
     assert report["groups"]["fast"]["stats"]["train_samples_per_second"]["mean"] == pytest.approx(765.0)
     by_metric = {c["metric"]: c for c in report["comparisons"]}
     assert by_metric["eval_t2i_recall@1"]["verdict"] == "within spread"
-    assert set(by_metric) == {"train_loss", "eval_loss", "eval_i2t_recall@1", "eval_t2i_recall@1",
-                              "eval_i2t_mean_rank", "test_i2t_recall@10"}
+    assert set(by_metric) == {
+        "train_loss",
+        "eval_loss",
+        "eval_i2t_recall@1",
+        "eval_t2i_recall@1",
+        "eval_i2t_mean_rank",
+        "test_i2t_recall@10",
+    }
 
 
 def test_a_difference_larger_than_the_spread_is_flagged(tmp_path, capsys):

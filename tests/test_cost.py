@@ -19,15 +19,18 @@ def prices(*texts, file=None):
 # --- parsing and refusing ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("TPU=3", "--price TPU=3: unknown device 'TPU': it matches no row (this sweep: cpu (CPU"),
-    ("cpu=-0.5", "--price cpu=-0.5: a price must be 0 or more, got -0.5"),
-    ("cpu=ten", "--price cpu=ten: 'ten' is not a number (USD per device-hour)"),
-    ("cpu=nan", "--price cpu=nan: 'nan' is not a finite number"),
-    ("cpu", "--price cpu: expected DEVICE=USD_PER_HOUR (e.g. --price H100=2.50)"),
-    ("=0.1", "--price =0.1: the device is empty"),
-    ("cpu=", "--price cpu=: the price is missing"),
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("TPU=3", "--price TPU=3: unknown device 'TPU': it matches no row (this sweep: cpu (CPU"),
+        ("cpu=-0.5", "--price cpu=-0.5: a price must be 0 or more, got -0.5"),
+        ("cpu=ten", "--price cpu=ten: 'ten' is not a number (USD per device-hour)"),
+        ("cpu=nan", "--price cpu=nan: 'nan' is not a finite number"),
+        ("cpu", "--price cpu: expected DEVICE=USD_PER_HOUR (e.g. --price H100=2.50)"),
+        ("=0.1", "--price =0.1: the device is empty"),
+        ("cpu=", "--price cpu=: the price is missing"),
+    ],
+)
 def test_a_malformed_price_is_refused_in_one_line_before_the_sweep_runs(flag, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--dry-run", "--workers", "0", "--price", flag])
@@ -46,24 +49,35 @@ def test_the_same_device_priced_twice_is_refused():
 def test_compare_refuses_a_price_for_no_run_and_no_published_device(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "train_results.json").write_text(json.dumps({"train_samples_per_second": 10.0, "world_size": 1,
-                                                        "device_type": "cpu", "device_name": "CPU Test"}))
+    (run / "train_results.json").write_text(
+        json.dumps(
+            {"train_samples_per_second": 10.0, "world_size": 1, "device_type": "cpu", "device_name": "CPU Test"}
+        )
+    )
     with pytest.raises(SystemExit) as exit_info:
         compare.main([str(run), "--price", "TPU=1"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err == ("python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
-                   "(the runs compared: cpu (CPU Test)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
-                   "a DEVICE is a device type or part of a device name\n")
+    assert err == (
+        "python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
+        "(the runs compared: cpu (CPU Test)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
+        "a DEVICE is a device type or part of a device name\n"
+    )
 
 
 def test_prices_files_json_and_csv(tmp_path):
     assert prices("cpu=0").for_device("cpu", "CPU").usd_per_hour == 0.0, "a machine of your own: free is a price"
     (tmp_path / "p.json").write_text('{"H100": 2.5, "cpu": "0.10"}')
     (tmp_path / "p.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nA100 80GB, 1.8\n")
-    assert [(p.device, p.usd_per_hour) for p in prices(file=str(tmp_path / "p.json")).entries] == [("H100", 2.5), ("cpu", 0.1)]
+    assert [(p.device, p.usd_per_hour) for p in prices(file=str(tmp_path / "p.json")).entries] == [
+        ("H100", 2.5),
+        ("cpu", 0.1),
+    ]
     assert [(p.device, p.usd_per_hour) for p in prices("cpu=1", file=str(tmp_path / "p.csv")).entries] == [
-        ("cpu", 1.0), ("Gaudi2", 1.2), ("A100 80GB", 1.8)]
+        ("cpu", 1.0),
+        ("Gaudi2", 1.2),
+        ("A100 80GB", 1.8),
+    ]
 
     (tmp_path / "bad.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nH100,-2\n")
     (tmp_path / "cols.csv").write_text("name,price\nH100,2\n")
@@ -73,13 +87,17 @@ def test_prices_files_json_and_csv(tmp_path):
     (tmp_path / "bool.json").write_text('{"H100": true}')
     (tmp_path / "short.csv").write_text("device,usd_per_hour\nH100\n")
     (tmp_path / "p.txt").write_text("H100=2")
-    for name, message in [("bad.csv", r"--prices .*bad.csv line 3: a price must be 0 or more, got -2"),
-                          ("cols.csv", r"expected the columns device,usd_per_hour \(found: name,price\)"),
-                          ("one-col.csv", r"expected the columns device,usd_per_hour \(found: device,price\)"),
-                          ("dir.json", r"dir.json: cannot be read \(Is a directory\)"),
-                          ("list.json", r'expected a JSON object \{"DEVICE": USD_PER_HOUR, ...\}, found list'),
-                          ("p.txt", "expected a .json or .csv file"), ("missing.json", "no such file"),
-                          ("bool.json", "key 'H100': 'True' is not a number"), ("short.csv", "line 2: the price is missing")]:
+    for name, message in [
+        ("bad.csv", r"--prices .*bad.csv line 3: a price must be 0 or more, got -2"),
+        ("cols.csv", r"expected the columns device,usd_per_hour \(found: name,price\)"),
+        ("one-col.csv", r"expected the columns device,usd_per_hour \(found: device,price\)"),
+        ("dir.json", r"dir.json: cannot be read \(Is a directory\)"),
+        ("list.json", r'expected a JSON object \{"DEVICE": USD_PER_HOUR, ...\}, found list'),
+        ("p.txt", "expected a .json or .csv file"),
+        ("missing.json", "no such file"),
+        ("bool.json", "key 'H100': 'True' is not a number"),
+        ("short.csv", "line 2: the price is missing"),
+    ]:
         with pytest.raises(UserInputError, match=message):
             prices(file=str(tmp_path / name))
 
@@ -93,14 +111,18 @@ def test_a_price_matches_the_device_type_or_part_of_the_name_the_most_specific_w
     assert given.for_device("cuda", "NVIDIA H100 80GB HBM3").device == "H100 80GB", "a longer name beats a shorter one"
     assert given.for_device("cuda", "NVIDIA H100 PCIe").device == "H100", "a name beats the type"
     assert given.for_device("cpu", "CPU AMD EPYC") is None
-    assert prices("cuda=1", "N=2").for_device("cuda", "NVIDIA H200").device == "N", "even a one-letter name beats the type"
+    assert prices("cuda=1", "N=2").for_device("cuda", "NVIDIA H200").device == "N", (
+        "even a one-letter name beats the type"
+    )
     # published rows: by name only; the type of this machine's GPUs prices none of them
     assert given.for_published("H100 GPU").device == "H100"
     assert given.for_published("A100 80GB GPU").device == "a100"
     assert prices("cuda=4").for_published("H100 GPU") is None
     assert prices("hpu=1").for_published("Gaudi2 HPU") is None
 
-    with pytest.raises(UserInputError, match="--price H100=2 and --price HBM3=3: both match NVIDIA H100 80GB HBM3 equally"):
+    with pytest.raises(
+        UserInputError, match="--price H100=2 and --price HBM3=3: both match NVIDIA H100 80GB HBM3 equally"
+    ):
         prices("H100=2", "HBM3=3").check([("cuda", "NVIDIA H100 80GB HBM3")], "this sweep")
     prices("A100=1").check([("cpu", "CPU X")], "this sweep")  # a published device only: accepted
 
@@ -111,8 +133,15 @@ def test_a_price_matches_the_device_type_or_part_of_the_name_the_most_specific_w
 def test_cost_columns_of_hand_computed_rows():
     given = prices("H100=2.5", "cpu=0.10")
     # 8 H100s at 2.50 USD/h each, 602.1 samples/s together: 20 USD/h for 602.1 x 3600 = 2,167,560 samples/h.
-    h100 = cost.cost_fields({"device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "world_size": 8,
-                             "train_samples_per_second": 602.1}, given)
+    h100 = cost.cost_fields(
+        {
+            "device_type": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "world_size": 8,
+            "train_samples_per_second": 602.1,
+        },
+        given,
+    )
     assert h100["price_device"] == "H100" and h100["usd_per_device_hour"] == 2.5
     assert h100["usd_per_1m_samples"] == pytest.approx(20 / 2_167_560 * 1e6)  # 9.2270
     assert h100["usd_per_1m_samples"] == pytest.approx(9.22696, abs=1e-5)
@@ -120,32 +149,50 @@ def test_cost_columns_of_hand_computed_rows():
     assert h100["usd_published_experiment"] == pytest.approx(49_000 / 602.1 / 3600 * 20)
     assert h100["usd_published_experiment"] == pytest.approx(0.45212, abs=1e-5)
     # one CPU at 0.10 USD/h and 20 samples/s: 72,000 samples per 0.10 USD
-    cpu = cost.cost_fields({"device_type": "cpu", "device_name": "CPU AMD EPYC", "world_size": 1,
-                            "train_samples_per_second": 20.0}, given)
+    cpu = cost.cost_fields(
+        {"device_type": "cpu", "device_name": "CPU AMD EPYC", "world_size": 1, "train_samples_per_second": 20.0}, given
+    )
     assert cpu["usd_per_1m_samples"] == pytest.approx(1.388889, abs=1e-6)
     assert cpu["usd_published_experiment"] == pytest.approx(0.0680556, abs=1e-7)
     # a row without world_size is one device; a slow one (under 1 sample/s) is still priced
     slow = cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.5}, given)
     assert slow["usd_per_1m_samples"] == pytest.approx(0.1 / (0.5 * 3600) * 1e6)
     # a failed run (no speed, or none measured) keeps its price and gets no cost; an unpriced device and no prices: no column
-    assert cost.cost_fields({"device_type": "cpu", "device_name": "CPU"}, given) == {"price_device": "cpu", "usd_per_device_hour": 0.1}
-    assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.0}, given) == {"price_device": "cpu", "usd_per_device_hour": 0.1}
-    assert cost.cost_fields({"device_type": "hpu", "device_name": "GAUDI2", "train_samples_per_second": 5.0}, given) == {}
+    assert cost.cost_fields({"device_type": "cpu", "device_name": "CPU"}, given) == {
+        "price_device": "cpu",
+        "usd_per_device_hour": 0.1,
+    }
+    assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.0}, given) == {
+        "price_device": "cpu",
+        "usd_per_device_hour": 0.1,
+    }
+    assert (
+        cost.cost_fields({"device_type": "hpu", "device_name": "GAUDI2", "train_samples_per_second": 5.0}, given) == {}
+    )
     assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 5.0}, prices()) == {}
 
 
 def test_published_rows_at_the_users_prices():
-    costs = {(c["device"], c["configuration"]): c for c in cost_report.published_costs(prices("Gaudi2=1.2", "A100 80GB=1.8"))}
+    costs = {
+        (c["device"], c["configuration"]): c
+        for c in cost_report.published_costs(prices("Gaudi2=1.2", "A100 80GB=1.8"))
+    }
     assert set(d for d, _ in costs) == {"Gaudi2 HPU", "A100 80GB GPU"}
     # Gaudi2 with the media pipeline: 847.7 samples/s on 8 HPUs at 1.20 USD each per hour
-    assert costs[("Gaudi2 HPU", "workers=2 + mediapipe")]["usd_per_1m_samples"] == pytest.approx(9.6 / (847.7 * 3600) * 1e6)
-    assert costs[("Gaudi2 HPU", "upstream CI")]["usd_published_experiment"] == pytest.approx(49_000 * 9.6 / (904.93 * 3600))
-    assert costs[("A100 80GB GPU", "workers=2")]["usd_per_1m_samples"] == pytest.approx(11.581, abs=1e-3)  # 14.40 USD/h for 345.4 x 3600 samples
+    assert costs[("Gaudi2 HPU", "workers=2 + mediapipe")]["usd_per_1m_samples"] == pytest.approx(
+        9.6 / (847.7 * 3600) * 1e6
+    )
+    assert costs[("Gaudi2 HPU", "upstream CI")]["usd_published_experiment"] == pytest.approx(
+        49_000 * 9.6 / (904.93 * 3600)
+    )
+    assert costs[("A100 80GB GPU", "workers=2")]["usd_per_1m_samples"] == pytest.approx(
+        11.581, abs=1e-3
+    )  # 14.40 USD/h for 345.4 x 3600 samples
 
 
 # --- the sweep's records ----------------------------------------------------------------------------------------
 
-STAND_IN = '''
+STAND_IN = """
 import argparse, json, os
 p = argparse.ArgumentParser()
 p.add_argument("--output_dir")
@@ -162,15 +209,24 @@ json.dump({"train_samples_per_second": sps, "train_samples_per_second_per_device
            "throughput_warmup_steps": 1, "throughput_counted_steps": 2, "per_device_train_batch_size": 2,
            "loader": "torch", "image_pipeline": a.image_pipeline, "device_name": "CPU stand-in", "device_type": "cpu",
            **energy}, open(os.path.join(a.output_dir, "train_results.json"), "w"))
-'''
+"""
 
 
 def sweep(tmp_path, given, env=None):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, base_args=[], script_path=script,
-                      variants=bench.expand_matrix([0, 1], ["torch"], ["upstream"], repeats=1),
-                      expected_device_name="CPU stand-in", prices=given, env=env or {})
+    plan = bench.Plan(
+        preset="local",
+        script="cuda",
+        device="cpu",
+        nproc=1,
+        base_args=[],
+        script_path=script,
+        variants=bench.expand_matrix([0, 1], ["torch"], ["upstream"], repeats=1),
+        expected_device_name="CPU stand-in",
+        prices=given,
+        env=env or {},
+    )
     out = tmp_path / "out"
     rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
     bench_report.render_all(out, rows, {"preset": "local", "model": "stand-in", "prices": given})
@@ -185,7 +241,9 @@ def test_with_a_price_every_record_has_the_cost_and_the_chart_is_drawn(tmp_path)
     assert json.loads((out / "results.json").read_text())["bench"]["prices"] == {"cpu": 0.1, "H100": 2.5}
 
     assert [r["usd_per_1m_samples"] for r in runs] == pytest.approx([0.1 / (10 * 3600) * 1e6, 0.1 / (20 * 3600) * 1e6])
-    assert [r["usd_published_experiment"] for r in runs] == pytest.approx([0.1 * 49_000 / (10 * 3600), 0.1 * 49_000 / (20 * 3600)])
+    assert [r["usd_published_experiment"] for r in runs] == pytest.approx(
+        [0.1 * 49_000 / (10 * 3600), 0.1 * 49_000 / (20 * 3600)]
+    )
     assert float(csv_rows[1]["usd_per_1m_samples"]) == pytest.approx(runs[1]["usd_per_1m_samples"])
     assert csv_rows[0]["price_device"] == "cpu" and csv_rows[0]["energy_source"] == "rapl"
     table = (out / "table.md").read_text()
@@ -220,17 +278,43 @@ def test_without_prices_there_is_no_cost_column_and_a_run_without_counter_says_w
 def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_prices(tmp_path, capsys):
     for name, speed in (("slow", 10.0), ("fast", 40.0)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "train_results.json").write_text(json.dumps({
-            "train_samples_per_second": speed, "world_size": 2, "device_type": "cuda", "device_name": "NVIDIA H200",
-            "energy_source": "nvml-energy", "energy_joules_per_sample": 4.0, "energy_watts_per_device": 20.0}))
+        (tmp_path / name / "train_results.json").write_text(
+            json.dumps(
+                {
+                    "train_samples_per_second": speed,
+                    "world_size": 2,
+                    "device_type": "cuda",
+                    "device_name": "NVIDIA H200",
+                    "energy_source": "nvml-energy",
+                    "energy_joules_per_sample": 4.0,
+                    "energy_watts_per_device": 20.0,
+                }
+            )
+        )
 
-    assert compare.main([str(tmp_path / "slow"), str(tmp_path / "fast"), "--price", "H200=3.6", "--price", "Gaudi2=1.2",
-                         "--json", str(tmp_path / "c.json")]) == 0
+    assert (
+        compare.main(
+            [
+                str(tmp_path / "slow"),
+                str(tmp_path / "fast"),
+                "--price",
+                "H200=3.6",
+                "--price",
+                "Gaudi2=1.2",
+                "--json",
+                str(tmp_path / "c.json"),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     # 2 GPUs at 3.60 USD/h: 7.20 USD/h for 36,000 (slow) or 144,000 (fast) samples per hour
     assert "| usd_per_1m_samples | 200 | 50 |" in printed
     assert "| usd_published_experiment | 9.8 | 2.45 |" in printed
-    assert "| energy_joules_per_sample | 4 | 4 |" in printed and "| energy_source | nvml-energy | nvml-energy |" in printed
+    assert (
+        "| energy_joules_per_sample | 4 | 4 |" in printed
+        and "| energy_source | nvml-energy | nvml-energy |" in printed
+    )
     assert "| Gaudi2 HPU | workers=2 + mediapipe | 847.7 | 3.15 | 0.154 |" in printed
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["runs"]["fast"]["metrics"]["usd_per_1m_samples"] == pytest.approx(50.0)

@@ -14,9 +14,12 @@ from bridgetower_bench import cuda_device as cd
 from conftest import run_script
 from test_scripts import base_args
 
+
 SMI_EIGHT_GPUS = "535.104.05\n" * 8  # an 8-GPU VM on the R535 long-term branch
-SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
-                 "latest NVIDIA driver is installed and running.\n\n")
+SMI_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+    "latest NVIDIA driver is installed and running.\n\n"
+)
 
 
 def test_the_cuda_script_without_a_gpu_or_use_cpu_refuses_in_one_line_before_loading(fixtures, tmp_path):
@@ -27,10 +30,13 @@ def test_the_cuda_script_without_a_gpu_or_use_cpu_refuses_in_one_line_before_loa
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, result.stderr[-3000:]
     # (what the driver query says after the missing libraries depends on whether nvidia-ml-py is installed)
-    assert re.fullmatch(r"run_bridgetower_cuda.py: error: no usable NVIDIA GPU: no NVIDIA driver found \(no libcuda or "
-                        r"libnvidia-ml library; (no nvidia-smi on PATH|NVML: NVMLError_LibraryNotFound: .*)\); "
-                        r"CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU\. Fix that, or pass --use_cpu "
-                        r"to train on the CPU on purpose\.", errors[0]), errors[0]
+    assert re.fullmatch(
+        r"run_bridgetower_cuda.py: error: no usable NVIDIA GPU: no NVIDIA driver found \(no libcuda or "
+        r"libnvidia-ml library; (no nvidia-smi on PATH|NVML: NVMLError_LibraryNotFound: .*)\); "
+        r"CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU\. Fix that, or pass --use_cpu "
+        r"to train on the CPU on purpose\.",
+        errors[0],
+    ), errors[0]
     assert not out.exists()  # refused before the run claimed its output directory, let alone loaded data
     assert "Loading" not in result.stdout + result.stderr
 
@@ -45,8 +51,14 @@ def test_use_cpu_in_any_spelling_lets_the_run_through(tmp_path, monkeypatch):
         with pytest.raises(cd.NoUsableGpu, match=r"^no usable NVIDIA GPU: the reason\. Fix that, or pass --use_cpu"):
             cd.refuse_without_gpu(argv, environ, why=lambda: "the reason")
 
-    for argv in (["s", "--use_cpu"], ["s", "--use_cpu", "True", "--bf16"], ["s", "--use_cpu=yes"], ["s", "--no_cuda"],
-                 ["s", "--help"], ["s", "--use_cpu", "maybe"]):  # (an unreadable value is left to the parser's error)
+    for argv in (
+        ["s", "--use_cpu"],
+        ["s", "--use_cpu", "True", "--bf16"],
+        ["s", "--use_cpu=yes"],
+        ["s", "--no_cuda"],
+        ["s", "--help"],
+        ["s", "--use_cpu", "maybe"],
+    ):  # (an unreadable value is left to the parser's error)
         never(argv)
     never(["s", "--bf16"], {"ACCELERATE_USE_CPU": "true"})
     for argv in (["s", "--bf16"], ["s", "--use_cpu", "False"], ["s", "--use_cpu=no", "--do_train"]):
@@ -76,7 +88,9 @@ def test_nvidia_smi_answers_recorded_on_real_machines():
     eight = cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=which)
     assert (eight.version, eight.gpus, eight.error) == ("535.104.05", 8, None)
     broken = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=which)
-    assert broken.version is None and broken.error.startswith("exit status 9: NVIDIA-SMI has failed because it couldn't communicate")
+    assert broken.version is None and broken.error.startswith(
+        "exit status 9: NVIDIA-SMI has failed because it couldn't communicate"
+    )
     none = cd.ask_nvidia_smi(run=smi(6, "No devices were found\n"), which=which)
     assert none.error == "exit status 6: No devices were found"
     assert cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=lambda name: None) is None  # no nvidia-smi at all
@@ -122,39 +136,77 @@ def test_nvml_first_then_nvidia_smi():
 
 
 def reason(**facts):
-    base = dict(available=False, torch_version="2.14.1+cu130", torch_cuda="13.0", visible=None,
-                driver=cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8), libraries=["cuda", "nvidia-ml"])
+    base = dict(
+        available=False,
+        torch_version="2.14.1+cu130",
+        torch_cuda="13.0",
+        visible=None,
+        driver=cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8),
+        libraries=["cuda", "nvidia-ml"],
+    )
     return cd.unusable_reason(**{**base, **facts})
 
 
 def test_the_reason_names_the_driver_the_build_needs():
     # NVIDIA's figures: CUDA 13.x builds run on R580 or newer, 12.x on 525.60.13 or newer (minor version
     # compatibility); the toolkits shipped with 580.65.06 (13.0), 570.26 (12.8), 560.28.03 (12.6), 550.54.14 (12.4).
-    assert (cd.driver_floor("13.0"), cd.driver_floor("12.6"), cd.driver_floor("12.8")) == ("580", "525.60.13", "525.60.13")
-    assert [cd.TOOLKIT_DRIVER[v] for v in ("13.0", "12.8", "12.6", "12.4")] == ["580.65.06", "570.26", "560.28.03", "550.54.14"]
+    assert (cd.driver_floor("13.0"), cd.driver_floor("12.6"), cd.driver_floor("12.8")) == (
+        "580",
+        "525.60.13",
+        "525.60.13",
+    )
+    assert [cd.TOOLKIT_DRIVER[v] for v in ("13.0", "12.8", "12.6", "12.4")] == [
+        "580.65.06",
+        "570.26",
+        "560.28.03",
+        "550.54.14",
+    ]
 
     old = reason(driver=cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8))
-    assert old == ("the NVIDIA driver is 535.104.05, too old: torch 2.14.1+cu130 is built for CUDA 13.0, which needs driver "
-                   "580 or newer (the CUDA 13.0 toolkit shipped with 580.65.06); install driver 580 or newer, or torch's CUDA "
-                   "12.6 build (pip install -r requirements-cuda12.txt), which runs on this driver")
+    assert old == (
+        "the NVIDIA driver is 535.104.05, too old: torch 2.14.1+cu130 is built for CUDA 13.0, which needs driver "
+        "580 or newer (the CUDA 13.0 toolkit shipped with 580.65.06); install driver 580 or newer, or torch's CUDA "
+        "12.6 build (pip install -r requirements-cuda12.txt), which runs on this driver"
+    )
     older = reason(driver=cd.DriverAnswer("NVML", version="520.61.05", gpus=1))
-    assert "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older  # too old for CUDA 12 as well
-    assert "too old" in reason(torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1))
-    assert "too old" not in reason(torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1))
+    assert (
+        "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older
+    )  # too old for CUDA 12 as well
+    assert "too old" in reason(
+        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1)
+    )
+    assert "too old" not in reason(
+        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1)
+    )
     assert "too old" not in reason()  # 580.95.05 is new enough: something else is wrong
 
 
 def test_the_reason_for_each_other_cause():
     assert reason(available=True) is None
-    assert reason(torch_cuda=None, torch_version="2.14.1+cpu").startswith("this torch (2.14.1+cpu) is built without CUDA")
-    assert reason(visible="") == "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU (driver 580.95.05, 8 GPUs)"
+    assert reason(torch_cuda=None, torch_version="2.14.1+cpu").startswith(
+        "this torch (2.14.1+cpu) is built without CUDA"
+    )
+    assert (
+        reason(visible="") == "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU (driver 580.95.05, 8 GPUs)"
+    )
     assert reason(visible="-1") == "CUDA_VISIBLE_DEVICES='-1' leaves torch no GPU (driver 580.95.05, 8 GPUs)"
-    assert reason(driver=None, libraries=[]) == "no NVIDIA driver found (no libcuda or libnvidia-ml library; no nvidia-smi on PATH)"
+    assert (
+        reason(driver=None, libraries=[])
+        == "no NVIDIA driver found (no libcuda or libnvidia-ml library; no nvidia-smi on PATH)"
+    )
     nvml_alone = cd.ask_nvml(FakeNvml(init_error=NVMLError_LibraryNotFound()))  # nvidia-ml-py installed, no driver
     assert reason(driver=nvml_alone, libraries=[], visible="") == (
         "no NVIDIA driver found (no libcuda or libnvidia-ml library; NVML: NVMLError_LibraryNotFound: NVML Shared Library "
-        "Not Found); CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU")
+        "Not Found); CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU"
+    )
     smi_failed = cd.parse_nvidia_smi(9, SMI_NO_DRIVER)
-    assert reason(driver=smi_failed).startswith("the NVIDIA driver does not answer (nvidia-smi: exit status 9: NVIDIA-SMI has failed")
-    assert reason(driver=cd.DriverAnswer("NVML", version="580.95.05", gpus=0)) == "the NVIDIA driver 580.95.05 sees no GPU"
-    assert reason(driver=None, libraries=["cuda"]).startswith("torch 2.14.1+cu130 (CUDA 13.0) cannot use a GPU; found: only the driver's libraries (libcuda)")
+    assert reason(driver=smi_failed).startswith(
+        "the NVIDIA driver does not answer (nvidia-smi: exit status 9: NVIDIA-SMI has failed"
+    )
+    assert (
+        reason(driver=cd.DriverAnswer("NVML", version="580.95.05", gpus=0))
+        == "the NVIDIA driver 580.95.05 sees no GPU"
+    )
+    assert reason(driver=None, libraries=["cuda"]).startswith(
+        "torch 2.14.1+cu130 (CUDA 13.0) cannot use a GPU; found: only the driver's libraries (libcuda)"
+    )

@@ -1,8 +1,8 @@
 """Data loading: csv / json / jsonl files with image paths, splits, and the errors users get for bad input."""
 
 import csv
-import os
 import json
+import os
 
 import datasets
 import numpy as np
@@ -52,29 +52,70 @@ def write_rows(path, names, fmt):
         path.write_text(json.dumps(rows))
 
 
-@pytest.mark.parametrize("kind,fmt,pipeline", [("cuda", "csv", "upstream"), ("gaudi", "jsonl", "fast"), ("cuda", "json", "fast-draft")])
+@pytest.mark.parametrize(
+    "kind,fmt,pipeline", [("cuda", "csv", "upstream"), ("gaudi", "jsonl", "fast"), ("cuda", "json", "fast-draft")]
+)
 def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fixtures, tmp_path):
     names = write_images(tmp_path / "images")
     write_rows(tmp_path / f"train.{fmt}", names, fmt)
     write_rows(tmp_path / f"validation.{fmt}", names[:4], fmt)
     out = tmp_path / "out"
-    run_script(kind, [
-        "--model_name_or_path", fixtures["model"], "--train_file", tmp_path / f"train.{fmt}",
-        "--validation_file", tmp_path / f"validation.{fmt}", "--output_dir", out, "--do_train", "--do_eval",
-        "--per_device_train_batch_size", 4, "--per_device_eval_batch_size", 4, "--num_train_epochs", 1,
-        "--image_pipeline", pipeline, "--report_to", "none", "--save_strategy", "no", *CPU_FLAGS[kind],
-    ])
+    run_script(
+        kind,
+        [
+            "--model_name_or_path",
+            fixtures["model"],
+            "--train_file",
+            tmp_path / f"train.{fmt}",
+            "--validation_file",
+            tmp_path / f"validation.{fmt}",
+            "--output_dir",
+            out,
+            "--do_train",
+            "--do_eval",
+            "--per_device_train_batch_size",
+            4,
+            "--per_device_eval_batch_size",
+            4,
+            "--num_train_epochs",
+            1,
+            "--image_pipeline",
+            pipeline,
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            *CPU_FLAGS[kind],
+        ],
+    )
     train = read_json(out / "train_results.json")
     assert np.isfinite(train["train_loss"]) and train["image_pipeline"] == pipeline
     assert np.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
 def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
-    result = run_script("cuda", [
-        "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching",
-        "--image_column", "picture", "--caption_column", "image_description", "--output_dir", tmp_path / "o",
-        "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"],
-    ], check=False)
+    result = run_script(
+        "cuda",
+        [
+            "--model_name_or_path",
+            fixtures["model"],
+            "--dataset_name",
+            fixtures["dataset"],
+            "--dataset_config_name",
+            "matching",
+            "--image_column",
+            "picture",
+            "--caption_column",
+            "image_description",
+            "--output_dir",
+            tmp_path / "o",
+            "--do_train",
+            "--report_to",
+            "none",
+            *CPU_FLAGS["cuda"],
+        ],
+        check=False,
+    )
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("run_bridgetower_cuda.py: error: --image_column=picture is not a column")
@@ -89,7 +130,9 @@ def test_unknown_file_extension_names_the_flag(tmp_path):
 
 
 def test_train_and_validation_files_of_different_formats_are_refused_and_json_jsonl_go_together():
-    with pytest.raises(ValueError, match=r"^--train_file=t\.csv and --validation_file=v\.json must have the same format"):
+    with pytest.raises(
+        ValueError, match=r"^--train_file=t\.csv and --validation_file=v\.json must have the same format"
+    ):
         data.check_data_arguments(None, "t.csv", "v.json")
     data.check_data_arguments(None, "t.json", "v.jsonl")  # one builder (json) for both
     data.check_data_arguments(None, "t.csv", "v.CSV")
@@ -98,13 +141,17 @@ def test_train_and_validation_files_of_different_formats_are_refused_and_json_js
 def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
     common = dict(dataset_config_name=None, dataset_revision="main", data_dir=None, cache_dir=None, token=None)
     with pytest.raises(ValueError, match=r"--train_file=.*nope\.csv: no such file"):
-        data.load_raw_datasets(dataset_name=None, train_file=str(tmp_path / "nope.csv"), validation_file=None, **common)
+        data.load_raw_datasets(
+            dataset_name=None, train_file=str(tmp_path / "nope.csv"), validation_file=None, **common
+        )
     with pytest.raises(ValueError, match=r"--dataset_name=.*missing: no such directory"):
         data.load_raw_datasets(dataset_name=str(tmp_path / "missing"), train_file=None, validation_file=None, **common)
 
 
 def test_resolve_column_lists_available_columns():
-    with pytest.raises(ValueError, match="--caption_column=text is not a column of the data set; available columns: a, b"):
+    with pytest.raises(
+        ValueError, match="--caption_column=text is not a column of the data set; available columns: a, b"
+    ):
         data.resolve_column(["a", "b"], "text", "--caption_column", 1)
     assert data.resolve_column(["a", "b"], None, "--caption_column", 1) == "b"
 
@@ -137,7 +184,9 @@ def test_without_do_predict_no_test_split_is_carved_off_train():
     assert set(splits) == {"train", "validation"}
     assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
     # a missing validation split is still carved off (evaluation needs it)
-    no_validation = data.make_splits(datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)}), seed=3, need_test=False)
+    no_validation = data.make_splits(
+        datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)}), seed=3, need_test=False
+    )
     assert len(no_validation["train"]) == 40 and len(no_validation["validation"]) == 10
 
 
@@ -160,7 +209,9 @@ def test_caption_column_holding_non_strings_is_refused_with_its_row():
 
 def test_image_column_holding_neither_images_nor_paths_is_refused():
     ds = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
-    with pytest.raises(ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"):
+    with pytest.raises(
+        ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"
+    ):
         data.prepare_image_column(ds, "image", "train")
 
 
@@ -187,9 +238,16 @@ def test_relative_image_path_found_from_the_working_directory_is_kept(tmp_path, 
     Image.new("RGB", (4, 4)).save(files / "only_here.png")
     (files / "train.csv").write_text("image,caption\npic.png,a\nonly_here.png,b\n")
     monkeypatch.chdir(work)
-    raw = data.load_raw_datasets(dataset_name=None, dataset_config_name=None, dataset_revision="main", data_dir=None,
-                                 train_file=str(files / "train.csv"), validation_file=None,
-                                 cache_dir=str(tmp_path / "cache"), token=None)
+    raw = data.load_raw_datasets(
+        dataset_name=None,
+        dataset_config_name=None,
+        dataset_revision="main",
+        data_dir=None,
+        train_file=str(files / "train.csv"),
+        validation_file=None,
+        cache_dir=str(tmp_path / "cache"),
+        token=None,
+    )
     assert list(raw["train"]["image"]) == ["pic.png", str(files / "only_here.png")]
 
 
@@ -218,7 +276,10 @@ def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special
 
     config = transformers.BridgeTowerConfig()
     data.check_max_seq_length(3, config, TwoSpecialTokens())
-    with pytest.raises(ValueError, match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3",
+    ):
         data.check_max_seq_length(2, config, TwoSpecialTokens())
 
 
@@ -226,9 +287,16 @@ def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_r
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
-        data.load_raw_datasets(dataset_name=str(tmp_path / "data"), dataset_config_name=None, dataset_revision="main",
-                               data_dir=None, train_file=None, validation_file=None, cache_dir=str(tmp_path / "cache"),
-                               token=None)
+        data.load_raw_datasets(
+            dataset_name=str(tmp_path / "data"),
+            dataset_config_name=None,
+            dataset_revision="main",
+            data_dir=None,
+            train_file=None,
+            validation_file=None,
+            cache_dir=str(tmp_path / "cache"),
+            token=None,
+        )
 
 
 def test_split_off_test_rows_are_drawn_with_the_seed_not_taken_from_the_end():
@@ -297,7 +365,9 @@ def test_an_unreadable_data_file_is_named_with_the_readers_own_message(tmp_path,
             raise ValueError("the header has 3 fields, the rows 4\nmore lines") from inner
 
     monkeypatch.setattr(data, "load_dataset", refuse)
-    with pytest.raises(ValueError, match=r"^--train_file=t\.csv: cannot be read as csv: the header has 3 fields, the rows 4$"):
+    with pytest.raises(
+        ValueError, match=r"^--train_file=t\.csv: cannot be read as csv: the header has 3 fields, the rows 4$"
+    ):
         data.load_data_file("t.csv", "--train_file", "train")
 
 

@@ -27,9 +27,9 @@ from bridgetower_bench.device_decode import (
     decode_batch,
     device_decoder_declines,
 )
+from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
-from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
 from conftest import DEVICES, assert_throughput_adds_up, needs_cuda
 
@@ -195,11 +195,14 @@ def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load
 
     good = jpeg_bytes(cartoon(320, 280))
     corrupt = good[:600] + bytes(64)  # a sound header, then nothing decodable
+
     def rejecting_decode(jpegs, **kwargs):
         raise RuntimeError("nvjpeg says no")
 
     monkeypatch.setattr(device_decode, "decode_jpeg", rejecting_decode)
-    with pytest.raises(ImageLoadError, match="image 1 of the batch: rejected by the device decoder, and cannot decode"):
+    with pytest.raises(
+        ImageLoadError, match="image 1 of the batch: rejected by the device decoder, and cannot decode"
+    ):
         decode_batch(as_batch([good, corrupt]), "cpu", SIZE)
 
 
@@ -261,7 +264,9 @@ def test_device_decoder_declines(data, reason):
 def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
     values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encoded(cartoon(300, 280), format="PNG")]
     transform = EncodedImageTransform(SIZE)
-    batch = collate_encoded([{"pixel_values": transform(v), "input_ids": [i, 7], "attention_mask": [1, 1]} for i, v in enumerate(values)])
+    batch = collate_encoded(
+        [{"pixel_values": transform(v), "input_ids": [i, 7], "attention_mask": [1, 1]} for i, v in enumerate(values)]
+    )
     assert set(batch) == {ENCODED_IMAGES_KEY, "input_ids", "attention_mask", "return_loss"}
     assert batch["input_ids"].tolist() == [[0, 7], [1, 7], [2, 7]] and batch["return_loss"] is True
     packed = batch[ENCODED_IMAGES_KEY]
@@ -275,7 +280,9 @@ def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
 
 def test_collate_encoded_refuses_images_from_another_transform():
     with pytest.raises(ValueError, match="EncodedImageTransform"):
-        collate_encoded([{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}])
+        collate_encoded(
+            [{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}]
+        )
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -321,19 +328,38 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
 
 @pytest.mark.parametrize(
     "device, decode_ahead, workers",
-    [("cpu", False, 0), ("cpu", True, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],  # None: on for CUDA
+    [
+        ("cpu", False, 0),
+        ("cpu", True, 0),
+        ("cpu", True, 1),
+        pytest.param("cuda", None, 2, marks=needs_cuda),
+    ],  # None: on for CUDA
 )
 def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, device, decode_ahead, workers):
     data = CaptionedImages()
     model = RecordingModel()
     args = WarmupTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=3, per_device_eval_batch_size=4, max_steps=5,
-        report_to="none", use_cpu=device == "cpu", save_strategy="no", logging_steps=100, dataloader_num_workers=workers,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=4,
+        max_steps=5,
+        report_to="none",
+        use_cpu=device == "cpu",
+        save_strategy="no",
+        logging_steps=100,
+        dataloader_num_workers=workers,
         remove_unused_columns=False,
     )
     trainer = DeviceDecodeTrainer(
-        model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=collate_encoded,
-        image_mean=CLIP_MEAN, image_std=CLIP_STD, loader="device_decode", image_pipeline="fast",
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        data_collator=collate_encoded,
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
+        loader="device_decode",
+        image_pipeline="fast",
         decode_ahead=decode_ahead,
     )
     metrics = trainer.train().metrics  # 5 steps of 3 over 6 images: three epochs, so a new look-ahead each epoch
@@ -351,7 +377,10 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
         assert (difference * torch.tensor(CLIP_STD).view(1, 3, 1, 1)).mean().item() <= TOLERANCE
         assert difference.max().item() <= MAX_LEVELS[device] / 255 / min(CLIP_STD) + 1e-5
     seen_png = sum(ids.count(3) for ids, _ in trained)
-    assert trainer.device_decode_stats() == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
+    assert trainer.device_decode_stats() == {
+        "device_decode_images": 15 - seen_png,
+        "device_decode_fallback_images": seen_png,
+    }
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
 
 
@@ -406,11 +435,27 @@ def test_decode_ahead_close_waits_for_the_batch_read_ahead():
 def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
     from bridgetower_bench.tools.gpu_ceiling import CEILING_LOADER, main
 
-    metrics = main([
-        "--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu",
-        "--per_device_train_batch_size", "2", "--max_steps", "3", "--throughput_warmup_steps", "1",
-        "--max_seq_length", "16", "--report_to", "none", "--save_strategy", "no",
-    ])
+    metrics = main(
+        [
+            "--model_name_or_path",
+            str(fixtures["model"]),
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--per_device_train_batch_size",
+            "2",
+            "--max_steps",
+            "3",
+            "--throughput_warmup_steps",
+            "1",
+            "--max_seq_length",
+            "16",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+        ]
+    )
     assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
     assert metrics["loader"] == CEILING_LOADER
     assert (tmp_path / "train_results.json").exists()
@@ -421,9 +466,23 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_
 def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
     from bridgetower_bench.tools.gpu_ceiling import main
 
-    common = ["--model_name_or_path", str(fixtures["model"]), "--use_cpu", "--per_device_train_batch_size", "2",
-              "--max_steps", "3", "--throughput_warmup_steps", "1", "--max_seq_length", "16",
-              "--report_to", "none", "--save_strategy", "no"]
+    common = [
+        "--model_name_or_path",
+        str(fixtures["model"]),
+        "--use_cpu",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "3",
+        "--throughput_warmup_steps",
+        "1",
+        "--max_seq_length",
+        "16",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+    ]
     main(common + ["--output_dir", str(tmp_path), "--profile_steps", "2"])
     table = (tmp_path / "profile.txt").read_text()
     assert table.startswith("profiled 2 optimizer step(s) on cpu:")

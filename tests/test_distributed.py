@@ -13,8 +13,9 @@ import sys
 from bridgetower_bench import checkpoint_manifest
 from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
+
 # Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.
-RECORDING_WRAPPER = '''
+RECORDING_WRAPPER = """
 import json, os, runpy, sys
 import datasets
 
@@ -32,20 +33,34 @@ try:
 finally:
     with open(os.path.join(os.environ["FETCHED_ROWS_DIR"], "rank%s.json" % os.environ.get("RANK", "0")), "w") as f:
         json.dump(fetched, f)
-'''
+"""
 
 ROWS, STEPS, WARMUP = 16, 4, 1
 
 
 def args(fixtures, output_dir, per_device_batch):
     values = {
-        "model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
-        "image_column": "image", "caption_column": "image_description", "output_dir": output_dir,
-        "per_device_train_batch_size": per_device_batch, "max_train_samples": ROWS, "max_steps": STEPS,
-        "throughput_warmup_steps": WARMUP, "logging_steps": 1, "report_to": "none", "seed": 7, "save_strategy": "no",
+        "model_name_or_path": fixtures["model"],
+        "dataset_name": fixtures["dataset"],
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": output_dir,
+        "per_device_train_batch_size": per_device_batch,
+        "max_train_samples": ROWS,
+        "max_steps": STEPS,
+        "throughput_warmup_steps": WARMUP,
+        "logging_steps": 1,
+        "report_to": "none",
+        "seed": 7,
+        "save_strategy": "no",
         "dataloader_num_workers": 0,
     }
-    return [item for key, value in values.items() for item in (f"--{key}", str(value))] + ["--do_train"] + CPU_FLAGS["cuda"]
+    return (
+        [item for key, value in values.items() for item in (f"--{key}", str(value))]
+        + ["--do_train"]
+        + CPU_FLAGS["cuda"]
+    )
 
 
 def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
@@ -56,8 +71,20 @@ def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
     out = tmp_path / "two"
     env = script_env(gaudi=False)
     env["FETCHED_ROWS_DIR"] = str(fetched_dir)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(wrapper), str(REPO / SCRIPTS["cuda"])] + args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo"]
+    command = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(wrapper),
+            str(REPO / SCRIPTS["cuda"]),
+        ]
+        + args(fixtures, out, per_device_batch=2)
+        + ["--ddp_backend", "gloo"]
+    )
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
@@ -83,7 +110,7 @@ def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
 
 # Runs the script unchanged, but rank 1 alone sends itself SIGTERM while fetching its third batch (step 2 or 3),
 # rank 0 saves checkpoints slowly (as on a network filesystem), and each rank notes when it leaves the script.
-SIGNALLING_WRAPPER = '''
+SIGNALLING_WRAPPER = """
 import os, runpy, signal, sys, time
 import datasets, transformers
 
@@ -112,10 +139,12 @@ try:
 finally:
     with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rank" + rank), "w") as f:
         f.write(repr(time.time()))
-'''
+"""
 
 
-def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_checkpoint_is_complete(fixtures, tmp_path):
+def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_checkpoint_is_complete(
+    fixtures, tmp_path
+):
     wrapper = tmp_path / "signal_rank1.py"
     wrapper.write_text(SIGNALLING_WRAPPER)
     out, exits = tmp_path / "run", tmp_path / "exits"
@@ -125,13 +154,23 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_c
     flags[flags.index("--save_strategy") + 1] = "steps"
     flags += ["--save_steps", "100", "--ddp_backend", "gloo"]
     env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(wrapper), str(REPO / SCRIPTS["cuda"])] + flags
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(wrapper),
+        str(REPO / SCRIPTS["cuda"]),
+    ] + flags
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     log = result.stdout + result.stderr
     assert result.returncode != 0 and re.search(r"exitcode\s*:\s*143", log), log[-5000:]  # 128 + SIGTERM
     # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
-    assert log.count("SIGTERM received: training stops and saves a checkpoint after the current step") == 1, log[-5000:]
+    assert log.count("SIGTERM received: training stops and saves a checkpoint after the current step") == 1, log[
+        -5000:
+    ]
     assert "Training stopped by SIGTERM at step 10 of 12; checkpoint saved in" in log, log[-5000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10"]
     checkpoint = out / "checkpoint-10"
@@ -139,7 +178,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_c
     assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
     # The checkpoint counts: both ranks' random states are in its manifest, written last.
     assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(read_json(checkpoint / checkpoint_manifest.MANIFEST_NAME)["files"])
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
+        read_json(checkpoint / checkpoint_manifest.MANIFEST_NAME)["files"]
+    )
     # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
     # last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
     assert float((exits / "rank1").read_text()) >= (checkpoint / checkpoint_manifest.MANIFEST_NAME).stat().st_mtime

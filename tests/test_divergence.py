@@ -15,8 +15,10 @@ from test_scripts import base_args
 
 def strict_json(path):
     """Parse as JSON proper: NaN, Infinity and -Infinity are not JSON numbers."""
+
     def refuse(constant):
         raise ValueError(f"{path} holds a bare {constant}")
+
     with open(path) as f:
         return json.load(f, parse_constant=refuse)
 
@@ -32,15 +34,21 @@ def last_line(result) -> str:
 
 def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publishes_nothing(fixtures, tmp_path):
     out = tmp_path / "run"
-    args = base_args(fixtures, out, learning_rate=1e6, max_steps=6, save_strategy="steps", save_steps=1) + ["--do_train", "--do_eval"]
+    args = base_args(fixtures, out, learning_rate=1e6, max_steps=6, save_strategy="steps", save_steps=1) + [
+        "--do_train",
+        "--do_eval",
+    ]
     result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False)
     assert result.returncode == divergence.DIVERGED_EXIT_STATUS == 3, result.stderr[-3000:]
     assert last_line(result) == (
         f"Training diverged at step 2 of 6 (loss NaN and gradient norm NaN): stopped, nothing published in {out}; the last "
         f"complete checkpoint is {out / 'checkpoint-1'}. Change the recipe (a lower --learning_rate, --max_grad_norm) and "
-        "rerun with --overwrite_output_dir or another --output_dir.")
+        "rerun with --overwrite_output_dir or another --output_dir."
+    )
     assert "Traceback" not in result.stderr
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoint-1"], "nothing after step 1"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoint-1"], (
+        "nothing after step 1"
+    )
     strict_json(out / "checkpoint-1" / "trainer_state.json")
 
 
@@ -48,20 +56,33 @@ def test_divergence_between_logging_steps_is_found_at_the_end_and_names_its_step
     """No step waits for the device to check: the first non-finite step is recorded on the device and read where the
     Trainer reads anyway (here only at the end: no logging step, no checkpoint). Nothing is published."""
     out = tmp_path / "run"
-    args = base_args(fixtures, out, learning_rate=1e6, max_steps=4, logging_steps=100, save_strategy="no") + ["--do_train"]
+    args = base_args(fixtures, out, learning_rate=1e6, max_steps=4, logging_steps=100, save_strategy="no") + [
+        "--do_train"
+    ]
     result = run_script("gaudi", args + CPU_FLAGS["gaudi"], check=False)
     assert result.returncode == 3, result.stderr[-3000:]
-    assert last_line(result).startswith("Training diverged at step 2 of 4 (loss NaN and gradient norm NaN): stopped, "
-                                        f"nothing published in {out}; no checkpoint was saved before it.")
+    assert last_line(result).startswith(
+        "Training diverged at step 2 of 4 (loss NaN and gradient norm NaN): stopped, "
+        f"nothing published in {out}; no checkpoint was saved before it."
+    )
     assert not out.exists() or not any(p.name.endswith((".safetensors", "_results.json")) for p in out.iterdir())
 
 
-@pytest.mark.parametrize("flags, refusal", [
-    (["--max_steps", "0"], "--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it out "
-                           "to train --num_train_epochs"),
-    (["--num_train_epochs", "0"], "--num_train_epochs=0 with --do_train trains nothing: pass a positive "
-                                  "--num_train_epochs (or a positive --max_steps)"),
-])
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (
+            ["--max_steps", "0"],
+            "--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it out "
+            "to train --num_train_epochs",
+        ),
+        (
+            ["--num_train_epochs", "0"],
+            "--num_train_epochs=0 with --do_train trains nothing: pass a positive "
+            "--num_train_epochs (or a positive --max_steps)",
+        ),
+    ],
+)
 def test_a_run_that_would_train_nothing_is_refused(flags, refusal, fixtures, tmp_path):
     out = tmp_path / "run"
     result = run_script("cuda", base_args(fixtures, out) + ["--do_train"] + flags + CPU_FLAGS["cuda"], check=False)
@@ -76,8 +97,9 @@ def test_max_steps_wins_over_zero_epochs_and_eval_only_needs_neither():
     for args in (dict(do_train=True, num_train_epochs=0, max_steps=3), dict(do_eval=True, max_steps=0)):
         preflight.check_arguments(_DataArgs(), TrainingArguments(output_dir="unused", report_to="none", **args))
     with pytest.raises(UserInputError):
-        preflight.check_arguments(_DataArgs(), TrainingArguments(output_dir="unused", report_to="none", do_train=True,
-                                                                 num_train_epochs=-1))
+        preflight.check_arguments(
+            _DataArgs(), TrainingArguments(output_dir="unused", report_to="none", do_train=True, num_train_epochs=-1)
+        )
 
 
 class _DataArgs:
@@ -102,8 +124,10 @@ def test_the_first_non_finite_step_is_kept_with_its_values():
     assert watch.first_non_finite() == (3, 4.0, math.inf)
     diverged = watch.check(9, "out", "out/checkpoint-2")
     assert diverged.code == 3
-    assert diverged.message.startswith("Training diverged at step 3 of 9 (gradient norm +Infinity): stopped, nothing "
-                                       "published in out; the last complete checkpoint is out/checkpoint-2.")
+    assert diverged.message.startswith(
+        "Training diverged at step 3 of 9 (gradient norm +Infinity): stopped, nothing "
+        "published in out; the last complete checkpoint is out/checkpoint-2."
+    )
     watch.reset()
     watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))
     watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))  # an epoch's end hands the same step again: counted once
@@ -122,7 +146,9 @@ def test_ranks_agree_on_the_earliest_non_finite_step(monkeypatch):
     watch = divergence.DivergenceWatch()
     watch.observe(7, torch.tensor(math.nan), torch.tensor(1.0))
     assert watch.first_non_finite(world_size=2) == (4, None, None)
-    assert "at step 4 of 9 (a value on another process not finite)" in watch.check(9, "out", None, world_size=2).message
+    assert (
+        "at step 4 of 9 (a value on another process not finite)" in watch.check(9, "out", None, world_size=2).message
+    )
     watch.reset()
     watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda value, op: None)  # every rank finite

@@ -12,6 +12,7 @@ from bridgetower_bench import energy
 from bridgetower_bench.energy import EnergyMeter, HlmlPowerSampler, NotMeasured, RaplCounter, integrate_power
 from bridgetower_bench.throughput import ThroughputCallback
 
+
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
 
 
@@ -84,8 +85,12 @@ def test_the_counter_is_read_after_the_device_caught_up_at_both_ends(monkeypatch
     read = nvml.nvmlDeviceGetTotalEnergyConsumption
     nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: events.append("read") or read(handle)
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, synchronize=lambda device: events.append("sync"),
-                                  energy=EnergyMeter.for_device(torch.device("cuda", 0)))
+    callback = ThroughputCallback(
+        warmup_steps=1,
+        clock=clock,
+        synchronize=lambda device: events.append("sync"),
+        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
+    )
 
     drive(callback, clock, steps=4, step_seconds=1.0, batch=2)
 
@@ -96,8 +101,12 @@ def test_the_counter_is_read_after_the_device_caught_up_at_both_ends(monkeypatch
 def test_a_gpu_without_an_energy_counter_is_not_measured_and_says_why(monkeypatch):
     fake_nvml(monkeypatch, [], supported=False)
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, synchronize=lambda device: None,
-                                  energy=EnergyMeter.for_device(torch.device("cuda", 0)))
+    callback = ThroughputCallback(
+        warmup_steps=1,
+        clock=clock,
+        synchronize=lambda device: None,
+        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
+    )
     drive(callback, clock, steps=3, step_seconds=1.0, batch=2)
 
     metrics = callback.metrics()
@@ -113,8 +122,10 @@ def test_without_nvidia_ml_py_the_run_says_nvml_is_missing(monkeypatch):
     meter.prepare()
     meter.start()
     meter.stop()
-    assert meter.metrics(samples=10, seconds=1.0) == {"energy_source": "not measured",
-                                                      "energy_reason": "no NVML (nvidia-ml-py not installed)"}
+    assert meter.metrics(samples=10, seconds=1.0) == {
+        "energy_source": "not measured",
+        "energy_reason": "no NVML (nvidia-ml-py not installed)",
+    }
 
 
 # --- HLML: power in milliwatts, sampled ------------------------------------------------------------------------
@@ -125,11 +136,11 @@ def test_hlml_power_samples_are_integrated_over_the_window():
     power_mw = iter([100_000, 300_000, 300_000, 200_000])
     sampler = HlmlPowerSampler(lambda: next(power_mw), interval=3600, clock=clock)  # the test takes the samples
 
-    sampler.start()          # t=100: 100 W
+    sampler.start()  # t=100: 100 W
     clock.now += 1.0
-    sampler.sample()         # t=101: 300 W
+    sampler.sample()  # t=101: 300 W
     clock.now += 2.0
-    sampler.sample()         # t=103: 300 W
+    sampler.sample()  # t=103: 300 W
     clock.now += 1.0
     joules = sampler.stop()  # t=104: 200 W
 
@@ -202,23 +213,27 @@ class FakePowercap:
 
 def test_rapl_sums_the_packages_and_counts_across_a_wrap(tmp_path):
     top = 262_143_328_850
-    powercap = FakePowercap(tmp_path, {
-        "intel-rapl:0": ("package-0", top), "intel-rapl:1": ("package-1", top),
-        "intel-rapl:0:0": ("core", top),  # a sub-domain: inside package-0 already
-        "intel-rapl:2": ("psys", top),    # the platform: it contains the packages
-    })
+    powercap = FakePowercap(
+        tmp_path,
+        {
+            "intel-rapl:0": ("package-0", top),
+            "intel-rapl:1": ("package-1", top),
+            "intel-rapl:0:0": ("core", top),  # a sub-domain: inside package-0 already
+            "intel-rapl:2": ("psys", top),  # the platform: it contains the packages
+        },
+    )
     powercap.set("intel-rapl:0", top - 5_000_000)
     powercap.set("intel-rapl:1", 1_000_000)
     counter = RaplCounter.open(str(tmp_path))
     assert counter.names == ["package-0", "package-1"]
 
     counter.start()
-    powercap.set("intel-rapl:0", 3_000_000)   # wrapped: 5 J to the top, then 3 J
+    powercap.set("intel-rapl:0", 3_000_000)  # wrapped: 5 J to the top, then 3 J
     powercap.set("intel-rapl:1", 11_000_000)  # 10 J
     powercap.set("intel-rapl:0:0", 99_000_000)
     counter.poll()
     powercap.set("intel-rapl:0", top - 1_000_000)  # 259 kJ more, just below the top: no wrap
-    powercap.set("intel-rapl:1", 12_000_000)       # 1 J
+    powercap.set("intel-rapl:1", 12_000_000)  # 1 J
     joules = counter.stop()
 
     assert joules == pytest.approx(5 + 3 + 10 + (top - 1_000_000 - 3_000_000) / 1e6 + 1)
@@ -235,8 +250,14 @@ def test_rapl_over_the_throughput_window_polls_every_counted_step(tmp_path, monk
     callback = ThroughputCallback(warmup_steps=2, clock=clock, energy=EnergyMeter.for_device(torch.device("cpu")))
 
     # 30 J per step from step 0 on: the counter passes its 100 J top three times over the 8 counted steps
-    drive(callback, clock, steps=10, step_seconds=1.0, batch=4,
-          poll=lambda step: powercap.set("intel-rapl:0", (step * 30_000_000) % top))
+    drive(
+        callback,
+        clock,
+        steps=10,
+        step_seconds=1.0,
+        batch=4,
+        poll=lambda step: powercap.set("intel-rapl:0", (step * 30_000_000) % top),
+    )
     metrics = callback.metrics()
 
     assert metrics["energy_source"] == "rapl" and metrics["energy_domains"] == "package-0"
@@ -330,18 +351,25 @@ def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing
     counter.value += 100.0
     meter.stop()  # the window closed once: later readings are not its energy
     assert meter.metrics(samples=1, seconds=4.0) == {
-        "energy_source": "test-counter", "energy_joules": 12.0, "energy_seconds": 4.0, "energy_devices_measured": 1,
-        "energy_watts_per_device": 3.0, "energy_joules_per_sample": 12.0}
+        "energy_source": "test-counter",
+        "energy_joules": 12.0,
+        "energy_seconds": 4.0,
+        "energy_devices_measured": 1,
+        "energy_watts_per_device": 3.0,
+        "energy_joules_per_sample": 12.0,
+    }
     assert "energy_joules_per_sample" not in meter.metrics(samples=0, seconds=4.0)
 
 
 def test_the_power_sampler_never_keeps_a_dying_run_alive():
     import subprocess
 
-    code = ("from bridgetower_bench.energy import HlmlPowerSampler\n"
-            "sampler = HlmlPowerSampler(lambda: 1000, interval=0.01)\n"
-            "sampler.start()\n"
-            "raise SystemExit(3)  # a run that dies inside the window, stop() never called\n")
+    code = (
+        "from bridgetower_bench.energy import HlmlPowerSampler\n"
+        "sampler = HlmlPowerSampler(lambda: 1000, interval=0.01)\n"
+        "sampler.start()\n"
+        "raise SystemExit(3)  # a run that dies inside the window, stop() never called\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
     assert result.returncode == 3
 
@@ -377,21 +405,35 @@ class PowerMeter:
 
 
 def real_training(tmp_path):
-    from test_throughput import ExtendedTrainer, SlowData, SlowModel
     from bridgetower_bench.trainer import WarmupTrainingArguments
+    from test_throughput import ExtendedTrainer, SlowData, SlowModel
 
     args = WarmupTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=6, throughput_warmup_steps=2,
-        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=6,
+        throughput_warmup_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=100,
+        dataloader_num_workers=0,
     )
-    trainer = ExtendedTrainer(model=SlowModel(delay=0.03), args=args, train_dataset=SlowData(12, delay=0.01),
-                              image_mean=(0.5,) * 3, image_std=(0.25,) * 3)
+    trainer = ExtendedTrainer(
+        model=SlowModel(delay=0.03),
+        args=args,
+        train_dataset=SlowData(12, delay=0.01),
+        image_mean=(0.5,) * 3,
+        image_std=(0.25,) * 3,
+    )
     return trainer.train().metrics
 
 
 def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tmp_path, monkeypatch):
     opened = []
-    monkeypatch.setattr(energy, "open_source", lambda device, world_size=1: opened.append((device.type, world_size)) or PowerMeter())
+    monkeypatch.setattr(
+        energy, "open_source", lambda device, world_size=1: opened.append((device.type, world_size)) or PowerMeter()
+    )
 
     metrics = real_training(tmp_path)
 

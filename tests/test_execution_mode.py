@@ -15,6 +15,7 @@ import preloaded_python
 from bridgetower_bench import execution_mode
 from conftest import REPO, SHIM, script_env
 
+
 VARIABLE = "PT_HPU_LAZY_MODE"
 
 
@@ -31,10 +32,27 @@ def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=F
     if value is not None:
         env[VARIABLE] = value
     env["HF_DATASETS_CACHE"] = str(datasets_cache)
-    args = ["--model_name_or_path", str(fixtures["model"]), "--dataset_name", str(fixtures["dataset"]),
-            "--dataset_config_name", "matching", "--image_column", "image", "--caption_column", "image_description",
-            "--output_dir", str(tmp_path / "run"), "--do_train", "--max_steps", "1", "--report_to", "none",
-            "--use_habana", *flags]
+    args = [
+        "--model_name_or_path",
+        str(fixtures["model"]),
+        "--dataset_name",
+        str(fixtures["dataset"]),
+        "--dataset_config_name",
+        "matching",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--do_train",
+        "--max_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--use_habana",
+        *flags,
+    ]
     if as_json:  # the same arguments as one configuration file
         config, i = {}, 0
         while i < len(args):
@@ -46,26 +64,42 @@ def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=F
                 config[name], i = True, i + 1
         (tmp_path / "args.json").write_text(json.dumps(config))
         args = [str(tmp_path / "args.json")]
-    return preloaded_python.run([sys.executable, str(REPO / "run_bridgetower.py"), *args], cwd=REPO, env=env, timeout=300)
+    return preloaded_python.run(
+        [sys.executable, str(REPO / "run_bridgetower.py"), *args], cwd=REPO, env=env, timeout=300
+    )
 
 
 REFUSED = [
     # flags, PT_HPU_LAZY_MODE, what the one line must say
-    ([], None, "--use_habana with --use_lazy_mode (lazy mode, the default) needs PT_HPU_LAZY_MODE=1 in the environment, "
-               "and it is unset (Habana's bridge would not run lazy mode): rerun as PT_HPU_LAZY_MODE=1 python ..."),
+    (
+        [],
+        None,
+        "--use_habana with --use_lazy_mode (lazy mode, the default) needs PT_HPU_LAZY_MODE=1 in the environment, "
+        "and it is unset (Habana's bridge would not run lazy mode): rerun as PT_HPU_LAZY_MODE=1 python ...",
+    ),
     (["--use_lazy_mode"], "0", "needs PT_HPU_LAZY_MODE=1 in the environment, and it is '0'"),
-    (["--use_lazy_mode", "False"], None, "--use_habana with --use_lazy_mode False and no --torch_compile (eager mode) needs "
-                                         "PT_HPU_LAZY_MODE=0 in the environment, and it is unset: rerun as PT_HPU_LAZY_MODE=0"),
+    (
+        ["--use_lazy_mode", "False"],
+        None,
+        "--use_habana with --use_lazy_mode False and no --torch_compile (eager mode) needs "
+        "PT_HPU_LAZY_MODE=0 in the environment, and it is unset: rerun as PT_HPU_LAZY_MODE=0",
+    ),
     (["--use_lazy_mode", "False"], "1", "(eager mode) needs PT_HPU_LAZY_MODE=0 in the environment, and it is '1'"),
     (["--use_lazy_mode", "False", "--torch_compile"], "1", "(eager+compile mode) needs PT_HPU_LAZY_MODE=0"),
-    (["--torch_compile_backend", "hpu_backend"], "1", "--use_lazy_mode (the default) with --torch_compile: lazy mode and "
-                                                      "torch.compile exclude each other"),
+    (
+        ["--torch_compile_backend", "hpu_backend"],
+        "1",
+        "--use_lazy_mode (the default) with --torch_compile: lazy mode and torch.compile exclude each other",
+    ),
 ]
 
 
-@pytest.mark.parametrize("flags, value, message", REFUSED, ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED])
-def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(fixtures, tmp_path, datasets_cache, flags,
-                                                                           value, message):
+@pytest.mark.parametrize(
+    "flags, value, message", REFUSED, ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED]
+)
+def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(
+    fixtures, tmp_path, datasets_cache, flags, value, message
+):
     result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
@@ -90,19 +124,22 @@ def test_the_right_variable_passes_the_check(fixtures, tmp_path, datasets_cache,
     assert result.returncode == 1 and "No module named 'habana_frameworks.torch.hpex'" in result.stderr
 
 
-@pytest.mark.parametrize("use_habana, lazy, compile_, value, refused", [
-    (False, False, False, None, False),  # the tests' CPU runs: --use_cpu --use_lazy_mode False, no bridge
-    (False, True, True, "0", False),
-    (True, True, False, "1", False),
-    (True, True, False, None, True),
-    (True, True, False, "true", True),  # only "1" selects lazy mode
-    (True, False, False, "0", False),
-    (True, False, False, None, True),
-    (True, False, True, "0", False),
-    (True, False, True, None, True),
-    (True, True, True, "1", True),
-    (True, True, True, "0", True),
-])
+@pytest.mark.parametrize(
+    "use_habana, lazy, compile_, value, refused",
+    [
+        (False, False, False, None, False),  # the tests' CPU runs: --use_cpu --use_lazy_mode False, no bridge
+        (False, True, True, "0", False),
+        (True, True, False, "1", False),
+        (True, True, False, None, True),
+        (True, True, False, "true", True),  # only "1" selects lazy mode
+        (True, False, False, "0", False),
+        (True, False, False, None, True),
+        (True, False, True, "0", False),
+        (True, False, True, None, True),
+        (True, True, True, "1", True),
+        (True, True, True, "0", True),
+    ],
+)
 def test_which_variable_each_mode_needs(use_habana, lazy, compile_, value, refused):
     assert (execution_mode.refusal(use_habana, lazy, compile_, value) is not None) == refused
 
@@ -118,9 +155,15 @@ def shim_bridge(monkeypatch):
             del sys.modules[name]
 
 
-@pytest.mark.parametrize("value, compile_, recorded", [
-    ("1", False, "lazy"), (None, False, "eager"), ("0", False, "eager"), ("0", True, "eager+compile"),
-])
+@pytest.mark.parametrize(
+    "value, compile_, recorded",
+    [
+        ("1", False, "lazy"),
+        (None, False, "eager"),
+        ("0", False, "eager"),
+        ("0", True, "eager+compile"),
+    ],
+)
 def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile_, recorded):
     if value is None:
         shim_bridge.delenv(VARIABLE, raising=False)
@@ -155,7 +198,9 @@ def test_the_environment_record_off_gaudi(monkeypatch):
 
 def test_the_nvidia_driver_is_read_from_nvidia_smi_without_a_device(tmp_path, monkeypatch):
     tool = tmp_path / "nvidia-smi"
-    tool.write_text('#!/bin/sh\n[ "$1 $2" = "--query-gpu=driver_version --format=csv,noheader" ] && printf "580.82.07\\n580.82.07\\n"\n')
+    tool.write_text(
+        '#!/bin/sh\n[ "$1 $2" = "--query-gpu=driver_version --format=csv,noheader" ] && printf "580.82.07\\n580.82.07\\n"\n'
+    )
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     from bridgetower_bench import run_record

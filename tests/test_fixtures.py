@@ -8,36 +8,44 @@ import os
 import socket
 import time
 
-
 import numpy as np
 import pytest
 import torch
-from datasets import Features, Image as ImageFeature, List, Value, load_dataset
+from datasets import Features, List, Value, load_dataset
+from datasets import Image as ImageFeature
 from PIL import Image
 
 from bridgetower_bench.atomic_files import process_alive
 from bridgetower_bench.tools import cartoons, fixtures
 from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
-from bridgetower_bench.tools.fixtures import ensure_default_fixtures, make_gaudi_config, make_synthetic_dataset, make_tiny_model
+from bridgetower_bench.tools.fixtures import (
+    ensure_default_fixtures,
+    make_gaudi_config,
+    make_synthetic_dataset,
+    make_tiny_model,
+)
+
 
 CAPTION = "Two houses and a tree on the left side of a city street."
 SMALL_ROWS = {"train_rows": 6, "validation_rows": 3, "test_rows": 3, "rows_per_cartoon": 2}
 
 # Written out here rather than imported, so a slip in the module's schema is caught.
-MATCHING_FEATURES = Features({
-    "image": ImageFeature(),
-    "contest_number": Value("int32"),
-    "image_location": Value("string"),
-    "image_description": Value("string"),
-    "image_uncanny_description": Value("string"),
-    "entities": List(Value("string")),
-    "questions": List(Value("string")),
-    "caption_choices": Value("string"),
-    "from_description": Value("string"),
-    "label": Value("string"),
-    "n_tokens_label": Value("int32"),
-    "instance_id": Value("string"),
-})
+MATCHING_FEATURES = Features(
+    {
+        "image": ImageFeature(),
+        "contest_number": Value("int32"),
+        "image_location": Value("string"),
+        "image_description": Value("string"),
+        "image_uncanny_description": Value("string"),
+        "entities": List(Value("string")),
+        "questions": List(Value("string")),
+        "caption_choices": Value("string"),
+        "from_description": Value("string"),
+        "label": Value("string"),
+        "n_tokens_label": Value("int32"),
+        "instance_id": Value("string"),
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +73,7 @@ def _load(dataset_dir, tmp_path):
 
 # --- model ---------------------------------------------------------------------------------------
 
+
 def test_tiny_model_loads_offline_and_gives_a_finite_contrastive_loss(model_dir, one_torch_thread):
     from transformers import AutoImageProcessor, AutoTokenizer, BridgeTowerForContrastiveLearning
 
@@ -82,8 +91,9 @@ def test_tiny_model_loads_offline_and_gives_a_finite_contrastive_loss(model_dir,
     text = tokenizer(list(captions), padding="max_length", max_length=32, return_tensors="pt")
     assert pixels.shape == (2, 3, 294, 294)
     with torch.no_grad():
-        out = model(input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels,
-                    return_loss=True)
+        out = model(
+            input_ids=text["input_ids"], attention_mask=text["attention_mask"], pixel_values=pixels, return_loss=True
+        )
     assert torch.isfinite(out.loss)
 
 
@@ -121,26 +131,38 @@ def test_default_fixture_model_sees_bridgetower_images_through_few_coarse_patche
     one layer per tower, so a CPU training step costs less than loading its images."""
     from transformers import BridgeTowerForContrastiveLearning
 
-    model = BridgeTowerForContrastiveLearning.from_pretrained(make_tiny_model(tmp_path, **fixtures.DEFAULT_MODEL_OPTIONS))
+    model = BridgeTowerForContrastiveLearning.from_pretrained(
+        make_tiny_model(tmp_path, **fixtures.DEFAULT_MODEL_OPTIONS)
+    )
     config = model.config
     assert (config.vision_config.image_size, config.vision_config.patch_size) == (294, 42)
-    assert (config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers, config.num_hidden_layers) \
-        == (1, 1, 1)
+    assert (
+        config.text_config.num_hidden_layers,
+        config.vision_config.num_hidden_layers,
+        config.num_hidden_layers,
+    ) == (1, 1, 1)
     ids = torch.tensor([[0, 100, 101, 2]])
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.zeros(1, 3, 294, 294),
-                output_hidden_states=True)
+    out = model(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pixel_values=torch.zeros(1, 3, 294, 294),
+        output_hidden_states=True,
+    )
     assert out.image_embeds.shape == (1, 32)
     # vision tokens, sequence first (nn.MultiheadAttention layout): 49 patches and the class token
     assert out.hidden_states[1][0].shape == (7 * 7 + 1, 1, 64)
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"patch_size": 0}, "patch_size"),
-    ({"layers": 0}, "layers"),
-    ({"layers": 1.5}, "layers"),
-    ({"large": True, "layers": 3}, "layers"),
-    ({"image_size": 40, "patch_size": 42}, "image_size"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"patch_size": 0}, "patch_size"),
+        ({"layers": 0}, "layers"),
+        ({"layers": 1.5}, "layers"),
+        ({"large": True, "layers": 3}, "layers"),
+        ({"image_size": 40, "patch_size": 42}, "image_size"),
+    ],
+)
 def test_bad_model_shape_options_are_refused_by_name(options, named):
     with pytest.raises(ValueError, match=named):
         fixtures.bridgetower_config(vocab_size=100, **{"large": False, **options})
@@ -149,9 +171,15 @@ def test_bad_model_shape_options_are_refused_by_name(options, named):
 def test_cli_model_options_default_to_the_default_fixture_and_keep_large_at_its_own_shape(capsys):
     assert fixtures._model_options(fixtures._parse_args(["model"])) == fixtures.DEFAULT_MODEL_OPTIONS
     assert fixtures._model_options(fixtures._parse_args(["model", "--layers", "2", "--patch-size", "14"])) == {
-        **fixtures.DEFAULT_MODEL_OPTIONS, "layers": 2, "patch_size": 14}
+        **fixtures.DEFAULT_MODEL_OPTIONS,
+        "layers": 2,
+        "patch_size": 14,
+    }
     assert fixtures._model_options(fixtures._parse_args(["model", "--large"])) == {
-        "seed": 0, "image_size": 294, "large": True}
+        "seed": 0,
+        "image_size": 294,
+        "large": True,
+    }
     with pytest.raises(SystemExit):
         fixtures._parse_args(["model", "--large", "--layers", "2"])
     assert "--layers" in capsys.readouterr().err
@@ -164,13 +192,17 @@ def test_empty_tokenizer_corpus_is_refused(tmp_path):
 
 # --- data set ------------------------------------------------------------------------------------
 
+
 def test_dataset_loads_as_matching_config_with_exact_features_and_split_sizes(dataset_dir, tmp_path):
     dataset = _load(dataset_dir, tmp_path)
     assert {split: len(dataset[split]) for split in dataset} == {"train": 6, "validation": 3, "test": 3}
     for split in dataset:
         assert dataset[split].features == MATCHING_FEATURES
     assert sorted(p.name for p in (dataset_dir / "matching").iterdir()) == [
-        "test-00000-of-00001.parquet", "train-00000-of-00001.parquet", "validation-00000-of-00001.parquet"]
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00001.parquet",
+        "validation-00000-of-00001.parquet",
+    ]
 
 
 def test_images_are_embedded_jpegs_of_realistic_size(dataset_dir, tmp_path):
@@ -211,6 +243,7 @@ def test_non_positive_row_counts_are_refused_by_name(tmp_path, name):
 
 
 # --- cartoons and captions -----------------------------------------------------------------------
+
 
 def test_caption_says_what_is_drawn():
     scene = Scene("street", "left", (("house", 2), ("tree", 1)))
@@ -257,6 +290,7 @@ def test_draw_cartoon_is_deterministic_and_has_the_requested_size():
 
 # --- Gaudi config, default fixtures, command line ------------------------------------------------
 
+
 def test_gaudi_config_matches_habana_clip(tmp_path):
     config = json.loads((make_gaudi_config(tmp_path) / "gaudi_config.json").read_text())
     assert config == {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
@@ -300,13 +334,26 @@ def test_ensure_default_fixtures_uses_the_environment_variable(tmp_path, monkeyp
 
 
 def test_cli_writes_a_dataset_prints_the_image_spread_and_reuses_it(tmp_path, capsys):
-    argv = ["--out", str(tmp_path), "--train-rows", "2", "--validation-rows", "1", "--test-rows", "1",
-            "--rows-per-cartoon", "1", "dataset"]
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--train-rows",
+        "2",
+        "--validation-rows",
+        "1",
+        "--test-rows",
+        "1",
+        "--rows-per-cartoon",
+        "1",
+        "dataset",
+    ]
     fixtures.main(argv)
     printed = capsys.readouterr().out
     assert str(tmp_path / fixtures.DATASET_DIR_NAME) in printed and "built in" in printed and "JPEG" in printed
-    assert fixtures.is_complete(tmp_path / fixtures.DATASET_DIR_NAME, fixtures.fixture_params(
-        "dataset", train_rows=2, validation_rows=1, test_rows=1, rows_per_cartoon=1, seed=0))
+    assert fixtures.is_complete(
+        tmp_path / fixtures.DATASET_DIR_NAME,
+        fixtures.fixture_params("dataset", train_rows=2, validation_rows=1, test_rows=1, rows_per_cartoon=1, seed=0),
+    )
     fixtures.main(argv)
     assert "already complete" in capsys.readouterr().out
 
@@ -319,7 +366,9 @@ def test_cli_refuses_a_non_positive_row_count(capsys):
 
 def test_exif_rotated_cartoons_are_stored_transposed_and_decode_upright(tmp_path):
     options = dict(train_rows=6, validation_rows=1, test_rows=1, rows_per_cartoon=2, image_side_range=(120, 200))
-    plain = load_dataset(str(fixtures.make_synthetic_dataset(tmp_path / "plain", **options)), "matching", split="train")
+    plain = load_dataset(
+        str(fixtures.make_synthetic_dataset(tmp_path / "plain", **options)), "matching", split="train"
+    )
     rotated_dir = fixtures.make_synthetic_dataset(tmp_path / "rotated", exif_rotated_every=2, **options)
     rotated = load_dataset(str(rotated_dir), "matching", split="train")
     raw = rotated.cast_column("image", ImageFeature(decode=False))

@@ -13,19 +13,29 @@ import sys
 
 import pytest
 
-from bridgetower_bench.tools import gaudi_check as gc
 import preloaded_python
+from bridgetower_bench.tools import gaudi_check as gc
 from conftest import CPU_FLAGS, REPO, SHIM, script_env
 
-HABANA_ONLY_FLAGS = {"--use_habana": 0, "--use_lazy_mode": 0, "--use_hpu_graphs_for_inference": 0, "--gaudi_config_name": 1}
+
+HABANA_ONLY_FLAGS = {
+    "--use_habana": 0,
+    "--use_lazy_mode": 0,
+    "--use_hpu_graphs_for_inference": 0,
+    "--gaudi_config_name": 1,
+}
 
 
 @pytest.mark.parametrize("with_shim", [False, True], ids=["no-habana", "shim-without-hpu"])
 def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
     env = script_env(gaudi=with_shim)
     out = tmp_path / "check"
-    result = preloaded_python.run([sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
-                                  cwd=REPO, env=env, timeout=300)
+    result = preloaded_python.run(
+        [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 2
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
     assert ("no HPU is visible" if with_shim else "habana_frameworks is not installed") in result.stdout
@@ -89,7 +99,11 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert record["passed"] is False and record["hpus"]["count"] == 1
     environment = record["environment"]
     assert set(gc.ENVIRONMENT_KEYS) <= set(environment)
-    assert (environment["backend"], environment["device_name"], environment["device_count"]) == ("gaudi", "GAUDI2 (test stand-in)", 1)
+    assert (environment["backend"], environment["device_name"], environment["device_count"]) == (
+        "gaudi",
+        "GAUDI2 (test stand-in)",
+        1,
+    )
     assert environment["step_environment"] == {"PT_HPU_LAZY_MODE": "1"}
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
@@ -98,7 +112,10 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
         assert stack[pinned]["result"] == "ok", stack[pinned]
     assert stack["torch"]["result"] == "ok"
     assert stack["Gaudi driver"]["result"] == "warning"  # no hl-smi here
-    assert stack["media pipeline"]["result"] == "warning" and "habana_frameworks.mediapipe" in stack["media pipeline"]["detail"]
+    assert (
+        stack["media pipeline"]["result"] == "warning"
+        and "habana_frameworks.mediapipe" in stack["media pipeline"]["detail"]
+    )
 
     steps = {row["name"]: row for row in record["steps"]}
     torch_step = steps["1hpu-pytorch-loader"]
@@ -113,13 +130,20 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     media = steps["1hpu-media-pipeline"]
     assert media["result"] == "failed" and "--mediapipe_dataloader" in media["command"]
     assert media["loader"].startswith("torch (media pipeline unavailable")
-    assert media["detail"].startswith("the mediapipe loader did not run; the run says: torch (media pipeline unavailable")
-    assert (steps["8hpu-launcher"]["result"], steps["8hpu-launcher"]["detail"]) == ("skipped", "needs 8 HPUs, 1 visible")
+    assert media["detail"].startswith(
+        "the mediapipe loader did not run; the run says: torch (media pipeline unavailable"
+    )
+    assert (steps["8hpu-launcher"]["result"], steps["8hpu-launcher"]["detail"]) == (
+        "skipped",
+        "needs 8 HPUs, 1 visible",
+    )
 
     # What a user attaches to a bug report: paths relative to the output directory, no environment.
     assert torch_step["command"][:3] == ["PT_HPU_LAZY_MODE=1", "python", "run_bridgetower.py"]  # complete as pasted
     assert "--use_hpu_graphs_for_inference" in torch_step["command"]
-    assert torch_step["command"][torch_step["command"].index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
+    assert (
+        torch_step["command"][torch_step["command"].index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
+    )
     assert (out / torch_step["log"]).is_file()
     text = json.dumps(record)
     for string in all_strings(record):
@@ -149,29 +173,52 @@ def reports(outcomes):
 def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shim, tmp_path, capsys, monkeypatch):
     from bridgetower_bench.tools import fixtures
 
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    monkeypatch.setattr(
+        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
+    )
     out = tmp_path / "check"
     outcomes = {
         "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": "lazy"},
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
         "8hpu-launcher": f"RuntimeError: synStatus 26 [Device not found] writing {out}/8hpu-launcher/run",
     }
-    status = gc.main(["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
-                     probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes))
+    status = gc.main(
+        ["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
+        probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None),
+        runner=reports(outcomes),
+    )
     assert status == 1
     record = json.loads((tmp_path / "report.json").read_text())
     steps = {row["name"]: row for row in record["steps"]}
-    assert steps["1hpu-media-pipeline"]["result"] == "ok" and steps["1hpu-media-pipeline"]["samples_per_second"] == 140.25
+    assert (
+        steps["1hpu-media-pipeline"]["result"] == "ok" and steps["1hpu-media-pipeline"]["samples_per_second"] == 140.25
+    )
     launcher = steps["8hpu-launcher"]
     assert launcher["result"] == "failed"
-    assert launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
-    assert launcher["command"][:7] == ["PT_HPU_LAZY_MODE=1", "python", "-m", "bridgetower_bench.tools.launch_gaudi",
-                                       "--world_size", "8", "--use_mpi"]
+    assert (
+        launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
+    )
+    assert launcher["command"][:7] == [
+        "PT_HPU_LAZY_MODE=1",
+        "python",
+        "-m",
+        "bridgetower_bench.tools.launch_gaudi",
+        "--world_size",
+        "8",
+        "--use_mpi",
+    ]
     table = capsys.readouterr().out
     assert "RuntimeError: synStatus 26" in table and "140.2" in table
 
     outcomes["8hpu-launcher"] = {"loader": "torch", "train_samples_per_second": 790.0, "execution_mode": "lazy"}
-    assert gc.main(["--output_dir", str(tmp_path / "again")], probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None), runner=reports(outcomes)) == 0
+    assert (
+        gc.main(
+            ["--output_dir", str(tmp_path / "again")],
+            probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None),
+            runner=reports(outcomes),
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize("ran", ["eager", "eager+compile", None])
@@ -179,13 +226,18 @@ def test_a_step_whose_bridge_ran_another_mode_than_lazy_fails(habana_shim, tmp_p
     """E.g. PT_HPU_LAZY_MODE lost on the way to the processes: the bridge runs eager and the step must not pass."""
     from bridgetower_bench.tools import fixtures
 
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    monkeypatch.setattr(
+        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
+    )
     outcomes = {
         "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": ran},
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
     }
-    status = gc.main(["--output_dir", str(tmp_path / "check")], probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
-                     runner=reports(outcomes))
+    status = gc.main(
+        ["--output_dir", str(tmp_path / "check")],
+        probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
+        runner=reports(outcomes),
+    )
     assert status == 1
     record = json.loads((tmp_path / "check" / "gaudi_check.json").read_text())
     steps = {row["name"]: row for row in record["steps"]}
@@ -200,7 +252,9 @@ def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monk
     """The real runner hands each step PT_HPU_LAZY_MODE=1, whatever the caller's environment says."""
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     log = tmp_path / "log.txt"
-    step = gc.Step("echo", [sys.executable, "-c", "import os; print(os.environ.get('PT_HPU_LAZY_MODE'))"], tmp_path, log, "torch")
+    step = gc.Step(
+        "echo", [sys.executable, "-c", "import os; print(os.environ.get('PT_HPU_LAZY_MODE'))"], tmp_path, log, "torch"
+    )
     assert gc.run_command(step, timeout=60).returncode == 0
     assert log.read_text().strip() == "1"
 
@@ -230,13 +284,18 @@ def test_the_record_holds_no_credential_even_when_a_step_prints_one(habana_shim,
 
     token = "hf_FakeTokenForTheGaudiCheck123"
     monkeypatch.setenv("HF_TOKEN", token)
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    monkeypatch.setattr(
+        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
+    )
     outcomes = {
         "1hpu-pytorch-loader": f"OSError: 401 Client Error for url with token {token}",
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
     }
-    status = gc.main(["--output_dir", str(tmp_path / "check")], probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
-                     runner=reports(outcomes))
+    status = gc.main(
+        ["--output_dir", str(tmp_path / "check")],
+        probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
+        runner=reports(outcomes),
+    )
 
     assert status == 1
     written = [p for p in (tmp_path / "check").rglob("*.json")]

@@ -13,12 +13,21 @@ import torch
 from bridgetower_bench import gpu_memory as gm
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
+
 A100_40GB = ("NVIDIA A100-SXM4-40GB", 39.39)
 
 
 def published(**changes):
-    facts = dict(shape=gm.PUBLISHED_SHAPE, sequence_length=128, bf16=True, attention="eager", compiled=False,
-                 gradient_checkpointing=False, parameters=gm.PUBLISHED_TRAINED_PARAMETERS, trained=gm.PUBLISHED_TRAINED_PARAMETERS)
+    facts = dict(
+        shape=gm.PUBLISHED_SHAPE,
+        sequence_length=128,
+        bf16=True,
+        attention="eager",
+        compiled=False,
+        gradient_checkpointing=False,
+        parameters=gm.PUBLISHED_TRAINED_PARAMETERS,
+        trained=gm.PUBLISHED_TRAINED_PARAMETERS,
+    )
     return gm.memory_need(**{**facts, **changes})
 
 
@@ -32,8 +41,14 @@ def test_the_published_parameter_count_is_bridgetower_larges():
     model.bridgetower.text_model.pooler = None  # as the scripts do (--freeze_text_pooler, the default)
     assert sum(p.numel() for p in model.parameters()) == gm.PUBLISHED_TRAINED_PARAMETERS
     config = model.config
-    assert (config.hidden_size, config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers,
-            config.num_hidden_layers, config.vision_config.image_size, config.vision_config.patch_size) == gm.PUBLISHED_SHAPE
+    assert (
+        config.hidden_size,
+        config.text_config.num_hidden_layers,
+        config.vision_config.num_hidden_layers,
+        config.num_hidden_layers,
+        config.vision_config.image_size,
+        config.vision_config.patch_size,
+    ) == gm.PUBLISHED_SHAPE
 
 
 def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
@@ -47,8 +62,13 @@ def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
     assert frozen.fixed_gib < need.fixed_gib and frozen.per_sample_gib == need.per_sample_gib
     assert published(compiled=True).tensors_gib(48) == pytest.approx(54.7)
     # No figure for what was not measured: the first step decides.
-    for change in ({"attention": "sdpa"}, {"bf16": False}, {"sequence_length": 64}, {"gradient_checkpointing": True},
-                   {"shape": (64, 1, 1, 1, 294, 42)}):
+    for change in (
+        {"attention": "sdpa"},
+        {"bf16": False},
+        {"sequence_length": 64},
+        {"gradient_checkpointing": True},
+        {"shape": (64, 1, 1, 1, 294, 42)},
+    ):
         assert published(**change) is None, change
 
 
@@ -57,7 +77,7 @@ def test_which_gpus_hold_the_published_batch_and_what_the_others_should_run():
     for gib in (79.15, 80.0, 139.8):  # A100 / H100 80GB, H200
         assert need.fits(48, gib)
     assert not need.fits(48, 39.39) and not need.fits(48, 44.99)  # A100 40GB, L40S
-    fits = lambda gib: (lambda b: need.fits(b, gib))  # noqa: E731
+    fits = lambda gib: lambda b: need.fits(b, gib)  # noqa: E731
     assert gm.same_global_batch(48, 1, fits(39.39)) == (16, 3)
     assert gm.same_global_batch(48, 1, fits(44.99)) == (24, 2)
     assert gm.same_global_batch(48, 2, fits(39.39)) == (16, 6)  # 96 samples per optimizer step, kept
@@ -65,17 +85,31 @@ def test_which_gpus_hold_the_published_batch_and_what_the_others_should_run():
 
 
 def test_the_line_names_the_batch_the_device_the_need_and_what_keeps_the_global_batch():
-    line = gm.does_not_fit_message(batch=48, accumulation=1, world_size=8, device_name=A100_40GB[0],
-                                   device_total_gib=A100_40GB[1], need=published())
+    line = gm.does_not_fit_message(
+        batch=48,
+        accumulation=1,
+        world_size=8,
+        device_name=A100_40GB[0],
+        device_total_gib=A100_40GB[1],
+        need=published(),
+    )
     assert "\n" not in line
     assert line == (
         "--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB (39.4 GiB): BridgeTower Large (294 px, "
         "128 tokens, bf16) needs about 71.9 GiB per device at batch 48 (estimated from 64.5 GiB of tensors at batch 48, "
         "measured on one H200, plus the allocator's reserve and the CUDA context); --per_device_train_batch_size 16 "
         "--gradient_accumulation_steps 3 keeps the global batch of 384, about 34.1 GiB (each step's contrastive loss "
-        "then sees 16 pairs, not 48)")
-    unknown = gm.does_not_fit_message(batch=48, accumulation=1, world_size=1, device_name="NVIDIA L4", device_total_gib=22.0,
-                                      need=None, reached_gib=21.7)
+        "then sees 16 pairs, not 48)"
+    )
+    unknown = gm.does_not_fit_message(
+        batch=48,
+        accumulation=1,
+        world_size=1,
+        device_name="NVIDIA L4",
+        device_total_gib=22.0,
+        need=None,
+        reached_gib=21.7,
+    )
     assert "the first step ran out of memory after reaching 21.7 GiB" in unknown
     assert "--per_device_train_batch_size 24 --gradient_accumulation_steps 2 keeps the global batch of 48" in unknown
 
@@ -92,17 +126,30 @@ def large_on_meta():
 
 
 def test_the_check_before_step_1_refuses_the_published_batch_on_a_40gb_gpu():
-    args = types.SimpleNamespace(device=torch.device("cuda", 0), bf16=True, attn_implementation="eager", compile_layers=None,
-                                 gradient_checkpointing=False, per_device_train_batch_size=48, gradient_accumulation_steps=1,
-                                 world_size=8)
+    args = types.SimpleNamespace(
+        device=torch.device("cuda", 0),
+        bf16=True,
+        attn_implementation="eager",
+        compile_layers=None,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=48,
+        gradient_accumulation_steps=1,
+        world_size=8,
+    )
     model = large_on_meta()
-    with pytest.raises(gm.BatchDoesNotFit, match=r"^--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB .*"
-                                                  r"--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps "
-                                                  r"the global batch of 384"):
+    with pytest.raises(
+        gm.BatchDoesNotFit,
+        match=r"^--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB .*"
+        r"--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps "
+        r"the global batch of 384",
+    ):
         gm.check_batch_fits(model, 128, args, memory=lambda device: A100_40GB)
     assert isinstance(gm.BatchDoesNotFit("x"), UserInputError)  # one line, exit status 2
     assert gm.check_batch_fits(model, 128, args, memory=lambda device: ("NVIDIA H100 80GB HBM3", 79.2)) is not None
-    assert gm.check_batch_fits(model, 64, args, memory=lambda device: pytest.fail("no figure: nothing to compare")) is None
+    assert (
+        gm.check_batch_fits(model, 64, args, memory=lambda device: pytest.fail("no figure: nothing to compare"))
+        is None
+    )
 
 
 class Rows(torch.utils.data.Dataset):
@@ -111,8 +158,11 @@ class Rows(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         generator = torch.Generator().manual_seed(i)
-        return {"pixel_values": torch.rand(3, 294, 294, generator=generator), "input_ids": [0, 100 + i, 2, 1],
-                "attention_mask": [1, 1, 1, 0]}
+        return {
+            "pixel_values": torch.rand(3, 294, 294, generator=generator),
+            "input_ids": [0, 100 + i, 2, 1],
+            "attention_mask": [1, 1, 1, 0],
+        }
 
 
 def oom_trainer(fixtures, out, monkeypatch, fail_at_call):
@@ -127,24 +177,44 @@ def oom_trainer(fixtures, out, monkeypatch, fail_at_call):
     monkeypatch.setattr(gm, "on_gpu", lambda args: True)  # this CPU run plays a 40 GB GPU
     monkeypatch.setattr(gm, "device_memory", lambda device: A100_40GB)
     monkeypatch.setattr(gm, "_reached_gib", lambda error, device: 38.9)
-    args = WarmupTrainingArguments(output_dir=str(out), per_device_train_batch_size=4, max_steps=3, use_cpu=True, seed=3,
-                                   report_to="none", save_strategy="steps", save_steps=1, dataloader_num_workers=0,
-                                   remove_unused_columns=False, disable_tqdm=True)
+    args = WarmupTrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        use_cpu=True,
+        seed=3,
+        report_to="none",
+        save_strategy="steps",
+        save_steps=1,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
     model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
     forward, calls = model.forward, []
 
     def running_out(*a, **k):
         calls.append(1)
         if len(calls) == fail_at_call:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB")
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB"
+            )
         return forward(*a, **k)
 
     monkeypatch.setattr(model, "forward", running_out)
-    return BridgeTowerTrainer(model=model, args=args, train_dataset=Rows(), data_collator=data.collate_fn,
-                              image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+    return BridgeTowerTrainer(
+        model=model,
+        args=args,
+        train_dataset=Rows(),
+        data_collator=data.collate_fn,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+    )
 
 
-def test_running_out_of_memory_in_the_first_step_is_one_line_and_nothing_is_saved(fixtures, tmp_path, monkeypatch, capsys):
+def test_running_out_of_memory_in_the_first_step_is_one_line_and_nothing_is_saved(
+    fixtures, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "out"
     trainer = oom_trainer(fixtures, out, monkeypatch, fail_at_call=1)
     with pytest.raises(SystemExit) as stop:
@@ -155,7 +225,8 @@ def test_running_out_of_memory_in_the_first_step_is_one_line_and_nothing_is_save
     assert line.endswith(
         "error: --per_device_train_batch_size 4 does not fit on NVIDIA A100-SXM4-40GB (39.4 GiB): the first step ran out "
         "of memory after reaching 38.9 GiB; --per_device_train_batch_size 2 --gradient_accumulation_steps 2 keeps the "
-        "global batch of 4, half the batch: a first guess (each step's contrastive loss then sees 2 pairs, not 4)")
+        "global batch of 4, half the batch: a first guess (each step's contrastive loss then sees 2 pairs, not 4)"
+    )
     assert not out.exists() or os.listdir(out) == []  # no checkpoint, no model: nothing as if trained
 
 

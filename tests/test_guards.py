@@ -11,13 +11,16 @@ from PIL import Image
 from bridgetower_bench import flag_guard, image_cache
 from test_user_input import run_cuda_script
 
+
 SCRIPT = "run_bridgetower_cuda.py"
 
 
 def refusal(flags: str, verb: str = "is") -> str:
     pronoun = "it" if verb == "is" else "them"
-    return (f"{SCRIPT}: error: {flags} {verb} Gaudi-only (Habana HPU) and not supported by {SCRIPT}; "
-            f"remove {pronoun}, or run run_bridgetower.py on a Gaudi machine.")
+    return (
+        f"{SCRIPT}: error: {flags} {verb} Gaudi-only (Habana HPU) and not supported by {SCRIPT}; "
+        f"remove {pronoun}, or run run_bridgetower.py on a Gaudi machine."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -27,26 +30,56 @@ def refusal(flags: str, verb: str = "is") -> str:
 
 def spellings(tmp_path, model):
     """name -> (argv after the script, the one stderr line expected)."""
-    common = ["--model_name_or_path", model, "--train_file", tmp_path / "train.csv", "--output_dir", tmp_path / "out",
-              "--do_train", "--report_to", "none", "--use_cpu"]
+    common = [
+        "--model_name_or_path",
+        model,
+        "--train_file",
+        tmp_path / "train.csv",
+        "--output_dir",
+        tmp_path / "out",
+        "--do_train",
+        "--report_to",
+        "none",
+        "--use_cpu",
+    ]
     config = tmp_path / "published.json"
-    config.write_text(json.dumps({"model_name_or_path": str(model), "output_dir": str(tmp_path / "out"),
-                                  "do_train": True, "gaudi_config_name": "Habana/clip", "use_habana": True}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": str(model),
+                "output_dir": str(tmp_path / "out"),
+                "do_train": True,
+                "gaudi_config_name": "Habana/clip",
+                "use_habana": True,
+            }
+        )
+    )
     dashed_config = tmp_path / "dashed.json"
     dashed_config.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "use-hpu-graphs-for-training": True}))
     return {
         "--flag=value": ([*common, "--use_habana=True"], refusal("--use_habana")),
         "--flag=False": ([*common, "--use_lazy_mode=False"], refusal("--use_lazy_mode")),
         "dashes": ([*common, "--use-habana"], refusal("--use_habana")),
-        "dashes with =value": ([*common, "--gaudi-config-name=Habana/clip", "--sdp-on-bf16"],
-                               refusal("--gaudi_config_name, --sdp_on_bf16", "are")),
+        "dashes with =value": (
+            [*common, "--gaudi-config-name=Habana/clip", "--sdp-on-bf16"],
+            refusal("--gaudi_config_name, --sdp_on_bf16", "are"),
+        ),
         "json configuration": ([config], refusal("--gaudi_config_name, --use_habana", "are")),
         "json configuration with dashes": ([dashed_config], refusal("--use_hpu_graphs_for_training")),
     }
 
 
-@pytest.mark.parametrize("case", ["--flag=value", "--flag=False", "dashes", "dashes with =value", "json configuration",
-                                  "json configuration with dashes"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "--flag=value",
+        "--flag=False",
+        "dashes",
+        "dashes with =value",
+        "json configuration",
+        "json configuration with dashes",
+    ],
+)
 def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtures, tmp_path, capsys):
     args, expected = spellings(tmp_path, fixtures["model"])[case]
     status, stderr = run_cuda_script(args, capsys)
@@ -58,8 +91,17 @@ def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtur
 
 def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
     # Values, lookalike names and single-dash words are not Gaudi flags.
-    argv = [SCRIPT, "--output_dir", "use_habana", "--use_habana_extra", "x", "-use_habana", "--mediapipe_dataloader_x",
-            "--use_cpu", "--use_habana"]
+    argv = [
+        SCRIPT,
+        "--output_dir",
+        "use_habana",
+        "--use_habana_extra",
+        "x",
+        "-use_habana",
+        "--mediapipe_dataloader_x",
+        "--use_cpu",
+        "--use_habana",
+    ]
     assert flag_guard.hpu_only_flags_in(argv) == ["--use_habana"]
     assert flag_guard.hpu_only_flags_in([SCRIPT, "--output_dir", "out", "--do_train"]) == []
     assert flag_guard.hpu_only_flags_in([SCRIPT, "--use_habana"]) == ["--use_habana"]  # one flag is not a file
@@ -88,7 +130,9 @@ def test_a_cache_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch
 
 def test_a_manifest_from_another_pillow_is_not_read_as_complete(tmp_path, monkeypatch):
     values = [{"bytes": _png(Image.new("RGB", (40, 30), (200, 10, 10))), "path": None}]
-    cache = image_cache.open_decoded_image_cache(values, pipeline="fast", image_size=32, cache_dir=tmp_path, fingerprint="f")
+    cache = image_cache.open_decoded_image_cache(
+        values, pipeline="fast", image_size=32, cache_dir=tmp_path, fingerprint="f"
+    )
     settings = image_cache.cache_settings("fast", 32, "f")
     assert image_cache.read_complete_manifest(cache.directory, settings) is not None
     monkeypatch.setattr(PIL, "__version__", PIL.__version__ + ".post1")
@@ -114,7 +158,9 @@ def test_a_pil_images_mode_and_pixels_are_part_of_its_identity():
     pixels[5, 7, 2] = 101  # one channel of one pixel
     other = Image.fromarray(pixels)
     assert image_cache.image_digest(one) != image_cache.image_digest(other)
-    assert image_cache.image_digest(one) == image_cache.image_digest(Image.fromarray(np.full((6, 8, 3), 100, np.uint8)))
+    assert image_cache.image_digest(one) == image_cache.image_digest(
+        Image.fromarray(np.full((6, 8, 3), 100, np.uint8))
+    )
 
     # Same bytes, other shape: 8x6 vs 6x8.
     assert image_cache.image_digest(Image.new("L", (6, 8), 7)) != image_cache.image_digest(grey)

@@ -12,7 +12,6 @@ import pytest
 import torch
 from PIL import Image
 
-
 from bridgetower_bench import image_cache, images
 from bridgetower_bench.image_cache import (
     MANIFEST_FILE,
@@ -23,6 +22,7 @@ from bridgetower_bench.image_cache import (
 )
 from bridgetower_bench.images import make_image_transform
 from conftest import noise_jpeg
+
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -55,7 +55,12 @@ def image_values(tmp_path):
 
 def open_cache(values, cache_dir, pipeline="fast", image_size=SIZE, fingerprint="data-v1", num_proc=None):
     return open_decoded_image_cache(
-        values, pipeline=pipeline, image_size=image_size, cache_dir=cache_dir, fingerprint=fingerprint, num_proc=num_proc
+        values,
+        pipeline=pipeline,
+        image_size=image_size,
+        cache_dir=cache_dir,
+        fingerprint=fingerprint,
+        num_proc=num_proc,
     )
 
 
@@ -91,9 +96,7 @@ def test_reused_without_rebuilding(image_values, tmp_path):
     assert torch.equal(second(image_values[3]), first(image_values[3]))
 
 
-@pytest.mark.parametrize(
-    "changed", [{"image_size": SIZE + 2}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}]
-)
+@pytest.mark.parametrize("changed", [{"image_size": SIZE + 2}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}])
 def test_other_settings_never_reuse_a_cache(image_values, tmp_path, changed):
     first = open_cache(image_values, tmp_path)
     other = open_cache(image_values, tmp_path, **changed)
@@ -315,7 +318,9 @@ def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
     cache = open_cache(image_values, tmp_path)
     elapsed = time.perf_counter() - started
     assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
-    assert json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
+    assert (
+        json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
+    )
 
 
 @pytest.mark.parametrize("n_images", [3, 40])

@@ -14,7 +14,6 @@ from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
 from bridgetower_bench import images
-from bridgetower_bench.tools import image_fidelity
 from bridgetower_bench.images import (
     IMAGE_PIPELINES,
     FastTransform,
@@ -26,7 +25,9 @@ from bridgetower_bench.images import (
     resize_geometry,
     to_rgb,
 )
+from bridgetower_bench.tools import image_fidelity
 from conftest import encode
+
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -120,13 +121,17 @@ def test_upstream_reads_transparent_and_16_bit_images_as_docs_upstream_states(tm
     modes = image_fidelity.modes_against_upstream(294, tmp_path)
     rgba, palette, sixteen = modes["RGBA PNG"], modes["palette PNG with transparency"], modes["16-bit grey PNG"]
     # embedded: 4 bands end in Normalize; 16 bits clip to white through 8-bit grey, without an error
-    assert rgba["embedded"]["upstream"].startswith("RuntimeError: The size of tensor a (4) must match the size of tensor b (3)")
+    assert rgba["embedded"]["upstream"].startswith(
+        "RuntimeError: The size of tensor a (4) must match the size of tensor b (3)"
+    )
     assert sixteen["embedded"]["upstream"] == "trains" and sixteen["embedded"]["upstream_mean_value_per_255"] == 255.0
     # files: alpha and the transparent entry dropped (black underneath, where we composite on white)
     for read in (rgba["file"], palette["file"]):
         assert read["upstream"] == "trains" and read["upstream_mean_value_per_255"] < 9 and read["mean"] > 240
     # a 16-bit file resized in uint16: about 6.7 % of the values wrap around
-    assert sixteen["file"]["upstream"] == "trains" and 0.06 < sixteen["file"]["wrapped_pixels"] / (3 * 294 * 294) < 0.075
+    assert (
+        sixteen["file"]["upstream"] == "trains" and 0.06 < sixteen["file"]["wrapped_pixels"] / (3 * 294 * 294) < 0.075
+    )
     assert 12 < sixteen["file"]["mean"] < 15
 
 
@@ -315,8 +320,26 @@ def image_in_mode(mode: str) -> Image.Image:
     return base.convert(mode)
 
 
-ALL_MODES = ["1", "L", "LA", "La", "P", "P+transparency", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK",
-             "YCbCr", "HSV", "I", "I;16", "I;16B", "F"]
+ALL_MODES = [
+    "1",
+    "L",
+    "LA",
+    "La",
+    "P",
+    "P+transparency",
+    "PA",
+    "RGB",
+    "RGBA",
+    "RGBa",
+    "RGBX",
+    "CMYK",
+    "YCbCr",
+    "HSV",
+    "I",
+    "I;16",
+    "I;16B",
+    "F",
+]
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
@@ -331,7 +354,9 @@ def test_every_pil_mode_gives_three_channels(pipeline):
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
 def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path, jpeg_decoders):
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
-    encoded = {f"png-{m}": encode(image_in_mode(m), "PNG") for m in ("1", "L", "LA", "P", "P+transparency", "RGBA", "I;16")}
+    encoded = {
+        f"png-{m}": encode(image_in_mode(m), "PNG") for m in ("1", "L", "LA", "P", "P+transparency", "RGBA", "I;16")
+    }
     encoded.update({f"jpeg-{m}": encode(image_in_mode(m), "JPEG") for m in ("L", "RGB", "CMYK")})
     encoded["jpeg-progressive"] = encode(noise_image(40, 30), "JPEG", progressive=True)
     for name, data in encoded.items():
@@ -352,7 +377,9 @@ def test_small_and_extreme_shapes(pipeline, size):
 def test_upstream_is_torchvision_float_math():
     img = noise_image(50, 40)
     expected = torch.nn.Sequential(
-        Resize([24], interpolation=InterpolationMode.BICUBIC, antialias=True), CenterCrop(24), Normalize(CLIP_MEAN, CLIP_STD)
+        Resize([24], interpolation=InterpolationMode.BICUBIC, antialias=True),
+        CenterCrop(24),
+        Normalize(CLIP_MEAN, CLIP_STD),
     )(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
     assert torch.equal(make_image_transform("upstream", 24, CLIP_MEAN, CLIP_STD)(img), expected)
 
@@ -477,7 +504,9 @@ def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
     if len(img.getbands()) == 1:
         img = to_grayscale(img, num_output_channels=3)
     steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC), CenterCrop(size), ConvertImageDtype(torch.float),
+        Resize([size], interpolation=InterpolationMode.BICUBIC),
+        CenterCrop(size),
+        ConvertImageDtype(torch.float),
         Normalize(CLIP_MEAN, CLIP_STD),
     )
     return steps(to_tensor(img))
@@ -491,7 +520,9 @@ def upstream_math_for_file(path: str, size: int, apply_exif_orientation: bool = 
     pixels = read_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=apply_exif_orientation)
     assert pixels.dtype == torch.uint8
     steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC), CenterCrop(size), ConvertImageDtype(torch.float),
+        Resize([size], interpolation=InterpolationMode.BICUBIC),
+        CenterCrop(size),
+        ConvertImageDtype(torch.float),
         Normalize(CLIP_MEAN, CLIP_STD),
     )
     return steps(pixels)
@@ -557,7 +588,9 @@ def test_fast_draft_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders)
 def test_jpeg_orientation_reads_headers_like_pil():
     plain = encode(noise_image(60, 40), "JPEG")
     assert not images.jpeg_has_exif(plain) and images.jpeg_orientation(plain) is None
-    icc_first = encode(noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif())  # EXIF without the tag
+    icc_first = encode(
+        noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif()
+    )  # EXIF without the tag
     assert images.jpeg_has_exif(icc_first) and images.jpeg_orientation(icc_first) is None
     for orientation in range(1, 9):
         data = with_orientation(noise_image(60, 40), orientation)
@@ -619,7 +652,9 @@ def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatc
 
 
 def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_write(tmp_path, capsys):
-    report = image_fidelity.main(["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fidelity.json")])
+    report = image_fidelity.main(
+        ["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fidelity.json")]
+    )
 
     assert json.loads((tmp_path / "out" / "fidelity.json").read_text()) == report
     assert set(report["fast_vs_upstream"]) == {"800x650", "200x150", "100x80"}

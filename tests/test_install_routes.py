@@ -10,6 +10,7 @@ from packaging.version import Version
 from bridgetower_bench import cuda_device
 from conftest import REPO
 
+
 ROUTES = {"requirements-cuda.txt": None, "requirements-cuda12.txt": "cu126"}  # file -> CUDA label of its torch build
 
 

@@ -14,12 +14,15 @@ def jpeg(mode="RGB", size=(24, 16), **save):
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("mode, options, marker, components", [
-    ("RGB", {}, 0xC0, 3),
-    ("RGB", {"progressive": True}, 0xC2, 3),
-    ("L", {}, 0xC0, 1),
-    ("CMYK", {}, 0xC0, 4),
-])
+@pytest.mark.parametrize(
+    "mode, options, marker, components",
+    [
+        ("RGB", {}, 0xC0, 3),
+        ("RGB", {"progressive": True}, 0xC2, 3),
+        ("L", {}, 0xC0, 1),
+        ("CMYK", {}, 0xC0, 4),
+    ],
+)
 def test_the_frame_header_says_how_the_file_is_coded(mode, options, marker, components):
     header = read_jpeg_header(jpeg(mode, **options))
     assert (header.marker, header.precision, header.components) == (marker, 8, components)
@@ -36,9 +39,16 @@ def test_an_exif_block_is_seen_and_pillow_agrees_on_the_orientation():
     assert Image.open(io.BytesIO(data)).getexif()[0x0112] == 6
 
 
-@pytest.mark.parametrize("data", [
-    b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8", b"\xff\xd8garbage", b"\xff\xd8\xff\xda\x00\x02",  # a scan first
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x89PNG\r\n\x1a\n",
+        b"\xff\xd8",
+        b"\xff\xd8garbage",
+        b"\xff\xd8\xff\xda\x00\x02",  # a scan first
+    ],
+)
 def test_no_header_when_there_is_no_readable_frame(data):
     assert read_jpeg_header(data) is None
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench.tools import fixtures as fixture_builders
 from bridgetower_bench.layer_compile import compile_repeated_layers, repeated_layers
+from bridgetower_bench.tools import fixtures as fixture_builders
 from conftest import assert_throughput_adds_up, read_json, run_script
 from test_scripts import base_args
 
@@ -37,9 +37,12 @@ def test_compiled_layers_train_like_the_plain_model_and_keep_their_names(two_lay
     model = BridgeTowerForContrastiveLearning.from_pretrained(two_layer_model)
     model.train()
     generator = torch.Generator().manual_seed(3)
-    inputs = {"input_ids": torch.randint(5, 100, (4, 10), generator=generator),
-              "attention_mask": torch.ones(4, 10, dtype=torch.long),
-              "pixel_values": torch.randn(4, 3, 56, 56, generator=generator), "return_loss": True}
+    inputs = {
+        "input_ids": torch.randint(5, 100, (4, 10), generator=generator),
+        "attention_mask": torch.ones(4, 10, dtype=torch.long),
+        "pixel_values": torch.randn(4, 3, 56, 56, generator=generator),
+        "return_loss": True,
+    }
     names = [name for name, _ in model.named_parameters()]
 
     plain = model(**inputs).loss
@@ -66,9 +69,9 @@ def test_an_unknown_backend_is_refused_by_name(two_layer_model):
 
 def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_model, tmp_path):
     out = tmp_path / "run"
-    args = base_args(fixtures, out, model_name_or_path=two_layer_model, max_steps=2, save_steps=None,
-                     save_strategy="no") + ["--do_train", "--use_cpu", "--attn_implementation", "sdpa",
-                                            "--compile_layers", "eager"]
+    args = base_args(
+        fixtures, out, model_name_or_path=two_layer_model, max_steps=2, save_steps=None, save_strategy="no"
+    ) + ["--do_train", "--use_cpu", "--attn_implementation", "sdpa", "--compile_layers", "eager"]
     result = run_script("cuda", args)
     log = result.stdout + result.stderr
     assert "--attn_implementation sdpa: 10 text and cross-modal attention modules" in log
@@ -79,7 +82,9 @@ def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_mo
     assert train["attn_implementation"] == "sdpa" and train["compile_layers"] == "eager"  # saved with the figures
     assert train["logging_nan_inf_filter"] is False  # GaudiTrainingArguments' default, which both scripts take
 
-    both = run_script("cuda", [str(tmp_path / "other") if a == str(out) else a for a in args] + ["--torch_compile"], check=False)
+    both = run_script(
+        "cuda", [str(tmp_path / "other") if a == str(out) else a for a in args] + ["--torch_compile"], check=False
+    )
     assert both.returncode != 0
     assert "--compile_layers and --torch_compile both compile the model: pass one of them" in both.stderr
 
@@ -89,11 +94,33 @@ def test_the_ceiling_takes_the_same_speed_options(two_layer_model, tmp_path, cap
 
     torch._dynamo.reset()
     with caplog.at_level("INFO", logger="bridgetower_bench"):
-        metrics = main(["--model_name_or_path", str(two_layer_model), "--output_dir", str(tmp_path), "--use_cpu",
-                        "--per_device_train_batch_size", "2", "--max_steps", "2", "--throughput_warmup_steps", "1",
-                        "--max_seq_length", "16", "--report_to", "none", "--save_strategy", "no",
-                        "--attn_implementation", "sdpa", "--compile_layers", "eager",
-                        "--logging_nan_inf_filter", "False"])
+        metrics = main(
+            [
+                "--model_name_or_path",
+                str(two_layer_model),
+                "--output_dir",
+                str(tmp_path),
+                "--use_cpu",
+                "--per_device_train_batch_size",
+                "2",
+                "--max_steps",
+                "2",
+                "--throughput_warmup_steps",
+                "1",
+                "--max_seq_length",
+                "16",
+                "--report_to",
+                "none",
+                "--save_strategy",
+                "no",
+                "--attn_implementation",
+                "sdpa",
+                "--compile_layers",
+                "eager",
+                "--logging_nan_inf_filter",
+                "False",
+            ]
+        )
     assert "--attn_implementation sdpa: 10 text and cross-modal attention modules" in caplog.text
     assert "--compile_layers eager: 8 repeated layers compiled in place" in caplog.text
     assert_throughput_adds_up(metrics, counted_steps=1, samples_per_step=2)

@@ -22,8 +22,6 @@ Measured with the seeds below: 2 hits at initialisation, 23 after training (20 w
 image pipeline); with four other model or data-order seeds, 23 to 40 hits after 600 steps.
 """
 
-
-
 import numpy as np
 import pytest
 import torch
@@ -31,6 +29,7 @@ import torch
 from bridgetower_bench.tools import cartoons
 from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model
 from conftest import CPU_FLAGS, read_json, run_script
+
 
 IMAGE_SIZE = 84  # 6 x 6 patches of 14 px: a third cheaper per step than 112 px, and learns as well
 VALIDATION_CARTOONS = 96
@@ -45,8 +44,15 @@ def learnable(tmp_path_factory):
     root = tmp_path_factory.mktemp("learnable")
     model = make_tiny_model(root / "model", image_size=IMAGE_SIZE, dropout=0.0, vision_position_scale=10)
     dataset = make_synthetic_dataset(
-        root / "dataset", train_rows=TRAIN_CARTOONS, validation_rows=VALIDATION_CARTOONS, test_rows=1,
-        rows_per_cartoon=1, seed=1, image_side_range=(160, 260), stroke_scale=2.0)
+        root / "dataset",
+        train_rows=TRAIN_CARTOONS,
+        validation_rows=VALIDATION_CARTOONS,
+        test_rows=1,
+        rows_per_cartoon=1,
+        seed=1,
+        image_side_range=(160, 260),
+        stroke_scale=2.0,
+    )
     return {"model": model, "dataset": dataset, "image_cache": root / "decoded-images"}
 
 
@@ -89,12 +95,17 @@ def test_a_few_hundred_cpu_steps_raise_validation_recall_at_1_beyond_chance(lear
     after = read_json(tmp_path / "trained" / "validation_results.json")
 
     gained = recall_at_1_hits(after) - recall_at_1_hits(before)
-    figures = {key: (round(before[key], 3), round(after[key], 3)) for key in (
-        "eval_i2t_recall@1", "eval_t2i_recall@1", "eval_i2t_mean_rank", "eval_t2i_mean_rank")}
-    assert gained >= MIN_EXTRA_HITS, f"{gained} recall@1 hits gained, wanted {MIN_EXTRA_HITS}; (before, after): {figures}"
+    figures = {
+        key: (round(before[key], 3), round(after[key], 3))
+        for key in ("eval_i2t_recall@1", "eval_t2i_recall@1", "eval_i2t_mean_rank", "eval_t2i_mean_rank")
+    }
+    assert gained >= MIN_EXTRA_HITS, (
+        f"{gained} recall@1 hits gained, wanted {MIN_EXTRA_HITS}; (before, after): {figures}"
+    )
 
 
 # --- the fixture options this test relies on -------------------------------------------------------
+
 
 def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_positions(learnable, tmp_path):
     from safetensors.torch import load_file
@@ -122,25 +133,32 @@ def test_small_cartoons_stay_in_their_side_range_and_bold_strokes_lay_more_ink()
     def dark_pixels(stroke_scale):
         image = cartoons.render_scene(scene, np.random.default_rng(5), 220, 180, stroke_scale)
         return int((np.asarray(image.convert("L")) < 128).sum())
+
     assert dark_pixels(2.0) > 1.5 * dark_pixels(1.0)
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"image_side_range": (32, 100)}, "image_side_range"),
-    ({"image_side_range": (300, 200)}, "image_side_range"),
-    ({"image_side_range": 200}, "image_side_range"),
-    ({"stroke_scale": 0}, "stroke_scale"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"image_side_range": (32, 100)}, "image_side_range"),
+        ({"image_side_range": (300, 200)}, "image_side_range"),
+        ({"image_side_range": 200}, "image_side_range"),
+        ({"stroke_scale": 0}, "stroke_scale"),
+    ],
+)
 def test_bad_dataset_options_are_refused_by_name(tmp_path, options, named):
     with pytest.raises(ValueError, match=named):
         make_synthetic_dataset(tmp_path, train_rows=1, validation_rows=1, test_rows=1, **options)
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"dropout": 1.0}, "dropout"),
-    ({"dropout": -0.1}, "dropout"),
-    ({"vision_position_scale": 0}, "vision_position_scale"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.1}, "dropout"),
+        ({"vision_position_scale": 0}, "vision_position_scale"),
+    ],
+)
 def test_bad_model_options_are_refused_by_name(tmp_path, options, named):
     with pytest.raises(ValueError, match=named):
         make_tiny_model(tmp_path, **options)

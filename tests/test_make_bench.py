@@ -8,10 +8,13 @@ import pytest
 
 from conftest import REPO
 
+
 GUARD = REPO / "scripts" / "refuse_in_habana_container.sh"
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("hl-smi") is not None,
-                                reason="needs make, and a machine that is not a Gaudi node")
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or shutil.which("hl-smi") is not None,
+    reason="needs make, and a machine that is not a Gaudi node",
+)
 
 
 def fake_hl_smi(tmp_path) -> dict:
@@ -23,14 +26,22 @@ def fake_hl_smi(tmp_path) -> dict:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
-@pytest.mark.parametrize("goal, advice", [
-    ("bench", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.bench"),
-    ("test", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.gaudi_check"),
-])
+@pytest.mark.parametrize(
+    "goal, advice",
+    [
+        ("bench", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.bench"),
+        ("test", "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.gaudi_check"),
+    ],
+)
 def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_building_anything(tmp_path, goal, advice):
     venv = tmp_path / "venv"
-    result = subprocess.run(["make", "-C", str(REPO), goal, f"VENV={venv}"], env=fake_hl_smi(tmp_path),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["make", "-C", str(REPO), goal, f"VENV={venv}"],
+        env=fake_hl_smi(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert f"make {goal}: this looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
     assert "pip install -r requirements-gaudi.txt" in result.stderr and advice in result.stderr
@@ -38,5 +49,7 @@ def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_buildi
 
 
 def test_the_guard_lets_other_machines_through():
-    result = subprocess.run(["sh", str(GUARD)], env={**os.environ, "PYTHON": "python3"}, capture_output=True, text=True)
+    result = subprocess.run(
+        ["sh", str(GUARD)], env={**os.environ, "PYTHON": "python3"}, capture_output=True, text=True
+    )
     assert result.returncode == 0 and result.stderr == ""

@@ -10,7 +10,6 @@ from bridgetower_bench.tools import make_cuda_script
 from conftest import REPO
 
 
-
 @pytest.fixture
 def copy(tmp_path):
     for name in ("run_bridgetower.py", "run_bridgetower_cuda.py"):
@@ -44,8 +43,12 @@ def test_a_gaudi_change_the_cuda_script_lacks_fails_the_check_and_regenerating_m
 
 def test_a_patch_that_no_longer_applies_is_named(copy):
     gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(gaudi.read_text().replace("from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
-                                               "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments"))
+    gaudi.write_text(
+        gaudi.read_text().replace(
+            "from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
+            "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments",
+        )
+    )
     with pytest.raises(SystemExit, match="patches/01-trainer-classes.patch does not apply"):
         make_cuda_script.main(["--check"], repo=copy)
 
@@ -59,8 +62,12 @@ def test_the_check_without_a_repository_argument_checks_this_repository(capsys):
 
 def test_a_patch_that_no_longer_applies_says_which_hunks_failed(copy):
     gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(gaudi.read_text().replace("from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
-                                               "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments"))
+    gaudi.write_text(
+        gaudi.read_text().replace(
+            "from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
+            "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments",
+        )
+    )
     with pytest.raises(SystemExit) as stopped:
         make_cuda_script.main(["--check"], repo=copy)
     # patch's own words, as text on a line of their own
@@ -86,15 +93,20 @@ def test_a_patch_whose_hunk_lands_one_line_away_is_refused_by_name(copy):
 def test_a_patch_that_needs_fuzz_is_refused_by_name(copy):
     # One context line no longer matches: patch's default fuzz would still apply the hunk, --fuzz=0 does not.
     patch = copy / "patches" / "05-compile-layers.patch"
-    patch.write_text(patch.read_text().replace(
-        " from bridgetower_bench.device_decode import", " from bridgetower_bench.device_decode_elsewhere import", 1))
+    patch.write_text(
+        patch.read_text().replace(
+            " from bridgetower_bench.device_decode import", " from bridgetower_bench.device_decode_elsewhere import", 1
+        )
+    )
     with pytest.raises(SystemExit, match="patches/05-compile-layers.patch does not apply"):
         make_cuda_script.main(["--check"], repo=copy)
 
 
 def test_refresh_rewrites_the_patches_a_gaudi_edit_moved_and_the_check_passes_again(copy, capsys):
     gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(gaudi.read_text().replace("# 2. Logging.", "# 2. Logging.\n# (a line added on the Gaudi side)", 1))
+    gaudi.write_text(
+        gaudi.read_text().replace("# 2. Logging.", "# 2. Logging.\n# (a line added on the Gaudi side)", 1)
+    )
     with pytest.raises(SystemExit, match="applies only at an offset of 1 lines"):
         make_cuda_script.main(["--check"], repo=copy)
 
@@ -110,7 +122,8 @@ def test_a_further_numbered_patch_is_applied_after_the_others(copy, capsys):
     after = before.replace("# 2. Logging.", "# 2. Logging (a further patch).", 1)
     count = len(list((copy / "patches").glob("*.patch"))) + 1
     (copy / "patches" / "99-further.patch").write_text(
-        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), cuda.name, cuda.name)))
+        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), cuda.name, cuda.name))
+    )
 
     assert make_cuda_script.main(["--check"], repo=copy) == 1
     assert make_cuda_script.main([], repo=copy) == 0

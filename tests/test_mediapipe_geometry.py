@@ -15,7 +15,9 @@ def jpeg(img):
     return {"bytes": out.getvalue(), "path": None}
 
 
-@pytest.mark.parametrize("size, box", [((800, 600), (100, 0, 700, 600)), ((600, 801), (0, 100, 600, 700)), ((5, 5), (0, 0, 5, 5))])
+@pytest.mark.parametrize(
+    "size, box", [((800, 600), (100, 0, 700, 600)), ((600, 801), (0, 100, 600, 700)), ((5, 5), (0, 0, 5, 5))]
+)
 def test_decoder_takes_the_centred_square(size, box):
     assert mg.decoder_crop_box(*size) == box
 

@@ -15,7 +15,6 @@ import sys
 import types
 from types import SimpleNamespace
 
-
 import datasets
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from bridgetower_bench import mediapipe_loader as ml
 from bridgetower_bench.images import to_rgb
 from conftest import dead_pid, encode
+
 
 SEQ_LEN = 4
 MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -70,7 +70,11 @@ def rows_of(batch):
 
 
 def stats(directory):
-    return {name: (s.st_ino, s.st_mtime_ns) for name in os.listdir(directory) for s in [os.stat(os.path.join(directory, name))]}
+    return {
+        name: (s.st_ino, s.st_mtime_ns)
+        for name in os.listdir(directory)
+        for s in [os.stat(os.path.join(directory, name))]
+    }
 
 
 # ----------------------------------------------------------------------------------------
@@ -96,7 +100,9 @@ def test_reader_drop_last_drops_partial_batch():
 
 def test_reader_follows_random_sampler_order():
     expected = list(RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
-    reader = make_reader(n=10, batch_size=3, sampler=RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
+    reader = make_reader(
+        n=10, batch_size=3, sampler=RandomSampler(range(10), generator=torch.Generator().manual_seed(7))
+    )
     rows = [row for batch in reader for row in rows_of(batch)]
     assert rows == expected
     assert rows != sorted(rows)
@@ -137,7 +143,9 @@ def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
 
     assert len(paths) == 5
     assert paths[0] == paths[2] == paths[3] != paths[1] == paths[4]
-    assert sorted(os.listdir(tmp_path / "fp1")) == sorted([os.path.basename(paths[0]), os.path.basename(paths[1]), ml.MANIFEST_NAME])
+    assert sorted(os.listdir(tmp_path / "fp1")) == sorted(
+        [os.path.basename(paths[0]), os.path.basename(paths[1]), ml.MANIFEST_NAME]
+    )
     with open(paths[0], "rb") as handle:
         assert handle.read() == red  # baseline JPEG copied as it is
 
@@ -297,9 +305,11 @@ def test_unknown_column_is_a_clear_error(tmp_path):
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(importlib.util.find_spec("habana_frameworks") is not None
-                    and importlib.util.find_spec("habana_frameworks.mediapipe") is not None,
-                    reason="Habana's media loader is installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("habana_frameworks") is not None
+    and importlib.util.find_spec("habana_frameworks.mediapipe") is not None,
+    reason="Habana's media loader is installed here",
+)
 def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
     # This machine has none of Habana's software: the first missing piece is named, with where it comes from.
     reason = "habana_frameworks.mediapipe is not installed (it comes with the habana-media-loader package)"
@@ -358,7 +368,9 @@ class FakeIterator:
         self.outputs = mediapipe.definegraph()
         self.reader_op = next(node[1] for node in self.outputs if node[0] == "reader")
         kwargs = self.reader_op.kwargs
-        self.reader = kwargs["impl"]({"priv_params": kwargs["priv_params"]}, SimpleNamespace(batch_size=self.batch_size))
+        self.reader = kwargs["impl"](
+            {"priv_params": kwargs["priv_params"]}, SimpleNamespace(batch_size=self.batch_size)
+        )
         assert len(self.reader.gen_output_info()) == kwargs["num_outputs"]
         assert os.path.isfile(self.reader.get_largest_file())
 
@@ -437,7 +449,9 @@ def install_fake_habana(monkeypatch):
         media_ext_reader_op_tensor_info=lambda dtype, shape, layout: (dtype, tuple(shape), layout),
     )
     _install_module(monkeypatch, "habana_frameworks.mediapipe.plugins")
-    _install_module(monkeypatch, "habana_frameworks.mediapipe.plugins.iterator_pytorch", HPUGenericPytorchIterator=FakeIterator)
+    _install_module(
+        monkeypatch, "habana_frameworks.mediapipe.plugins.iterator_pytorch", HPUGenericPytorchIterator=FakeIterator
+    )
     _install_module(monkeypatch, "habana_frameworks.torch")
     hpu = _install_module(monkeypatch, "habana_frameworks.torch.hpu", device_name="GAUDI2", visible=True)
     hpu.is_available = lambda: hpu.visible
@@ -574,8 +588,15 @@ class FakeTrainer(ml.MediaPipeTrainerMixin, FakeTrainerBase):
 
 def trainer_args(**overrides):
     args = dict(
-        world_size=1, process_index=0, seed=42, data_seed=None, dataloader_drop_last=False, dataloader_num_workers=0,
-        train_batch_size=3, eval_batch_size=3, ignore_data_skip=False,
+        world_size=1,
+        process_index=0,
+        seed=42,
+        data_seed=None,
+        dataloader_drop_last=False,
+        dataloader_num_workers=0,
+        train_batch_size=3,
+        eval_batch_size=3,
+        ignore_data_skip=False,
     )
     args.update(overrides)
     return SimpleNamespace(**args)
@@ -649,9 +670,16 @@ def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_pa
 
     ds = attached_dataset(tmp_path / "images")
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, per_device_eval_batch_size=2,
-        num_train_epochs=2, use_cpu=True, report_to=[], remove_unused_columns=False, save_strategy="no",
-        dataloader_num_workers=2, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=2,
+        num_train_epochs=2,
+        use_cpu=True,
+        report_to=[],
+        remove_unused_columns=False,
+        save_strategy="no",
+        dataloader_num_workers=2,
+        disable_tqdm=True,
     )
     model = RowRecordingModel()
     trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
@@ -673,9 +701,17 @@ def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana,
     ds = attached_dataset(tmp_path / "images")
     test_ds = attached_dataset(tmp_path / "images")
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, per_device_eval_batch_size=2,
-        max_steps=6, eval_strategy="steps", eval_steps=2, use_cpu=True, report_to=[], remove_unused_columns=False,
-        save_strategy="no", disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=2,
+        max_steps=6,
+        eval_strategy="steps",
+        eval_steps=2,
+        use_cpu=True,
+        report_to=[],
+        remove_unused_columns=False,
+        save_strategy="no",
+        disable_tqdm=True,
     )
     model = RowRecordingModel()
     trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
@@ -721,10 +757,19 @@ def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fa
 
     monkeypatch.setattr(FakeIterator, "__iter__", slow_restart)
     args = WarmupTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, num_train_epochs=2, use_cpu=True,
-        report_to="none", remove_unused_columns=False, save_strategy="no", disable_tqdm=True, throughput_warmup_steps=1,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=3,
+        num_train_epochs=2,
+        use_cpu=True,
+        report_to="none",
+        remove_unused_columns=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        throughput_warmup_steps=1,
     )
-    trainer = MediaPipeTrainer(model=RowRecordingModel(), args=args, train_dataset=attached_dataset(tmp_path / "images"))
+    trainer = MediaPipeTrainer(
+        model=RowRecordingModel(), args=args, train_dataset=attached_dataset(tmp_path / "images")
+    )
     metrics = trainer.train().metrics
 
     steps_per_epoch = -(-len(COLOURS) // 3)

@@ -10,26 +10,43 @@ import sys
 
 import pytest
 
-from bridgetower_bench.tools import nvidia_check as nc
 import preloaded_python
+from bridgetower_bench.tools import nvidia_check as nc
 from conftest import REPO, script_env
 
 
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
     out = tmp_path / "check"
-    result = preloaded_python.run([sys.executable, "-m", "bridgetower_bench.tools.nvidia_check", "--output_dir", out],
-                                  cwd=REPO, env=script_env(gaudi=False), timeout=300)
+    result = preloaded_python.run(
+        [sys.executable, "-m", "bridgetower_bench.tools.nvidia_check", "--output_dir", out],
+        cwd=REPO,
+        env=script_env(gaudi=False),
+        timeout=300,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout.count("\n") == 1
-    assert result.stdout.startswith("nvidia_check: no usable NVIDIA GPU: no NVIDIA driver found (no libcuda or libnvidia-ml library; ")
-    assert result.stdout.endswith("); CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU; nothing checked.\n")
+    assert result.stdout.startswith(
+        "nvidia_check: no usable NVIDIA GPU: no NVIDIA driver found (no libcuda or libnvidia-ml library; "
+    )
+    assert result.stdout.endswith(
+        "); CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU; nothing checked.\n"
+    )
     assert not out.exists()
 
 
 def two_a100_40gb(**changes):
-    facts = dict(count=2, names=["NVIDIA A100-SXM4-40GB"] * 2, memory_gib=[39.39, 39.39], torch="2.14.1+cu126", cuda="12.6",
-                 bf16=True, driver="535.104.05", driver_source="nvidia-smi", capabilities=["8.0", "8.0"],
-                 jpeg="ok: 64x48 JPEG decoded on the GPU, max difference from the host's pixels 0/255")
+    facts = dict(
+        count=2,
+        names=["NVIDIA A100-SXM4-40GB"] * 2,
+        memory_gib=[39.39, 39.39],
+        torch="2.14.1+cu126",
+        cuda="12.6",
+        bf16=True,
+        driver="535.104.05",
+        driver_source="nvidia-smi",
+        capabilities=["8.0", "8.0"],
+        jpeg="ok: 64x48 JPEG decoded on the GPU, max difference from the host's pixels 0/255",
+    )
     return nc.Gpus(**{**facts, **changes})
 
 
@@ -53,7 +70,9 @@ def reports(outcomes):
         if isinstance(outcome, tuple):
             step.log.write_text(f"loading...\n{outcome[1]}\n")
             return nc.Ran(outcome[0])
-        (step.run_dir / "train_results.json").write_text(json.dumps({"execution_mode": "n/a", **outcome}))  # as a CUDA run records
+        (step.run_dir / "train_results.json").write_text(
+            json.dumps({"execution_mode": "n/a", **outcome})
+        )  # as a CUDA run records
         step.log.write_text("done\n")
         return nc.Ran(0)
 
@@ -64,7 +83,9 @@ def reports(outcomes):
 def no_fixture_builds(monkeypatch):
     from bridgetower_bench.tools import fixtures
 
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")})
+    monkeypatch.setattr(
+        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
+    )
     monkeypatch.setattr(fixtures, "build_fixture", lambda root, kind, **options: root / "bridgetower-large-random")
 
 
@@ -80,8 +101,10 @@ def all_strings(value):
 
 
 def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixture_builds, tmp_path, capsys):
-    too_big = ("run_bridgetower_cuda.py: error: --per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB "
-               "(39.4 GiB): ...; --per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 48")
+    too_big = (
+        "run_bridgetower_cuda.py: error: --per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB "
+        "(39.4 GiB): ...; --per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 48"
+    )
     outcomes = {
         "1gpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 31.5},
         "1gpu-device-decode": {"loader": "device_decode", "train_samples_per_second": 35.0},
@@ -89,8 +112,12 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
         "large-1step": (2, too_big),
     }
     out = tmp_path / "check"
-    status = nc.main(["--output_dir", str(out)], probe=two_a100_40gb, runner=reports(outcomes),
-                     installed=installed_as({"torch": "2.14.1+cu126", "torchvision": "0.29.1+cu126"}))
+    status = nc.main(
+        ["--output_dir", str(out)],
+        probe=two_a100_40gb,
+        runner=reports(outcomes),
+        installed=installed_as({"torch": "2.14.1+cu126", "torchvision": "0.29.1+cu126"}),
+    )
     printed = capsys.readouterr().out
     assert status == 0, printed
 
@@ -100,18 +127,31 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["GPUs"]["detail"] == "2 x NVIDIA A100-SXM4-40GB (39.4 GiB, compute capability 8.0)"
     assert stack["NVIDIA driver"]["result"] == "ok" and stack["NVIDIA driver"]["detail"].startswith(
-        "535.104.05 (from nvidia-smi); torch 2.14.1+cu126 is built for CUDA 12.6, which needs driver 525.60.13 or newer")
+        "535.104.05 (from nvidia-smi); torch 2.14.1+cu126 is built for CUDA 12.6, which needs driver 525.60.13 or newer"
+    )
     assert "route: requirements-cuda12.txt" in stack["torch build"]["detail"]
     assert stack["torch"]["result"] == "ok" and stack["torchvision"]["result"] == "ok"  # the cu126 pins of that route
     assert stack["published batch memory"]["result"] == "warning"
-    assert "--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 96" in stack["published batch memory"]["detail"]
+    assert (
+        "--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 96"
+        in stack["published batch memory"]["detail"]
+    )
     assert stack["GPU JPEG decoding"]["result"] == "ok" and stack["bf16"]["result"] == "ok"
 
     steps = {row["name"]: row for row in record["steps"]}
-    assert steps["1gpu-device-decode"]["result"] == "ok" and "--device_decode" in steps["1gpu-device-decode"]["command"]
+    assert (
+        steps["1gpu-device-decode"]["result"] == "ok" and "--device_decode" in steps["1gpu-device-decode"]["command"]
+    )
     torchrun = steps["2gpu-torchrun"]
-    assert torchrun["command"][:7] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                       "run_bridgetower_cuda.py"]
+    assert torchrun["command"][:7] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "run_bridgetower_cuda.py",
+    ]
     large = steps["large-1step"]
     assert large["result"] == "warning" and large["detail"].startswith("--per_device_train_batch_size 48 does not fit")
     assert large["command"][large["command"].index("--per_device_train_batch_size") + 1] == "48"
@@ -120,7 +160,9 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
         assert not os.path.isabs(string), string
     assert str(tmp_path) not in json.dumps(record)
     for row in record["stack"] + record["steps"]:  # one table, every row
-        assert any(line.startswith(row["name"]) and row["result"] in line for line in printed.splitlines()), row["name"]
+        assert any(line.startswith(row["name"]) and row["result"] in line for line in printed.splitlines()), row[
+            "name"
+        ]
 
 
 def test_a_decoder_that_did_not_run_fails_and_the_large_step_shows_its_peak(no_fixture_builds, tmp_path):
@@ -130,18 +172,35 @@ def test_a_decoder_that_did_not_run_fails_and_the_large_step_shows_its_peak(no_f
         "1gpu-torchrun": {"loader": "torch", "train_samples_per_second": 130.2},
         "large-1step": {"loader": "torch", "train_samples_per_second": 80.0, "peak_gpu_memory_gb": 64.47},
     }
-    h200 = dict(count=1, names=["NVIDIA H200"], memory_gib=[139.8], torch="2.14.1+cu130", cuda="13.0", driver="580.95.05",
-                driver_source="NVML", capabilities=["9.0"])
-    status = nc.main(["--output_dir", str(tmp_path / "c"), "--json", str(tmp_path / "r.json")],
-                     probe=lambda: two_a100_40gb(**h200), runner=reports(outcomes))
+    h200 = dict(
+        count=1,
+        names=["NVIDIA H200"],
+        memory_gib=[139.8],
+        torch="2.14.1+cu130",
+        cuda="13.0",
+        driver="580.95.05",
+        driver_source="NVML",
+        capabilities=["9.0"],
+    )
+    status = nc.main(
+        ["--output_dir", str(tmp_path / "c"), "--json", str(tmp_path / "r.json")],
+        probe=lambda: two_a100_40gb(**h200),
+        runner=reports(outcomes),
+    )
     assert status == 1
     record = json.loads((tmp_path / "r.json").read_text())
     stack = {row["name"]: row for row in record["stack"]}
-    assert stack["published batch memory"]["result"] == "ok" and "route: requirements-cuda.txt" in stack["torch build"]["detail"]
+    assert (
+        stack["published batch memory"]["result"] == "ok"
+        and "route: requirements-cuda.txt" in stack["torch build"]["detail"]
+    )
     steps = {row["name"]: row for row in record["steps"]}
     assert steps["1gpu-device-decode"]["result"] == "failed"
     assert steps["1gpu-device-decode"]["detail"] == "the device_decode loader did not run; the run says: torch"
-    assert steps["large-1step"]["result"] == "ok" and steps["large-1step"]["detail"] == "peak 64.47 GiB of tensors at per-device batch 48"
+    assert (
+        steps["large-1step"]["result"] == "ok"
+        and steps["large-1step"]["detail"] == "peak 64.47 GiB of tensors at per-device batch 48"
+    )
 
 
 def test_an_old_driver_a_missing_bf16_and_a_failed_decoder_are_named(no_fixture_builds):
@@ -156,9 +215,14 @@ def test_memory_plan_without_a_gpu(capsys):
     assert nc.main(["--memory", "40", "48", "80"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("BridgeTower Large, 294 px, 128 tokens, bf16: about 12.9 GiB + 1.07 GiB per sample")
-    assert lines[1] == ("40 GiB: per-device batch 48 does not fit (about 71.9 GiB); --per_device_train_batch_size 16 "
-                        "--gradient_accumulation_steps 3 (about 34.1 GiB)")
-    assert lines[2].startswith("48 GiB: per-device batch 48 does not fit") and "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
+    assert lines[1] == (
+        "40 GiB: per-device batch 48 does not fit (about 71.9 GiB); --per_device_train_batch_size 16 "
+        "--gradient_accumulation_steps 3 (about 34.1 GiB)"
+    )
+    assert (
+        lines[2].startswith("48 GiB: per-device batch 48 does not fit")
+        and "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
+    )
     assert lines[3] == "80 GiB: per-device batch 48 fits (about 71.9 GiB)"
 
 
@@ -175,4 +239,6 @@ def test_the_record_holds_no_credential_even_when_a_step_prints_one(no_fixture_b
     written = list((tmp_path / "check").rglob("*.json"))
     assert written and all(token not in p.read_text() for p in written)
     failed = {row["name"]: row for row in json.loads((tmp_path / "check" / "nvidia_check.json").read_text())["steps"]}
-    assert failed["1gpu-pytorch-loader"]["result"] == "failed" and "REDACTED" in failed["1gpu-pytorch-loader"]["detail"]
+    assert (
+        failed["1gpu-pytorch-loader"]["result"] == "failed" and "REDACTED" in failed["1gpu-pytorch-loader"]["detail"]
+    )

@@ -15,18 +15,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridgetower_bench import resilience, run_directory
 import preloaded_python
+from bridgetower_bench import resilience, run_directory
 from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, script_env
 from stop_at_rename import stop_at
 
 
 def hold_lock_in_another_process(output_dir):
     """A second process that claims output_dir and keeps it until killed."""
-    code = ("import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1]); "
-            "print('held', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(output_dir)], cwd=REPO, env=script_env(False),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1]); "
+        "print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(output_dir)],
+        cwd=REPO,
+        env=script_env(False),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -42,7 +50,9 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_
     try:
         with pytest.raises(run_directory.OutputDirInUse) as refused:
             run_directory.claim(str(out))
-        assert str(refused.value).startswith(f"--output_dir={out} is in use by another run (process {holder.pid} on host ")
+        assert str(refused.value).startswith(
+            f"--output_dir={out} is in use by another run (process {holder.pid} on host "
+        )
         run_directory.claim(str(out), holder=False)  # another process of the same distributed job: no refusal
     finally:
         holder.kill()
@@ -52,9 +62,18 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_
     try:
         assert f"taking over the stale lock of process {holder.pid} on host " in caplog.text
         # The lock is ours now: another process is refused.
-        other = subprocess.run([sys.executable, "-c", "import sys; from bridgetower_bench import run_directory; "
-                                "run_directory.claim(sys.argv[1])", str(out)], cwd=REPO, env=script_env(False),
-                               capture_output=True, text=True)
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1])",
+                str(out),
+            ],
+            cwd=REPO,
+            env=script_env(False),
+            capture_output=True,
+            text=True,
+        )
         assert other.returncode != 0 and f"process {os.getpid()} on host" in other.stderr
     finally:
         run_directory.release(str(out))
@@ -65,10 +84,30 @@ def test_script_refuses_an_output_dir_another_run_holds(fixtures, tmp_path):
     out = tmp_path / "out"
     holder = hold_lock_in_another_process(out)
     try:
-        result = run_script("cuda", [
-            "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name",
-            "matching", "--image_column", "image", "--caption_column", "image_description", "--output_dir", out,
-            "--do_train", "--max_steps", 1, "--report_to", "none", *CPU_FLAGS["cuda"]], check=False)
+        result = run_script(
+            "cuda",
+            [
+                "--model_name_or_path",
+                fixtures["model"],
+                "--dataset_name",
+                fixtures["dataset"],
+                "--dataset_config_name",
+                "matching",
+                "--image_column",
+                "image",
+                "--caption_column",
+                "image_description",
+                "--output_dir",
+                out,
+                "--do_train",
+                "--max_steps",
+                1,
+                "--report_to",
+                "none",
+                *CPU_FLAGS["cuda"],
+            ],
+            check=False,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -92,9 +131,12 @@ def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
     assert resilience.check_output_dir(str(out)) is None
     (out / "README.md").write_text("my notes")
     (out / "checkpoint-7").mkdir()
-    with pytest.raises(ValueError, match=rf"^--output_dir={out} holds files this script did not write \(README\.md, "
-                                         r"checkpoint-7\); it never overwrites or deletes them, with or without "
-                                         r"--overwrite_output_dir"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^--output_dir={out} holds files this script did not write \(README\.md, "
+        r"checkpoint-7\); it never overwrites or deletes them, with or without "
+        r"--overwrite_output_dir",
+    ):
         resilience.check_output_dir(str(out))
 
 
@@ -103,9 +145,12 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
     out.mkdir()
     run_directory.record_written(str(out), ["all_results.json"])
     host, dead, alive = socket.gethostname(), dead_pid(), os.getppid()
-    kept = [f"all_results.json.partial-{host}-{alive}.aa11",  # a live writer's
-            f"all_results.json.partial-other-{host}-{dead}.bb22",  # another node's, on a shared filesystem
-            f"notes.txt.partial-{host}-{dead}.cc33", "notes.txt.partial-123"]  # the user's own files
+    kept = [
+        f"all_results.json.partial-{host}-{alive}.aa11",  # a live writer's
+        f"all_results.json.partial-other-{host}-{dead}.bb22",  # another node's, on a shared filesystem
+        f"notes.txt.partial-{host}-{dead}.cc33",
+        "notes.txt.partial-123",
+    ]  # the user's own files
     removed_files = [f"all_results.json.partial-{host}-{dead}.dd44"]
     removed_dirs = [f".staging.partial-{host}-{dead}.ee55"]
     for name in kept + removed_files:
@@ -174,8 +219,9 @@ def _published_generation(out) -> int:
         generations["eval_results.json"] = read_json(out / "eval_results.json")["eval_loss"]
         generations["all_results.json (eval)"] = read_json(out / "all_results.json")["eval_loss"]
     else:
-        assert not (out / "eval_results.json").exists() and "eval_loss" not in read_json(out / "all_results.json"), \
+        assert not (out / "eval_results.json").exists() and "eval_loss" not in read_json(out / "all_results.json"), (
             "the previous model's eval results stayed next to the new model"
+        )
     assert len(set(map(float, generations.values()))) == 1, f"a mix of two sets: {generations}"
     return int(generations["weights"])
 
@@ -197,7 +243,10 @@ def test_a_kill_at_every_rename_and_removal_of_the_final_save_leaves_one_complet
 
     out, pristine = tmp_path / "out", tmp_path / "pristine"
     trainer = _trainer(fixtures, out)
-    processors = (AutoTokenizer.from_pretrained(fixtures["model"]), AutoImageProcessor.from_pretrained(fixtures["model"]))
+    processors = (
+        AutoTokenizer.from_pretrained(fixtures["model"]),
+        AutoImageProcessor.from_pretrained(fixtures["model"]),
+    )
     _make_generation(trainer, 1)
     _publish(trainer, processors, generation=1)
     trainer.save_metrics("eval", {"eval_loss": 1.0})  # set 1's eval results: a new model replaces them
@@ -271,11 +320,38 @@ def test_a_process_that_does_not_save_touches_nothing_not_even_the_saving_proces
 
 def script_command(kind, fixtures, out):
     return [
-        "--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching",
-        "--image_column", "image", "--caption_column", "image_description", "--output_dir", out, "--do_train", "--do_eval",
-        "--per_device_train_batch_size", 4, "--max_train_samples", 16, "--max_eval_samples", 8, "--max_steps", 2,
-        "--save_strategy", "no", "--logging_steps", 1, "--report_to", "none", "--dataloader_num_workers", 0,
-        "--image_pipeline", "fast",
+        "--model_name_or_path",
+        fixtures["model"],
+        "--dataset_name",
+        fixtures["dataset"],
+        "--dataset_config_name",
+        "matching",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+        "--output_dir",
+        out,
+        "--do_train",
+        "--do_eval",
+        "--per_device_train_batch_size",
+        4,
+        "--max_train_samples",
+        16,
+        "--max_eval_samples",
+        8,
+        "--max_steps",
+        2,
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        1,
+        "--report_to",
+        "none",
+        "--dataloader_num_workers",
+        0,
+        "--image_pipeline",
+        "fast",
         *CPU_FLAGS[kind],
     ]
 
@@ -293,7 +369,9 @@ def assert_rerun_only_evaluates(kind, args, out):
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
-    assert "eval_loss" in read_json(out / "validation_results.json") and "train_loss" in read_json(out / "all_results.json")
+    assert "eval_loss" in read_json(out / "validation_results.json") and "train_loss" in read_json(
+        out / "all_results.json"
+    )
     again = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
@@ -324,12 +402,15 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"Stopped by SIGTERM after saving completely what the run had done so far in {out}. Rerun the same command "
-        "(without --overwrite_output_dir) to do the phases that are left.")
+        "(without --overwrite_output_dir) to do the phases that are left."
+    )
     assert read_json(out / "trainer_state.json")["global_step"] == 2 and not (out / "validation_results.json").exists()
 
     # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
     cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]
-    process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = preloaded_python.Popen(
+        cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     for line in process.stdout:
         if "Running Evaluation" in line:
             process.send_signal(signal.SIGTERM)

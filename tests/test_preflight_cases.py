@@ -12,6 +12,7 @@ import pytest
 from bridgetower_bench import preflight
 from test_reliability import embedded, jpeg_bytes
 
+
 GOOD, OTHER = jpeg_bytes(0), jpeg_bytes(1)
 TRUNCATED = GOOD[: len(GOOD) // 2]
 
@@ -30,8 +31,14 @@ def test_a_bad_image_shown_in_several_rows_is_reported_and_dropped_in_every_row(
         "validation": datasets.Dataset.from_dict({"image": paths, "caption": [f"val {i}" for i in range(len(paths))]}),
     }
     problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
-    assert image_rows(problems) == [("train", 0), ("train", 2), ("train", 4), ("validation", 0), ("validation", 2),
-                                    ("validation", 3)]
+    assert image_rows(problems) == [
+        ("train", 0),
+        ("train", 2),
+        ("train", 4),
+        ("validation", 0),
+        ("validation", 2),
+        ("validation", 3),
+    ]
     assert all(p.reason == f"missing image file {gone!r}" for p in problems if p.split == "validation")
 
     with pytest.raises(ValueError, match=r"^6 bad rows found before training"):
@@ -61,20 +68,37 @@ def test_files_of_the_same_name_in_different_folders_get_their_own_verdict(tmp_p
 
 def test_cells_with_neither_bytes_nor_a_path_are_bad_rows(tmp_path):
     # As a parquet file's image struct holds them (no Image feature), and as an Image column holds an empty cell.
-    struct = datasets.Features({"image": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
-                                "caption": datasets.Value("string")})
-    cells = [{"bytes": GOOD, "path": None}, {"bytes": None, "path": None}, {"bytes": b"", "path": ""},
-             {"bytes": None, "path": None}, {"bytes": OTHER, "path": None}]
+    struct = datasets.Features(
+        {
+            "image": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
+            "caption": datasets.Value("string"),
+        }
+    )
+    cells = [
+        {"bytes": GOOD, "path": None},
+        {"bytes": None, "path": None},
+        {"bytes": b"", "path": ""},
+        {"bytes": None, "path": None},
+        {"bytes": OTHER, "path": None},
+    ]
     structs = datasets.Dataset.from_dict({"image": cells, "caption": ["c"] * len(cells)}, features=struct)
     image_feature = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
-    empty_cells = datasets.Dataset.from_dict({"image": [None, {"bytes": GOOD, "path": None}, None], "caption": ["c"] * 3},
-                                             features=image_feature)
+    empty_cells = datasets.Dataset.from_dict(
+        {"image": [None, {"bytes": GOOD, "path": None}, None], "caption": ["c"] * 3}, features=image_feature
+    )
     (tmp_path / "ok.jpg").write_bytes(GOOD)
     path_cells = datasets.Dataset.from_dict({"image": [None, str(tmp_path / "ok.jpg"), ""], "caption": ["c"] * 3})
     splits = {"train": structs, "validation": empty_cells, "test": path_cells}
     problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
-    assert image_rows(problems) == [("train", 1), ("train", 2), ("train", 3), ("validation", 0), ("validation", 2),
-                                    ("test", 0), ("test", 2)]
+    assert image_rows(problems) == [
+        ("train", 1),
+        ("train", 2),
+        ("train", 3),
+        ("validation", 0),
+        ("validation", 2),
+        ("test", 0),
+        ("test", 2),
+    ]
     assert {p.reason for p in problems} == {"no image (empty cell: neither embedded bytes nor a path)"}
     kept = preflight.check_splits(splits, "image", "caption", drop_bad_rows=True, cache_dir=tmp_path / "cache")
     assert [len(kept[split]) for split in splits] == [2, 1, 1]
@@ -94,7 +118,11 @@ def test_more_distinct_images_than_one_decode_round(tmp_path, monkeypatch, num_p
     decoded = []
     if num_proc == 1:
         original = preflight.image_problem
-        monkeypatch.setattr(preflight, "image_problem", lambda payload, **budget: decoded.append(payload) or original(payload, **budget))
+        monkeypatch.setattr(
+            preflight,
+            "image_problem",
+            lambda payload, **budget: decoded.append(payload) or original(payload, **budget),
+        )
     problems, cache_file = preflight.find_problems(splits, "image", "caption", num_proc=num_proc, cache_dir=tmp_path)
     assert image_rows(problems) == [("train", 1), ("train", 5), ("train", 10), ("train", 11)]
     assert all(p.reason.startswith("cannot decode embedded image") for p in problems)
@@ -119,18 +147,26 @@ def test_the_error_lists_twenty_bad_rows_and_counts_the_rest(tmp_path):
     assert exactly[0].startswith("20 bad rows found") and len(exactly) == 21  # all listed, no "... and 0 more"
     assert exactly[-1].startswith("  split 'train' row 19, column 'image': cannot decode embedded image")
     more = error_lines(21)
-    assert len(more) == 22 and more[-2].startswith("  split 'train' row 19,") and more[-1].startswith("  ... and 1 more (all listed in ")
+    assert (
+        len(more) == 22
+        and more[-2].startswith("  split 'train' row 19,")
+        and more[-1].startswith("  ... and 1 more (all listed in ")
+    )
 
 
 def test_a_second_check_of_the_same_splits_reads_the_cache_and_logs_what_it_checked(tmp_path, monkeypatch, caplog):
-    splits = {"train": embedded([GOOD, TRUNCATED, GOOD], ["a", "b", "c"]),
-              "validation": datasets.Dataset.from_dict({"image": [str(tmp_path / "gone.jpg")] * 2, "caption": ["d", "e"]})}
+    splits = {
+        "train": embedded([GOOD, TRUNCATED, GOOD], ["a", "b", "c"]),
+        "validation": datasets.Dataset.from_dict({"image": [str(tmp_path / "gone.jpg")] * 2, "caption": ["d", "e"]}),
+    }
     with caplog.at_level(logging.INFO, logger=preflight.logger.name):
         started = time.perf_counter()
         with pytest.raises(ValueError, match=r"^3 bad rows found before training"):
             preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path / "cache")
         took = time.perf_counter() - started
-    checked = re.search(r"Preflight: checked 5 rows of train, validation \(3 distinct images\) in ([0-9.]+) s: 3 bad\.", caplog.text)
+    checked = re.search(
+        r"Preflight: checked 5 rows of train, validation \(3 distinct images\) in ([0-9.]+) s: 3 bad\.", caplog.text
+    )
     assert checked, caplog.text
     assert float(checked.group(1)) <= took + 0.1, "the time logged is the time the check took"
 
@@ -149,12 +185,15 @@ def test_an_empty_split_is_refused_and_a_one_row_split_is_checked(tmp_path):
     one_row = embedded([GOOD], ["a"])
     assert preflight.check_splits({"train": one_row}, "image", "caption", cache_dir=tmp_path)["train"] is one_row
     with pytest.raises(ValueError, match=r"^split 'validation' has no rows$"):
-        preflight.check_splits({"train": one_row, "validation": one_row.select([])}, "image", "caption", cache_dir=tmp_path)
+        preflight.check_splits(
+            {"train": one_row, "validation": one_row.select([])}, "image", "caption", cache_dir=tmp_path
+        )
 
 
 def test_images_are_checked_in_worker_processes_when_asked(tmp_path, monkeypatch):
     """--preprocessing_num_workers=2 decodes in two worker processes: a fault put into this process's copy of
     the module (the EXIF step fails) is seen by a check run here, and not by one run in the workers."""
+
     def broken_exif_step(img):
         raise OSError("broken in this process only")
 
@@ -183,8 +222,11 @@ def test_pixel_budget_of_one_pixel_strips_and_empty_sizes():
     # A strip one pixel high is resized to 294 pixels high before the crop: 200x1 becomes 58800x294.
     assert preflight.pixel_budget_problem((200, 1), 1_000_000, image_size=294) == (
         "200x1 is resized to 58800x294 before the centre crop, 17,287,200 pixels, over the budget of 1,000,000 "
-        "(--max_image_pixels; the aspect ratio is too extreme)")
-    assert preflight.pixel_budget_problem((1, 200), 1_000_000, image_size=294).startswith("1x200 is resized to 294x58800")
+        "(--max_image_pixels; the aspect ratio is too extreme)"
+    )
+    assert preflight.pixel_budget_problem((1, 200), 1_000_000, image_size=294).startswith(
+        "1x200 is resized to 294x58800"
+    )
     # A header claiming no pixels is not a budget matter (decoding it is what fails).
     for size in ((0, 10), (10, 0), (0, 0)):
         assert preflight.pixel_budget_problem(size, 1_000_000, image_size=294) is None
@@ -192,26 +234,51 @@ def test_pixel_budget_of_one_pixel_strips_and_empty_sizes():
 
 def test_a_directory_given_as_an_image_file_is_named_with_the_reason(tmp_path):
     (tmp_path / "cat.jpg").mkdir()
-    assert preflight.image_problem(str(tmp_path / "cat.jpg")) == f"cannot read image file {str(tmp_path / 'cat.jpg')!r}: not a regular file: directory"
+    assert (
+        preflight.image_problem(str(tmp_path / "cat.jpg"))
+        == f"cannot read image file {str(tmp_path / 'cat.jpg')!r}: not a regular file: directory"
+    )
 
 
 def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_path):
     from types import SimpleNamespace
 
     def arguments(**values):
-        data_args = SimpleNamespace(max_seq_length=None, max_train_samples=None, max_eval_samples=None,
-                                    preprocessing_num_workers=None, max_image_pixels=1)
-        training_args = SimpleNamespace(per_device_train_batch_size=1, per_device_eval_batch_size=1,
-                                        gradient_accumulation_steps=1, dataloader_num_workers=0, output_dir=str(tmp_path / "out"),
-                                        do_train=False, max_steps=-1, num_train_epochs=3.0)
+        data_args = SimpleNamespace(
+            max_seq_length=None,
+            max_train_samples=None,
+            max_eval_samples=None,
+            preprocessing_num_workers=None,
+            max_image_pixels=1,
+        )
+        training_args = SimpleNamespace(
+            per_device_train_batch_size=1,
+            per_device_eval_batch_size=1,
+            gradient_accumulation_steps=1,
+            dataloader_num_workers=0,
+            output_dir=str(tmp_path / "out"),
+            do_train=False,
+            max_steps=-1,
+            num_train_epochs=3.0,
+        )
         for name, value in values.items():
             setattr(data_args if hasattr(data_args, name) else training_args, name, value)
         return data_args, training_args
 
     preflight.check_arguments(*arguments())  # every count at its minimum
-    preflight.check_arguments(*arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1))
-    for name in ("max_seq_length", "max_train_samples", "max_eval_samples", "preprocessing_num_workers", "max_image_pixels",
-                 "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+    preflight.check_arguments(
+        *arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1)
+    )
+    for name in (
+        "max_seq_length",
+        "max_train_samples",
+        "max_eval_samples",
+        "preprocessing_num_workers",
+        "max_image_pixels",
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+    ):
         with pytest.raises(ValueError, match=rf"^--{name}=0: must be positive$"):
             preflight.check_arguments(*arguments(**{name: 0}))
     with pytest.raises(ValueError, match=r"^--dataloader_num_workers=-1: must be at least 0$"):
@@ -237,7 +304,9 @@ def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(
     splits = {"train": datasets.Dataset.from_dict({"image": [str(tmp_path / "cat.jpg")], "caption": ["a cat"]})}
     original = preflight.image_problem
     decoded = []
-    monkeypatch.setattr(preflight, "image_problem", lambda payload, **budget: decoded.append(payload) or original(payload, **budget))
+    monkeypatch.setattr(
+        preflight, "image_problem", lambda payload, **budget: decoded.append(payload) or original(payload, **budget)
+    )
     with caplog.at_level(logging.WARNING):
         assert preflight.find_problems(splits, "image", "caption")[0] == []
         assert preflight.find_problems(splits, "image", "caption")[0] == []
@@ -252,7 +321,9 @@ def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(
 def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
     # An image of exactly the budget passes, as decoded and as resized; one pixel more does not.
     assert preflight.pixel_budget_problem((100, 100), 10_000) is None
-    assert preflight.pixel_budget_problem((101, 100), 10_000).startswith("101x100 is 10,100 pixels, over the budget of 10,000")
+    assert preflight.pixel_budget_problem((101, 100), 10_000).startswith(
+        "101x100 is 10,100 pixels, over the budget of 10,000"
+    )
     assert preflight.pixel_budget_problem((200, 1), 17_287_200, image_size=294) is None
     assert preflight.pixel_budget_problem((200, 1), 17_287_199, image_size=294) is not None
 
@@ -274,11 +345,16 @@ def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
     assert preflight.parse_arguments(parser, ["script.py"]) == (Arguments(),)
     assert preflight.parse_arguments(parser, ["script.py", "--learning_rate", "0.25"]) == (Arguments(0.25),)
     missing = tmp_path / "gone.json"
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$",
+    ):
         preflight.parse_arguments(parser, ["script.py", str(missing)])
     # One unknown argument is named in the singular, several in the plural.
     for names, noun in ((["learning_rat"], "argument"), (["learning_rat", "sed"], "arguments")):
         config = tmp_path / f"{len(names)}.json"
         config.write_text(json.dumps({name: 1 for name in names}))
-        with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}: unknown {noun} {', '.join(sorted(names))} \(see --help"):
+        with pytest.raises(
+            ValueError, match=rf"^{re.escape(str(config))}: unknown {noun} {', '.join(sorted(names))} \(see --help"
+        ):
             preflight.parse_arguments(parser, ["script.py", str(config)])

@@ -13,7 +13,8 @@ import pytest
 import preloaded_python
 from conftest import script_env
 
-PROBE = '''
+
+PROBE = """
 import os, sys
 print("argv", sys.argv[1:])
 print("cwd", os.getcwd())
@@ -35,7 +36,7 @@ if action == "interrupt":
     raise KeyboardInterrupt
 if action == "message":
     sys.exit("a message for the user")
-'''
+"""
 
 
 @pytest.fixture
@@ -47,7 +48,9 @@ def probe(tmp_path):
 
 
 def both(command, cwd, env):
-    fresh = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    fresh = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     preloaded = preloaded_python.run(command, cwd=cwd, env=env, timeout=120)
     return fresh, preloaded
 
@@ -57,8 +60,11 @@ def without_paths(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("  File") and "runpy" not in line)
 
 
-@pytest.mark.parametrize("action", [["exit", "0"], ["exit", "3"], ["raise"], ["signal"], ["interrupt"], ["message"]],
-                         ids=["exit-0", "exit-3", "exception", "sigterm", "ctrl-c", "exit-message"])
+@pytest.mark.parametrize(
+    "action",
+    [["exit", "0"], ["exit", "3"], ["raise"], ["signal"], ["interrupt"], ["message"]],
+    ids=["exit-0", "exit-3", "exception", "sigterm", "ctrl-c", "exit-message"],
+)
 def test_a_run_ends_as_a_fresh_python_would(probe, tmp_path, action):
     script, env = probe
     fresh, preloaded = both([sys.executable, str(script), *action], tmp_path, env)
@@ -87,10 +93,14 @@ def test_modules_run_with_dash_m_as_python_does(tmp_path):
 def test_libraries_were_imported_under_the_runs_own_environment(tmp_path):
     """huggingface_hub reads HF_HOME once, when it is imported: a run with another HF_HOME must not inherit the
     value of an interpreter that imported it under the first one."""
-    (tmp_path / "home.py").write_text("import sys, huggingface_hub.constants as c; print('torch' in sys.modules, c.HF_HOME)\n")
+    (tmp_path / "home.py").write_text(
+        "import sys, huggingface_hub.constants as c; print('torch' in sys.modules, c.HF_HOME)\n"
+    )
     env = script_env(gaudi=False)
     for home in (env["HF_HOME"], str(tmp_path / "elsewhere"), env["HF_HOME"]):
-        result = preloaded_python.run([sys.executable, str(tmp_path / "home.py")], cwd=tmp_path, env={**env, "HF_HOME": home})
+        result = preloaded_python.run(
+            [sys.executable, str(tmp_path / "home.py")], cwd=tmp_path, env={**env, "HF_HOME": home}
+        )
         assert result.stdout.split() == ["True", home]  # preloaded, and with this run's HF_HOME
 
 
@@ -109,9 +119,12 @@ def test_a_run_past_its_time_limit_is_stopped_with_what_it_started(tmp_path):
         "import subprocess, sys, time\n"
         f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(600)\n")
+        "time.sleep(600)\n"
+    )
     with pytest.raises(subprocess.TimeoutExpired):
-        preloaded_python.run([sys.executable, str(tmp_path / "hang.py")], cwd=tmp_path, env=script_env(gaudi=False), timeout=5)
+        preloaded_python.run(
+            [sys.executable, str(tmp_path / "hang.py")], cwd=tmp_path, env=script_env(gaudi=False), timeout=5
+        )
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -127,7 +140,7 @@ def test_a_run_past_its_time_limit_is_stopped_with_what_it_started(tmp_path):
 # Popen: a run the test watches, signals and waits for (the signal tests, the benchmark sweep)
 # ---------------------------------------------------------------------------------------------
 
-TALKER = '''
+TALKER = """
 import os, signal, sys, time
 print("pid", os.getpid(), "group", os.getpgid(0), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -139,7 +152,7 @@ if sys.argv[1] == "handler":
 print("ready", flush=True)
 if sys.argv[1] != "quick":
     time.sleep(60)
-'''
+"""
 
 
 @pytest.fixture
@@ -163,20 +176,26 @@ def watch_and_stop(popen, command, env, cwd, mode, sig, **streams):
     try:
         rest, _ = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"{type(process).__name__} run did not end on {sig!r}; child signal masks: {masks}; "
-                             f"ours: blocked={sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} "
-                             f"handler={signal.getsignal(signal.SIGINT)}") from None
+        raise AssertionError(
+            f"{type(process).__name__} run did not end on {sig!r}; child signal masks: {masks}; "
+            f"ours: blocked={sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))} "
+            f"handler={signal.getsignal(signal.SIGINT)}"
+        ) from None
     return process, pid, lines + [rest], process.returncode
 
 
-@pytest.mark.parametrize("mode, sig", [("plain", signal.SIGTERM), ("handler", signal.SIGTERM), ("plain", signal.SIGINT)],
-                         ids=["sigterm", "sigterm-handled", "ctrl-c"])
+@pytest.mark.parametrize(
+    "mode, sig",
+    [("plain", signal.SIGTERM), ("handler", signal.SIGTERM), ("plain", signal.SIGINT)],
+    ids=["sigterm", "sigterm-handled", "ctrl-c"],
+)
 def test_a_watched_run_is_stopped_by_a_signal_as_a_fresh_python_would_be(ctrl_c_raises, talker, tmp_path, mode, sig):
     command, env = talker
     endings = []
     for popen in (subprocess.Popen, preloaded_python.Popen):
-        process, pid, lines, returncode = watch_and_stop(popen, command, env, tmp_path, mode, sig,
-                                                         stderr=subprocess.STDOUT, text=True)
+        process, pid, lines, returncode = watch_and_stop(
+            popen, command, env, tmp_path, mode, sig, stderr=subprocess.STDOUT, text=True
+        )
         output = "".join(lines)
         assert f"pid {pid} group {pid}\n" in output, "its own process group: the sweep stops it with killpg"
         # (a traceback's frames are left out: where the signal lands, in print or in sleep, is a matter of timing)
@@ -190,14 +209,17 @@ def test_a_watched_run_appends_to_the_callers_log_file_and_reads_bytes(talker, t
     with open(tmp_path / "log", "wb") as log:
         log.write(b"$ header\n")
         log.flush()
-        process = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = preloaded_python.Popen(
+            command + ["quick"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         assert isinstance(process, preloaded_python._Run)
         assert process.wait(timeout=60) == 0 and process.poll() == 0
     text = (tmp_path / "log").read_text()
     assert text.startswith("$ header\npid ") and "to stderr\n" in text and text.endswith("ready\n")
 
-    process = preloaded_python.Popen(command + ["quick"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
+    process = preloaded_python.Popen(
+        command + ["quick"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     assert [line.split()[0] for line in process.stdout] == [b"pid", b"ready"]
     assert process.wait() == 0
 

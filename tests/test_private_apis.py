@@ -26,7 +26,12 @@ TRAINER_METHODS = {
     "_sorted_checkpoints": ["self", "output_dir", "checkpoint_prefix", "use_mtime"],  # overridden (rotation)
     "_get_output_dir": ["self", "trial"],  # called by the _save_checkpoint override
     "save_model": ["self", "output_dir", "_internal_call"],  # overridden; its private parameter passed on
-    "_inner_training_loop": ["self", "batch_size", "args", "resume_from_checkpoint"],  # overridden (resumed epoch order)
+    "_inner_training_loop": [
+        "self",
+        "batch_size",
+        "args",
+        "resume_from_checkpoint",
+    ],  # overridden (resumed epoch order)
     "_maybe_log_save_evaluate": ["self", "tr_loss", "grad_norm"],  # overridden (divergence watch)
     "_load_callback_state": ["self"],  # overridden (the loss sum's callback after a resume)
     "_rotate_checkpoints": ["self", "use_mtime", "output_dir"],  # overridden (rotation after the manifest)
@@ -44,7 +49,9 @@ def missing_or_changed(cls, expected: dict) -> list:
         if function is None:
             problems.append(f"{cls.__module__}.{cls.__name__}.{name} no longer exists")
         elif parameters(function)[: len(params)] != params:
-            problems.append(f"{cls.__name__}.{name}{inspect.signature(function)}: the kit relies on ({', '.join(params)})")
+            problems.append(
+                f"{cls.__name__}.{name}{inspect.signature(function)}: the kit relies on ({', '.join(params)})"
+            )
     return problems
 
 
@@ -61,11 +68,14 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
     import transformers.trainer
 
     assert transformers.trainer.skip_first_batches is accelerate.skip_first_batches, (
-        "transformers.trainer no longer calls accelerate.skip_first_batches by that name")
+        "transformers.trainer no longer calls accelerate.skip_first_batches by that name"
+    )
     assert "self.iteration" in inspect.getsource(accelerate.data_loader.DataLoaderShard), (
-        "accelerate's DataLoaderShard no longer counts its epochs in `iteration`")
+        "accelerate's DataLoaderShard no longer counts its epochs in `iteration`"
+    )
     assert "self._total_loss_scalar" in inspect.getsource(Trainer), (
-        "transformers' Trainer no longer keeps the logged loss sum in _total_loss_scalar")
+        "transformers' Trainer no longer keeps the logged loss sum in _total_loss_scalar"
+    )
 
 
 def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
@@ -90,8 +100,13 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def gaudi():
     """What optimum-habana (behind the tests' Habana shim) has of the names the kit relies on."""
-    result = subprocess.run([sys.executable, "-c", PROBE_GAUDI, json.dumps(list(TRAINER_METHODS))],
-                            env=script_env(True), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE_GAUDI, json.dumps(list(TRAINER_METHODS))],
+        env=script_env(True),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -103,19 +118,23 @@ GAUDI_PARAMETER_NAMES = {"_grad_norm": "grad_norm"}
 def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
     found = {name: [GAUDI_PARAMETER_NAMES.get(p, p) for p in params] for name, params in gaudi["trainer"].items()}
     problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in found]
-    problems += [f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
-                 for name, params in TRAINER_METHODS.items()
-                 if name in found and found[name][: len(params)] != params]
+    problems += [
+        f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
+        for name, params in TRAINER_METHODS.items()
+        if name in found and found[name][: len(params)] != params
+    ]
     assert not problems, "optimum-habana changed private GaudiTrainer methods:\n" + "\n".join(problems)
 
 
 def test_optimum_habana_distributed_runner_still_holds_the_commands_launch_gaudi_prints(gaudi):
     # tools/launch_gaudi.py --dry_run prints runner._interpreter + each of runner._commands
     runner = gaudi["runner"]
-    assert isinstance(runner["_commands"], list) and any("train.py --flag 1" in c for c in runner["_commands"]), \
+    assert isinstance(runner["_commands"], list) and any("train.py --flag 1" in c for c in runner["_commands"]), (
         f"optimum-habana's DistributedRunner._commands changed: {runner['_commands']!r}"
-    assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), \
+    )
+    assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), (
         f"optimum-habana's DistributedRunner._interpreter changed: {runner['_interpreter']!r}"
+    )
 
 
 def test_torch_still_has_the_antialiased_bicubic_kernel_with_explicit_scales():
@@ -123,10 +142,13 @@ def test_torch_still_has_the_antialiased_bicubic_kernel_with_explicit_scales():
     op = getattr(torch.ops.aten, "_upsample_bicubic2d_aa", None)
     assert op is not None, "torch no longer has torch.ops.aten._upsample_bicubic2d_aa"
     arguments = [a.name for a in op.default._schema.arguments]
-    assert arguments == ["self", "output_size", "align_corners", "scales_h", "scales_w"], \
+    assert arguments == ["self", "output_size", "align_corners", "scales_h", "scales_w"], (
         f"torch.ops.aten._upsample_bicubic2d_aa's arguments changed: {arguments}"
+    )
     pixels = torch.arange(2 * 8 * 8, dtype=torch.uint8).reshape(1, 2, 8, 8)
-    assert op(pixels, [3, 2], False, 0.5, 0.5).shape == (1, 2, 3, 2), "output size and scales are no longer independent"
+    assert op(pixels, [3, 2], False, 0.5, 0.5).shape == (1, 2, 3, 2), (
+        "output size and scales are no longer independent"
+    )
 
 
 def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
@@ -136,5 +158,9 @@ def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
     chosen = dataset.select([2, 0])
     assert isinstance(getattr(dataset, "_fingerprint", None), str), "datasets.Dataset no longer has _fingerprint"
     assert chosen._fingerprint != dataset._fingerprint
-    assert getattr(dataset, "_indices", "missing") is None, "datasets.Dataset._indices changed (expected None unselected)"
-    assert chosen._indices.column(0).to_pylist() == [2, 0], "datasets.Dataset._indices no longer maps a selection's rows"
+    assert getattr(dataset, "_indices", "missing") is None, (
+        "datasets.Dataset._indices changed (expected None unselected)"
+    )
+    assert chosen._indices.column(0).to_pylist() == [2, 0], (
+        "datasets.Dataset._indices no longer maps a selection's rows"
+    )

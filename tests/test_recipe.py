@@ -3,12 +3,11 @@
 import json
 import sys
 
-
 import preloaded_python
+from bridgetower_bench.trainer import GAUDI_RECIPE_DEFAULTS
 from conftest import CPU_FLAGS, REPO, run_script, script_env
 from test_scripts import base_args, load_weights
 
-from bridgetower_bench.trainer import GAUDI_RECIPE_DEFAULTS
 
 # Differing defaults deliberately left to each device (see bridgetower_bench/trainer.py).
 LEFT_TO_THE_DEVICE = {"half_precision_backend", "ddp_bucket_cap_mb", "ddp_find_unused_parameters"}
@@ -44,9 +43,13 @@ def test_both_scripts_end_with_the_same_weights_from_the_same_flags(fixtures, tm
     for kind in ("gaudi", "cuda"):
         out = tmp_path / kind
         # 14 rows in batches of 4: the epoch ends with a short batch unless drawn up to whole batches as on Gaudi
-        run_script(kind, base_args(fixtures, out, max_steps=6, max_train_samples=14) + ["--do_train"] + CPU_FLAGS[kind])
+        run_script(
+            kind, base_args(fixtures, out, max_steps=6, max_train_samples=14) + ["--do_train"] + CPU_FLAGS[kind]
+        )
         weights[kind] = load_weights(out)
     assert weights["gaudi"].keys() == weights["cuda"].keys()
-    worst = max((weights["gaudi"][k].float() - weights["cuda"][k].float()).abs().max().item() for k in weights["gaudi"])
+    worst = max(
+        (weights["gaudi"][k].float() - weights["cuda"][k].float()).abs().max().item() for k in weights["gaudi"]
+    )
     # both run torch's AdamW on CPU: the same computation; a fused optimizer would differ by rounding only
     assert worst <= 1e-6, f"largest weight difference {worst}"

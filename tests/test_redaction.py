@@ -10,37 +10,85 @@ from pathlib import Path
 import pytest
 
 import preloaded_python
-from conftest import REPO, script_env
-
 from bridgetower_bench import redaction
 from bridgetower_bench.tools import bench, bench_report
+from conftest import REPO, script_env
+
 
 # --------------------------------------------------------------------------------------------- the rule
 
 
-@pytest.mark.parametrize("name", [
-    "--token", "--hub_token", "--push_to_hub_token", "--use_auth_token", "token", "api_key", "hf_api_key",
-    "wandb_api_key", "--db_password", "--client-secret", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY",
-    "AWS_SECRET_ACCESS_KEY", "--Hub-Token", "openai_apikey",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "--token",
+        "--hub_token",
+        "--push_to_hub_token",
+        "--use_auth_token",
+        "token",
+        "api_key",
+        "hf_api_key",
+        "wandb_api_key",
+        "--db_password",
+        "--client-secret",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "WANDB_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "--Hub-Token",
+        "openai_apikey",
+    ],
+)
 def test_credential_names_are_recognised(name):
     assert redaction.is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", [
-    "--tokenizer_name", "--max_tokens_per_batch", "--max_seq_length", "--pad_to_max_length", "--use_fast_tokenizer",
-    "--include_tokens_per_second", "--keyboard", "HF_HOME", "--output_dir",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "--tokenizer_name",
+        "--max_tokens_per_batch",
+        "--max_seq_length",
+        "--pad_to_max_length",
+        "--use_fast_tokenizer",
+        "--include_tokens_per_second",
+        "--keyboard",
+        "HF_HOME",
+        "--output_dir",
+    ],
+)
 def test_ordinary_flags_are_left_alone(name):
     assert not redaction.is_secret_name(name)
 
 
 def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
-    args = ["--token", "hf_A", "--hub_token=hf_B", "--use_auth_token", "--do_train", "--tokenizer_name", "tok",
-            "--push_to_hub_token", "hf_C", "--max_seq_length", "32", "--client_secret="]
+    args = [
+        "--token",
+        "hf_A",
+        "--hub_token=hf_B",
+        "--use_auth_token",
+        "--do_train",
+        "--tokenizer_name",
+        "tok",
+        "--push_to_hub_token",
+        "hf_C",
+        "--max_seq_length",
+        "32",
+        "--client_secret=",
+    ]
     assert redaction.redact_args(args) == [
-        "--token", "REDACTED", "--hub_token=REDACTED", "--use_auth_token", "--do_train", "--tokenizer_name", "tok",
-        "--push_to_hub_token", "REDACTED", "--max_seq_length", "32", "--client_secret=REDACTED",
+        "--token",
+        "REDACTED",
+        "--hub_token=REDACTED",
+        "--use_auth_token",
+        "--do_train",
+        "--tokenizer_name",
+        "tok",
+        "--push_to_hub_token",
+        "REDACTED",
+        "--max_seq_length",
+        "32",
+        "--client_secret=REDACTED",
     ]
     assert args[1] == "hf_A", "the caller's list (what the run gets) is not modified"
     assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
@@ -52,29 +100,47 @@ def test_a_json_configuration_is_copied_redacted_and_left_untouched():
 
     copied = redaction.shareable(config, env={})
 
-    assert copied == {"token": "REDACTED", "model_name_or_path": "m", "nested": [{"wandb_api_key": "REDACTED"}], "hub_token": None}
+    assert copied == {
+        "token": "REDACTED",
+        "model_name_or_path": "m",
+        "nested": [{"wandb_api_key": "REDACTED"}],
+        "hub_token": None,
+    }
     assert json.dumps(config) == before
     assert redaction.secret_values(configs=[config]) == {"hf_A", "k123"}
 
 
 def test_the_values_of_credential_environment_variables_are_scrubbed_and_no_others():
-    env = {"HF_TOKEN": "hf_A", "HUGGING_FACE_HUB_TOKEN": "hf_B", "WANDB_API_KEY": "k123", "HF_HOME": "/home/h", "PATH": "/bin"}
+    env = {
+        "HF_TOKEN": "hf_A",
+        "HUGGING_FACE_HUB_TOKEN": "hf_B",
+        "WANDB_API_KEY": "k123",
+        "HF_HOME": "/home/h",
+        "PATH": "/bin",
+    }
     assert redaction.secret_values(env=env) == {"hf_A", "hf_B", "k123"}
     assert redaction.shareable({"log": "saw hf_A, hf_B and k123 under /home/h"}, env=env) == {
-        "log": "saw REDACTED, REDACTED and REDACTED under /home/h"}
+        "log": "saw REDACTED, REDACTED and REDACTED under /home/h"
+    }
 
 
 def test_a_tool_record_is_made_shareable_in_one_call(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_fromEnv1")
-    record = {"command": ["python", "x.py", "--hub_token", "hf_B", "--api-key=k9999"],
-              "env": {"HF_TOKEN": "hf_fromEnv1", "HABANA_VISIBLE_DEVICES": "all"},
-              "message": "login with hf_fromEnv1 failed; --hub_token hf_B", "steps": [1, 2]}
+    record = {
+        "command": ["python", "x.py", "--hub_token", "hf_B", "--api-key=k9999"],
+        "env": {"HF_TOKEN": "hf_fromEnv1", "HABANA_VISIBLE_DEVICES": "all"},
+        "message": "login with hf_fromEnv1 failed; --hub_token hf_B",
+        "steps": [1, 2],
+    }
 
     shared = redaction.shareable(record, args=["--token", "hf_Arg12"])
 
-    assert shared == {"command": ["python", "x.py", "--hub_token", "REDACTED", "--api-key=REDACTED"],
-                      "env": {"HF_TOKEN": "REDACTED", "HABANA_VISIBLE_DEVICES": "all"},
-                      "message": "login with REDACTED failed; --hub_token REDACTED", "steps": [1, 2]}
+    assert shared == {
+        "command": ["python", "x.py", "--hub_token", "REDACTED", "--api-key=REDACTED"],
+        "env": {"HF_TOKEN": "REDACTED", "HABANA_VISIBLE_DEVICES": "all"},
+        "message": "login with REDACTED failed; --hub_token REDACTED",
+        "steps": [1, 2],
+    }
     assert record["command"][3] == "hf_B", "the record itself is not modified"
 
 
@@ -92,7 +158,7 @@ def test_saved_training_arguments_lose_their_token_and_the_live_ones_keep_it(tmp
 # Stands in for the training script: records digests of what the process received (its arguments, its
 # HF_TOKEN, and the credential fields the script's argument parser produced) in a file outside the
 # sweep's output directory, then runs the real script in this process.
-RECEIVER = '''
+RECEIVER = """
 import dataclasses, hashlib, json, os, runpy, sys
 from transformers import HfArgumentParser
 
@@ -117,7 +183,7 @@ HfArgumentParser.parse_args_into_dataclasses = recording(HfArgumentParser.parse_
 HfArgumentParser.parse_dict = recording(HfArgumentParser.parse_dict)
 sys.argv[0] = REAL
 runpy.run_path(REAL, run_name="__main__")
-'''
+"""
 
 
 def _digest(value: str) -> str:
@@ -136,8 +202,15 @@ def _files_containing(root: Path, secrets) -> list[str]:
     return found
 
 
-def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, preloaded_sweep, tmp_path, monkeypatch):
-    overridden, on_command_line, hub, in_env = "hf_FAKEspaceForm0001", "hf_FAKEequalsForm0002", "hf_FAKEhubToken0003", "hf_FAKEenvToken0004"
+def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(
+    fixtures, preloaded_sweep, tmp_path, monkeypatch
+):
+    overridden, on_command_line, hub, in_env = (
+        "hf_FAKEspaceForm0001",
+        "hf_FAKEequalsForm0002",
+        "hf_FAKEhubToken0003",
+        "hf_FAKEenvToken0004",
+    )
     proof = tmp_path / "received.json"
     receiver = tmp_path / "receiver.py"
     receiver.write_text(RECEIVER.format(proof=str(proof), real=str(bench.SCRIPTS["cuda"])))
@@ -147,8 +220,10 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
     out = tmp_path / "bench"
 
     # --token given twice (argparse keeps the last): both forms are on the command line the records show.
-    extra = (f"--max_steps 2 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 "
-             f"--token {overridden} --token={on_command_line} --hub_token {hub}")
+    extra = (
+        f"--max_steps 2 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 "
+        f"--token {overridden} --token={on_command_line} --hub_token {hub}"
+    )
     code = bench.main(["--workers", "0", "--keep-weights", "--extra-args", extra, "--out", str(out)])
 
     results = json.loads((out / "results.json").read_text())
@@ -161,8 +236,14 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
     assert received["HF_TOKEN"] == _digest(in_env), "the run's environment kept HF_TOKEN"
 
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {"results.json", "results.csv", "table.md", f"logs/{row['run_id']}.log",
-            f"runs/{row['run_id']}/train_results.json", f"runs/{row['run_id']}/training_args.bin"} <= written
+    assert {
+        "results.json",
+        "results.csv",
+        "table.md",
+        f"logs/{row['run_id']}.log",
+        f"runs/{row['run_id']}/train_results.json",
+        f"runs/{row['run_id']}/training_args.bin",
+    } <= written
     assert _files_containing(out, [overridden, on_command_line, hub, in_env]) == []
     assert "--token REDACTED --token=REDACTED --hub_token REDACTED" in row["command"]
     assert "REDACTED" in " ".join(results["bench"]["extra_args"])
@@ -177,13 +258,13 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
 
 
 # A run that prints what it received, then fails naming it: the worst case for the log and the error column.
-ECHOING_SCRIPT = '''
+ECHOING_SCRIPT = """
 import os, sys
 token = sys.argv[sys.argv.index("--token") + 1]
 print("arguments:", sys.argv[1:], "HF_TOKEN:", os.environ.get("HF_TOKEN"), flush=True)
 received = token == {token!r} and os.environ.get("HF_TOKEN") == {env!r}
 raise SystemExit(f"ValueError: invalid token {{token}}" if received else 9)
-'''
+"""
 
 
 def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, monkeypatch):
@@ -191,9 +272,16 @@ def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, mo
     script = tmp_path / "echo.py"
     script.write_text(ECHOING_SCRIPT.format(token=token, env=in_env))
     monkeypatch.setenv("HF_TOKEN", in_env)
-    plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1,
-                      variants=bench.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
-                      base_args=[], extra_args=["--token", token], script_path=script)
+    plan = bench.Plan(
+        preset="local",
+        script="cuda",
+        device="cpu",
+        nproc=1,
+        variants=bench.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
+        base_args=[],
+        extra_args=["--token", token],
+        script_path=script,
+    )
     out = tmp_path / "out"
 
     rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
@@ -211,19 +299,39 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     token, hub = "hf_FAKEjsonToken0005", "hf_FAKEjsonHub0006"
     output_dir = tmp_path / "run"
     config = tmp_path / "args.json"
-    config.write_text(json.dumps({
-        "model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"]),
-        "dataset_config_name": "matching", "image_column": "image", "caption_column": "image_description",
-        "remove_unused_columns": False, "do_train": True, "max_steps": 2, "per_device_train_batch_size": 2,
-        "max_seq_length": 32, "save_strategy": "no", "report_to": "none", "use_cpu": True, "use_lazy_mode": False,
-        "output_dir": str(output_dir), "token": token, "hub_token": hub,
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": str(fixtures["model"]),
+                "dataset_name": str(fixtures["dataset"]),
+                "dataset_config_name": "matching",
+                "image_column": "image",
+                "caption_column": "image_description",
+                "remove_unused_columns": False,
+                "do_train": True,
+                "max_steps": 2,
+                "per_device_train_batch_size": 2,
+                "max_seq_length": 32,
+                "save_strategy": "no",
+                "report_to": "none",
+                "use_cpu": True,
+                "use_lazy_mode": False,
+                "output_dir": str(output_dir),
+                "token": token,
+                "hub_token": hub,
+            }
+        )
+    )
     before = config.read_bytes()
     proof = tmp_path / "received.json"
     receiver = tmp_path / "receiver.py"
-    receiver.write_text(RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py")))  # the Gaudi script, on CPU
+    receiver.write_text(
+        RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py"))
+    )  # the Gaudi script, on CPU
 
-    result = preloaded_python.run([sys.executable, receiver, config], cwd=REPO, env=script_env(gaudi=True), timeout=600)
+    result = preloaded_python.run(
+        [sys.executable, receiver, config], cwd=REPO, env=script_env(gaudi=True), timeout=600
+    )
 
     assert result.returncode == 0, result.stderr[-3000:]
     received = json.loads(proof.read_text())

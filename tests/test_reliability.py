@@ -16,10 +16,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+import preloaded_python
 from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
-import preloaded_python
 from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
@@ -50,10 +51,20 @@ def write_csv(path, rows):
 
 def train_args(fixtures, output_dir, **overrides):
     args = {
-        "model_name_or_path": fixtures["model"], "dataset_name": fixtures["dataset"], "dataset_config_name": "matching",
-        "image_column": "image", "caption_column": "image_description", "output_dir": output_dir,
-        "per_device_train_batch_size": 4, "max_train_samples": 16, "learning_rate": 1e-3, "logging_steps": 1,
-        "report_to": "none", "seed": 7, "throughput_warmup_steps": 1, "dataloader_num_workers": 0,
+        "model_name_or_path": fixtures["model"],
+        "dataset_name": fixtures["dataset"],
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": output_dir,
+        "per_device_train_batch_size": 4,
+        "max_train_samples": 16,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "report_to": "none",
+        "seed": 7,
+        "throughput_warmup_steps": 1,
+        "dataloader_num_workers": 0,
     }
     args.update(overrides)
     return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
@@ -89,8 +100,13 @@ def test_preflight_names_split_row_and_column_of_every_bad_row_and_caches_the_ou
     cache = tmp_path / "cache"
     problems, cache_file = preflight.find_problems(splits, "image", "caption", cache_dir=cache)
     found = {(p.split, p.row, p.column): p.reason for p in problems}
-    assert sorted(found) == [("train", 1, "image"), ("train", 3, "image"), ("train", 4, "caption"),
-                             ("train", 5, "caption"), ("validation", 1, "image")]
+    assert sorted(found) == [
+        ("train", 1, "image"),
+        ("train", 3, "image"),
+        ("train", 4, "caption"),
+        ("train", 5, "caption"),
+        ("validation", 1, "image"),
+    ]
     assert "truncated" in found[("train", 1, "image")]
     assert "cannot decode embedded image" in found[("train", 3, "image")]
     assert found[("validation", 1, "image")] == f"missing image file {str(tmp_path / 'gone.jpg')!r}"
@@ -115,7 +131,9 @@ def test_identical_images_are_decoded_once_and_workers_agree(tmp_path, monkeypat
     splits = {"train": embedded(images, [f"caption {i}" for i in range(31)])}
     calls = []
     original = preflight.image_problem
-    monkeypatch.setattr(preflight, "image_problem", lambda payload, **budget: calls.append(1) or original(payload, **budget))
+    monkeypatch.setattr(
+        preflight, "image_problem", lambda payload, **budget: calls.append(1) or original(payload, **budget)
+    )
     serial, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "a")
     assert len(calls) == 4, "3 distinct pictures + the garbage, each decoded once"
     monkeypatch.undo()
@@ -142,11 +160,15 @@ def test_rows_of_a_split_cut_from_train_are_also_named_as_loaded(tmp_path):
     problems = [p for p in preflight.find_problems(dict(splits), "image", "caption", cache_dir=tmp_path)[0]]
     assert [p.source_row for p in problems] == [7]
     assert splits[problems[0].split][problems[0].row]["caption"] == ""
-    assert f"row {problems[0].row} (row 7 of the data as loaded, before splitting), column 'caption'" in str(problems[0])
+    assert f"row {problems[0].row} (row 7 of the data as loaded, before splitting), column 'caption'" in str(
+        problems[0]
+    )
 
 
 def test_problem_list_is_capped_with_a_count(tmp_path):
-    splits = {"train": embedded([b"x%d" % i for i in range(preflight.MAX_LISTED + 7)], ["c"] * (preflight.MAX_LISTED + 7))}
+    splits = {
+        "train": embedded([b"x%d" % i for i in range(preflight.MAX_LISTED + 7)], ["c"] * (preflight.MAX_LISTED + 7))
+    }
     with pytest.raises(ValueError) as stop:
         preflight.check_splits(splits, "image", "caption", cache_dir=tmp_path)
     lines = str(stop.value).splitlines()
@@ -173,8 +195,16 @@ def path_dataset(directory, n_rows, tokenizer, image_size=294):
         paths.append(str(directory / f"{row}.jpg"))
         (directory / f"{row}.jpg").write_bytes(jpeg_bytes(row))
     ds = datasets.Dataset.from_dict({"image": paths, "caption": [f"picture {row}" for row in range(n_rows)]})
-    ds = data.tokenize_split(ds, tokenizer, image_column="image", caption_column="caption", max_seq_length=16,
-                             num_proc=None, overwrite_cache=True, split="train")
+    ds = data.tokenize_split(
+        ds,
+        tokenizer,
+        image_column="image",
+        caption_column="caption",
+        max_seq_length=16,
+        num_proc=None,
+        overwrite_cache=True,
+        split="train",
+    )
     transform = make_image_transform("fast", image_size, mean=(), std=())
     ds.set_transform(data.BatchTransform("image", transform, "train"))
     return ds, paths
@@ -218,13 +248,28 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
 
     def trainer(callbacks=()):
         args = WarmupTrainingArguments(
-            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6, use_cpu=True, seed=3,
-            report_to="none", save_strategy="no", dataloader_num_workers=1, dataloader_prefetch_factor=1,
-            remove_unused_columns=False, disable_tqdm=True,
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=4,
+            max_steps=6,
+            use_cpu=True,
+            seed=3,
+            report_to="none",
+            save_strategy="no",
+            dataloader_num_workers=1,
+            dataloader_prefetch_factor=1,
+            remove_unused_columns=False,
+            disable_tqdm=True,
         )
         model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-        return BridgeTowerTrainer(model=model, args=args, train_dataset=ds, data_collator=data.collate_fn,
-                                  image_mean=(0.5,) * 3, image_std=(0.5,) * 3, callbacks=list(callbacks))
+        return BridgeTowerTrainer(
+            model=model,
+            args=args,
+            train_dataset=ds,
+            data_collator=data.collate_fn,
+            image_mean=(0.5,) * 3,
+            image_std=(0.5,) * 3,
+            callbacks=list(callbacks),
+        )
 
     with pytest.raises(ImageLoadError) as raised:
         trainer([_DeleteImagesAfterFirstStep(paths)]).train()
@@ -255,14 +300,31 @@ def _trainer_on(fixtures, ds, out, callbacks=(), **overrides):
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass
 
-    options = dict(output_dir=str(out), per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=2,
-                   use_cpu=True, seed=3, report_to="none", save_strategy="no", dataloader_num_workers=0,
-                   remove_unused_columns=False, disable_tqdm=True)
+    options = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        use_cpu=True,
+        seed=3,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
     options.update(overrides)
     model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-    return BridgeTowerTrainer(model=model, args=WarmupTrainingArguments(**options), train_dataset=ds, eval_dataset=ds,
-                              data_collator=data.collate_fn, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
-                              callbacks=list(callbacks))
+    return BridgeTowerTrainer(
+        model=model,
+        args=WarmupTrainingArguments(**options),
+        train_dataset=ds,
+        eval_dataset=ds,
+        data_collator=data.collate_fn,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+        callbacks=list(callbacks),
+    )
 
 
 class _SignalDuringLastEvaluation(TrainerCallback):
@@ -284,7 +346,9 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
     with pytest.raises(resilience.TrainingInterrupted) as stopped:
         trainer.save_model()  # the final save: the signal waited for it
     assert stopped.value.code == 128 + signal.SIGTERM
-    assert stopped.value.message.startswith(f"Stopped by SIGTERM after saving completely what the run had done so far in {out}.")
+    assert stopped.value.message.startswith(
+        f"Stopped by SIGTERM after saving completely what the run had done so far in {out}."
+    )
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
     assert signal.getsignal(signal.SIGTERM) is before
 
@@ -333,7 +397,9 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     assert signal.getsignal(signal.SIGINT) is before
     interrupted = stop.interruption(state, "out")
     assert interrupted.code == 128 + signal.SIGINT
-    assert interrupted.message.startswith("Training stopped by SIGINT at step 3 of 10; checkpoint saved in out/checkpoint-3.")
+    assert interrupted.message.startswith(
+        "Training stopped by SIGINT at step 3 of 10; checkpoint saved in out/checkpoint-3."
+    )
 
 
 def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(fixtures, tmp_path):
@@ -343,6 +409,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     restores the RNG after skipping the batches already trained and the sampler is seeded per epoch, so
     the resumed steps see the same batches and the same dropout masks as the uninterrupted run.
     """
+
     # 16 rows, 4 per step: 4 steps per epoch; 6 steps cross an epoch boundary. No scheduled checkpoints.
     def command(out):
         return train_args(fixtures, out, max_steps=6, save_strategy="no") + ["--do_train"] + CPU_FLAGS["cuda"]
@@ -353,7 +420,9 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     out = tmp_path / "interrupted"
     cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(out)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = preloaded_python.Popen(
+            cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
         for line in process.stdout:
             if "'loss'" in line:  # step 1 logged: we are mid-epoch
                 process.send_signal(signal.SIGTERM)
@@ -361,8 +430,11 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
         process.communicate(timeout=300)
     stderr_text = (tmp_path / "stderr.txt").read_text()
     assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
-    match = re.fullmatch(r"Training stopped by SIGTERM at step (\d+) of 6; checkpoint saved in (.*)\. Rerun the same "
-                         r"command \(without --overwrite_output_dir\) to resume from it\.", stderr_text.strip().splitlines()[-1])
+    match = re.fullmatch(
+        r"Training stopped by SIGTERM at step (\d+) of 6; checkpoint saved in (.*)\. Rerun the same "
+        r"command \(without --overwrite_output_dir\) to resume from it\.",
+        stderr_text.strip().splitlines()[-1],
+    )
     assert match, stderr_text[-3000:]
     step = int(match.group(1))
     assert 1 <= step < 6 and match.group(2) == str(out / f"checkpoint-{step}")
@@ -374,7 +446,9 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
     expected, actual = load_file(str(reference / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), "resumed weights differ from the uninterrupted run"
+    assert all(torch.equal(expected[k], actual[k]) for k in expected), (
+        "resumed weights differ from the uninterrupted run"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +461,9 @@ def test_output_dir_rules(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("years of work")
-    with pytest.raises(ValueError, match=r"--output_dir=.*foreign holds files this script did not write \(thesis\.tex\)"):
+    with pytest.raises(
+        ValueError, match=r"--output_dir=.*foreign holds files this script did not write \(thesis\.tex\)"
+    ):
         check(str(foreign))
 
     previous = tmp_path / "previous"
@@ -431,25 +507,52 @@ def bad_dataset(tmp_path):
     good = [(f"good{i}.jpg", jpeg_bytes(10 + i), f"good picture {i}") for i in range(2)]
     write_csv(tmp_path / "data" / "validation.csv", good)
     write_csv(tmp_path / "data" / "test.csv", good)
-    write_csv(tmp_path / "data" / "train.csv", [
-        ("0.jpg", jpeg_bytes(0), "first picture"), ("1.jpg", jpeg_bytes(1)[:900], "truncated picture"),
-        ("2.jpg", jpeg_bytes(2), "third picture"), ("3.jpg", None, "missing picture"),
-        ("4.jpg", jpeg_bytes(4), ""), ("5.jpg", jpeg_bytes(5), "sixth picture"),
-        ("6.jpg", jpeg_bytes(6), "seventh picture"), ("7.jpg", jpeg_bytes(7), "eighth picture"),
-    ])
+    write_csv(
+        tmp_path / "data" / "train.csv",
+        [
+            ("0.jpg", jpeg_bytes(0), "first picture"),
+            ("1.jpg", jpeg_bytes(1)[:900], "truncated picture"),
+            ("2.jpg", jpeg_bytes(2), "third picture"),
+            ("3.jpg", None, "missing picture"),
+            ("4.jpg", jpeg_bytes(4), ""),
+            ("5.jpg", jpeg_bytes(5), "sixth picture"),
+            ("6.jpg", jpeg_bytes(6), "seventh picture"),
+            ("7.jpg", jpeg_bytes(7), "eighth picture"),
+        ],
+    )
     return tmp_path / "data"
 
 
 def csv_args(fixtures, dataset, out, *extra):
-    return ["--model_name_or_path", fixtures["model"], "--dataset_name", dataset, "--output_dir", out, "--do_train",
-            "--per_device_train_batch_size", 4, "--num_train_epochs", 1, "--report_to", "none", "--save_strategy", "no",
-            *extra]
+    return [
+        "--model_name_or_path",
+        fixtures["model"],
+        "--dataset_name",
+        dataset,
+        "--output_dir",
+        out,
+        "--do_train",
+        "--per_device_train_batch_size",
+        4,
+        "--num_train_epochs",
+        1,
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        *extra,
+    ]
 
 
 def test_gaudi_script_stops_before_step_1_listing_the_bad_rows(fixtures, tmp_path):
-    result = run_script("gaudi", csv_args(fixtures, bad_dataset(tmp_path), tmp_path / "out", *CPU_FLAGS["gaudi"]), check=False)
+    result = run_script(
+        "gaudi", csv_args(fixtures, bad_dataset(tmp_path), tmp_path / "out", *CPU_FLAGS["gaudi"]), check=False
+    )
     assert result.returncode == 2
-    assert "run_bridgetower.py: error: 3 bad rows found before training (pass --drop_bad_rows to train without them):" in result.stderr
+    assert (
+        "run_bridgetower.py: error: 3 bad rows found before training (pass --drop_bad_rows to train without them):"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
     listed = result.stderr.strip().splitlines()[-3:]
     assert listed[0].startswith("  split 'train' row 1, column 'image_path': cannot decode image file ")
@@ -475,44 +578,95 @@ def refusal_cases(fixtures, tmp_path):
     ints = tmp_path / "ints.csv"
     ints.write_text("image_path,caption\n" + "".join(f"{i},picture {i}\n" for i in range(4)))
     config = tmp_path / "args.json"
-    config.write_text(json.dumps({"model_name_or_path": str(model), "train_file": str(numbers), "output_dir": str(tmp_path / "o"),
-                                  "use_cpu": True, "learning_rate_typo": 1e-4, "fp17": True}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": str(model),
+                "train_file": str(numbers),
+                "output_dir": str(tmp_path / "o"),
+                "use_cpu": True,
+                "learning_rate_typo": 1e-4,
+                "fp17": True,
+            }
+        )
+    )
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    newyorker = ["--dataset_name", fixtures["dataset"], "--dataset_config_name", "matching", "--image_column", "image",
-                 "--caption_column", "image_description"]
+    newyorker = [
+        "--dataset_name",
+        fixtures["dataset"],
+        "--dataset_config_name",
+        "matching",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+    ]
     return {
         "missing dataset directory": (
             ["--model_name_or_path", model, "--dataset_name", tmp_path / "no-such-dir", *base],
-            f"--dataset_name={tmp_path / 'no-such-dir'}: no such directory"),
+            f"--dataset_name={tmp_path / 'no-such-dir'}: no such directory",
+        ),
         "caption column of numbers": (
             ["--model_name_or_path", model, "--train_file", numbers, *base],
-            "--caption_column=caption in split 'train' holds int64 values, not text"),
+            "--caption_column=caption in split 'train' holds int64 values, not text",
+        ),
         "max_seq_length beyond the model": (
             ["--model_name_or_path", model, *newyorker, "--max_seq_length", 4096, *base],
-            "--max_seq_length=4096 is larger than the model's 512 text positions"),
+            "--max_seq_length=4096 is larger than the model's 512 text positions",
+        ),
         "image column of numbers": (
             ["--model_name_or_path", model, "--train_file", ints, *base],
-            "--image_column=image_path in split 'train' holds Value('int64'), which is neither an image nor an image path"),
+            "--image_column=image_path in split 'train' holds Value('int64'), which is neither an image nor an image path",
+        ),
         "json configuration with unknown keys": (
             [config],
-            f"{config}: unknown arguments fp17, learning_rate_typo (see --help for the arguments this script takes)"),
+            f"{config}: unknown arguments fp17, learning_rate_typo (see --help for the arguments this script takes)",
+        ),
         "evaluation into a foreign output_dir": (
-            ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, "--do_eval", "--report_to", "none", *CPU_FLAGS["cuda"]],
+            [
+                "--model_name_or_path",
+                model,
+                *newyorker,
+                "--output_dir",
+                foreign,
+                "--do_eval",
+                "--report_to",
+                "none",
+                *CPU_FLAGS["cuda"],
+            ],
             f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
-            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"),
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir",
+        ),
         "training over a foreign output_dir with --overwrite_output_dir": (
-            ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, "--overwrite_output_dir", "--do_train",
-             "--report_to", "none", *CPU_FLAGS["cuda"]],
+            [
+                "--model_name_or_path",
+                model,
+                *newyorker,
+                "--output_dir",
+                foreign,
+                "--overwrite_output_dir",
+                "--do_train",
+                "--report_to",
+                "none",
+                *CPU_FLAGS["cuda"],
+            ],
             f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
-            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"),
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir",
+        ),
     }
 
 
-CASES = ["missing dataset directory", "caption column of numbers", "max_seq_length beyond the model",
-         "image column of numbers", "json configuration with unknown keys", "evaluation into a foreign output_dir",
-         "training over a foreign output_dir with --overwrite_output_dir"]
+CASES = [
+    "missing dataset directory",
+    "caption column of numbers",
+    "max_seq_length beyond the model",
+    "image column of numbers",
+    "json configuration with unknown keys",
+    "evaluation into a foreign output_dir",
+    "training over a foreign output_dir with --overwrite_output_dir",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -531,8 +685,6 @@ def test_image_label_names_the_image_as_errors_do(tmp_path):
     assert resilience.image_label({"bytes": None, "path": "cat.jpg"}) == "'cat.jpg'"
     assert resilience.image_label(tmp_path / "cat.jpg") == repr(str(tmp_path / "cat.jpg"))
     assert resilience.image_label(3) == "int"
-
-
 
 
 def test_distributed_ranks_agree_to_stop_every_ten_steps(monkeypatch):
@@ -562,8 +714,10 @@ def test_the_first_signal_says_what_happens_next(caplog):
     from transformers import TrainerControl, TrainerState
 
     args = type("Args", (), {"world_size": 1, "device": torch.device("cpu")})()
-    for last_step_done, said in ((False, "SIGINT received: training stops and saves a checkpoint after the current step"),
-                                 (True, "SIGINT received: the run stops once the final results being saved are complete")):
+    for last_step_done, said in (
+        (False, "SIGINT received: training stops and saves a checkpoint after the current step"),
+        (True, "SIGINT received: the run stops once the final results being saved are complete"),
+    ):
         caplog.clear()
         stop = resilience.StopOnSignal()
         with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), catching(stop):
@@ -579,7 +733,9 @@ def test_distributed_ranks_stop_only_once_one_of_them_got_a_signal(monkeypatch):
 
     other_rank = {"signal": 0}
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"])))
+    monkeypatch.setattr(
+        torch.distributed, "all_reduce", lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"]))
+    )
     stop = resilience.StopOnSignal()
     args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
     control = TrainerControl()
@@ -600,7 +756,11 @@ def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(monkeypat
     stop = resilience.StopOnSignal()
     stop.received = int(signal.SIGTERM)
     control = TrainerControl()
-    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), TrainerState(global_step=3, max_steps=30), control)
+    stop.on_step_end(
+        type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(),
+        TrainerState(global_step=3, max_steps=30),
+        control,
+    )
     assert control.should_training_stop and stop.stopped_at == 3
 
 
@@ -624,7 +784,11 @@ def test_ranks_can_agree_at_every_step(monkeypatch, every):
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(int(signal.SIGTERM)))
     stop = resilience.StopOnSignal(sync_every_steps=every)
     control = TrainerControl()
-    stop.on_step_end(type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(), TrainerState(global_step=1, max_steps=30), control)
+    stop.on_step_end(
+        type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(),
+        TrainerState(global_step=1, max_steps=30),
+        control,
+    )
     assert control.should_training_stop and stop.stopped_at == 1
 
 
@@ -636,10 +800,10 @@ def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(ca
     assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
 
 
-
-
-@pytest.mark.parametrize("count, listed", [(5, "(a0, a1, a2, a3, a4)"), (6, "(a0, a1, a2, a3, a4 and 1 more)"),
-                                          (8, "(a0, a1, a2, a3, a4 and 3 more)")])
+@pytest.mark.parametrize(
+    "count, listed",
+    [(5, "(a0, a1, a2, a3, a4)"), (6, "(a0, a1, a2, a3, a4 and 1 more)"), (8, "(a0, a1, a2, a3, a4 and 3 more)")],
+)
 def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
     for i in range(count):
         (tmp_path / f"a{i}").write_text("theirs")

@@ -25,12 +25,19 @@ from bridgetower_bench import checkpoint_manifest
 from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 from test_scripts import base_args, load_weights
 
+
 STEPS = 9
 
 
 def command(fixtures, out, workers, **overrides):
-    options = dict(max_train_samples=12, num_train_epochs=3, dataloader_num_workers=workers, save_strategy="steps",
-                   save_steps=1, seed=11)
+    options = dict(
+        max_train_samples=12,
+        num_train_epochs=3,
+        dataloader_num_workers=workers,
+        save_strategy="steps",
+        save_steps=1,
+        seed=11,
+    )
     return base_args(fixtures, out, **{**options, **overrides}) + ["--do_train"]
 
 
@@ -51,31 +58,46 @@ def uninterrupted(fixtures, tmp_path_factory):
         shutil.rmtree(out.parent, ignore_errors=True)
 
 
-@pytest.mark.parametrize("kind, workers, stop", [
-    ("cuda", 0, 2), ("cuda", 0, 4), ("cuda", 0, 6), ("cuda", 0, 8),
-    ("cuda", 1, 2), ("cuda", 1, 4), ("cuda", 1, 8),
-    ("gaudi", 0, 8), ("gaudi", 1, 4),
-])
-def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(kind, workers, stop, fixtures,
-                                                                                       uninterrupted, tmp_path):
+@pytest.mark.parametrize(
+    "kind, workers, stop",
+    [
+        ("cuda", 0, 2),
+        ("cuda", 0, 4),
+        ("cuda", 0, 6),
+        ("cuda", 0, 8),
+        ("cuda", 1, 2),
+        ("cuda", 1, 4),
+        ("cuda", 1, 8),
+        ("gaudi", 0, 8),
+        ("gaudi", 1, 4),
+    ],
+)
+def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(
+    kind, workers, stop, fixtures, uninterrupted, tmp_path
+):
     reference = uninterrupted(kind, workers)
     assert read_json(reference / "trainer_state.json")["global_step"] == STEPS
     out = tmp_path / "resumed"
     checkpoint = reference / f"checkpoint-{stop}"
-    resumed = run_script(kind, command(fixtures, out, workers, save_strategy="no",
-                                       resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind])
+    resumed = run_script(
+        kind, command(fixtures, out, workers, save_strategy="no", resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind]
+    )
     assert f"Continuing training from global step {stop}" in resumed.stdout + resumed.stderr
 
     expected, actual = load_weights(reference), load_weights(out)
     assert expected.keys() == actual.keys()
     differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
-    assert not differing, f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
+    assert not differing, (
+        f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
+    )
     assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
-        read_json(reference / "train_results.json")["train_loss"], rel=1e-9), "train_loss must average every step of the run"
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9
+    ), "train_loss must average every step of the run"
 
 
-def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(fixtures, uninterrupted,
-                                                                                                  tmp_path):
+def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(
+    fixtures, uninterrupted, tmp_path
+):
     """A checkpoint saved before the loss sum was kept: same weights, a warning, and its later checkpoints keep the sum."""
     reference = uninterrupted("cuda", 0)
     checkpoint = tmp_path / "checkpoint-8"
@@ -86,19 +108,29 @@ def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_los
     checkpoint_manifest.write(str(checkpoint), [])  # complete as saved, the loss sum aside
     out = tmp_path / "resumed"
     resumed = run_script("cuda", command(fixtures, out, 0, resume_from_checkpoint=checkpoint) + CPU_FLAGS["cuda"])
-    assert "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on" in resumed.stdout + resumed.stderr
+    assert (
+        "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on"
+        in resumed.stdout + resumed.stderr
+    )
     assert all(torch.equal(a, b) for a, b in zip(load_weights(reference).values(), load_weights(out).values()))
     assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
 
 
-def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrupted_weights(fixtures, uninterrupted,
-                                                                                          tmp_path):
+def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrupted_weights(
+    fixtures, uninterrupted, tmp_path
+):
     """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143, the same command resumes."""
     reference = uninterrupted("cuda", 0)
     out = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"]
+    cmd = (
+        [sys.executable, str(REPO / SCRIPTS["cuda"])]
+        + command(fixtures, out, 0, save_strategy="no")
+        + CPU_FLAGS["cuda"]
+    )
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = preloaded_python.Popen(
+            cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
         for line in process.stdout:
             if "'loss'" in line and "'epoch': 1.67" in line:  # step 5 of 9 logged: the second epoch's second step
                 process.send_signal(signal.SIGTERM)
@@ -113,4 +145,5 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
     expected, actual = load_weights(reference), load_weights(out)
     assert all(torch.equal(expected[k], actual[k]) for k in expected), f"stopped at step {step}: weights differ"
     assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
-        read_json(reference / "train_results.json")["train_loss"], rel=1e-9)
+        read_json(reference / "train_results.json")["train_loss"], rel=1e-9
+    )

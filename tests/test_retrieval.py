@@ -2,7 +2,6 @@
 
 import io
 
-
 import numpy as np
 import pytest
 import torch
@@ -17,6 +16,7 @@ from bridgetower_bench.retrieval import (
     retrieval_metrics,
     summarise_quality,
 )
+
 
 # Four images along the axes of R^4; five unit-length captions whose coordinates are their
 # cosine similarities to the four images. Captions 0 and 1 both describe image 0.
@@ -60,9 +60,16 @@ def test_default_ks_and_plain_python_values():
     metrics = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS)
 
     assert list(metrics) == [
-        "i2t_recall@1", "i2t_recall@5", "i2t_recall@10",
-        "t2i_recall@1", "t2i_recall@5", "t2i_recall@10",
-        "i2t_mean_rank", "t2i_mean_rank", "num_images", "num_captions",
+        "i2t_recall@1",
+        "i2t_recall@5",
+        "i2t_recall@10",
+        "t2i_recall@1",
+        "t2i_recall@5",
+        "t2i_recall@10",
+        "i2t_mean_rank",
+        "t2i_mean_rank",
+        "num_images",
+        "num_captions",
     ]
     assert metrics["t2i_recall@1"] == pytest.approx(0.4)
     assert metrics["t2i_recall@5"] == 1.0  # only four images to rank
@@ -75,8 +82,10 @@ def test_cosine_similarity_ignores_vector_length_and_accepts_torch():
     scaled_texts = HAND_TEXTS * rng.uniform(0.1, 10, size=(5, 1)).astype(np.float32)
 
     from_torch = retrieval_metrics(
-        torch.from_numpy(scaled_images).to(torch.bfloat16), torch.from_numpy(scaled_texts),
-        torch.tensor(HAND_GROUPS), ks=(1, 2, 3),
+        torch.from_numpy(scaled_images).to(torch.bfloat16),
+        torch.from_numpy(scaled_texts),
+        torch.tensor(HAND_GROUPS),
+        ks=(1, 2, 3),
     )
 
     assert from_torch == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3)))
@@ -205,8 +214,12 @@ def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
 
 
 def test_image_group_ids_compare_pil_images_by_pixels():
-    values = [Image.new("RGB", (3, 3), "red"), Image.new("RGB", (3, 3), "red"),
-              Image.new("RGB", (3, 3), "blue"), Image.new("L", (3, 3), 76)]
+    values = [
+        Image.new("RGB", (3, 3), "red"),
+        Image.new("RGB", (3, 3), "red"),
+        Image.new("RGB", (3, 3), "blue"),
+        Image.new("L", (3, 3), 76),
+    ]
 
     assert image_group_ids(values).tolist() == [0, 0, 1, 2]
 
@@ -270,10 +283,19 @@ def _tiny_contrastive_model():
     from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
 
     config = BridgeTowerConfig(
-        text_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
-                         intermediate_size=64, vocab_size=50, max_position_embeddings=24),
+        text_config=dict(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            intermediate_size=64,
+            vocab_size=50,
+            max_position_embeddings=24,
+        ),
         vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
-        hidden_size=64, num_hidden_layers=1, num_attention_heads=1, contrastive_hidden_size=16,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        contrastive_hidden_size=16,
         logit_scale_init_value=2.6592,
     )
     torch.manual_seed(0)
@@ -287,8 +309,11 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     groups = [0, 0, 1, 2, 2, 3, 4]
     pictures = torch.randn(5, 3, 28, 28)
     rows = [
-        {"pixel_values": pictures[g], "input_ids": torch.randint(3, 50, (8,)),
-         "attention_mask": torch.ones(8, dtype=torch.long)}
+        {
+            "pixel_values": pictures[g],
+            "input_ids": torch.randint(3, 50, (8,)),
+            "attention_mask": torch.ones(8, dtype=torch.long),
+        }
         for g in groups
     ]
 
@@ -303,10 +328,17 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
         seen["predictions"] = eval_pred.predictions
         return compute_metrics(eval_pred)
 
-    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=3, remove_unused_columns=False,
-                             report_to=[], use_cpu=True, disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate,
-                      compute_metrics=spying_compute_metrics)
+    args = TrainingArguments(
+        str(tmp_path),
+        per_device_eval_batch_size=3,
+        remove_unused_columns=False,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model, args=args, eval_dataset=rows, data_collator=collate, compute_metrics=spying_compute_metrics
+    )
     metrics = trainer.evaluate(ignore_keys=EVAL_IGNORE_KEYS)
 
     with torch.no_grad():
@@ -325,8 +357,7 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
 
 
 def test_evaluate_module_loads_offline_from_folder_and_file():
-    inputs = dict(image_embeds=HAND_IMAGES.tolist(), text_embeds=HAND_TEXTS.tolist(),
-                  image_group_ids=HAND_GROUPS)
+    inputs = dict(image_embeds=HAND_IMAGES.tolist(), text_embeds=HAND_TEXTS.tolist(), image_group_ids=HAND_GROUPS)
     expected = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
     import evaluate
 
@@ -340,21 +371,30 @@ def test_evaluate_module_loads_offline_from_folder_and_file():
 def test_evaluate_module_accumulates_batches():
     metric = load_retrieval_metric()
     for start in (0, 2, 4):
-        metric.add_batch(image_embeds=HAND_IMAGES[start:start + 2].tolist(),
-                         text_embeds=HAND_TEXTS[start:start + 2].tolist(),
-                         image_group_ids=HAND_GROUPS[start:start + 2])
+        metric.add_batch(
+            image_embeds=HAND_IMAGES[start : start + 2].tolist(),
+            text_embeds=HAND_TEXTS[start : start + 2].tolist(),
+            image_group_ids=HAND_GROUPS[start : start + 2],
+        )
 
     assert metric.compute() == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS))
 
 
 def test_summarise_quality_picks_the_quality_figures_of_one_split():
     metrics = {
-        "eval_loss": 1.2, "eval_i2t_recall@1": 0.5, "eval_t2i_mean_rank": 3.0, "eval_runtime": 9.0,
-        "eval_num_images": 4, "test_i2t_recall@1": 0.4, "train_samples_per_second": 100.0,
+        "eval_loss": 1.2,
+        "eval_i2t_recall@1": 0.5,
+        "eval_t2i_mean_rank": 3.0,
+        "eval_runtime": 9.0,
+        "eval_num_images": 4,
+        "test_i2t_recall@1": 0.4,
+        "train_samples_per_second": 100.0,
     }
 
     assert summarise_quality(metrics, "eval") == {
-        "eval_i2t_recall@1": 0.5, "eval_t2i_mean_rank": 3.0, "eval_loss": 1.2,
+        "eval_i2t_recall@1": 0.5,
+        "eval_t2i_mean_rank": 3.0,
+        "eval_loss": 1.2,
     }
     assert summarise_quality(metrics, "test_") == {"test_i2t_recall@1": 0.4}
     assert summarise_quality({"i2t_recall@5": 0.9, "loss": 2.0}, None) == {"i2t_recall@5": 0.9, "loss": 2.0}

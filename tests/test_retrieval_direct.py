@@ -8,6 +8,7 @@ import torch
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, make_compute_metrics
 from test_retrieval import _tiny_contrastive_model
 
+
 KS = (1, 2, 3)
 
 
@@ -16,7 +17,10 @@ def ranks_by_sorting(image_embeds, text_embeds, groups):
     groups = list(groups)
     distinct = list(dict.fromkeys(groups))
     image_of = {g: image_embeds[groups.index(g)] for g in distinct}  # rows of one picture embed it alike
-    unit = lambda v: v / np.linalg.norm(v)
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
     captions = [unit(t) for t in text_embeds]
     i2t = []
     for g in distinct:
@@ -36,16 +40,33 @@ def test_trainer_evaluation_recalls_equal_those_sorted_from_the_embeddings(tmp_p
     groups = [0, 0, 1, 2, 2, 2, 3, 4, 5, 5, 6, 7]
     torch.manual_seed(1)
     pictures = torch.randn(8, 3, 28, 28)
-    rows = [{"pixel_values": pictures[g], "input_ids": torch.randint(3, 50, (8,)), "attention_mask": torch.ones(8, dtype=torch.long)}
-            for g in groups]
+    rows = [
+        {
+            "pixel_values": pictures[g],
+            "input_ids": torch.randint(3, 50, (8,)),
+            "attention_mask": torch.ones(8, dtype=torch.long),
+        }
+        for g in groups
+    ]
 
     def collate(batch):
         return {**{key: torch.stack([row[key] for row in batch]) for key in batch[0]}, "return_loss": True}
 
-    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=5, remove_unused_columns=False, report_to=[],
-                             use_cpu=True, disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate,
-                      compute_metrics=make_compute_metrics(groups, ks=KS))
+    args = TrainingArguments(
+        str(tmp_path),
+        per_device_eval_batch_size=5,
+        remove_unused_columns=False,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        eval_dataset=rows,
+        data_collator=collate,
+        compute_metrics=make_compute_metrics(groups, ks=KS),
+    )
     metrics = trainer.evaluate(ignore_keys=EVAL_IGNORE_KEYS)
 
     with torch.no_grad():

@@ -55,7 +55,8 @@ def test_a_rerun_with_another_learning_rate_and_seed_into_a_finished_run_is_refu
     assert read_json(out / "recipe.json")["learning_rate"] == 1e-3  # (saved with the model)
     assert last_line(rerun) == (
         f"{SCRIPTS[kind]}: error: --output_dir={out} holds a model of another recipe (--learning_rate 0.001 → 0.002, "
-        "--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir")
+        "--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
+    )
     assert "'loss'" not in rerun.stdout and files(out, *kept) == kept, "the finished run's files were changed"
 
     same = run_script(kind, command(fixtures, out, kind, "--do_eval"))  # its own recipe: reused, not trained again
@@ -69,8 +70,14 @@ def test_a_rerun_on_data_changed_in_place_is_refused_naming_the_data(fixtures, t
     out = tmp_path / "run"
 
     def csv_command():
-        args = command(fixtures, out, dataset_name=None, dataset_config_name=None, image_column="image_path",
-                       caption_column="caption")
+        args = command(
+            fixtures,
+            out,
+            dataset_name=None,
+            dataset_config_name=None,
+            image_column="image_path",
+            caption_column="caption",
+        )
         return args + ["--train_file", train_file]
 
     run_script("cuda", csv_command())
@@ -80,10 +87,16 @@ def test_a_rerun_on_data_changed_in_place_is_refused_naming_the_data(fixtures, t
     assert rerun.returncode == 2, rerun.stderr[-3000:]
     before = read_json(out / "recipe.json")["data_fingerprint_train"]
     assert re.fullmatch(
-        re.escape(f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a model of another recipe (the train split's data "
-                  f"(datasets fingerprint) {before} → ") + r"[0-9a-f]+" + re.escape(
-            "): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"),
-        last_line(rerun)), last_line(rerun)
+        re.escape(
+            f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a model of another recipe (the train split's data "
+            f"(datasets fingerprint) {before} → "
+        )
+        + r"[0-9a-f]+"
+        + re.escape(
+            "): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
+        ),
+        last_line(rerun),
+    ), last_line(rerun)
 
 
 def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_model(fixtures, tmp_path):
@@ -96,9 +109,13 @@ def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_
 
     out = tmp_path / "run"
     run_script("cuda", command(fixtures, out, max_steps=6))  # recipe A: checkpoints 2, 4, 6 and its model
-    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(fixtures, out, "cuda", "--overwrite_output_dir", **new)
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(
+        fixtures, out, "cuda", "--overwrite_output_dir", **new
+    )
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True)
+        process = preloaded_python.Popen(
+            cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
         for line in process.stdout:
             if "'loss'" in line:
                 process.send_signal(signal.SIGTERM)
@@ -115,7 +132,10 @@ def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_
     assert f"Continuing training from global step {step}" in log
     for older in range(step + 1, 7):
         if older % 2 == 0:  # recipe A's checkpoints the new run had not reached: named and passed over
-            assert f"Not resuming from {out / f'checkpoint-{older}'}: saved by another recipe (--learning_rate 0.001 → 0.002)" in log
+            assert (
+                f"Not resuming from {out / f'checkpoint-{older}'}: saved by another recipe (--learning_rate 0.001 → 0.002)"
+                in log
+            )
     assert read_json(out / "recipe.json")["learning_rate"] == 2e-3
     expected, actual = load_weights(reference), load_weights(out)
     assert all(torch.equal(expected[k], actual[k]) for k in expected), "the published model is not recipe B's"
@@ -131,7 +151,8 @@ def test_a_resume_with_another_seed_is_refused_and_the_checkpoints_kept(fixtures
     assert last_line(rerun) == (
         f"{SCRIPTS['cuda']}: error: --output_dir={out} holds checkpoints (the newest complete one: checkpoint-4) of "
         "another recipe (--seed 7 → 8): pass --overwrite_output_dir to train this recipe there afresh, or choose "
-        "another --output_dir")
+        "another --output_dir"
+    )
     assert files(out / "checkpoint-4", *kept) == kept and not (out / "model.safetensors").exists()
 
 
@@ -156,7 +177,9 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert f"loading weights file {fixtures['model'] / 'model.safetensors'}" not in log
     assert f"{out} holds a trained model: evaluating it (not {fixtures['model']}" in log
     assert read_json(out / "validation_results.json")["eval_loss"] == trained
-    assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(out / "all_results.json")
+    assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(
+        out / "all_results.json"
+    )
     run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
     assert read_json(out / "validation_results.json")["eval_loss"] == trained
 
@@ -168,7 +191,8 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert last_line(refused) == (
         f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a trained model (trained from {fixtures['model']}); "
         f"--model_name_or_path={other} names another model, whose results would replace the trained model's: choose "
-        f"another --output_dir, or pass --model_name_or_path {out} to evaluate the trained model")
+        f"another --output_dir, or pass --model_name_or_path {out} to evaluate the trained model"
+    )
     assert files(out, *kept) == kept and (out / "model.safetensors").read_bytes() == weights
 
 
@@ -180,9 +204,21 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
 def arguments(out, **training):
     model = SimpleNamespace(model_name_or_path="base-model", model_revision="main")
     data = SimpleNamespace(dataset_name="cartoons", max_train_samples=None)
-    args = {"output_dir": str(out), "do_train": True, "do_predict": False, "overwrite_output_dir": False,
-            "resume_from_checkpoint": None, "learning_rate": 1e-3, "seed": 7, "max_steps": 6, "warmup_steps": 0,
-            "num_train_epochs": 3.0, "load_best_model_at_end": False, "world_size": 1, **training}
+    args = {
+        "output_dir": str(out),
+        "do_train": True,
+        "do_predict": False,
+        "overwrite_output_dir": False,
+        "resume_from_checkpoint": None,
+        "learning_rate": 1e-3,
+        "seed": 7,
+        "max_steps": 6,
+        "warmup_steps": 0,
+        "num_train_epochs": 3.0,
+        "load_best_model_at_end": False,
+        "world_size": 1,
+        **training,
+    }
     dataset = {"train": SimpleNamespace(_fingerprint="f00d"), "validation": SimpleNamespace(_fingerprint="beef")}
     return model, data, SimpleNamespace(**args), dataset
 
@@ -194,15 +230,26 @@ def plan(out, **training):
 def save_checkpoint(out, step, recipe=None, complete=True):
     checkpoint = out / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
-    for name in ("model.safetensors", "config.json", "trainer_state.json", "training_args.bin", "optimizer.pt",
-                 "scheduler.pt", "rng_state.pth"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "trainer_state.json",
+        "training_args.bin",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+    ):
         (checkpoint / name).write_text(f"{name} at step {step}")
     if recipe is not None:
         run_recipe.write(str(checkpoint), recipe)
     run_directory.record_written(str(out), [checkpoint.name])
     if complete:
-        assert checkpoint_manifest.write(str(checkpoint), checkpoint_manifest.required_files(
-            save_only_model=False, world_size=1)) is None
+        assert (
+            checkpoint_manifest.write(
+                str(checkpoint), checkpoint_manifest.required_files(save_only_model=False, world_size=1)
+            )
+            is None
+        )
     return checkpoint
 
 
@@ -216,8 +263,14 @@ def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_
     save_checkpoint(out, 8, other)
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
         assert plan(out) == (recipe, None, str(out / "checkpoint-4"))
-    assert f"Not resuming from {out / 'checkpoint-8'}: saved by another recipe (--learning_rate 0.0005 → 0.001)" in caplog.text
-    assert f"Not resuming from {out / 'checkpoint-6'}: it has no checkpoint-manifest.json (its save did not finish)" in caplog.text
+    assert (
+        f"Not resuming from {out / 'checkpoint-8'}: saved by another recipe (--learning_rate 0.0005 → 0.001)"
+        in caplog.text
+    )
+    assert (
+        f"Not resuming from {out / 'checkpoint-6'}: it has no checkpoint-manifest.json (its save did not finish)"
+        in caplog.text
+    )
     assert f"resuming training at {out / 'checkpoint-4'}" in caplog.text
 
     # what a run does not train with decides nothing: more or fewer epochs than --max_steps allows, more workers
@@ -227,8 +280,11 @@ def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_
     assert plan(out, do_train=False).resume_from is None
     # --resume_from_checkpoint: the user's choice, if complete and of this recipe
     assert plan(out, resume_from_checkpoint=str(out / "checkpoint-2")).resume_from == str(out / "checkpoint-2")
-    with pytest.raises(ValueError, match=r"^--resume_from_checkpoint=.*checkpoint-8 was saved by another recipe "
-                                         r"\(--learning_rate 0\.0005 → 0\.001\): rerun with its arguments"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--resume_from_checkpoint=.*checkpoint-8 was saved by another recipe "
+        r"\(--learning_rate 0\.0005 → 0\.001\): rerun with its arguments",
+    ):
         plan(out, resume_from_checkpoint=str(out / "checkpoint-8"))
     with pytest.raises(ValueError, match=r"^--resume_from_checkpoint=.*checkpoint-6 is incomplete \(it has no "):
         plan(out, resume_from_checkpoint=str(out / "checkpoint-6"))
@@ -242,7 +298,8 @@ def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only
         plan(out)
     assert str(refused.value) == (
         f"--output_dir={out} holds checkpoints (the newest complete one: checkpoint-2) of another recipe (--max_steps 8 → 6, "
-        "--seed 3 → 7): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir")
+        "--seed 3 → 7): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
+    )
 
     fresh = tmp_path / "fresh"
     save_checkpoint(fresh, 2, None, complete=False)
@@ -250,9 +307,11 @@ def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only
     run_directory.record_written(str(fresh), ["checkpoint-4"])
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
         assert plan(fresh).resume_from is None
-    assert (f"{fresh} holds no complete checkpoint, only incomplete ones (checkpoint-4: it has no checkpoint-manifest.json "
-            "(its save did not finish); checkpoint-2: it has no checkpoint-manifest.json (its save did not finish)): "
-            "training starts afresh") in caplog.text
+    assert (
+        f"{fresh} holds no complete checkpoint, only incomplete ones (checkpoint-4: it has no checkpoint-manifest.json "
+        "(its save did not finish); checkpoint-2: it has no checkpoint-manifest.json (its save did not finish)): "
+        "training starts afresh"
+    ) in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------

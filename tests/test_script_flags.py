@@ -13,6 +13,7 @@ from bridgetower_bench import image_cache
 from conftest import CPU_FLAGS, read_json, run_script
 from test_scripts import base_args, load_weights
 
+
 BATCH = 4
 
 
@@ -26,12 +27,14 @@ def check_throughput_arithmetic(train: dict, steps: int, warmup: int = 1) -> Non
     assert train["throughput_counted_steps"] == steps - warmup
     assert train["throughput_counted_samples"] == BATCH * (steps - warmup)
     assert train["train_samples_per_second"] == pytest.approx(
-        train["throughput_counted_samples"] / train["throughput_counted_seconds"], rel=1e-9)
+        train["throughput_counted_samples"] / train["throughput_counted_seconds"], rel=1e-9
+    )
     assert 0 < train["throughput_counted_seconds"] < train["train_runtime"]
 
 
-@pytest.mark.parametrize("kind, frozen, trained", [("cuda", "vision_model", "text_model"),
-                                                   ("gaudi", "text_model", "vision_model")])
+@pytest.mark.parametrize(
+    "kind, frozen, trained", [("cuda", "vision_model", "text_model"), ("gaudi", "text_model", "vision_model")]
+)
 def test_a_frozen_tower_keeps_its_weights_and_the_other_one_learns(kind, frozen, trained, fixtures, tmp_path):
     out = tmp_path / "run"
     flag = {"vision_model": "--freeze_vision_model", "text_model": "--freeze_text_model"}[frozen]
@@ -48,12 +51,16 @@ def test_a_frozen_tower_keeps_its_weights_and_the_other_one_learns(kind, frozen,
     check_throughput_arithmetic(read_json(out / "train_results.json"), steps=2)
     # The preflight verdict went to the tests' own HF_HOME, not to the user's cache.
     home = Path(os.environ["HF_HOME"])
-    assert not home.is_relative_to(Path("~/.cache").expanduser()) and list((home / "bridgetower_bench" / "preflight").glob("*.json"))
+    assert not home.is_relative_to(Path("~/.cache").expanduser()) and list(
+        (home / "bridgetower_bench" / "preflight").glob("*.json")
+    )
 
 
 def test_device_decode_flag_trains_on_cpu_and_records_the_loader_and_its_counts(fixtures, tmp_path):
     out = tmp_path / "run"
-    result = run_script("cuda", base_args(fixtures, out, max_steps=3) + ["--do_train", "--device_decode"] + CPU_FLAGS["cuda"])
+    result = run_script(
+        "cuda", base_args(fixtures, out, max_steps=3) + ["--do_train", "--device_decode"] + CPU_FLAGS["cuda"]
+    )
     train = read_json(out / "train_results.json")
     assert train["loader"] == "device_decode" and train["image_pipeline"] == "fast"
     # Every training image of the three steps went through the device decoder (the fixtures are baseline JPEGs).
@@ -66,8 +73,15 @@ def test_gaudi_script_trains_from_the_decoded_image_cache(fixtures, tmp_path):
     """The first run builds the cache; a second run reuses it, and its pixels really come from the cache: blanked
     pixels change the loss."""
     cache_dir = tmp_path / "decoded"
-    args = ["--do_train", "--image_pipeline", "fast", "--cache_decoded_images", "--decoded_image_cache_dir", cache_dir,
-            *CPU_FLAGS["gaudi"]]
+    args = [
+        "--do_train",
+        "--image_pipeline",
+        "fast",
+        "--cache_decoded_images",
+        "--decoded_image_cache_dir",
+        cache_dir,
+        *CPU_FLAGS["gaudi"],
+    ]
     first = run_script("gaudi", base_args(fixtures, tmp_path / "first", max_steps=2, save_steps=100) + args)
     assert "Built the decoded image cache" in first.stdout + first.stderr
     (built,) = cache_dir.iterdir()

@@ -18,6 +18,7 @@ import preloaded_python
 from bridgetower_bench import run_directory
 from conftest import CPU_FLAGS, REPO, SCRIPTS, assert_throughput_adds_up, read_json, run_script, script_env
 
+
 KINDS = ["gaudi", "cuda"]
 
 
@@ -89,7 +90,9 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     assert (train["backend"], train["execution_mode"], train["torch_compile"]) == ("cpu", "n/a", False)
     assert train["version_torch"] == torch.__version__ and train["version_cuda"] == torch.version.cuda
     assert train["version_intel_gaudi"] is None and train["driver_version"] is None
-    assert train["device_name"].startswith("CPU ") and train["device_count"] == 1 and train["device_memory_bytes"] > 2**30
+    assert (
+        train["device_name"].startswith("CPU ") and train["device_count"] == 1 and train["device_memory_bytes"] > 2**30
+    )
     assert re.search(r"^  driver_version +=  *n/a$", result.stdout, re.M), "printed as n/a, saved as null"
     assert not (out / "eval_results.json").exists()  # upstream's name for the validation metrics instead:
     for split, file in (("eval", "validation_results.json"), ("test", "test_results.json")):
@@ -136,7 +139,7 @@ def test_json_configuration_file(kind, fixtures, tmp_path):
 def help_defaults(kind):
     """--help text, whitespace collapsed, for reading each option's '(default: ...)'."""
     text = run_script(kind, ["--help"]).stdout
-    options = text[text.index("options:"):]  # skip the usage summary, read the option descriptions
+    options = text[text.index("options:") :]  # skip the usage summary, read the option descriptions
     return " ".join(options.split())
 
 
@@ -154,14 +157,30 @@ def test_help_lists_every_upstream_argument_with_its_default(kind):
 
 
 def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
-    published = ["--use_habana", "--use_lazy_mode", "--use_hpu_graphs_for_inference", "--gaudi_config_name", "Habana/clip",
-                 "--distribution_strategy", "fast_ddp", "--sdp_on_bf16", "--mediapipe_dataloader"]
+    published = [
+        "--use_habana",
+        "--use_lazy_mode",
+        "--use_hpu_graphs_for_inference",
+        "--gaudi_config_name",
+        "Habana/clip",
+        "--distribution_strategy",
+        "fast_ddp",
+        "--sdp_on_bf16",
+        "--mediapipe_dataloader",
+    ]
     result = run_script("cuda", base_args(fixtures, tmp_path / "o") + ["--do_train"] + published, check=False)
     assert result.returncode == 2
     error = [line for line in result.stderr.splitlines() if "Gaudi-only" in line]
     assert len(error) == 1
-    for flag in ("--use_habana", "--use_lazy_mode", "--use_hpu_graphs_for_inference", "--gaudi_config_name",
-                 "--distribution_strategy", "--sdp_on_bf16", "--mediapipe_dataloader"):
+    for flag in (
+        "--use_habana",
+        "--use_lazy_mode",
+        "--use_hpu_graphs_for_inference",
+        "--gaudi_config_name",
+        "--distribution_strategy",
+        "--sdp_on_bf16",
+        "--mediapipe_dataloader",
+    ):
         assert flag in error[0]
     assert not (tmp_path / "o").exists()
 
@@ -169,8 +188,12 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
 def test_gaudi_script_takes_the_flags_upstreams_ci_adds(fixtures, tmp_path):
     """Upstream's CI runs this example with --sdp_on_bf16 and --trust_remote_code True (and a pinned revision)."""
     out = tmp_path / "run"
-    run_script("gaudi", base_args(fixtures, out, max_steps=1, save_steps=None, save_strategy="no", trust_remote_code=True)
-               + ["--do_train", "--sdp_on_bf16"] + CPU_FLAGS["gaudi"])
+    run_script(
+        "gaudi",
+        base_args(fixtures, out, max_steps=1, save_steps=None, save_strategy="no", trust_remote_code=True)
+        + ["--do_train", "--sdp_on_bf16"]
+        + CPU_FLAGS["gaudi"],
+    )
     assert math.isfinite(read_json(out / "train_results.json")["train_loss"])
 
 
@@ -199,13 +222,20 @@ def test_patch_check_passes():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "bridgetower_bench.tools.make_cuda_script", "--check"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "bridgetower_bench.tools.make_cuda_script", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_mediapipe_request_on_cpu_is_recorded_as_the_torch_loader(fixtures, tmp_path):
     out = tmp_path / "run"
-    result = run_script("gaudi", base_args(fixtures, out, max_steps=1) + ["--do_train", "--mediapipe_dataloader"] + CPU_FLAGS["gaudi"])
+    result = run_script(
+        "gaudi", base_args(fixtures, out, max_steps=1) + ["--do_train", "--mediapipe_dataloader"] + CPU_FLAGS["gaudi"]
+    )
     warnings = [l for l in (result.stdout + result.stderr).splitlines() if "media pipeline cannot run here" in l]
     assert len(warnings) == 1
     assert read_json(out / "train_results.json")["loader"].startswith("torch (media pipeline unavailable: ")

@@ -136,14 +136,27 @@ class ExtendedTrainer(TrainerExtensions, Trainer):
 
 def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
     args = WarmupTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=6, throughput_warmup_steps=2,
-        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=6,
+        throughput_warmup_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=100,
+        dataloader_num_workers=0,
     )
     model = SlowModel(delay=0.03)
     steps = StepTimes()
     trainer = ExtendedTrainer(
-        model=model, args=args, train_dataset=SlowData(12, delay=0.01), callbacks=[steps],
-        image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25), loader="torch", image_pipeline="fast",
+        model=model,
+        args=args,
+        train_dataset=SlowData(12, delay=0.01),
+        callbacks=[steps],
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.25, 0.25, 0.25),
+        loader="torch",
+        image_pipeline="fast",
     )
     metrics = trainer.train().metrics
     expected = 4 * 2 / (steps.times[6] - steps.times[2])
@@ -189,7 +202,9 @@ def test_epoch_start_steps_are_the_first_step_of_each_later_epoch_inside_the_win
     # (and is warm-up anyway), so 6 and 11 are the counted epoch starts. They wait 2 s, every other step 0.5 s.
     clock = FakeClock()
     callback = ThroughputCallback(warmup_steps=3, clock=clock)
-    simulate_epochs(callback, clock, steps=14, steps_per_epoch=5, wait_of_step=lambda k: 2.0 if k in (1, 6, 11) else 0.5)
+    simulate_epochs(
+        callback, clock, steps=14, steps_per_epoch=5, wait_of_step=lambda k: 2.0 if k in (1, 6, 11) else 0.5
+    )
     metrics = callback.metrics()
 
     assert callback.epoch_start_steps == [6, 11]
@@ -200,7 +215,9 @@ def test_epoch_start_steps_are_the_first_step_of_each_later_epoch_inside_the_win
     assert metrics["data_wait_seconds_steady"] == pytest.approx(4.5)
     assert metrics["data_wait_fraction_epoch_start"] == pytest.approx(4.0 / 19.5)
     assert metrics["data_wait_fraction_steady"] == pytest.approx(4.5 / 19.5)
-    assert metrics["data_wait_fraction_epoch_start"] + metrics["data_wait_fraction_steady"] == pytest.approx(metrics["data_wait_fraction"])
+    assert metrics["data_wait_fraction_epoch_start"] + metrics["data_wait_fraction_steady"] == pytest.approx(
+        metrics["data_wait_fraction"]
+    )
 
 
 def test_an_epoch_start_inside_the_warmup_is_not_counted():
@@ -210,7 +227,9 @@ def test_an_epoch_start_inside_the_warmup_is_not_counted():
     metrics = callback.metrics()
     assert callback.epoch_start_steps == [3, 5, 7]
     assert metrics["throughput_epoch_starts"] == 2  # steps 5 and 7; step 3 is warm-up
-    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+    assert (
+        metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+    )
 
 
 def test_a_run_inside_one_epoch_has_no_epoch_start_wait():
@@ -245,12 +264,22 @@ class EpochStartTrainer(TrainerExtensions, Trainer):
 def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_step(tmp_path):
     # 8 rows, batch 2: 4 steps per epoch; 11 steps with 2 warm-up: epochs begin at steps 1, 5 and 9.
     args = WarmupTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=11, throughput_warmup_steps=2,
-        report_to="none", use_cpu=True, save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=11,
+        throughput_warmup_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=100,
+        dataloader_num_workers=0,
     )
     trainer = EpochStartTrainer(
-        model=SlowModel(delay=0.0), args=args, train_dataset=SlowData(8, delay=0.0),
-        image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25),
+        model=SlowModel(delay=0.0),
+        args=args,
+        train_dataset=SlowData(8, delay=0.0),
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.25, 0.25, 0.25),
     )
     trainer.slow_sampler = SlowEpochStarts(8, delay=0.3)
     metrics = trainer.train().metrics
@@ -263,7 +292,8 @@ def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_ste
     counted = [step for step in recorded.step_waits if step > 2]
     assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(recorded.step_waits[5] + recorded.step_waits[9])
     assert metrics["data_wait_seconds_steady"] == pytest.approx(
-        sum(recorded.step_waits[step] for step in counted if step not in (5, 9)), abs=1e-9)
+        sum(recorded.step_waits[step] for step in counted if step not in (5, 9)), abs=1e-9
+    )
     assert metrics["data_wait_seconds_epoch_start"] > metrics["data_wait_seconds_steady"]
 
 
@@ -275,7 +305,9 @@ def test_an_epoch_start_on_the_first_counted_step_is_counted():
     metrics = callback.metrics()
     assert callback.epoch_start_steps == [3, 5]
     assert metrics["throughput_epoch_starts"] == 2
-    assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+    assert (
+        metrics["data_wait_seconds_epoch_start"] == pytest.approx(2.0) and metrics["data_wait_seconds_steady"] == 0.0
+    )
 
 
 def test_without_warmup_steps_every_step_is_counted():
@@ -300,5 +332,7 @@ def test_one_step_after_the_warmup_is_a_window_of_its_own():
 def test_steps_per_epoch_are_optimizer_steps(batches, accumulation, steps):
     callback = ThroughputCallback(clock=FakeClock())
     args = SimpleNamespace(device=torch.device("cpu"), gradient_accumulation_steps=accumulation)
-    callback.on_train_begin(args, SimpleNamespace(global_step=0, max_steps=10), None, train_dataloader=[None] * batches)
+    callback.on_train_begin(
+        args, SimpleNamespace(global_step=0, max_steps=10), None, train_dataloader=[None] * batches
+    )
     assert callback.steps_per_epoch == steps and isinstance(callback.steps_per_epoch, int)

@@ -8,13 +8,16 @@ import torch
 
 from bridgetower_bench import throughput
 
+
 CPU = types.SimpleNamespace(device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("warmup", [0, 1])
 def test_a_single_step_run_still_reports_its_throughput(warmup):
     clock = types.SimpleNamespace(now=100.0)
-    callback = throughput.ThroughputCallback(warmup_steps=warmup, clock=lambda: clock.now, synchronize=lambda device: None)
+    callback = throughput.ThroughputCallback(
+        warmup_steps=warmup, clock=lambda: clock.now, synchronize=lambda device: None
+    )
     state = types.SimpleNamespace(global_step=0, max_steps=1)
     callback.on_train_begin(CPU, state, None)
     clock.now += 0.5

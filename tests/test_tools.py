@@ -9,14 +9,18 @@ import sys
 
 import pytest
 
-from bridgetower_bench.tools import image_bench
 import preloaded_python
+from bridgetower_bench.tools import image_bench
 from conftest import REPO, script_env
 
 
 def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    return preloaded_python.run([sys.executable, "-m", f"bridgetower_bench.tools.{module}", *args], cwd=REPO,
-                                env=script_env(gaudi), timeout=timeout)
+    return preloaded_python.run(
+        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *args],
+        cwd=REPO,
+        env=script_env(gaudi),
+        timeout=timeout,
+    )
 
 
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
@@ -44,7 +48,11 @@ def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
 
         for target, check in figures["targets"].items():
             assert check["target"] == image_bench.TARGETS[target]
-            met = check["measured"] <= check["target"] if target.endswith("deviation") else check["measured"] >= check["target"]
+            met = (
+                check["measured"] <= check["target"]
+                if target.endswith("deviation")
+                else check["measured"] >= check["target"]
+            )
             assert check["met"] == met
         assert figures["targets"]["fast_mean_deviation"]["measured"] == deviation["fast"]["mean"]
 
@@ -56,7 +64,9 @@ def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
 
 
 def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
-    result = run_tool("cache_memory_bench", "--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json")
+    result = run_tool(
+        "cache_memory_bench", "--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "memory.json").read_text())
     small, large = report["rows"]
@@ -66,22 +76,36 @@ def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
         assert len(row["worker_private_mib"]) == 2 and len(row["worker_file_backed_mib"]) == 2  # one per worker
         assert all(mib > 0 for mib in row["worker_private_mib"] + row["worker_file_backed_mib"])
     assert report["worker_private_growth_mib"] == pytest.approx(
-        max(large["worker_private_mib"]) - max(small["worker_private_mib"]), abs=0.05)
-    assert f"| 6 | {large['cache_mib']} | {large['worker_private_mib']} | {large['worker_file_backed_mib']} |" in result.stdout
+        max(large["worker_private_mib"]) - max(small["worker_private_mib"]), abs=0.05
+    )
+    assert (
+        f"| 6 | {large['cache_mib']} | {large['worker_private_mib']} | {large['worker_file_backed_mib']} |"
+        in result.stdout
+    )
     assert f"{report['worker_private_growth_mib']:+.1f} MiB per worker" in result.stdout
 
 
 def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(tmp_path):
-    script_args = ["--output_dir", tmp_path / "out", "--model_name_or_path", "BridgeTower/bridgetower-large-itm-mlm-itc",
-                   "--do_train", "--use_habana", "--use_lazy_mode"]
-    result = run_tool("launch_gaudi", "--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args,
-                      gaudi=True)
+    script_args = [
+        "--output_dir",
+        tmp_path / "out",
+        "--model_name_or_path",
+        "BridgeTower/bridgetower-large-itm-mlm-itc",
+        "--do_train",
+        "--use_habana",
+        "--use_lazy_mode",
+    ]
+    result = run_tool(
+        "launch_gaudi", "--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args, gaudi=True
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     command = result.stdout.strip().splitlines()[-1]
     flags = " ".join(map(str, script_args))
     assert re.fullmatch(
         rf"PT_HPU_LAZY_MODE=1 mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
-        rf"{re.escape(sys.executable)} run_bridgetower.py {re.escape(flags)}", command), command
+        rf"{re.escape(sys.executable)} run_bridgetower.py {re.escape(flags)}",
+        command,
+    ), command
     assert not (tmp_path / "out").exists(), "a dry run starts nothing"
 
 
@@ -93,10 +117,13 @@ def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
     assert launch_gaudi.children_mode_variable({"PT_HPU_LAZY_MODE": "0"}) == "0"  # eager, asked for by the user
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world_size", 9, "run_bridgetower.py"], "--world_size=9: a Gaudi node has 1 to 8 HPUs"),
-    (["--world_size", 2, "no_such_script.py"], "training_script no_such_script.py: no such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world_size", 9, "run_bridgetower.py"], "--world_size=9: a Gaudi node has 1 to 8 HPUs"),
+        (["--world_size", 2, "no_such_script.py"], "training_script no_such_script.py: no such file"),
+    ],
+)
 def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsys):
     from bridgetower_bench.tools import launch_gaudi
 

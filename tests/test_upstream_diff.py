@@ -7,7 +7,8 @@ import pytest
 
 from bridgetower_bench.tools import upstream_diff
 
-UPSTREAM_LIKE = '''\
+
+UPSTREAM_LIKE = """\
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,7 +32,7 @@ def main():
     pass
     # 13. Something new
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -46,7 +47,9 @@ def test_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
     out = capsys.readouterr().out
     digest = hashlib.sha256(UPSTREAM_LIKE.encode()).hexdigest()
     assert f"sha256 {digest[:12]}..., not the pinned file" in out
-    rows = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("=", "-", "+", "@", " "))}
+    rows = {
+        line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("=", "-", "+", "@", " "))
+    }
     assert rows["model_name_or_path"].split()[1:] == ["str", "=", "(required)", "str", "=", "(required)", "same"]
     assert rows["token"].endswith("type differs")  # str = None there, Optional[str] = None here
     assert rows["freeze_text_pooler"].endswith("default differs")  # False there, True (upstream's real default) here

@@ -60,7 +60,16 @@ def early_refusals(model, tmp_path):
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
     out = tmp_path / "out"
-    common = ["--model_name_or_path", model, "--train_file", good, "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
+    common = [
+        "--model_name_or_path",
+        model,
+        "--train_file",
+        good,
+        "--do_train",
+        "--report_to",
+        "none",
+        *CPU_FLAGS["cuda"],
+    ]
     malformed, listed, number = tmp_path / "malformed.json", tmp_path / "list.json", tmp_path / "number.json"
     malformed.write_text('{"model_name_or_path": ')
     listed.write_text('["use_habana", "output_dir"]')
@@ -70,48 +79,96 @@ def early_refusals(model, tmp_path):
     script = "run_bridgetower_cuda.py: error: "
     return {
         "malformed json configuration": (
-            [malformed], f"{script}{malformed}: not valid JSON (Expecting value: line 1 column 24 (char 23))"),
+            [malformed],
+            f"{script}{malformed}: not valid JSON (Expecting value: line 1 column 24 (char 23))",
+        ),
         "json configuration holding a list": (
-            [listed], f"{script}{listed}: a configuration file holds one JSON object mapping argument names to values"),
+            [listed],
+            f"{script}{listed}: a configuration file holds one JSON object mapping argument names to values",
+        ),
         "json configuration holding a number": (
-            [number], f"{script}{number}: a configuration file holds one JSON object mapping argument names to values"),
+            [number],
+            f"{script}{number}: a configuration file holds one JSON object mapping argument names to values",
+        ),
         "output_dir that is a regular file": (
-            [*common, "--output_dir", a_file], f"{script}--output_dir={a_file} is a file, not a directory"),
+            [*common, "--output_dir", a_file],
+            f"{script}--output_dir={a_file} is a file, not a directory",
+        ),
         "output_dir under a regular file": (
-            [*common, "--output_dir", a_file / "run"], f"{script}--output_dir={a_file / 'run'} cannot be created: {a_file} is a file"),
+            [*common, "--output_dir", a_file / "run"],
+            f"{script}--output_dir={a_file / 'run'} cannot be created: {a_file} is a file",
+        ),
         "max_train_samples 0": (
-            [*common, "--output_dir", out, "--max_train_samples", 0], f"{script}--max_train_samples=0: must be positive"),
+            [*common, "--output_dir", out, "--max_train_samples", 0],
+            f"{script}--max_train_samples=0: must be positive",
+        ),
         "train batch size 0": (
-            [*common, "--output_dir", out, "--per_device_train_batch_size", 0], f"{script}--per_device_train_batch_size=0: must be positive"),
+            [*common, "--output_dir", out, "--per_device_train_batch_size", 0],
+            f"{script}--per_device_train_batch_size=0: must be positive",
+        ),
         "eval batch size -1": (
-            [*common, "--output_dir", out, "--per_device_eval_batch_size", -1], f"{script}--per_device_eval_batch_size=-1: must be positive"),
+            [*common, "--output_dir", out, "--per_device_eval_batch_size", -1],
+            f"{script}--per_device_eval_batch_size=-1: must be positive",
+        ),
         "dataloader_num_workers -1": (
-            [*common, "--output_dir", out, "--dataloader_num_workers", -1], f"{script}--dataloader_num_workers=-1: must be at least 0"),
+            [*common, "--output_dir", out, "--dataloader_num_workers", -1],
+            f"{script}--dataloader_num_workers=-1: must be at least 0",
+        ),
         "max_seq_length 0": (
-            [*common, "--output_dir", out, "--max_seq_length", 0], f"{script}--max_seq_length=0: must be positive"),
+            [*common, "--output_dir", out, "--max_seq_length", 0],
+            f"{script}--max_seq_length=0: must be positive",
+        ),
         "max_seq_length -5": (
-            [*common, "--output_dir", out, "--max_seq_length", -5], f"{script}--max_seq_length=-5: must be positive"),
+            [*common, "--output_dir", out, "--max_seq_length", -5],
+            f"{script}--max_seq_length=-5: must be positive",
+        ),
         "persistent workers without workers": (
             [*common, "--output_dir", out, "--dataloader_persistent_workers", "True", "--dataloader_num_workers", 0],
             f"{script}--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more (with 0 the main "
-            "process loads, and there are no workers to keep)"),
+            "process loads, and there are no workers to keep)",
+        ),
         "max_image_pixels 0": (
-            [*common, "--output_dir", out, "--max_image_pixels", 0], f"{script}--max_image_pixels=0: must be positive"),
+            [*common, "--output_dir", out, "--max_image_pixels", 0],
+            f"{script}--max_image_pixels=0: must be positive",
+        ),
         "gaudi-only flag": (
             [*common, "--output_dir", out, "--use_habana"],
             f"{script}--use_habana is Gaudi-only (Habana HPU) and not supported by run_bridgetower_cuda.py; remove it, "
-            "or run run_bridgetower.py on a Gaudi machine."),
+            "or run run_bridgetower.py on a Gaudi machine.",
+        ),
         "a value TrainingArguments refuses": (
-            [*common, "--output_dir", out, "--load_best_model_at_end", "--eval_strategy", "steps", "--save_strategy", "epoch"],
-            None),
+            [
+                *common,
+                "--output_dir",
+                out,
+                "--load_best_model_at_end",
+                "--eval_strategy",
+                "steps",
+                "--save_strategy",
+                "epoch",
+            ],
+            None,
+        ),
     }
 
 
-EARLY = ["malformed json configuration", "json configuration holding a list", "json configuration holding a number",
-         "output_dir that is a regular file", "output_dir under a regular file", "max_train_samples 0", "train batch size 0",
-         "eval batch size -1", "dataloader_num_workers -1", "max_seq_length 0", "max_seq_length -5", "max_image_pixels 0",
-         "persistent workers without workers",
-         "gaudi-only flag", "a value TrainingArguments refuses"]
+EARLY = [
+    "malformed json configuration",
+    "json configuration holding a list",
+    "json configuration holding a number",
+    "output_dir that is a regular file",
+    "output_dir under a regular file",
+    "max_train_samples 0",
+    "train batch size 0",
+    "eval batch size -1",
+    "dataloader_num_workers -1",
+    "max_seq_length 0",
+    "max_seq_length -5",
+    "max_image_pixels 0",
+    "persistent workers without workers",
+    "gaudi-only flag",
+    "a value TrainingArguments refuses",
+]
 
 
 @pytest.mark.parametrize("case", EARLY)
@@ -131,7 +188,12 @@ def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtur
 
 
 def test_flag_guard_leaves_unreadable_configurations_to_the_parser(tmp_path):
-    for name, text in (("bad.json", "{"), ("list.json", '["use_habana"]'), ("number.json", "5"), ("ok.json", '{"use_habana": true}')):
+    for name, text in (
+        ("bad.json", "{"),
+        ("list.json", '["use_habana"]'),
+        ("number.json", "5"),
+        ("ok.json", '{"use_habana": true}'),
+    ):
         (tmp_path / name).write_text(text)
     assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "bad.json")]) == []
     assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "list.json")]) == []  # a list names no flag
@@ -160,13 +222,34 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
 
 
 def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path, capsys):
-    status, stderr = run_cuda_script(["--model_name_or_path", fixtures["model"], "--dataset_name", fixtures["dataset"],
-                                      "--dataset_config_name", "matching", "--image_column", "image", "--caption_column",
-                                      "image_description", "--max_seq_length", 2, "--output_dir", tmp_path / "out",
-                                      "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]], capsys)
+    status, stderr = run_cuda_script(
+        [
+            "--model_name_or_path",
+            fixtures["model"],
+            "--dataset_name",
+            fixtures["dataset"],
+            "--dataset_config_name",
+            "matching",
+            "--image_column",
+            "image",
+            "--caption_column",
+            "image_description",
+            "--max_seq_length",
+            2,
+            "--output_dir",
+            tmp_path / "out",
+            "--do_train",
+            "--report_to",
+            "none",
+            *CPU_FLAGS["cuda"],
+        ],
+        capsys,
+    )
     assert status == 2
-    assert stderr.strip().splitlines()[-1] == ("run_bridgetower_cuda.py: error: --max_seq_length=2 leaves no room for a caption: "
-                                               "the tokenizer adds 2 special tokens; use at least 3")
+    assert stderr.strip().splitlines()[-1] == (
+        "run_bridgetower_cuda.py: error: --max_seq_length=2 leaves no room for a caption: "
+        "the tokenizer adds 2 special tokens; use at least 3"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -176,12 +259,21 @@ def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path, capsys
 
 
 BAD_FILES = {
-    "invalid UTF-8 csv": ("train.csv", b"image_path,caption\na.jpg,caf\xff\xfe\n",
-                          "--train_file={}: cannot be read as csv: 'utf-8' codec can't decode byte 0xff in position 3: invalid start byte"),
-    "unterminated quote in a csv": ("train.csv", b'image_path,caption\na.jpg,"no end\nb.jpg,ok\n',
-                                    "--train_file={}: cannot be read as csv: Error tokenizing data. C error: EOF inside string starting at row 1"),
-    "malformed jsonl": ("train.jsonl", b'{"image_path": "a.jpg", "caption": "x"}\n{"image_path": "b.jpg", caption: }\n',
-                        "--train_file={}: cannot be read as json: JSON parse error: Missing a name for object member. in row 1"),
+    "invalid UTF-8 csv": (
+        "train.csv",
+        b"image_path,caption\na.jpg,caf\xff\xfe\n",
+        "--train_file={}: cannot be read as csv: 'utf-8' codec can't decode byte 0xff in position 3: invalid start byte",
+    ),
+    "unterminated quote in a csv": (
+        "train.csv",
+        b'image_path,caption\na.jpg,"no end\nb.jpg,ok\n',
+        "--train_file={}: cannot be read as csv: Error tokenizing data. C error: EOF inside string starting at row 1",
+    ),
+    "malformed jsonl": (
+        "train.jsonl",
+        b'{"image_path": "a.jpg", "caption": "x"}\n{"image_path": "b.jpg", caption: }\n',
+        "--train_file={}: cannot be read as json: JSON parse error: Missing a name for object member. in row 1",
+    ),
     "header-only csv": ("train.csv", b"image_path,caption\n", "--train_file={}: the file holds no rows"),
 }
 
@@ -192,29 +284,64 @@ def test_unreadable_data_files_are_named_in_one_line(case, tmp_path):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(UserInputError) as refused:
-        data.load_raw_datasets(dataset_name=None, dataset_config_name=None, dataset_revision="main", data_dir=None,
-                               train_file=str(path), validation_file=None, cache_dir=str(tmp_path / "hf"), token=None)
+        data.load_raw_datasets(
+            dataset_name=None,
+            dataset_config_name=None,
+            dataset_revision="main",
+            data_dir=None,
+            train_file=str(path),
+            validation_file=None,
+            cache_dir=str(tmp_path / "hf"),
+            token=None,
+        )
     assert str(refused.value) == expected.format(path)
 
 
 def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path, capsys):
     path = tmp_path / "train.csv"
     path.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
-    status, stderr = run_cuda_script(["--model_name_or_path", fixtures["model"], "--train_file", path, "--output_dir", tmp_path / "out",
-                                      "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]], capsys)
+    status, stderr = run_cuda_script(
+        [
+            "--model_name_or_path",
+            fixtures["model"],
+            "--train_file",
+            path,
+            "--output_dir",
+            tmp_path / "out",
+            "--do_train",
+            "--report_to",
+            "none",
+            *CPU_FLAGS["cuda"],
+        ],
+        capsys,
+    )
     assert status == 2
     assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == "run_bridgetower_cuda.py: error: " + BAD_FILES["invalid UTF-8 csv"][2].format(path)
+    assert stderr.strip().splitlines()[-1] == "run_bridgetower_cuda.py: error: " + BAD_FILES["invalid UTF-8 csv"][
+        2
+    ].format(path)
     assert not (tmp_path / "out").exists()
 
 
 def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_are_named(tmp_path):
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "train.csv").write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
-    with pytest.raises(UserInputError, match=r"^--dataset_name=.*set: cannot be read: 'utf-8' codec can't decode byte 0xff"):
-        data.load_raw_datasets(dataset_name=str(tmp_path / "set"), dataset_config_name=None, dataset_revision="main",
-                               data_dir=None, train_file=None, validation_file=None, cache_dir=str(tmp_path / "hf"), token=None)
-    two_rows = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"image": ["a", "b"], "caption": ["x", "y"]})})
+    with pytest.raises(
+        UserInputError, match=r"^--dataset_name=.*set: cannot be read: 'utf-8' codec can't decode byte 0xff"
+    ):
+        data.load_raw_datasets(
+            dataset_name=str(tmp_path / "set"),
+            dataset_config_name=None,
+            dataset_revision="main",
+            data_dir=None,
+            train_file=None,
+            validation_file=None,
+            cache_dir=str(tmp_path / "hf"),
+            token=None,
+        )
+    two_rows = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"image": ["a", "b"], "caption": ["x", "y"]})}
+    )
     with pytest.raises(UserInputError, match="^the train split has 2 rows: too few to split off validation and test"):
         data.make_splits(two_rows, seed=0)
 
@@ -225,9 +352,17 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
 
 
 def load_csv(path, tmp_path, image_column="image_path"):
-    return data.load_raw_datasets(dataset_name=None, dataset_config_name=None, dataset_revision="main", data_dir=None,
-                                  train_file=str(path), validation_file=None, cache_dir=str(tmp_path / "hf"), token=None,
-                                  image_column=image_column)["train"]
+    return data.load_raw_datasets(
+        dataset_name=None,
+        dataset_config_name=None,
+        dataset_revision="main",
+        data_dir=None,
+        train_file=str(path),
+        validation_file=None,
+        cache_dir=str(tmp_path / "hf"),
+        token=None,
+        image_column=image_column,
+    )["train"]
 
 
 def relative_csv(tmp_path, n_rows=1200, empty_row=None):
@@ -252,9 +387,12 @@ def test_one_empty_image_cell_costs_one_row_among_relative_paths(tmp_path, monke
     assert all(v == str(tmp_path / "data" / f"images/{row % 2}.jpg") for row, v in enumerate(values) if row != 7)
     problems, _ = preflight.find_problems({"train": train}, "image_path", "caption", cache_dir=tmp_path / "cache")
     assert [(p.row, p.column, p.reason) for p in problems] == [
-        (7, "image_path", "no image (empty cell: neither embedded bytes nor a path)")]
+        (7, "image_path", "no image (empty cell: neither embedded bytes nor a path)")
+    ]
     with caplog.at_level(logging.WARNING):
-        kept = preflight.check_splits({"train": train}, "image_path", "caption", drop_bad_rows=True, cache_dir=tmp_path / "cache")
+        kept = preflight.check_splits(
+            {"train": train}, "image_path", "caption", drop_bad_rows=True, cache_dir=tmp_path / "cache"
+        )
     assert len(kept["train"]) == 1199
     assert "1 bad row dropped" in caplog.text
 
@@ -275,7 +413,9 @@ def test_path_resolution_touches_the_image_column_only(tmp_path, monkeypatch):
 def test_a_caption_holding_nan_is_named_by_what_it_holds(tmp_path):
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     path = tmp_path / "train.csv"
-    path.write_text(f"image_path,caption\n{tmp_path / 'a.jpg'},NaN\n{tmp_path / 'a.jpg'},\n{tmp_path / 'a.jpg'},a real caption\n")
+    path.write_text(
+        f"image_path,caption\n{tmp_path / 'a.jpg'},NaN\n{tmp_path / 'a.jpg'},\n{tmp_path / 'a.jpg'},a real caption\n"
+    )
     train = load_csv(path, tmp_path)
     assert train["caption"] == ["NaN", None, "a real caption"]
     problems, _ = preflight.find_problems({"train": train}, "image_path", "caption", cache_dir=tmp_path / "cache")
@@ -296,13 +436,16 @@ def test_pixel_budget_refuses_huge_and_extreme_aspect_images_without_decoding_th
     Image.new("RGB", (100000, 10)).save(strip)  # 1 MP, but resized to 2940000x294 before the crop
     normal.write_bytes(noise_jpeg(0, size=(4000, 3000)))
     assert preflight.image_problem(str(huge), image_size=294) == (
-        f"image file {str(huge)!r}: 12000x12000 is 144,000,000 pixels, over the budget of 50,000,000 (--max_image_pixels)")
+        f"image file {str(huge)!r}: 12000x12000 is 144,000,000 pixels, over the budget of 50,000,000 (--max_image_pixels)"
+    )
     assert preflight.image_problem(str(strip), image_size=294) == (
         f"image file {str(strip)!r}: 100000x10 is resized to 2940000x294 before the centre crop, 864,360,000 pixels, "
-        "over the budget of 50,000,000 (--max_image_pixels; the aspect ratio is too extreme)")
+        "over the budget of 50,000,000 (--max_image_pixels; the aspect ratio is too extreme)"
+    )
     assert preflight.image_problem(str(normal), image_size=294) is None
     assert preflight.image_problem(str(normal), max_pixels=11_999_999, image_size=294).endswith(
-        "4000x3000 is 12,000,000 pixels, over the budget of 11,999,999 (--max_image_pixels)")
+        "4000x3000 is 12,000,000 pixels, over the budget of 11,999,999 (--max_image_pixels)"
+    )
 
 
 def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_path, capsys):
@@ -311,16 +454,36 @@ def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_pa
         (tmp_path / f"{i}.jpg").write_bytes(noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
         rows.append(f"{tmp_path / f'{i}.jpg'},picture {i}")
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    args = ["--model_name_or_path", fixtures["model"], "--train_file", tmp_path / "train.csv", "--do_train",
-            "--report_to", "none", "--per_device_train_batch_size", 2, "--max_steps", 1, "--save_strategy", "no",
-            "--max_image_pixels", 150_000, "--preflight_cache_dir", tmp_path / "preflight", *CPU_FLAGS["cuda"]]
+    args = [
+        "--model_name_or_path",
+        fixtures["model"],
+        "--train_file",
+        tmp_path / "train.csv",
+        "--do_train",
+        "--report_to",
+        "none",
+        "--per_device_train_batch_size",
+        2,
+        "--max_steps",
+        1,
+        "--save_strategy",
+        "no",
+        "--max_image_pixels",
+        150_000,
+        "--preflight_cache_dir",
+        tmp_path / "preflight",
+        *CPU_FLAGS["cuda"],
+    ]
     status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "refused"], capsys)
     assert status == 2
     assert "Traceback" not in stderr
-    error = stderr[stderr.index("run_bridgetower_cuda.py: error: "):].strip().splitlines()
+    error = stderr[stderr.index("run_bridgetower_cuda.py: error: ") :].strip().splitlines()
     assert re.fullmatch(r"run_bridgetower_cuda.py: error: \d+ bad rows? found before training .*", error[0])
-    assert all(line.startswith("  split 'train' row ") and line.endswith(
-        ".jpg': 600x450 is 270,000 pixels, over the budget of 150,000 (--max_image_pixels)") for line in error[1:]), error
+    assert all(
+        line.startswith("  split 'train' row ")
+        and line.endswith(".jpg': 600x450 is 270,000 pixels, over the budget of 150,000 (--max_image_pixels)")
+        for line in error[1:]
+    ), error
     assert not (tmp_path / "refused").exists()
     status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "dropped", "--drop_bad_rows"], capsys)
     assert status == 0, stderr[-3000:]
@@ -355,7 +518,11 @@ def unwritable_home(tmp_path, monkeypatch):
 def test_preflight_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
     unwritable_home(tmp_path, monkeypatch)
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    splits = {"train": datasets.Dataset.from_dict({"image": [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")], "caption": ["x", "y"]})}
+    splits = {
+        "train": datasets.Dataset.from_dict(
+            {"image": [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")], "caption": ["x", "y"]}
+        )
+    }
     with caplog.at_level(logging.WARNING):
         problems, cache_file = preflight.find_problems(splits, "image", "caption")
     assert [p.row for p in problems] == [1]
@@ -367,8 +534,10 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
     from types import SimpleNamespace
 
     unwritable_home(tmp_path, monkeypatch)
-    split = datasets.Dataset.from_dict({"image": [{"bytes": noise_jpeg(0), "path": None}]},
-                                       features=datasets.Features({"image": datasets.Image(decode=False)}))
+    split = datasets.Dataset.from_dict(
+        {"image": [{"bytes": noise_jpeg(0), "path": None}]},
+        features=datasets.Features({"image": datasets.Image(decode=False)}),
+    )
     args = SimpleNamespace(image_pipeline="fast", decoded_image_cache_dir=None, preprocessing_num_workers=None)
 
     def plain(value):
@@ -382,11 +551,35 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
 
 def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch, capsys):
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    (tmp_path / "train.csv").write_text("image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4)))
+    (tmp_path / "train.csv").write_text(
+        "image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4))
+    )
     unwritable_home(tmp_path, monkeypatch)
     status, stderr = run_cuda_script(
-        ["--model_name_or_path", fixtures["model"], "--train_file", tmp_path / "train.csv", "--do_train", "--report_to", "none",
-         "--per_device_train_batch_size", 2, "--max_steps", 1, "--save_strategy", "no", "--image_pipeline", "fast",
-         "--cache_decoded_images", "--cache_dir", tmp_path / "hf", "--output_dir", tmp_path / "out", *CPU_FLAGS["cuda"]], capsys)
+        [
+            "--model_name_or_path",
+            fixtures["model"],
+            "--train_file",
+            tmp_path / "train.csv",
+            "--do_train",
+            "--report_to",
+            "none",
+            "--per_device_train_batch_size",
+            2,
+            "--max_steps",
+            1,
+            "--save_strategy",
+            "no",
+            "--image_pipeline",
+            "fast",
+            "--cache_decoded_images",
+            "--cache_dir",
+            tmp_path / "hf",
+            "--output_dir",
+            tmp_path / "out",
+            *CPU_FLAGS["cuda"],
+        ],
+        capsys,
+    )
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "train_results.json").exists()

@@ -83,11 +83,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Optional
 
 from filelock import FileLock, Timeout
 
@@ -98,10 +99,19 @@ from ..mediapipe_loader import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
-from .bench_report import (BLOG_MODEL, FAILED, INTERRUPTED, OK, PUBLISHED_BATCH, PUBLISHED_DEVICES, configuration_label,
-                           render_all)
-from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
 from . import tool_paths
+from .bench_report import (
+    BLOG_MODEL,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PUBLISHED_BATCH,
+    PUBLISHED_DEVICES,
+    configuration_label,
+    render_all,
+)
+from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"gaudi": REPO / "run_bridgetower.py", "cuda": REPO / "run_bridgetower_cuda.py"}
@@ -120,8 +130,15 @@ NATIVE_LOADER = {"hpu": "mediapipe", "cuda": "device_decode"}
 # The local preset's image pipelines: upstream's transform (the reproduction) beside ours (the improvement).
 DEFAULT_LOCAL_PIPELINES = ("upstream", "fast")
 # Flags the sweep sets per run: --extra-args must not override them.
-SWEEP_FLAGS = ("--output_dir", "--dataloader_num_workers", "--image_pipeline", "--mediapipe_dataloader", "--device_decode",
-               "--dataloader_persistent_workers", "--dataloader_prefetch_factor")
+SWEEP_FLAGS = (
+    "--output_dir",
+    "--dataloader_num_workers",
+    "--image_pipeline",
+    "--mediapipe_dataloader",
+    "--device_decode",
+    "--dataloader_persistent_workers",
+    "--dataloader_prefetch_factor",
+)
 # Loaders whose batches come from PyTorch DataLoader workers, so that persistent workers and the prefetch
 # factor apply (the media pipeline has no such workers).
 WORKER_LOADERS = (TORCH_LOADER, "device_decode")
@@ -132,29 +149,86 @@ DATASET_CONFIG = "matching"
 
 # results.csv columns, in this order; any other keys (all software versions, eval metrics) follow, sorted.
 CSV_COLUMNS = (
-    "run_id", "status", "returncode", "error", "device_name", "device_type", "backend", "execution_mode", "torch_compile",
-    "device_count", "device_memory_bytes", "driver_version", "script", "preset",
-    "world_size", "per_device_train_batch_size", "requested_loader", "loader", "image_pipeline", "workers",
-    "persistent_workers", "prefetch_factor", "repeat", "throughput_warmup_steps", "throughput_counted_steps",
-    "throughput_counted_samples", "throughput_steps_per_epoch", "throughput_epoch_starts",
-    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
-    "data_wait_fraction_epoch_start", "data_wait_fraction_steady", "data_wait_seconds_epoch_start",
-    "data_wait_seconds_steady", "train_loss",
-    "version_torch", "version_cuda", "version_intel_gaudi", "version_transformers", "wall_seconds", "log", "output_dir", "command",
+    "run_id",
+    "status",
+    "returncode",
+    "error",
+    "device_name",
+    "device_type",
+    "backend",
+    "execution_mode",
+    "torch_compile",
+    "device_count",
+    "device_memory_bytes",
+    "driver_version",
+    "script",
+    "preset",
+    "world_size",
+    "per_device_train_batch_size",
+    "requested_loader",
+    "loader",
+    "image_pipeline",
+    "workers",
+    "persistent_workers",
+    "prefetch_factor",
+    "repeat",
+    "throughput_warmup_steps",
+    "throughput_counted_steps",
+    "throughput_counted_samples",
+    "throughput_steps_per_epoch",
+    "throughput_epoch_starts",
+    "train_samples_per_second",
+    "train_samples_per_second_per_device",
+    "data_wait_fraction",
+    "data_wait_fraction_epoch_start",
+    "data_wait_fraction_steady",
+    "data_wait_seconds_epoch_start",
+    "data_wait_seconds_steady",
+    "train_loss",
+    "version_torch",
+    "version_cuda",
+    "version_intel_gaudi",
+    "version_transformers",
+    "wall_seconds",
+    "log",
+    "output_dir",
+    "command",
 )
 # Columns that follow CSV_COLUMNS when some row has them (no price, no cost column; no energy record, none of these).
-OPTIONAL_COLUMNS = ("energy_source", "energy_reason", "energy_joules_per_sample", "energy_watts_per_device") + COST_COLUMNS
+OPTIONAL_COLUMNS = (
+    "energy_source",
+    "energy_reason",
+    "energy_joules_per_sample",
+    "energy_watts_per_device",
+) + COST_COLUMNS
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (
-    "device_name", "device_type", "backend", "execution_mode", "torch_compile", "device_count", "device_memory_bytes",
-    "driver_version", "world_size", "per_device_train_batch_size", "loader", "image_pipeline",
-    "throughput_warmup_steps", "throughput_counted_steps", "throughput_counted_samples",
-    "throughput_steps_per_epoch", "throughput_epoch_starts",
-    "train_samples_per_second", "train_samples_per_second_per_device", "data_wait_fraction",
-    "data_wait_fraction_epoch_start", "data_wait_fraction_steady", "data_wait_seconds_epoch_start",
-    "data_wait_seconds_steady", "train_loss",
+    "device_name",
+    "device_type",
+    "backend",
+    "execution_mode",
+    "torch_compile",
+    "device_count",
+    "device_memory_bytes",
+    "driver_version",
+    "world_size",
+    "per_device_train_batch_size",
+    "loader",
+    "image_pipeline",
+    "throughput_warmup_steps",
+    "throughput_counted_steps",
+    "throughput_counted_samples",
+    "throughput_steps_per_epoch",
+    "throughput_epoch_starts",
+    "train_samples_per_second",
+    "train_samples_per_second_per_device",
+    "data_wait_fraction",
+    "data_wait_fraction_epoch_start",
+    "data_wait_fraction_steady",
+    "data_wait_seconds_epoch_start",
+    "data_wait_seconds_steady",
+    "train_loss",
 )
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +256,9 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return configuration_label(self.workers, self.loader, self.image_pipeline, self.persistent_workers, self.prefetch_factor)
+        return configuration_label(
+            self.workers, self.loader, self.image_pipeline, self.persistent_workers, self.prefetch_factor
+        )
 
 
 def expand_matrix(
@@ -209,10 +285,20 @@ def expand_matrix(
                     continue
                 for w in workers if loader == TORCH_LOADER else loader_workers:
                     has_workers = w > 0 and loader in WORKER_LOADERS
-                    settings = [(p, f) for p in persistent for f in prefetch_factors] if has_workers else [(False, None)]
+                    settings = (
+                        [(p, f) for p in persistent for f in prefetch_factors] if has_workers else [(False, None)]
+                    )
                     for keep, prefetch in dict.fromkeys(settings):
-                        variants.append(Variant(workers=w, loader=loader, image_pipeline=pipeline, repeat=repeat,
-                                                persistent_workers=keep, prefetch_factor=prefetch))
+                        variants.append(
+                            Variant(
+                                workers=w,
+                                loader=loader,
+                                image_pipeline=pipeline,
+                                repeat=repeat,
+                                persistent_workers=keep,
+                                prefetch_factor=prefetch,
+                            )
+                        )
     return variants
 
 
@@ -236,19 +322,27 @@ class Plan:
     script_path: Optional[Path] = None  # default: SCRIPTS[script]
     shape: str = ""  # what the counted window spans (describe_shape)
     expected_device_name: str = ""  # for rows of runs that failed before recording theirs
-    mode_env: dict = field(default_factory=dict)  # variables the runs need on top of the flags: shown with every command
+    mode_env: dict = field(
+        default_factory=dict
+    )  # variables the runs need on top of the flags: shown with every command
 
     def shown_command(self, command: list[str], out: Path) -> str:
         """A run's command as records show it (`shareable_command`), preceded by the variables it needs."""
-        return " ".join([f"{name}={value}" for name, value in self.mode_env.items()] + [shareable_command(command, out)])
+        return " ".join(
+            [f"{name}={value}" for name, value in self.mode_env.items()] + [shareable_command(command, out)]
+        )
+
     prices: Prices = field(default_factory=Prices)  # --price / --prices: the cost columns of the results
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
         per_run = [
-            "--output_dir", str(output_dir),
-            "--dataloader_num_workers", str(variant.workers),
-            "--image_pipeline", variant.image_pipeline,
+            "--output_dir",
+            str(output_dir),
+            "--dataloader_num_workers",
+            str(variant.workers),
+            "--image_pipeline",
+            variant.image_pipeline,
         ] + LOADERS[variant.loader][0]
         if variant.persistent_workers:
             per_run += ["--dataloader_persistent_workers", "True"]
@@ -256,7 +350,7 @@ class Plan:
             per_run += ["--dataloader_prefetch_factor", str(variant.prefetch_factor)]
         return launcher(self.script, self.nproc) + [script] + self.base_args + per_run + self.extra_args
 
-    def run_env(self, variant: Optional["Variant"] = None) -> dict:
+    def run_env(self, variant: Optional[Variant] = None) -> dict:
         env = dict(os.environ)
         env.update(self.env)
         if self.device == "cpu" and variant is not None and "OMP_NUM_THREADS" not in os.environ:
@@ -277,7 +371,7 @@ def launcher(script: str, nproc: int) -> list[str]:
 
 
 def detect_accelerator() -> str:
-    """"hpu" when Habana's PyTorch bridge is importable and sees an HPU, else "cuda" with a GPU, else "cpu"."""
+    """ "hpu" when Habana's PyTorch bridge is importable and sees an HPU, else "cuda" with a GPU, else "cpu"."""
     try:
         import habana_frameworks.torch.hpu as hthpu  # only on Gaudi machines
 
@@ -366,7 +460,11 @@ def local_shape(shape: str) -> dict:
     if shape == "within-epoch":
         return {"train_rows": rows, "steps_per_epoch": steps_per_epoch, "max_steps": LOCAL_WARMUP_STEPS + 10}
     # two full epochs after the warm-up, then the first two steps of the third epoch past the second boundary
-    return {"train_rows": rows, "steps_per_epoch": steps_per_epoch, "max_steps": LOCAL_WARMUP_STEPS + 2 * steps_per_epoch + 2}
+    return {
+        "train_rows": rows,
+        "steps_per_epoch": steps_per_epoch,
+        "max_steps": LOCAL_WARMUP_STEPS + 2 * steps_per_epoch + 2,
+    }
 
 
 def describe_shape(shape: str) -> str:
@@ -374,9 +472,11 @@ def describe_shape(shape: str) -> str:
     facts = local_shape(shape)
     counted = range(LOCAL_WARMUP_STEPS + 1, facts["max_steps"] + 1)
     starts = [step for step in counted if (step - 1) % facts["steps_per_epoch"] == 0]
-    return (f"{shape}: {facts['train_rows']} training rows / batch {LOCAL_BATCH} = {facts['steps_per_epoch']} steps per epoch, "
-            f"{facts['max_steps']} steps ({LOCAL_WARMUP_STEPS} warm-up), {len(starts)} epoch start(s) counted"
-            + (f" (steps {', '.join(map(str, starts))})" if starts else ""))
+    return (
+        f"{shape}: {facts['train_rows']} training rows / batch {LOCAL_BATCH} = {facts['steps_per_epoch']} steps per epoch, "
+        f"{facts['max_steps']} steps ({LOCAL_WARMUP_STEPS} warm-up), {len(starts)} epoch start(s) counted"
+        + (f" (steps {', '.join(map(str, starts))})" if starts else "")
+    )
 
 
 def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "published") -> list[str]:
@@ -384,21 +484,35 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "publi
     `local_shape`), and bound by image loading as the published runs are (see the module docstring)."""
     facts = local_shape(shape)
     args = [
-        "--model_name_or_path", paths["model"],
-        "--dataset_name", paths["dataset"],
-        "--dataset_config_name", DATASET_CONFIG,
-        "--image_column", "image",
-        "--caption_column", "image_description",
+        "--model_name_or_path",
+        paths["model"],
+        "--dataset_name",
+        paths["dataset"],
+        "--dataset_config_name",
+        DATASET_CONFIG,
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
         "--do_train",
-        "--max_train_samples", str(facts["train_rows"]),
-        "--per_device_train_batch_size", str(LOCAL_BATCH),
-        "--max_seq_length", "32",
-        "--max_steps", str(facts["max_steps"]),
-        "--throughput_warmup_steps", str(LOCAL_WARMUP_STEPS),
-        "--logging_steps", "10",
-        "--remove_unused_columns", "False",
-        "--save_strategy", "no",
-        "--report_to", "none",
+        "--max_train_samples",
+        str(facts["train_rows"]),
+        "--per_device_train_batch_size",
+        str(LOCAL_BATCH),
+        "--max_seq_length",
+        "32",
+        "--max_steps",
+        str(facts["max_steps"]),
+        "--throughput_warmup_steps",
+        str(LOCAL_WARMUP_STEPS),
+        "--logging_steps",
+        "10",
+        "--remove_unused_columns",
+        "False",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
         "--overwrite_output_dir",
     ]
     if eval_:
@@ -411,23 +525,40 @@ def blog_preset_args() -> list[str]:
     less the device flags: the data set revision pinned, no --do_predict. No checkpoints: they would only add
     write time inside the measured window; no trackers: they would start inside it."""
     return [
-        "--model_name_or_path", BLOG_MODEL,
-        "--dataset_name", BLOG_DATASET,
-        "--dataset_config_name", DATASET_CONFIG,
-        "--dataset_revision", BLOG_DATASET_REVISION,
-        "--trust_remote_code", "True",
-        "--image_column", "image",
-        "--caption_column", "image_description",
-        "--remove_unused_columns", "False",
-        "--do_train", "--do_eval",
-        "--per_device_train_batch_size", str(PUBLISHED_BATCH),
-        "--per_device_eval_batch_size", "16",
-        "--num_train_epochs", "5",
-        "--learning_rate", "1e-5",
-        "--throughput_warmup_steps", "3",
-        "--logging_steps", "10",
-        "--save_strategy", "no",
-        "--report_to", "none",
+        "--model_name_or_path",
+        BLOG_MODEL,
+        "--dataset_name",
+        BLOG_DATASET,
+        "--dataset_config_name",
+        DATASET_CONFIG,
+        "--dataset_revision",
+        BLOG_DATASET_REVISION,
+        "--trust_remote_code",
+        "True",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+        "--remove_unused_columns",
+        "False",
+        "--do_train",
+        "--do_eval",
+        "--per_device_train_batch_size",
+        str(PUBLISHED_BATCH),
+        "--per_device_eval_batch_size",
+        "16",
+        "--num_train_epochs",
+        "5",
+        "--learning_rate",
+        "1e-5",
+        "--throughput_warmup_steps",
+        "3",
+        "--logging_steps",
+        "10",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
         "--overwrite_output_dir",
     ]
 
@@ -440,12 +571,20 @@ def parse_extra_args(text: str) -> list[str]:
     for arg in extra:
         name = arg.split("=", 1)[0].replace("-", "_")
         if any(name == flag.replace("-", "_") for flag in SWEEP_FLAGS):
-            raise ValueError(f"--extra-args: {arg.split('=', 1)[0]} is set per run by the sweep; use the sweep's own flags instead")
+            raise ValueError(
+                f"--extra-args: {arg.split('=', 1)[0]} is set per run by the sweep; use the sweep's own flags instead"
+            )
     return extra
 
 
-SHAPE_FLAGS = ("--max_steps", "--num_train_epochs", "--max_train_samples", "--per_device_train_batch_size",
-               "--throughput_warmup_steps", "--gradient_accumulation_steps")
+SHAPE_FLAGS = (
+    "--max_steps",
+    "--num_train_epochs",
+    "--max_train_samples",
+    "--per_device_train_batch_size",
+    "--throughput_warmup_steps",
+    "--gradient_accumulation_steps",
+)
 
 
 def plan_shape(args: argparse.Namespace) -> str:
@@ -473,9 +612,13 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         raise ValueError(f"--nproc {args.nproc}: must be 1 or more")
 
     # The local preset shows the reproduction and the improvement side by side; the published run, upstream's images.
-    image_pipelines = args.image_pipelines or (list(DEFAULT_LOCAL_PIPELINES) if args.preset == "local" else ["upstream"])
+    image_pipelines = args.image_pipelines or (
+        list(DEFAULT_LOCAL_PIPELINES) if args.preset == "local" else ["upstream"]
+    )
     if args.shape is not None and args.preset != "local":
-        raise ValueError(f"--shape {args.shape}: only the local preset has shapes (--preset blog runs the published 5 epochs)")
+        raise ValueError(
+            f"--shape {args.shape}: only the local preset has shapes (--preset blog runs the published 5 epochs)"
+        )
     if args.prefetch_factors and any(f < 1 for f in args.prefetch_factors):
         raise ValueError(f"--prefetch-factors {' '.join(map(str, args.prefetch_factors))}: must be 1 or more")
 
@@ -498,7 +641,9 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
             raise ValueError(f"--loaders {loader}: unknown loader (known: {', '.join(LOADERS)})")
         only_on = LOADERS[loader][1]
         if only_on is not None and only_on != script:
-            raise ValueError(f"--loaders {loader}: only {SCRIPTS[only_on].name} has it; this sweep runs {SCRIPTS[script].name}")
+            raise ValueError(
+                f"--loaders {loader}: only {SCRIPTS[only_on].name} has it; this sweep runs {SCRIPTS[script].name}"
+            )
 
     if args.preset == "local":
         paths = fixture_paths(build=build_fixtures)
@@ -526,8 +671,15 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         script=script,
         device=device,
         nproc=nproc,
-        variants=expand_matrix(args.workers, loaders, image_pipelines, args.repeats, args.loader_workers,
-                               persistent=persistent_settings(args), prefetch_factors=args.prefetch_factors or [None]),
+        variants=expand_matrix(
+            args.workers,
+            loaders,
+            image_pipelines,
+            args.repeats,
+            args.loader_workers,
+            persistent=persistent_settings(args),
+            prefetch_factors=args.prefetch_factors or [None],
+        ),
         shape=plan_shape(args),
         base_args=base,
         extra_args=parse_extra_args(args.extra_args),
@@ -541,7 +693,9 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
 # Running one configuration
 # ---------------------------------------------------------------------------------------------
 
-_ERROR_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception)\b|\berror:|Killed|Traceback|^Training (diverged|stopped)\b")
+_ERROR_LINE = re.compile(
+    r"\b[A-Za-z_][\w.]*(Error|Exception)\b|\berror:|Killed|Traceback|^Training (diverged|stopped)\b"
+)
 
 
 def last_error_line(log_text: str) -> str:
@@ -597,8 +751,13 @@ def dies_with_this_process() -> dict:
     return {"preexec_fn": set_parent_death_signal}
 
 
-def run_process(command: list[str], env: dict, log_path: Path, shown_command: Optional[str] = None,
-                secrets: frozenset = frozenset()) -> int:
+def run_process(
+    command: list[str],
+    env: dict,
+    log_path: Path,
+    shown_command: Optional[str] = None,
+    secrets: frozenset = frozenset(),
+) -> int:
     """Run `command` with its output in `log_path`; Ctrl-C stops it (and its children) and is re-raised.
 
     The log starts with `shown_command` (default: `command`). With `secrets`, the output passes through
@@ -611,8 +770,15 @@ def run_process(command: list[str], env: dict, log_path: Path, shown_command: Op
         # Its own session: the terminal's Ctrl-C reaches only us, and `_stop` signals the run's whole process
         # group (launcher, ranks, loader workers) without signalling us. Being outside our group, the run gets
         # a parent-death signal instead: if we are killed (even by SIGKILL) it is stopped too.
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE if secrets else log,
-                                stderr=subprocess.STDOUT, start_new_session=True, **dies_with_this_process())
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE if secrets else log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **dies_with_this_process(),
+        )
         try:
             if secrets:
                 for line in proc.stdout:
@@ -681,8 +847,16 @@ def shareable_command(command: Sequence[str], out: Path) -> str:
     return " ".join(quote(arg) for arg in shareable_args(command, out))
 
 
-def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir: Path, log_path: Path,
-                command: list[str], wall_seconds: float, out: Optional[Path] = None) -> dict:
+def collect_row(
+    plan: Plan,
+    variant: Variant,
+    returncode: Optional[int],
+    run_dir: Path,
+    log_path: Path,
+    command: list[str],
+    wall_seconds: float,
+    out: Optional[Path] = None,
+) -> dict:
     """One results row: what was asked, what the run recorded, and whether it worked.
 
     Paths are relative to `out` (default: the directory above the runs' directory) and the command is
@@ -726,12 +900,19 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
         row["status"] = FAILED
         row["error"] = last_error_line(log_text.split("\n", 2)[-1])  # skip the "$ command" line
         if returncode < 0:
-            row["error"] = f"killed by signal {signal.Signals(-returncode).name}" + (f"; {row['error']}" if row["error"] else "")
+            row["error"] = f"killed by signal {signal.Signals(-returncode).name}" + (
+                f"; {row['error']}" if row["error"] else ""
+            )
     elif "train_samples_per_second" not in train:
-        row["status"], row["error"] = FAILED, f"exited 0 but {row['output_dir']}/train_results.json has no train_samples_per_second"
+        row["status"], row["error"] = (
+            FAILED,
+            f"exited 0 but {row['output_dir']}/train_results.json has no train_samples_per_second",
+        )
     elif non_finite:
         row["status"] = FAILED
-        row["error"] = "exited 0 but its results are not finite: " + ", ".join(f"{k}={v}" for k, v in sorted(non_finite.items()))
+        row["error"] = "exited 0 but its results are not finite: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(non_finite.items())
+        )
     else:
         row["status"], row["error"] = OK, ""
     return row
@@ -739,15 +920,24 @@ def collect_row(plan: Plan, variant: Variant, returncode: Optional[int], run_dir
 
 def describe_row(row: dict) -> str:
     """One progress line with a run's figures (or its error)."""
-    label = configuration_label(row["workers"], row["requested_loader"], row["image_pipeline"],
-                                row.get("persistent_workers", False), row.get("prefetch_factor"))
+    label = configuration_label(
+        row["workers"],
+        row["requested_loader"],
+        row["image_pipeline"],
+        row.get("persistent_workers", False),
+        row.get("prefetch_factor"),
+    )
     if row["status"] == OK:
-        text = (f"{label}: {row['train_samples_per_second']:.2f} samples/s "
-                f"({row['train_samples_per_second_per_device']:.2f}/device), "
-                f"data wait {100 * row.get('data_wait_fraction', 0):.0f}%")
+        text = (
+            f"{label}: {row['train_samples_per_second']:.2f} samples/s "
+            f"({row['train_samples_per_second_per_device']:.2f}/device), "
+            f"data wait {100 * row.get('data_wait_fraction', 0):.0f}%"
+        )
         if row.get("throughput_epoch_starts"):
-            text += (f" ({100 * row['data_wait_fraction_epoch_start']:.0f}% at {row['throughput_epoch_starts']} epoch start(s), "
-                     f"{100 * row['data_wait_fraction_steady']:.0f}% steady)")
+            text += (
+                f" ({100 * row['data_wait_fraction_epoch_start']:.0f}% at {row['throughput_epoch_starts']} epoch start(s), "
+                f"{100 * row['data_wait_fraction_steady']:.0f}% steady)"
+            )
         text += f", loader {row['loader']}"
         if "eval_i2t_recall@1" in row:
             text += f", eval i2t R@1 {row['eval_i2t_recall@1']:.3f}"
@@ -767,8 +957,14 @@ SWEEP_HOLDER = ".bench-holder.json"  # who holds it (pid, host, since), for the 
 # What a finished row measured, besides its own variant: a rerun into the same --out must keep all of
 # them, or its rows would not compare with the kept ones. (settings key, how the user names it)
 MEASURED_SETTINGS = (
-    ("preset", "--preset"), ("script", "--script"), ("device", "device"), ("device_name", "device model"),
-    ("nproc", "--nproc"), ("shape", "--shape"), ("extra_args", "--extra-args"), ("base_args", "the runs' arguments"),
+    ("preset", "--preset"),
+    ("script", "--script"),
+    ("device", "device"),
+    ("device_name", "device model"),
+    ("nproc", "--nproc"),
+    ("shape", "--shape"),
+    ("extra_args", "--extra-args"),
+    ("base_args", "the runs' arguments"),
 )
 
 
@@ -787,13 +983,19 @@ def sweep_lock(out: Path) -> Iterator[None]:
         lock.acquire()
     except Timeout:
         holder = _read_json(out / SWEEP_HOLDER)
-        who = (f"process {holder['pid']} on host {holder['host']}, since {holder['since']}"
-               if {"pid", "host", "since"} <= set(holder) else "a process that left no details")
-        raise UserInputError(f"--out {out} is in use by another sweep ({who}): wait for it to end, "
-                             "or choose another --out") from None
+        who = (
+            f"process {holder['pid']} on host {holder['host']}, since {holder['since']}"
+            if {"pid", "host", "since"} <= set(holder)
+            else "a process that left no details"
+        )
+        raise UserInputError(
+            f"--out {out} is in use by another sweep ({who}): wait for it to end, or choose another --out"
+        ) from None
     try:
-        write_json_atomically(out / SWEEP_HOLDER, {"pid": os.getpid(), "host": socket.gethostname(),
-                                                    "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        write_json_atomically(
+            out / SWEEP_HOLDER,
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")},
+        )
         yield
     finally:
         try:
@@ -806,9 +1008,14 @@ def sweep_lock(out: Path) -> Iterator[None]:
 def plan_settings(plan: Plan, out: Path) -> dict:
     """The settings of `MEASURED_SETTINGS`, as results.json records them."""
     return {
-        "preset": plan.preset, "shape": plan.shape, "script": plan.script, "device": plan.device,
-        "device_name": plan.expected_device_name, "nproc": plan.nproc,
-        "base_args": shareable_args(plan.base_args, out), "extra_args": shareable_args(plan.extra_args, out),
+        "preset": plan.preset,
+        "shape": plan.shape,
+        "script": plan.script,
+        "device": plan.device,
+        "device_name": plan.expected_device_name,
+        "nproc": plan.nproc,
+        "base_args": shareable_args(plan.base_args, out),
+        "extra_args": shareable_args(plan.extra_args, out),
     }
 
 
@@ -819,7 +1026,7 @@ def _show(value) -> str:
 
 
 def setting_differences(earlier: Mapping, now: Mapping) -> list[str]:
-    """"<setting> <old> → <new>" for every measured setting that differs (settings an earlier sweep did not
+    """ "<setting> <old> → <new>" for every measured setting that differs (settings an earlier sweep did not
     record, or a device model unknown to a dry run, are not compared)."""
     differences = []
     for key, name in MEASURED_SETTINGS:
@@ -827,7 +1034,9 @@ def setting_differences(earlier: Mapping, now: Mapping) -> list[str]:
             continue
         old, new = earlier[key], now[key]
         if key == "base_args" and ("--do_eval" in old) != ("--do_eval" in new):
-            differences.append(f"--eval {'on' if '--do_eval' in old else 'off'} → {'on' if '--do_eval' in new else 'off'}")
+            differences.append(
+                f"--eval {'on' if '--do_eval' in old else 'off'} → {'on' if '--do_eval' in new else 'off'}"
+            )
             continue
         if key == "base_args":  # long: name only the arguments that changed
             old, new = [a for a in old if a not in new], [a for a in new if a not in old]
@@ -844,12 +1053,16 @@ def read_earlier_sweep(out: Path) -> tuple[dict, list[dict], list[Variant]]:
         document = json.loads(path.read_text())
         settings, rows = document.get("bench", {}), document["runs"]
         known = {f.name for f in fields(Variant)}
-        variants = [Variant(**{k: v for k, v in entry.items() if k in known}) for entry in settings.get("variants", [])]
+        variants = [
+            Variant(**{k: v for k, v in entry.items() if k in known}) for entry in settings.get("variants", [])
+        ]
         if not (isinstance(rows, list) and all(isinstance(r, dict) and "run_id" in r for r in rows)):
             raise ValueError("its runs are not a list of rows")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UserInputError(f"--out {out}: {path.name} cannot be read as a sweep's results ({e}); "
-                             "move it away to start afresh, or choose another --out") from None
+        raise UserInputError(
+            f"--out {out}: {path.name} cannot be read as a sweep's results ({e}); "
+            "move it away to start afresh, or choose another --out"
+        ) from None
     return settings, rows, variants
 
 
@@ -863,8 +1076,10 @@ def plan_resume(plan: Plan, out: Path) -> tuple[dict, list[Variant], list[Varian
     settings, rows, variants = read_earlier_sweep(out)
     differences = setting_differences(settings, plan_settings(plan, out))
     if differences:
-        raise UserInputError(f"--out {out} holds runs made with other settings ({'; '.join(differences)}): "
-                             "their rows would not compare with new ones; use the same settings or another --out")
+        raise UserInputError(
+            f"--out {out} holds runs made with other settings ({'; '.join(differences)}): "
+            "their rows would not compare with new ones; use the same settings or another --out"
+        )
     kept = {row["run_id"]: row for row in rows}
     merged = list(dict.fromkeys(variants + list(plan.variants)))
     to_run = [v for v in plan.variants if kept.get(v.run_id, {}).get("status") != OK]
@@ -876,8 +1091,10 @@ def refuse_held_run_dirs(variants: Sequence[Variant], out: Path) -> None:
     for variant in variants:
         holder = run_directory.held_by(str(out / "runs" / variant.run_id))
         if holder:
-            raise UserInputError(f"--out {out}: runs/{variant.run_id} is in use by a live run ({holder}); "
-                                 "wait for it to end or stop it, then rerun")
+            raise UserInputError(
+                f"--out {out}: runs/{variant.run_id} is in use by a live run ({holder}); "
+                "wait for it to end or stop it, then rerun"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -885,7 +1102,9 @@ def refuse_held_run_dirs(variants: Sequence[Variant], out: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_sweep(plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[[str], None] = print) -> tuple[list[dict], bool]:
+def run_sweep(
+    plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[[str], None] = print
+) -> tuple[list[dict], bool]:
     """Run every variant that `out` has no finished row of, in order; results.json/csv are rewritten after each
     run and keep the earlier sweeps' rows. Holds --out's lock throughout. Returns (every row, interrupted)."""
     with sweep_lock(out):
@@ -913,8 +1132,9 @@ def _in_order(rows: Mapping[str, dict], variants: Sequence[Variant]) -> list[dic
     return sorted(rows.values(), key=lambda row: order.get(row["run_id"], len(order)))
 
 
-def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, progress: str,
-                echo: Callable[[str], None]) -> dict:
+def run_variant(
+    plan: Plan, variant: Variant, out: Path, keep_weights: bool, progress: str, echo: Callable[[str], None]
+) -> dict:
     """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it)."""
     run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
     command = plan.command(variant, run_dir)
@@ -925,8 +1145,9 @@ def run_variant(plan: Plan, variant: Variant, out: Path, keep_weights: bool, pro
     started = time.perf_counter()
     try:
         env = plan.run_env(variant)
-        returncode: Optional[int] = run_process(command, env, log_path, plan.shown_command(command, out),
-                                                frozenset(secret_values(command, env)))
+        returncode: Optional[int] = run_process(
+            command, env, log_path, plan.shown_command(command, out), frozenset(secret_values(command, env))
+        )
     except KeyboardInterrupt:
         returncode = None
     row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
@@ -943,7 +1164,9 @@ def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Se
         row.update(cost_fields(row, plan.prices))
     document = {
         "bench": {
-            **plan_settings(plan, out), "env": plan.mode_env, "variants": [asdict(v) for v in (variants or plan.variants)],
+            **plan_settings(plan, out),
+            "env": plan.mode_env,
+            "variants": [asdict(v) for v in (variants or plan.variants)],
             **({"prices": {p.device: p.usd_per_hour for p in plan.prices.entries}} if plan.prices else {}),
         },
         "runs": rows,
@@ -966,32 +1189,78 @@ def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Se
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bridgetower_bench.tools.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--preset", choices=("local", "blog"), default="local", help="local: embedded tiny fixtures (default); blog: the published run.")
-    parser.add_argument("--script", choices=("auto", "cuda", "gaudi"), default="auto",
-                        help="auto: the Gaudi script when an HPU is present, else the CUDA/CPU script.")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="dataloader_num_workers settings (default: 0 1 2).")
-    parser.add_argument("--loaders", nargs="+", default=None,
-                        help=f"Loaders: {', '.join(LOADERS)} (default: torch, plus mediapipe on an HPU or device_decode on a GPU).")
-    parser.add_argument("--loader-workers", type=int, nargs="+", default=None,
-                        help="Worker settings for loaders other than torch (default: the largest --workers).")
-    parser.add_argument("--image-pipelines", nargs="+", default=None,
-                        help=f"Host image pipelines (default: {' '.join(DEFAULT_LOCAL_PIPELINES)} for the local preset, upstream for blog).")
-    parser.add_argument("--persistent-workers", nargs="+", choices=("no", "yes"), default=None,
-                        help="Loader workers restarted every epoch (no, upstream's default) or kept (yes); runs with "
-                             "workers only. Default: no yes for the local preset, no for the blog preset.")
-    parser.add_argument("--prefetch-factors", type=int, nargs="+", default=None,
-                        help="--dataloader_prefetch_factor settings, batches each worker loads ahead (default: PyTorch's, 2).")
-    parser.add_argument("--shape", choices=SHAPES, default=None,
-                        help="Local preset: published (default; ~25 steps per epoch, two epoch starts counted) or "
-                             "within-epoch (10 counted steps inside the first epoch).")
+    parser.add_argument(
+        "--preset",
+        choices=("local", "blog"),
+        default="local",
+        help="local: embedded tiny fixtures (default); blog: the published run.",
+    )
+    parser.add_argument(
+        "--script",
+        choices=("auto", "cuda", "gaudi"),
+        default="auto",
+        help="auto: the Gaudi script when an HPU is present, else the CUDA/CPU script.",
+    )
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[0, 1, 2], help="dataloader_num_workers settings (default: 0 1 2)."
+    )
+    parser.add_argument(
+        "--loaders",
+        nargs="+",
+        default=None,
+        help=f"Loaders: {', '.join(LOADERS)} (default: torch, plus mediapipe on an HPU or device_decode on a GPU).",
+    )
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Worker settings for loaders other than torch (default: the largest --workers).",
+    )
+    parser.add_argument(
+        "--image-pipelines",
+        nargs="+",
+        default=None,
+        help=f"Host image pipelines (default: {' '.join(DEFAULT_LOCAL_PIPELINES)} for the local preset, upstream for blog).",
+    )
+    parser.add_argument(
+        "--persistent-workers",
+        nargs="+",
+        choices=("no", "yes"),
+        default=None,
+        help="Loader workers restarted every epoch (no, upstream's default) or kept (yes); runs with "
+        "workers only. Default: no yes for the local preset, no for the blog preset.",
+    )
+    parser.add_argument(
+        "--prefetch-factors",
+        type=int,
+        nargs="+",
+        default=None,
+        help="--dataloader_prefetch_factor settings, batches each worker loads ahead (default: PyTorch's, 2).",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default=None,
+        help="Local preset: published (default; ~25 steps per epoch, two epoch starts counted) or "
+        "within-epoch (10 counted steps inside the first epoch).",
+    )
     parser.add_argument("--nproc", type=int, default=None, help="Devices per run (default: 1; 8 for --preset blog).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
-    parser.add_argument("--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results.")
-    parser.add_argument("--extra-args", default="", help="Flags appended to every run, e.g. \"--max_steps 30 --seed 1\".")
+    parser.add_argument(
+        "--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results."
+    )
+    parser.add_argument(
+        "--extra-args", default="", help='Flags appended to every run, e.g. "--max_steps 30 --seed 1".'
+    )
     parser.add_argument("--out", type=Path, default=None, help="Output directory (default: bench_out/<timestamp>).")
-    parser.add_argument("--keep-weights", action="store_true", help="Keep each run's saved model (deleted by default).")
+    parser.add_argument(
+        "--keep-weights", action="store_true", help="Keep each run's saved model (deleted by default)."
+    )
     parser.add_argument("--dry-run", action="store_true", help="Print the commands and exit.")
     add_price_arguments(parser)
     return parser
@@ -1017,7 +1286,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan.prices = prices
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
-    print(f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})")
+    print(
+        f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})"
+    )
     if args.dry_run:  # what a sweep into --out would run now: what it has no finished row of
         try:
             to_run = plan_resume(plan, out)[2]
@@ -1040,14 +1311,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _refuse(parser, e)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    meta = {"preset": args.preset, "shape": plan.shape, "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path"),
-            "prices": plan.prices}
+    meta = {
+        "preset": args.preset,
+        "shape": plan.shape,
+        "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path"),
+        "prices": plan.prices,
+    }
     table = render_all(out, rows, meta)
     print()
     print(table)
     charts = [out / name for name in ("chart.png", "chart_cost.png") if (out / name).exists()]
-    print(f"results: {out / 'results.json'}, {out / 'results.csv'}, {out / 'table.md'}, {out / 'vs_published.md'}, "
-          + ", ".join(map(str, charts)))
+    print(
+        f"results: {out / 'results.json'}, {out / 'results.csv'}, {out / 'table.md'}, {out / 'vs_published.md'}, "
+        + ", ".join(map(str, charts))
+    )
     if interrupted:
         print("interrupted: the rows above are the runs that finished")
         return 130

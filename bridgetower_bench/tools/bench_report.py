@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 import statistics
 import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Optional
 
 from ..atomic_files import write_atomically
 from ..mediapipe_loader import TORCH_LOADER
+
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 
@@ -36,12 +38,19 @@ CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
 CI_EXTRA_FLAGS = "--dataset_revision 3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6 --trust_remote_code True --sdp_on_bf16"
 
 
-def configuration_label(workers: int, loader: str = TORCH_LOADER, image_pipeline: str = "upstream",
-                        persistent_workers: bool = False, prefetch_factor: Optional[int] = None) -> str:
+def configuration_label(
+    workers: int,
+    loader: str = TORCH_LOADER,
+    image_pipeline: str = "upstream",
+    persistent_workers: bool = False,
+    prefetch_factor: Optional[int] = None,
+) -> str:
     """The column heading of a configuration, in the published wording ("workers=2 + mediapipe");
     settings the published runs left at their defaults follow in brackets ("workers=2 (persistent)")."""
     label = f"workers={workers}"
-    loader_settings = (["persistent"] if persistent_workers else []) + ([f"prefetch {prefetch_factor}"] if prefetch_factor else [])
+    loader_settings = (["persistent"] if persistent_workers else []) + (
+        [f"prefetch {prefetch_factor}"] if prefetch_factor else []
+    )
     if loader_settings:
         label += f" ({', '.join(loader_settings)})"
     if loader != TORCH_LOADER:
@@ -63,7 +72,9 @@ class Cell:
     node: list[float] = field(default_factory=list)  # samples/s of the whole node, per finished repeat
     per_device: list[float] = field(default_factory=list)
     data_wait: list[float] = field(default_factory=list)
-    epoch_start_runs: list[dict] = field(default_factory=list)  # the data-wait split of runs that counted an epoch start
+    epoch_start_runs: list[dict] = field(
+        default_factory=list
+    )  # the data-wait split of runs that counted an epoch start
     recall: list[float] = field(default_factory=list)  # eval i2t recall@1, when evaluated
     failed: int = 0
     recorded_loaders: list[str] = field(default_factory=list)
@@ -94,9 +105,15 @@ class Summary:
 
 # The environment each run recorded (train_results.json, bridgetower_bench.run_record.environment): heading, key.
 ENVIRONMENT_COLUMNS = (
-    ("backend", "backend"), ("execution mode", "execution_mode"), ("torch.compile", "torch_compile"),
-    ("torch", "version_torch"), ("CUDA", "version_cuda"), ("Intel Gaudi software", "version_intel_gaudi"),
-    ("driver", "driver_version"), ("devices visible", "device_count"), ("memory per device", "device_memory_bytes"),
+    ("backend", "backend"),
+    ("execution mode", "execution_mode"),
+    ("torch.compile", "torch_compile"),
+    ("torch", "version_torch"),
+    ("CUDA", "version_cuda"),
+    ("Intel Gaudi software", "version_intel_gaudi"),
+    ("driver", "driver_version"),
+    ("devices visible", "device_count"),
+    ("memory per device", "device_memory_bytes"),
 )
 
 
@@ -121,12 +138,19 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
     rows = [r for r in rows if r.get("status") in (OK, FAILED)]
     groups: dict = {}  # (device, (loader asked for, image pipeline, workers)) -> Cell
     for row in rows:
-        config = (row["requested_loader"], row["image_pipeline"], row["workers"],
-                  bool(row.get("persistent_workers")), row.get("prefetch_factor") or None)
+        config = (
+            row["requested_loader"],
+            row["image_pipeline"],
+            row["workers"],
+            bool(row.get("persistent_workers")),
+            row.get("prefetch_factor") or None,
+        )
         cell = groups.setdefault((device_label(row), config), Cell())
         if row["status"] == OK:
             cell.node.append(float(row["train_samples_per_second"]))
-            cell.per_device.append(float(row.get("train_samples_per_second_per_device", row["train_samples_per_second"])))
+            cell.per_device.append(
+                float(row.get("train_samples_per_second_per_device", row["train_samples_per_second"]))
+            )
             if row.get("data_wait_fraction") is not None:
                 cell.data_wait.append(float(row["data_wait_fraction"]))
             if row.get("throughput_epoch_starts"):
@@ -140,8 +164,10 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
 
     # Columns: image pipelines in the order they ran, the PyTorch loader first, then by workers.
     pipelines = list(dict.fromkeys(r["image_pipeline"] for r in rows))
-    configs = sorted({config for _, config in groups},
-                     key=lambda c: (pipelines.index(c[1]), c[0] != TORCH_LOADER, c[0], c[2], c[3], c[4] or 0))
+    configs = sorted(
+        {config for _, config in groups},
+        key=lambda c: (pipelines.index(c[1]), c[0] != TORCH_LOADER, c[0], c[2], c[3], c[4] or 0),
+    )
     columns, cells = [], {}
     for config in configs:
         for (device, cfg), cell in groups.items():
@@ -156,12 +182,20 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
     ok_rows = [r for r in rows if r["status"] == OK]
     notes = {
         key: sorted({r[key] for r in ok_rows if r.get(key) is not None})
-        for key in ("throughput_warmup_steps", "throughput_counted_steps", "per_device_train_batch_size", "world_size",
-                    "throughput_steps_per_epoch", "throughput_epoch_starts")
+        for key in (
+            "throughput_warmup_steps",
+            "throughput_counted_steps",
+            "per_device_train_batch_size",
+            "world_size",
+            "throughput_steps_per_epoch",
+            "throughput_epoch_starts",
+        )
     }
     repeats = max((r.get("repeat", 1) for r in rows), default=0)
     environments = {d: _environment_cells([r for r in ok_rows if device_label(r) == d]) for d in devices}
-    return Summary(devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes, environments)
+    return Summary(
+        devices, columns, cells, baselines, [r for r in rows if r["status"] == FAILED], repeats, notes, environments
+    )
 
 
 def _column_label(config: tuple, cell: Cell) -> str:
@@ -189,7 +223,11 @@ def _wait_split(row: Mapping) -> dict:
 
 def _baseline_column(device: str, columns: Sequence[str], cells: Mapping) -> Optional[str]:
     """workers=0 with the PyTorch loader and upstream images, else the first workers=0 PyTorch column."""
-    candidates = [c for c in columns if c.startswith("workers=0") and " + " not in c and cells.get((device, c)) and cells[(device, c)].median]
+    candidates = [
+        c
+        for c in columns
+        if c.startswith("workers=0") and " + " not in c and cells.get((device, c)) and cells[(device, c)].median
+    ]
     if "workers=0" in candidates:
         return "workers=0"
     return candidates[0] if candidates else None
@@ -219,7 +257,7 @@ def _markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str
 
 
 def cell_text(summary: Summary, device: str, column: str) -> str:
-    """"samples/s (xspeedup)", with failures counted, or "failed" / "-"."""
+    """ "samples/s (xspeedup)", with failures counted, or "failed" / "-"."""
     cell = summary.cells.get((device, column))
     if cell is None:
         return "-"
@@ -243,9 +281,15 @@ def render_table(summary: Summary) -> str:
     parts = ["# BridgeTower fine-tuning throughput (samples/s, whole node)", "", _markdown_table(header, body), ""]
     parts.append(_notes(summary))
     if summary.environments:
-        parts += ["", "## Environment (as the runs recorded it)", "",
-                  _markdown_table(["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
-                                  [[device] + cells for device, cells in summary.environments.items()])]
+        parts += [
+            "",
+            "## Environment (as the runs recorded it)",
+            "",
+            _markdown_table(
+                ["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
+                [[device] + cells for device, cells in summary.environments.items()],
+            ),
+        ]
 
     wait_rows = []
     for device in summary.devices:
@@ -263,26 +307,65 @@ def render_table(summary: Summary) -> str:
             if cell and cell.epoch_start_runs:
                 split_rows.append([device, column] + _split_cells(cell.epoch_start_runs))
     if split_rows:
-        parts += ["", "## Data wait at epoch starts beside the steady state (median)", "",
-                  "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
-                  "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
-                  "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.", "",
-                  _markdown_table(["device", "configuration", "epoch starts counted", "wait at epoch starts", "steady wait",
-                                   "ratio", "seconds lost at epoch starts", "per epoch-start step", "per steady step"], split_rows)]
+        parts += [
+            "",
+            "## Data wait at epoch starts beside the steady state (median)",
+            "",
+            "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
+            "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
+            "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.",
+            "",
+            _markdown_table(
+                [
+                    "device",
+                    "configuration",
+                    "epoch starts counted",
+                    "wait at epoch starts",
+                    "steady wait",
+                    "ratio",
+                    "seconds lost at epoch starts",
+                    "per epoch-start step",
+                    "per steady step",
+                ],
+                split_rows,
+            ),
+        ]
 
     if any(len(cell.node) > 1 for cell in summary.cells.values()):
-        spread_rows = [[device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices]
-        parts += ["", "## Spread over repeats (min-max samples/s, number of finished runs)", "", _markdown_table(header, spread_rows)]
+        spread_rows = [
+            [device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices
+        ]
+        parts += [
+            "",
+            "## Spread over repeats (min-max samples/s, number of finished runs)",
+            "",
+            _markdown_table(header, spread_rows),
+        ]
 
     if any(cell.recall for cell in summary.cells.values()):
-        recall_rows = [[device] + [f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
-                                   if (device, c) in summary.cells and summary.cells[(device, c)].recall else "-"
-                                   for c in summary.columns] for device in summary.devices]
-        parts += ["", "## Retrieval quality: eval image->text recall@1 (median)", "", _markdown_table(header, recall_rows)]
+        recall_rows = [
+            [device]
+            + [
+                f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
+                if (device, c) in summary.cells and summary.cells[(device, c)].recall
+                else "-"
+                for c in summary.columns
+            ]
+            for device in summary.devices
+        ]
+        parts += [
+            "",
+            "## Retrieval quality: eval image->text recall@1 (median)",
+            "",
+            _markdown_table(header, recall_rows),
+        ]
 
     if summary.failures:
         parts += ["", "## Failed runs", ""]
-        parts += [f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}" for r in summary.failures]
+        parts += [
+            f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}"
+            for r in summary.failures
+        ]
     return "\n".join(parts) + "\n"
 
 
@@ -321,8 +404,10 @@ def _notes(summary: Summary) -> str:
         f"{facts('per_device_train_batch_size')}; median of up to {summary.repeats} repeat(s).",
     ]
     if notes.get("throughput_steps_per_epoch"):
-        lines.append(f"Shape: {facts('throughput_steps_per_epoch')} optimizer steps per epoch; "
-                     f"{facts('throughput_epoch_starts')} epoch start(s) inside the counted window.")
+        lines.append(
+            f"Shape: {facts('throughput_steps_per_epoch')} optimizer steps per epoch; "
+            f"{facts('throughput_epoch_starts')} epoch start(s) inside the counted window."
+        )
     for device, baseline in summary.baselines.items():
         lines.append(f"(xN): speedup against `{baseline}` on {device}.")
     return "\n".join(lines)
@@ -353,33 +438,68 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         return f"x{value / base:.2f}" if value is not None else ("n/a" if column in PUBLISHED_CONFIGS else "-")
 
     header = ["configuration"] + [f"{d} (this run)" for d in ours] + [f"{d} (published)" for d in published_devices]
-    node_rows = [[c] + [_fmt(node_value(d, c)) for d in ours] + [published_value(d, c, False) for d in published_devices] for c in rows_order]
-    device_rows = [[c] + [_fmt(per_device_value(d, c)) for d in ours] + [published_value(d, c, True) for d in published_devices] for c in rows_order]
-    speedup_rows = [[c] + [f"x{s:.2f}" if (s := speedup(summary, d, c)) is not None else "-" for d in ours]
-                    + [published_speedup(d, c) for d in published_devices] for c in rows_order]
+    node_rows = [
+        [c] + [_fmt(node_value(d, c)) for d in ours] + [published_value(d, c, False) for d in published_devices]
+        for c in rows_order
+    ]
+    device_rows = [
+        [c] + [_fmt(per_device_value(d, c)) for d in ours] + [published_value(d, c, True) for d in published_devices]
+        for c in rows_order
+    ]
+    speedup_rows = [
+        [c]
+        + [f"x{s:.2f}" if (s := speedup(summary, d, c)) is not None else "-" for d in ours]
+        + [published_speedup(d, c) for d in published_devices]
+        for c in rows_order
+    ]
 
     model = meta.get("model", "?")
     world_sizes = summary.notes.get("world_size", [])
     if meta.get("preset") != "blog":
-        verdict = "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
+        verdict = (
+            "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
+        )
     elif world_sizes == [PUBLISHED_DEVICES]:
         verdict = "The published recipe at the published scale: the numbers compare directly."
     else:
-        verdict = (f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
-                   f"{PUBLISHED_DEVICES}: compare the per-device figures.")
+        verdict = (
+            f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
+            f"{PUBLISHED_DEVICES}: compare the per-device figures."
+        )
     parts = [
         "# This run beside the published figures",
         "",
-        _markdown_table(["", "this run", "published"], [
-            ["model", model, f"{BLOG_MODEL} (866 M parameters)"],
-            ["devices", ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?", str(PUBLISHED_DEVICES)],
-            ["per-device batch", ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?", str(PUBLISHED_BATCH)],
-            ["warm-up steps", ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?", "3"],
-            ["optimizer steps per epoch", ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
-             f"about 26 (about 9.8k rows / {PUBLISHED_BATCH} x {PUBLISHED_DEVICES}, the last batch partial)"],
-            ["epoch starts counted", ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
-             "4 (5 epochs)"],
-        ]),
+        _markdown_table(
+            ["", "this run", "published"],
+            [
+                ["model", model, f"{BLOG_MODEL} (866 M parameters)"],
+                [
+                    "devices",
+                    ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?",
+                    str(PUBLISHED_DEVICES),
+                ],
+                [
+                    "per-device batch",
+                    ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?",
+                    str(PUBLISHED_BATCH),
+                ],
+                [
+                    "warm-up steps",
+                    ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?",
+                    "3",
+                ],
+                [
+                    "optimizer steps per epoch",
+                    ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
+                    f"about 26 (about 9.8k rows / {PUBLISHED_BATCH} x {PUBLISHED_DEVICES}, the last batch partial)",
+                ],
+                [
+                    "epoch starts counted",
+                    ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
+                    "4 (5 epochs)",
+                ],
+            ],
+        ),
         "",
         verdict + (f" Shape of these runs: {meta['shape']}." if meta.get("shape") else ""),
         "",
@@ -399,8 +519,10 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         "",
         f"## Upstream's CI baselines (optimum-habana 1.21 line, {PUBLISHED_DEVICES} devices)",
         "",
-        _markdown_table(["device", "samples/s (node)", "samples/s per device"],
-                        [[d, _fmt(v), _fmt(v / PUBLISHED_DEVICES)] for d, v in CI_BASELINES.items()]),
+        _markdown_table(
+            ["device", "samples/s (node)", "samples/s per device"],
+            [[d, _fmt(v), _fmt(v / PUBLISHED_DEVICES)] for d, v in CI_BASELINES.items()],
+        ),
         "",
         f"Its command adds `{CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
     ]
@@ -455,8 +577,14 @@ def render_chart(summary: Summary, path: Path) -> None:
             if cell is None:
                 continue
             ratio = speedup(summary, device, group + suffix)
-            text = "failed" if cell.median is None else f"{cell.median:.3g}" + (f"\nx{ratio:.2f}" if ratio is not None else "")
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+            text = (
+                "failed"
+                if cell.median is None
+                else f"{cell.median:.3g}" + (f"\nx{ratio:.2f}" if ratio is not None else "")
+            )
+            ax.annotate(
+                text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8
+            )
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([textwrap.fill(g, 28) for g in groups], fontsize=9)
     ax.set_ylabel("samples/s (whole node)")

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .cartoons import draw_cartoon, jpeg_bytes
 from ..image_cache import open_decoded_image_cache
 from . import tool_paths
+from .cartoons import draw_cartoon, jpeg_bytes
 
 
 def _status_kib(field: str, source: str = "status") -> int:
@@ -53,8 +53,14 @@ class _CachedImages(Dataset):
 def worker_memory(n_images: int, workers: int, directory: str, image_size: int = 294) -> dict:
     rng = np.random.default_rng(n_images)
     values = [jpeg_bytes(draw_cartoon(rng, 640, 480)[0]) for _ in range(n_images)]
-    cache = open_decoded_image_cache(values, pipeline="fast", image_size=image_size, cache_dir=directory,
-                                     fingerprint=f"memory-bench-{n_images}", num_proc=workers)
+    cache = open_decoded_image_cache(
+        values,
+        pipeline="fast",
+        image_size=image_size,
+        cache_dir=directory,
+        fingerprint=f"memory-bench-{n_images}",
+        num_proc=workers,
+    )
     table_dir = os.path.join(directory, f"table-{n_images}")
     datasets.Dataset.from_dict({"image": values}).save_to_disk(table_dir)
     table = datasets.load_from_disk(table_dir)  # memory-mapped, like a training split
@@ -86,9 +92,13 @@ def main(argv=None) -> dict:
     print("| images | cache MiB | worker own MiB (Private_Dirty) | worker file-backed MiB (RssFile, shared) |")
     print("|---|---|---|---|")
     for row in rows:
-        print(f"| {row['images']} | {row['cache_mib']} | {row['worker_private_mib']} | {row['worker_file_backed_mib']} |")
+        print(
+            f"| {row['images']} | {row['cache_mib']} | {row['worker_private_mib']} | {row['worker_file_backed_mib']} |"
+        )
     growth = max(rows[1]["worker_private_mib"]) - max(rows[0]["worker_private_mib"])
-    print(f"worker own-memory growth from {rows[0]['cache_mib']} to {rows[1]['cache_mib']} MiB of cache: {growth:+.1f} MiB per worker")
+    print(
+        f"worker own-memory growth from {rows[0]['cache_mib']} to {rows[1]['cache_mib']} MiB of cache: {growth:+.1f} MiB per worker"
+    )
     result = {"rows": rows, "worker_private_growth_mib": round(growth, 1)}
     if args.json:
         with open(args.json, "w") as f:

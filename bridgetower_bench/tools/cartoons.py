@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
+
 
 IMAGE_SIDE_RANGE = (500, 1100)  # pixels, each side of a synthetic cartoon
 MIN_IMAGE_SIDE = 64  # the smallest canvas render_scene draws on
@@ -123,8 +124,9 @@ class _Pen:
     def dot(self, x: float, y: float, r: float) -> None:
         self.draw.ellipse((x - r, y - r, x + r, y + r), fill=0)
 
-    def hatch(self, box, *, polygon=None, ellipse: bool = False, spacing: float = 8.0, angle: float = 45.0,
-              shade: int = 70) -> None:
+    def hatch(
+        self, box, *, polygon=None, ellipse: bool = False, spacing: float = 8.0, angle: float = 45.0, shade: int = 70
+    ) -> None:
         """Parallel strokes at `angle` degrees, clipped to a rectangle, ellipse or polygon in `box`."""
         x0, y0 = max(0, int(box[0])), max(0, int(box[1]))
         x1, y1 = min(self.canvas.width, int(box[2]) + 1), min(self.canvas.height, int(box[3]) + 1)
@@ -146,8 +148,11 @@ class _Pen:
         for offset in np.arange(-half_diagonal, half_diagonal + spacing, spacing):
             offset += self.rng.normal(0.0, spacing * 0.08)
             px, py = w / 2 - dy * offset, h / 2 + dx * offset  # a point on this stroke
-            strokes_draw.line((px - dx * half_diagonal, py - dy * half_diagonal,
-                               px + dx * half_diagonal, py + dy * half_diagonal), fill=255, width=stroke_width)
+            strokes_draw.line(
+                (px - dx * half_diagonal, py - dy * half_diagonal, px + dx * half_diagonal, py + dy * half_diagonal),
+                fill=255,
+                width=stroke_width,
+            )
         self.canvas.paste(shade, (x0, y0, x1, y1), ImageChops.multiply(shape, strokes))
 
 
@@ -164,8 +169,12 @@ def _draw_person(pen: _Pen, cx: float, gy: float, s: float) -> None:
     pen.dot(cx - 0.35 * head_r, head_y - 0.1 * head_r, 0.12 * head_r)
     pen.dot(cx + 0.35 * head_r, head_y - 0.1 * head_r, 0.12 * head_r)
     pen.line((cx - 0.4 * head_r, head_y + 0.45 * head_r), (cx + 0.4 * head_r, head_y + 0.45 * head_r))
-    coat = [(cx - 0.1 * s, neck_y + 0.02 * s), (cx + 0.1 * s, neck_y + 0.02 * s),
-            (cx + 0.15 * s, hip_y + 0.08 * s), (cx - 0.15 * s, hip_y + 0.08 * s)]
+    coat = [
+        (cx - 0.1 * s, neck_y + 0.02 * s),
+        (cx + 0.1 * s, neck_y + 0.02 * s),
+        (cx + 0.15 * s, hip_y + 0.08 * s),
+        (cx - 0.15 * s, hip_y + 0.08 * s),
+    ]
     pen.hatch((cx - 0.15 * s, neck_y, cx + 0.15 * s, hip_y + 0.08 * s), polygon=coat, spacing=0.035 * s, angle=60)
     pen.line(*coat, closed=True)
     for side in (-1, 1):
@@ -180,12 +189,15 @@ def _draw_house(pen: _Pen, cx: float, gy: float, s: float) -> None:
     apex_y = gy - 0.95 * s
     pen.line((cx - half, gy), (cx - half, eaves_y), (cx + half, eaves_y), (cx + half, gy))
     roof = [(cx - half - 0.06 * s, eaves_y), (cx, apex_y), (cx + half + 0.06 * s, eaves_y)]
-    pen.hatch((cx - half - 0.06 * s, apex_y, cx + half + 0.06 * s, eaves_y), polygon=roof,
-              spacing=0.03 * s, angle=-30)
+    pen.hatch((cx - half - 0.06 * s, apex_y, cx + half + 0.06 * s, eaves_y), polygon=roof, spacing=0.03 * s, angle=-30)
     pen.line(*roof, closed=True)
     chimney_x = cx + 0.2 * s
-    pen.line((chimney_x, gy - 0.75 * s), (chimney_x, gy - 0.92 * s), (chimney_x + 0.08 * s, gy - 0.92 * s),
-             (chimney_x + 0.08 * s, gy - 0.68 * s))
+    pen.line(
+        (chimney_x, gy - 0.75 * s),
+        (chimney_x, gy - 0.92 * s),
+        (chimney_x + 0.08 * s, gy - 0.92 * s),
+        (chimney_x + 0.08 * s, gy - 0.68 * s),
+    )
     pen.line((cx - 0.08 * s, gy), (cx - 0.08 * s, gy - 0.3 * s), (cx + 0.08 * s, gy - 0.3 * s), (cx + 0.08 * s, gy))
     for wx in (cx - 0.28 * s, cx + 0.2 * s):
         box = (wx, gy - 0.45 * s, wx + 0.12 * s, gy - 0.33 * s)
@@ -207,12 +219,24 @@ def _draw_tree(pen: _Pen, cx: float, gy: float, s: float) -> None:
 def _draw_car(pen: _Pen, cx: float, gy: float, s: float) -> None:
     wheel_r = 0.11 * s
     axle_y = gy - wheel_r
-    body = [(cx - 0.5 * s, axle_y), (cx - 0.5 * s, gy - 0.34 * s), (cx - 0.28 * s, gy - 0.36 * s),
-            (cx - 0.18 * s, gy - 0.55 * s), (cx + 0.2 * s, gy - 0.55 * s), (cx + 0.3 * s, gy - 0.36 * s),
-            (cx + 0.5 * s, gy - 0.32 * s), (cx + 0.5 * s, axle_y)]
+    body = [
+        (cx - 0.5 * s, axle_y),
+        (cx - 0.5 * s, gy - 0.34 * s),
+        (cx - 0.28 * s, gy - 0.36 * s),
+        (cx - 0.18 * s, gy - 0.55 * s),
+        (cx + 0.2 * s, gy - 0.55 * s),
+        (cx + 0.3 * s, gy - 0.36 * s),
+        (cx + 0.5 * s, gy - 0.32 * s),
+        (cx + 0.5 * s, axle_y),
+    ]
     pen.line(*body, closed=True)
-    pen.line((cx - 0.14 * s, gy - 0.37 * s), (cx - 0.1 * s, gy - 0.5 * s), (cx + 0.17 * s, gy - 0.5 * s),
-             (cx + 0.23 * s, gy - 0.37 * s), closed=True)
+    pen.line(
+        (cx - 0.14 * s, gy - 0.37 * s),
+        (cx - 0.1 * s, gy - 0.5 * s),
+        (cx + 0.17 * s, gy - 0.5 * s),
+        (cx + 0.23 * s, gy - 0.37 * s),
+        closed=True,
+    )
     for wx in (cx - 0.3 * s, cx + 0.3 * s):
         box = (wx - wheel_r, axle_y - wheel_r, wx + wheel_r, axle_y + wheel_r)
         pen.hatch(box, ellipse=True, spacing=0.02 * s, angle=30, shade=40)
@@ -225,17 +249,30 @@ def _draw_table(pen: _Pen, cx: float, gy: float, s: float) -> None:
     pen.line((top[0], top[1]), (top[2], top[1]), (top[2], top[3]), (top[0], top[3]), closed=True)
     for lx in (cx - 0.38 * s, cx + 0.38 * s):
         pen.line((lx, top[3]), (lx, gy))
-    pen.line((cx + 0.1 * s, top[1]), (cx + 0.12 * s, top[1] - 0.12 * s), (cx + 0.2 * s, top[1] - 0.12 * s),
-             (cx + 0.22 * s, top[1]))
+    pen.line(
+        (cx + 0.1 * s, top[1]),
+        (cx + 0.12 * s, top[1] - 0.12 * s),
+        (cx + 0.2 * s, top[1] - 0.12 * s),
+        (cx + 0.22 * s, top[1]),
+    )
 
 
 def _draw_lamp(pen: _Pen, cx: float, gy: float, s: float) -> None:
     pen.ellipse(cx, gy - 0.02 * s, 0.14 * s, 0.03 * s)
     pen.line((cx, gy - 0.04 * s), (cx, gy - 0.7 * s))
-    shade = [(cx - 0.12 * s, gy - 0.95 * s), (cx + 0.12 * s, gy - 0.95 * s),
-             (cx + 0.24 * s, gy - 0.7 * s), (cx - 0.24 * s, gy - 0.7 * s)]
-    pen.hatch((cx - 0.24 * s, gy - 0.95 * s, cx + 0.24 * s, gy - 0.7 * s), polygon=shade,
-              spacing=0.025 * s, angle=90, shade=100)
+    shade = [
+        (cx - 0.12 * s, gy - 0.95 * s),
+        (cx + 0.12 * s, gy - 0.95 * s),
+        (cx + 0.24 * s, gy - 0.7 * s),
+        (cx - 0.24 * s, gy - 0.7 * s),
+    ]
+    pen.hatch(
+        (cx - 0.24 * s, gy - 0.95 * s, cx + 0.24 * s, gy - 0.7 * s),
+        polygon=shade,
+        spacing=0.025 * s,
+        angle=90,
+        shade=100,
+    )
     pen.line(*shade, closed=True)
 
 
@@ -256,8 +293,9 @@ def _draw_fish(pen: _Pen, cx: float, gy: float, s: float) -> None:
     pen.line((cx + 0.3 * s, cy), (cx + 0.48 * s, cy - 0.13 * s), (cx + 0.48 * s, cy + 0.13 * s), closed=True)
     pen.dot(cx - 0.2 * s, cy - 0.04 * s, 0.02 * s)
     for i, r in enumerate((0.03, 0.045, 0.06)):
-        pen.ellipse(cx - 0.3 * s - 0.05 * s * i, cy - 0.3 * s - 0.15 * s * i, r * s, r * s,
-                    width=max(1, pen.width // 2))
+        pen.ellipse(
+            cx - 0.3 * s - 0.05 * s * i, cy - 0.3 * s - 0.15 * s * i, r * s, r * s, width=max(1, pen.width // 2)
+        )
 
 
 DRAWERS: dict[str, Callable[[_Pen, float, float, float], None]] = {
@@ -333,8 +371,9 @@ BACKGROUNDS = {"room": _draw_room, "street": _draw_street, "beach": _draw_beach,
 REGION_SPANS = {"left": (0.02, 0.6), "middle": (0.2, 0.8), "right": (0.4, 0.98)}
 
 
-def render_scene(scene: Scene, rng: np.random.Generator, width: int, height: int,
-                 stroke_scale: float = 1.0) -> Image.Image:
+def render_scene(
+    scene: Scene, rng: np.random.Generator, width: int, height: int, stroke_scale: float = 1.0
+) -> Image.Image:
     """Draw `scene` as black line art on off-white paper: background, then the objects in their region.
 
     Strokes are about 1/220 of the shorter side wide (at least 2 px), times `stroke_scale`.
@@ -386,8 +425,12 @@ def jpeg_bytes(img: Image.Image, quality: int = JPEG_QUALITY) -> bytes:
 # The EXIF orientation tag (2..8) -> the transposition that stores an upright picture so that the tag turns
 # it upright again (the inverse of what PIL.ImageOps.exif_transpose applies for that tag).
 _STORED_SIDEWAYS = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_270,
 }
 

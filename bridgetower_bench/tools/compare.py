@@ -23,13 +23,14 @@ import os
 import re
 import statistics
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
-
-from . import tool_paths
+from typing import Any, Optional
 
 from ..user_errors import UserInputError
+from . import tool_paths
 from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+
 
 RESULT_FILES = ("all_results.json", "train_results.json", "validation_results.json", "test_results.json")
 
@@ -199,7 +200,9 @@ def _unique_labels(dirs: Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------------------------- report
 
 
-def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], prices: Optional[Prices] = None) -> dict:
+def build_report(
+    run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], prices: Optional[Prices] = None
+) -> dict:
     """Everything the tables show, as plain data (also what ``--json`` writes)."""
     all_dirs = list(dict.fromkeys(list(run_dirs) + [d for dirs in groups.values() for d in dirs]))
     if not all_dirs:
@@ -207,7 +210,9 @@ def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], p
     metrics_by_dir = {d: load_run(d) for d in all_dirs}
     prices = prices or Prices()
     if prices:  # every price must match a run or a published device
-        prices.check([(m.get("device_type"), m.get("device_name")) for m in metrics_by_dir.values()], "the runs compared")
+        prices.check(
+            [(m.get("device_type"), m.get("device_name")) for m in metrics_by_dir.values()], "the runs compared"
+        )
         for metrics in metrics_by_dir.values():
             metrics.update(cost_fields(metrics, prices))
     present = {key for metrics in metrics_by_dir.values() for key in metrics}
@@ -218,13 +223,21 @@ def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], p
         label: {"dir": d, "metrics": {k: metrics_by_dir[d].get(k) for k in throughput + quality}}
         for label, d in zip(_unique_labels(all_dirs), all_dirs)
     }
-    report = {"throughput_keys": throughput, "quality_keys": quality, "runs": runs, "groups": {},
-              "comparisons": [], "rule": SPREAD_RULE}
+    report = {
+        "throughput_keys": throughput,
+        "quality_keys": quality,
+        "runs": runs,
+        "groups": {},
+        "comparisons": [],
+        "rule": SPREAD_RULE,
+    }
     if prices:
         from .cost_report import published_costs
 
         report["prices"] = [{"device": p.device, "usd_per_device_hour": p.usd_per_hour} for p in prices.entries]
-        report["published_costs"] = [{k: (v.device if k == "price" else v) for k, v in c.items()} for c in published_costs(prices)]
+        report["published_costs"] = [
+            {k: (v.device if k == "price" else v) for k, v in c.items()} for c in published_costs(prices)
+        ]
     for name, dirs in groups.items():
         stats, texts = {}, {}
         for key in throughput + quality:
@@ -236,8 +249,9 @@ def build_report(run_dirs: Sequence[str], groups: Mapping[str, Sequence[str]], p
     names = list(groups)
     for other in names[1:]:
         for key in quality:
-            result = compare_to_baseline(report["groups"][names[0]]["stats"][key],
-                                         report["groups"][other]["stats"][key])
+            result = compare_to_baseline(
+                report["groups"][names[0]]["stats"][key], report["groups"][other]["stats"][key]
+            )
             if result is not None:
                 report["comparisons"].append({"metric": key, "baseline": names[0], "group": other, **result})
     return report
@@ -271,29 +285,59 @@ def render_markdown(report: dict) -> str:
     if groups:
         names = list(groups)
         keys = report["throughput_keys"] + report["quality_keys"]
-        rows = [[key] + [_format_stats(groups[n]["stats"][key], groups[n]["texts"][key]) for n in names]
-                for key in keys]
+        rows = [
+            [key] + [_format_stats(groups[n]["stats"][key], groups[n]["texts"][key]) for n in names] for key in keys
+        ]
         members = "; ".join(f"{n}: {', '.join(groups[n]['dirs'])}" for n in names)
-        sections.append("## Groups: mean ± std (min–max, n)\n\n" + _table(["metric"] + names, rows)
-                        + f"\n\nMembers - {members}" + _speedups(report))
+        sections.append(
+            "## Groups: mean ± std (min–max, n)\n\n"
+            + _table(["metric"] + names, rows)
+            + f"\n\nMembers - {members}"
+            + _speedups(report)
+        )
     if report.get("published_costs"):
         from .cost import PUBLISHED_EXPERIMENT
         from .cost_report import usd
 
-        rows = [[c["device"], c["configuration"], _format(c["samples_per_second"]), usd(c["usd_per_1m_samples"]),
-                 usd(c["usd_published_experiment"])] for c in report["published_costs"]]
-        sections.append("## Published figures at these prices (8 devices)\n\n"
-                        + _table(["device", "configuration", "samples/s", "USD per 1M samples",
-                                  f"USD, published run ({PUBLISHED_EXPERIMENT})"], rows))
+        rows = [
+            [
+                c["device"],
+                c["configuration"],
+                _format(c["samples_per_second"]),
+                usd(c["usd_per_1m_samples"]),
+                usd(c["usd_published_experiment"]),
+            ]
+            for c in report["published_costs"]
+        ]
+        sections.append(
+            "## Published figures at these prices (8 devices)\n\n"
+            + _table(
+                [
+                    "device",
+                    "configuration",
+                    "samples/s",
+                    "USD per 1M samples",
+                    f"USD, published run ({PUBLISHED_EXPERIMENT})",
+                ],
+                rows,
+            )
+        )
     if report["comparisons"]:
         rows = [
-            [c["metric"], f"{c['group']} vs {c['baseline']}", f"{c['difference']:+.4g}",
-             _format(c["spread"]), c["verdict"]]
+            [
+                c["metric"],
+                f"{c['group']} vs {c['baseline']}",
+                f"{c['difference']:+.4g}",
+                _format(c["spread"]),
+                c["verdict"],
+            ]
             for c in report["comparisons"]
         ]
-        sections.append("## Quality: difference vs run-to-run spread\n\n"
-                        + _table(["metric", "groups", "Δ mean", "spread", "verdict"], rows)
-                        + f"\n\n{SPREAD_RULE}")
+        sections.append(
+            "## Quality: difference vs run-to-run spread\n\n"
+            + _table(["metric", "groups", "Δ mean", "spread", "verdict"], rows)
+            + f"\n\n{SPREAD_RULE}"
+        )
     return "\n\n".join(sections) + "\n"
 
 
@@ -309,8 +353,13 @@ def make_parser() -> argparse.ArgumentParser:
         epilog=SPREAD_RULE + " The first --group is the baseline the others are compared with.",
     )
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="run output directories")
-    parser.add_argument("--group", action="append", default=[], metavar="NAME=DIR1,DIR2",
-                        help="repeats of one configuration (different seeds); give the flag once per group")
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=DIR1,DIR2",
+        help="repeats of one configuration (different seeds); give the flag once per group",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the comparison as JSON to this file")
     add_price_arguments(parser)
     return parser
@@ -336,14 +385,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     sys.stdout.write(render_markdown(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(relative_dirs(report, Path(args.json).resolve().parent), indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(relative_dirs(report, Path(args.json).resolve().parent), indent=2) + "\n"
+        )
     return 0
 
 
 def relative_dirs(report: Any, base: Path) -> Any:
     """`report` as the JSON file shows it: run directories inside `base` (the file's own directory) named
     relative to it, so that a shared comparison does not expose the machine's layout; others as given."""
-    dirs = {d for run in report["runs"].values() for d in [run["dir"]]} | {d for g in report["groups"].values() for d in g["dirs"]}
+    dirs = {d for run in report["runs"].values() for d in [run["dir"]]} | {
+        d for g in report["groups"].values() for d in g["dirs"]
+    }
     shown = {}
     for d in dirs:
         try:

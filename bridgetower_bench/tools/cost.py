@@ -29,11 +29,13 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional
 
 from ..user_errors import UserInputError
+
 
 # The published experiment: 5 epochs over the train split of the New Yorker `matching` configuration. The
 # documentation gives that split as "about 9.8k rows" (docs/PUBLISHED.md) and no exact count, so 9,800 is the
@@ -44,7 +46,12 @@ PUBLISHED_EXPERIMENT_SAMPLES = PUBLISHED_EPOCHS * PUBLISHED_TRAIN_ROWS
 PUBLISHED_EXPERIMENT = f"{PUBLISHED_EPOCHS} epochs x about {PUBLISHED_TRAIN_ROWS:,} rows"
 
 # The published devices (bench_report.PUBLISHED, CI_BASELINES) and the names their prices are given under.
-PUBLISHED_PRICE_NAMES = {"Gaudi2 HPU": "Gaudi2", "H100 GPU": "H100", "A100 80GB GPU": "A100 80GB", "Gaudi3 HPU": "Gaudi3"}
+PUBLISHED_PRICE_NAMES = {
+    "Gaudi2 HPU": "Gaudi2",
+    "H100 GPU": "H100",
+    "A100 80GB GPU": "A100 80GB",
+    "Gaudi3 HPU": "Gaudi3",
+}
 
 COST_COLUMNS = ("price_device", "usd_per_device_hour", "usd_per_1m_samples", "usd_published_experiment")
 
@@ -90,7 +97,9 @@ class Prices:
     def _most_specific(self, device_type: Optional[str], device_name: str) -> Optional[Price]:
         found = sorted(self._matches(device_type, device_name), key=lambda m: -m[0])
         if len(found) > 1 and found[0][0] == found[1][0]:  # two names of one length (one type: priced once)
-            raise UserInputError(f"{found[0][1].given} and {found[1][1].given}: both match {device_name} equally; keep one")
+            raise UserInputError(
+                f"{found[0][1].given} and {found[1][1].given}: both match {device_name} equally; keep one"
+            )
         return found[0][1] if found else None
 
     def check(self, devices: Iterable[tuple[Optional[str], Optional[str]]], where: str) -> None:
@@ -109,7 +118,8 @@ class Prices:
             shown = ", ".join(sorted({f"{kind} ({name})" if kind else name for kind, name in devices})) or "none"
             raise UserInputError(
                 f"{price.given}: unknown device {price.device!r}: it matches no row ({where}: {shown}) and no published "
-                f"device ({', '.join(PUBLISHED_PRICE_NAMES.values())}); a DEVICE is a device type or part of a device name")
+                f"device ({', '.join(PUBLISHED_PRICE_NAMES.values())}); a DEVICE is a device type or part of a device name"
+            )
 
     def describe(self) -> str:
         return "; ".join(f"{p.device} = {p.usd_per_hour:g} USD per device-hour" for p in self.entries)
@@ -167,19 +177,27 @@ def read_prices_file(path: str) -> list[Price]:
         except json.JSONDecodeError as error:
             raise UserInputError(f"{flag}: not valid JSON ({error})") from None
         if not isinstance(content, dict):
-            raise UserInputError(f'{flag}: expected a JSON object {{"DEVICE": USD_PER_HOUR, ...}}, found {type(content).__name__}')
-        return [Price(_device_name(k, f"{flag} key {k!r}"), _price_value(v, f"{flag} key {k!r}"), f"{flag} key {k!r}")
-                for k, v in content.items()]
+            raise UserInputError(
+                f'{flag}: expected a JSON object {{"DEVICE": USD_PER_HOUR, ...}}, found {type(content).__name__}'
+            )
+        return [
+            Price(_device_name(k, f"{flag} key {k!r}"), _price_value(v, f"{flag} key {k!r}"), f"{flag} key {k!r}")
+            for k, v in content.items()
+        ]
     if suffix == ".csv":
         reader = csv.DictReader(text.splitlines())
         columns = [c.strip() for c in reader.fieldnames or []]
         if "device" not in columns or "usd_per_hour" not in columns:
-            raise UserInputError(f"{flag}: expected the columns device,usd_per_hour (found: {','.join(columns) or 'nothing'})")
+            raise UserInputError(
+                f"{flag}: expected the columns device,usd_per_hour (found: {','.join(columns) or 'nothing'})"
+            )
         prices = []
         for line, row in enumerate(reader, start=2):
             row = {(k or "").strip(): v for k, v in row.items()}
             given = f"{flag} line {line}"
-            prices.append(Price(_device_name(row.get("device"), given), _price_value(row.get("usd_per_hour"), given), given))
+            prices.append(
+                Price(_device_name(row.get("device"), given), _price_value(row.get("usd_per_hour"), given), given)
+            )
         return prices
     raise UserInputError(f"{flag}: expected a .json or .csv file")
 
@@ -198,12 +216,21 @@ def prices_from_args(price_args: Optional[Sequence[str]], prices_file: Optional[
 
 
 def add_price_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--price", action="append", default=[], metavar="DEVICE=USD_PER_HOUR",
-                        help="Price of one device-hour, e.g. --price H100=2.50 --price cpu=0.10 (repeatable; DEVICE: a device "
-                             "type cpu/cuda/hpu or part of a device name, or a published device Gaudi2/H100/A100 80GB/Gaudi3). "
-                             "Adds USD per 1M training samples and the cost of the published run; no price is built in.")
-    parser.add_argument("--prices", metavar="FILE", default=None,
-                        help='Prices from a file: a JSON object {"H100": 2.5} or a CSV file with the columns device,usd_per_hour.')
+    parser.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="DEVICE=USD_PER_HOUR",
+        help="Price of one device-hour, e.g. --price H100=2.50 --price cpu=0.10 (repeatable; DEVICE: a device "
+        "type cpu/cuda/hpu or part of a device name, or a published device Gaudi2/H100/A100 80GB/Gaudi3). "
+        "Adds USD per 1M training samples and the cost of the published run; no price is built in.",
+    )
+    parser.add_argument(
+        "--prices",
+        metavar="FILE",
+        default=None,
+        help='Prices from a file: a JSON object {"H100": 2.5} or a CSV file with the columns device,usd_per_hour.',
+    )
 
 
 def refuse(prog: str, error: Exception) -> NoReturn:
@@ -222,8 +249,9 @@ def usd_per_million_samples(usd_per_device_hour: float, devices: int, samples_pe
     return usd_per_device_hour * devices / (samples_per_second * 3600) * 1e6
 
 
-def usd_published_experiment(usd_per_device_hour: float, devices: int, samples_per_second: float,
-                             samples: int = PUBLISHED_EXPERIMENT_SAMPLES) -> float:
+def usd_published_experiment(
+    usd_per_device_hour: float, devices: int, samples_per_second: float, samples: int = PUBLISHED_EXPERIMENT_SAMPLES
+) -> float:
     """USD of training the published experiment's samples at `samples_per_second` on `devices`."""
     return usd_per_device_hour * devices * samples / (samples_per_second * 3600)
 

@@ -8,13 +8,21 @@ the throughput tables show it; energy is the median over the cell's runs.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
 from ..energy import NOT_MEASURED
-from .bench_report import (CI_BASELINES, PUBLISHED, PUBLISHED_CONFIGS, PUBLISHED_DEVICES, Summary, _fmt, _markdown_table)
-from .cost import (PUBLISHED_EXPERIMENT, PUBLISHED_EXPERIMENT_SAMPLES, PUBLISHED_PRICE_NAMES, Price, Prices,
-                   usd_per_million_samples, usd_published_experiment)
+from .bench_report import CI_BASELINES, PUBLISHED, PUBLISHED_CONFIGS, PUBLISHED_DEVICES, Summary, _fmt, _markdown_table
+from .cost import (
+    PUBLISHED_EXPERIMENT,
+    PUBLISHED_EXPERIMENT_SAMPLES,
+    PUBLISHED_PRICE_NAMES,
+    Price,
+    Prices,
+    usd_per_million_samples,
+    usd_published_experiment,
+)
 
 
 def usd(value: Optional[float]) -> str:
@@ -50,8 +58,10 @@ def cell_cost(summary: Summary, device: str, column: str, prices: Prices) -> Opt
     if cell is None or not cell.median or price is None:
         return None
     devices = _devices(summary, device)
-    return (usd_per_million_samples(price.usd_per_hour, devices, cell.median),
-            usd_published_experiment(price.usd_per_hour, devices, cell.median))
+    return (
+        usd_per_million_samples(price.usd_per_hour, devices, cell.median),
+        usd_published_experiment(price.usd_per_hour, devices, cell.median),
+    )
 
 
 def cell_energy(summary: Summary, device: str, column: str) -> Optional[dict]:
@@ -59,8 +69,11 @@ def cell_energy(summary: Summary, device: str, column: str) -> Optional[dict]:
     cell = summary.cells.get((device, column))
     if cell is None or not any("energy_source" in row for row in cell.rows):
         return None
-    measured = [row for row in cell.rows if row.get("energy_source") not in (None, NOT_MEASURED)
-                and row.get("energy_joules_per_sample") is not None]
+    measured = [
+        row
+        for row in cell.rows
+        if row.get("energy_source") not in (None, NOT_MEASURED) and row.get("energy_joules_per_sample") is not None
+    ]
     if not measured:
         return {"reasons": sorted({str(row.get("energy_reason") or "no reason recorded") for row in cell.rows})}
     return {
@@ -85,24 +98,42 @@ def render_table_sections(summary: Summary, prices: Prices) -> str:
     parts = []
     if prices:
         priced = [(device, price) for device in summary.devices if (price := cell_price(summary, device, prices))]
-        rows = [[device, f"{price.device}: {price.usd_per_hour:g} USD/h"]
-                + [f"{usd(c[0])} per 1M; {usd(c[1])} run" if (c := cell_cost(summary, device, column, prices)) else "-"
-                   for column in summary.columns]
-                for device, price in priced]
-        parts += ["", "## Cost at the prices given (USD, at the median samples/s)", "",
-                  f"Per 1M training samples, then the published run ({PUBLISHED_EXPERIMENT} = "
-                  f"{PUBLISHED_EXPERIMENT_SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
-                  f"start-up or evaluation). Prices: {prices.describe()}.", ""]
-        parts.append(_markdown_table(["device", "price"] + summary.columns, rows) if rows else "No device of this sweep has a price.")
+        rows = [
+            [device, f"{price.device}: {price.usd_per_hour:g} USD/h"]
+            + [
+                f"{usd(c[0])} per 1M; {usd(c[1])} run" if (c := cell_cost(summary, device, column, prices)) else "-"
+                for column in summary.columns
+            ]
+            for device, price in priced
+        ]
+        parts += [
+            "",
+            "## Cost at the prices given (USD, at the median samples/s)",
+            "",
+            f"Per 1M training samples, then the published run ({PUBLISHED_EXPERIMENT} = "
+            f"{PUBLISHED_EXPERIMENT_SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
+            f"start-up or evaluation). Prices: {prices.describe()}.",
+            "",
+        ]
+        parts.append(
+            _markdown_table(["device", "price"] + summary.columns, rows)
+            if rows
+            else "No device of this sweep has a price."
+        )
         unpriced = [device for device in summary.devices if device not in dict(priced)]
         if unpriced and rows:
             parts += ["", f"No price given for: {', '.join(unpriced)}."]
     if _any_energy(summary):
-        parts += ["", "## Energy over the counted window (median)", "",
-                  "Joules per training sample and average watts per device, read from the device's counter over exactly the "
-                  "steps samples/s counts (bridgetower_bench/energy.py): `nvml-energy` (NVIDIA board counter), "
-                  "`hlml-power-sampled` (Gaudi power, sampled), `rapl` (CPU packages: the whole CPU, loader workers and "
-                  "every other process on it included).", ""]
+        parts += [
+            "",
+            "## Energy over the counted window (median)",
+            "",
+            "Joules per training sample and average watts per device, read from the device's counter over exactly the "
+            "steps samples/s counts (bridgetower_bench/energy.py): `nvml-energy` (NVIDIA board counter), "
+            "`hlml-power-sampled` (Gaudi power, sampled), `rapl` (CPU packages: the whole CPU, loader workers and "
+            "every other process on it included).",
+            "",
+        ]
         rows, reasons = [], {}
         for device in summary.devices:
             cells = []
@@ -115,8 +146,10 @@ def render_table_sections(summary: Summary, prices: Prices) -> str:
                     known = reasons.setdefault(device, [])
                     known += [reason for reason in energy["reasons"] if reason not in known]
                 else:
-                    cells.append(f"{energy['joules_per_sample']:.3g} J/sample, {energy['watts_per_device']:.3g} W per device "
-                                 f"({', '.join(energy['sources'])})")
+                    cells.append(
+                        f"{energy['joules_per_sample']:.3g} J/sample, {energy['watts_per_device']:.3g} W per device "
+                        f"({', '.join(energy['sources'])})"
+                    )
             rows.append([device] + cells)
         parts.append(_markdown_table(["device"] + summary.columns, rows))
         for device, device_reasons in reasons.items():
@@ -137,21 +170,47 @@ def published_costs(prices: Prices) -> list[dict]:
         if price is None:
             continue
         for configuration, node in figures.items():
-            found.append({"device": device, "name": PUBLISHED_PRICE_NAMES.get(device, device), "configuration": configuration,
-                          "samples_per_second": node, "per_device": node / PUBLISHED_DEVICES, "price": price,
-                          "usd_per_1m_samples": usd_per_million_samples(price.usd_per_hour, PUBLISHED_DEVICES, node),
-                          "usd_published_experiment": usd_published_experiment(price.usd_per_hour, PUBLISHED_DEVICES, node)})
+            found.append(
+                {
+                    "device": device,
+                    "name": PUBLISHED_PRICE_NAMES.get(device, device),
+                    "configuration": configuration,
+                    "samples_per_second": node,
+                    "per_device": node / PUBLISHED_DEVICES,
+                    "price": price,
+                    "usd_per_1m_samples": usd_per_million_samples(price.usd_per_hour, PUBLISHED_DEVICES, node),
+                    "usd_published_experiment": usd_published_experiment(price.usd_per_hour, PUBLISHED_DEVICES, node),
+                }
+            )
     return found
 
 
 def render_published_costs(prices: Prices) -> str:
     """The published figures at the user's prices, one row each (also what compare prints)."""
-    rows = [[c["device"], c["configuration"], f"{c['price'].usd_per_hour:g}", _fmt(c["samples_per_second"]),
-             usd(c["usd_per_1m_samples"]), usd(c["usd_published_experiment"])] for c in published_costs(prices)]
+    rows = [
+        [
+            c["device"],
+            c["configuration"],
+            f"{c['price'].usd_per_hour:g}",
+            _fmt(c["samples_per_second"]),
+            usd(c["usd_per_1m_samples"]),
+            usd(c["usd_published_experiment"]),
+        ]
+        for c in published_costs(prices)
+    ]
     if not rows:
         return ""
-    return _markdown_table(["published device (8)", "configuration", "USD per device-hour", "samples/s (node)",
-                            "USD per 1M samples", f"USD, published run ({PUBLISHED_EXPERIMENT})"], rows)
+    return _markdown_table(
+        [
+            "published device (8)",
+            "configuration",
+            "USD per device-hour",
+            "samples/s (node)",
+            "USD per 1M samples",
+            f"USD, published run ({PUBLISHED_EXPERIMENT})",
+        ],
+        rows,
+    )
 
 
 def render_vs_published_section(summary: Summary, prices: Prices) -> str:
@@ -168,8 +227,12 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
         if node is None:
             return "n/a" if column in PUBLISHED_CONFIGS else "-"
         price = prices.for_published(device).usd_per_hour
-        return usd((usd_per_million_samples(price, PUBLISHED_DEVICES, node),
-                    usd_published_experiment(price, PUBLISHED_DEVICES, node))[index])
+        return usd(
+            (
+                usd_per_million_samples(price, PUBLISHED_DEVICES, node),
+                usd_published_experiment(price, PUBLISHED_DEVICES, node),
+            )[index]
+        )
 
     def our_cell(device, column, index):
         cost = cell_cost(summary, device, column, prices)
@@ -177,18 +240,41 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
 
     tables = []
     for index in (0, 1):
-        tables.append(_markdown_table(header, [[c] + [our_cell(d, c, index) for d in ours]
-                                               + [published_cell(d, c, index) for d in published] for c in rows_order]))
-    parts = ["", "## Cost at the prices given (USD)", "",
-             f"Prices: {prices.describe()}. This run: its median samples/s on its own devices; published: the post's "
-             f"whole-node samples/s on {PUBLISHED_DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
-             "", "### Per 1M training samples", "", tables[0], "",
-             f"### The published run ({PUBLISHED_EXPERIMENT} = {PUBLISHED_EXPERIMENT_SAMPLES:,} samples)", "", tables[1]]
+        tables.append(
+            _markdown_table(
+                header,
+                [
+                    [c] + [our_cell(d, c, index) for d in ours] + [published_cell(d, c, index) for d in published]
+                    for c in rows_order
+                ],
+            )
+        )
+    parts = [
+        "",
+        "## Cost at the prices given (USD)",
+        "",
+        f"Prices: {prices.describe()}. This run: its median samples/s on its own devices; published: the post's "
+        f"whole-node samples/s on {PUBLISHED_DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
+        "",
+        "### Per 1M training samples",
+        "",
+        tables[0],
+        "",
+        f"### The published run ({PUBLISHED_EXPERIMENT} = {PUBLISHED_EXPERIMENT_SAMPLES:,} samples)",
+        "",
+        tables[1],
+    ]
     ci = [c for c in published_costs(prices) if c["configuration"] == "upstream CI"]
     if ci:
-        parts += ["", "### Upstream's CI baselines", "",
-                  _markdown_table(["device", "USD per 1M samples", "USD, published run"],
-                                  [[c["device"], usd(c["usd_per_1m_samples"]), usd(c["usd_published_experiment"])] for c in ci])]
+        parts += [
+            "",
+            "### Upstream's CI baselines",
+            "",
+            _markdown_table(
+                ["device", "USD per 1M samples", "USD, published run"],
+                [[c["device"], usd(c["usd_per_1m_samples"]), usd(c["usd_published_experiment"])] for c in ci],
+            ),
+        ]
     return "\n".join(parts) + "\n"
 
 
@@ -207,16 +293,31 @@ def cost_chart_points(summary: Summary, prices: Prices) -> dict:
             if cell is None or not cell.median_per_device:
                 continue
             if prices and (cost := cell_cost(summary, device, column, prices)):
-                panels.setdefault("usd", []).append({"x": cell.median_per_device, "y": cost[0], "label": column,
-                                                     "device": device, "published": False})
+                panels.setdefault("usd", []).append(
+                    {"x": cell.median_per_device, "y": cost[0], "label": column, "device": device, "published": False}
+                )
             energy = cell_energy(summary, device, column)
             if energy and "joules_per_sample" in energy:
-                panels.setdefault("energy", []).append({"x": cell.median_per_device, "y": energy["joules_per_sample"],
-                                                        "label": column, "device": device, "published": False})
+                panels.setdefault("energy", []).append(
+                    {
+                        "x": cell.median_per_device,
+                        "y": energy["joules_per_sample"],
+                        "label": column,
+                        "device": device,
+                        "published": False,
+                    }
+                )
     if prices:
         for c in published_costs(prices):
-            panels.setdefault("usd", []).append({"x": c["per_device"], "y": c["usd_per_1m_samples"], "label": c["configuration"],
-                                                 "device": f"{c['name']} x{PUBLISHED_DEVICES} (published)", "published": True})
+            panels.setdefault("usd", []).append(
+                {
+                    "x": c["per_device"],
+                    "y": c["usd_per_1m_samples"],
+                    "label": c["configuration"],
+                    "device": f"{c['name']} x{PUBLISHED_DEVICES} (published)",
+                    "published": True,
+                }
+            )
     return panels
 
 
@@ -242,9 +343,16 @@ def render_cost_chart(summary: Summary, prices: Prices, path: Path) -> bool:
         for device in devices:
             mine = [p for p in points if p["device"] == device]
             published = mine[0]["published"]
-            ax.scatter([p["x"] for p in mine], [p["y"] for p in mine], color=colours[device], label=device,
-                       marker="*" if published else "o", s=140 if published else 45,
-                       edgecolors="black" if published else "none", zorder=3)
+            ax.scatter(
+                [p["x"] for p in mine],
+                [p["y"] for p in mine],
+                color=colours[device],
+                label=device,
+                marker="*" if published else "o",
+                s=140 if published else 45,
+                edgecolors="black" if published else "none",
+                zorder=3,
+            )
             for p in mine:
                 ax.annotate(p["label"], (p["x"], p["y"]), textcoords="offset points", xytext=(5, 4), fontsize=7)
         for axis, values in (("x", [p["x"] for p in points]), ("y", [p["y"] for p in points])):
@@ -257,7 +365,9 @@ def render_cost_chart(summary: Summary, prices: Prices, path: Path) -> bool:
         ax.margins(0.15)
         ax.legend(fontsize=7)
     any_published = any(p["published"] for points in panels.values() for p in points)
-    fig.suptitle("BridgeTower fine-tuning: speed against cost" + (" (stars: the published runs)" if any_published else ""))
+    fig.suptitle(
+        "BridgeTower fine-tuning: speed against cost" + (" (stars: the published runs)" if any_published else "")
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -11,17 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ..device_decode import ENCODED_IMAGES_KEY, DecodeCounts, EncodedImageTransform, collate_encoded, decode_batch
 from ..images import FastTransform, normalize_on_device
 from ..throughput import synchronize_device
-from .fixtures import CLIP_MEAN, CLIP_STD
 from . import tool_paths
-
-
+from .fixtures import CLIP_MEAN, CLIP_STD
 
 
 def _image_values(paths: Sequence[str], column: str, limit: int) -> list:
@@ -40,16 +38,27 @@ def _image_values(paths: Sequence[str], column: str, limit: int) -> list:
     return values[:limit]
 
 
-def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[float], std: Sequence[float],
-                      batch_size: int = 48, repeats: int = 3) -> dict:
+def compare_with_host(
+    values: Sequence,
+    device,
+    image_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    batch_size: int = 48,
+    repeats: int = 3,
+) -> dict:
     """Decode ``values`` with ``decode_batch`` and with the host ``fast`` pipeline; their deviation and speed."""
     device = torch.device(device)
     encode, host = EncodedImageTransform(image_size), FastTransform(image_size)
     started = time.perf_counter()
     expected = torch.stack([host(v) for v in values])
     host_seconds = time.perf_counter() - started
-    batches = [collate_encoded([{"pixel_values": encode(v), "input_ids": [0], "attention_mask": [1]} for v in values[i : i + batch_size]])
-               for i in range(0, len(values), batch_size)]
+    batches = [
+        collate_encoded(
+            [{"pixel_values": encode(v), "input_ids": [0], "attention_mask": [1]} for v in values[i : i + batch_size]]
+        )
+        for i in range(0, len(values), batch_size)
+    ]
     counts = DecodeCounts()
 
     def decode_all(count_into=None):
@@ -79,7 +88,9 @@ def compare_with_host(values: Sequence, device, image_size: int, mean: Sequence[
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bridgetower_bench.tools.device_decode_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bridgetower_bench.tools.device_decode_check", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("images", nargs="+", help="image files and/or parquet files with an image column")
     parser.add_argument("--column", default="image", help="image column of the parquet files")
     parser.add_argument("--limit", type=int, default=192, help="use at most this many images")
@@ -94,8 +105,14 @@ def main(argv=None) -> None:
         tool_paths.output_file("--json", args.json)
     if torch.device(args.device).type == "cpu":
         torch.set_num_threads(1)  # one core, like a loader worker
-    result = compare_with_host(_image_values(args.images, args.column, args.limit), args.device, args.image_size,
-                               CLIP_MEAN, CLIP_STD, batch_size=args.batch_size)
+    result = compare_with_host(
+        _image_values(args.images, args.column, args.limit),
+        args.device,
+        args.image_size,
+        CLIP_MEAN,
+        CLIP_STD,
+        batch_size=args.batch_size,
+    )
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as handle:

@@ -27,17 +27,29 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 from PIL import Image
 
 from ..atomic_files import remove_abandoned, staged_directory
-from .cartoons import (IMAGE_SIDE_RANGE, MIN_IMAGE_SIDE, SETTING_PREPOSITIONS, SETTINGS, THINGS, Scene, describe,
-                       exif_oriented_jpeg_bytes, jpeg_bytes,
-                       render_scene, sample_image_size, sample_scene)
 from . import tool_paths
+from .cartoons import (
+    IMAGE_SIDE_RANGE,
+    MIN_IMAGE_SIDE,
+    SETTING_PREPOSITIONS,
+    SETTINGS,
+    THINGS,
+    Scene,
+    describe,
+    exif_oriented_jpeg_bytes,
+    jpeg_bytes,
+    render_scene,
+    sample_image_size,
+    sample_scene,
+)
+
 
 # ---------------------------------------------------------------------------------------------
 # Constants shared by the fixtures
@@ -93,23 +105,26 @@ def _features():
     """The column schema of the New Yorker caption contest `matching` config. There,
     `caption_choices` lists the five candidate captions ("A: ...", one per line; a string, as
     DESIGN §3 gives the schema) and `label` is the letter of the right one."""
-    from datasets import Features, Image as ImageFeature, Sequence, Value
+    from datasets import Features, Sequence, Value
+    from datasets import Image as ImageFeature
 
     text = Value("string")
-    return Features({
-        "image": ImageFeature(),
-        "contest_number": Value("int32"),
-        "image_location": text,
-        "image_description": text,
-        "image_uncanny_description": text,
-        "entities": Sequence(text),
-        "questions": Sequence(text),
-        "caption_choices": text,
-        "from_description": text,
-        "label": text,
-        "n_tokens_label": Value("int32"),
-        "instance_id": text,
-    })
+    return Features(
+        {
+            "image": ImageFeature(),
+            "contest_number": Value("int32"),
+            "image_location": text,
+            "image_description": text,
+            "image_uncanny_description": text,
+            "entities": Sequence(text),
+            "questions": Sequence(text),
+            "caption_choices": text,
+            "from_description": text,
+            "label": text,
+            "n_tokens_label": Value("int32"),
+            "instance_id": text,
+        }
+    )
 
 
 def _joke(rng: np.random.Generator, kind: str) -> str:
@@ -123,7 +138,8 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
     kinds = [kind for kind, _ in scene.things]
     description = describe(scene)
     uncanny = UNCANNY_TEMPLATES[int(rng.integers(len(UNCANNY_TEMPLATES)))].format(
-        thing=THINGS[kinds[0]][0], where=where)
+        thing=THINGS[kinds[0]][0], where=where
+    )
     entities = [f"https://en.wikipedia.org/wiki/{THINGS[kind][2]}" for kind in kinds]
     questions = [q.format(thing=THINGS[kind][0], where=where) for kind in kinds for q in QUESTION_TEMPLATES]
     others = [kind for kind in THINGS if kind not in kinds]
@@ -141,16 +157,26 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
             "entities": entities,
             "questions": questions,
             "caption_choices": listed,
-            "from_description": (f"scene: {setting}\ndescription: {description}\nuncanny: {uncanny}\n"
-                                 f"entities: {', '.join(entities)}\nchoices {listed}"),
+            "from_description": (
+                f"scene: {setting}\ndescription: {description}\nuncanny: {uncanny}\n"
+                f"entities: {', '.join(entities)}\nchoices {listed}"
+            ),
             "label": CHOICE_LETTERS[label],
             "n_tokens_label": 1,
             "instance_id": rng.bytes(16).hex(),
         }
 
 
-def _split_rows(seed: int, split_index: int, n_rows: int, rows_per_cartoon: int, first_contest: int,
-                side_range: tuple[int, int], stroke_scale: float, exif_rotated_every: int = 0) -> list[dict]:
+def _split_rows(
+    seed: int,
+    split_index: int,
+    n_rows: int,
+    rows_per_cartoon: int,
+    first_contest: int,
+    side_range: tuple[int, int],
+    stroke_scale: float,
+    exif_rotated_every: int = 0,
+) -> list[dict]:
     """Rows of one split. Each cartoon has its own generator, so changing a row count only
     adds or removes cartoons at the end instead of redrawing all of them. With `exif_rotated_every` N,
     cartoons 0, N, 2N, ... are stored transposed with an EXIF orientation tag (2..8 in turn)."""
@@ -181,17 +207,28 @@ def _check_side_range(side_range) -> tuple[int, int]:
         low, high = side_range
     except (TypeError, ValueError):
         raise ValueError(f"image_side_range must be a (min, max) pair of pixel counts, got {side_range!r}") from None
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (low, high)) \
-            or not MIN_IMAGE_SIDE <= low <= high:
-        raise ValueError(f"image_side_range must be two integers with {MIN_IMAGE_SIDE} <= min <= max, "
-                         f"got {side_range!r}")
+    if (
+        any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (low, high))
+        or not MIN_IMAGE_SIDE <= low <= high
+    ):
+        raise ValueError(
+            f"image_side_range must be two integers with {MIN_IMAGE_SIDE} <= min <= max, got {side_range!r}"
+        )
     return int(low), int(high)
 
 
-def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: int = 48, test_rows: int = 48,
-                           rows_per_cartoon: int = 4, seed: int = 0,
-                           image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE, stroke_scale: float = 1.0,
-                           exif_rotated_every: int = 0) -> Path:
+def make_synthetic_dataset(
+    out_dir,
+    *,
+    train_rows: int = 192,
+    validation_rows: int = 48,
+    test_rows: int = 48,
+    rows_per_cartoon: int = 4,
+    seed: int = 0,
+    image_side_range: tuple[int, int] = IMAGE_SIDE_RANGE,
+    stroke_scale: float = 1.0,
+    exif_rotated_every: int = 0,
+) -> Path:
     """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
 
     Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
@@ -209,8 +246,12 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     """
     import datasets
 
-    counts = {"train_rows": train_rows, "validation_rows": validation_rows, "test_rows": test_rows,
-              "rows_per_cartoon": rows_per_cartoon}
+    counts = {
+        "train_rows": train_rows,
+        "validation_rows": validation_rows,
+        "test_rows": test_rows,
+        "rows_per_cartoon": rows_per_cartoon,
+    }
     for name, value in counts.items():
         _check_positive(name, value)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -231,8 +272,9 @@ def make_synthetic_dataset(out_dir, *, train_rows: int = 192, validation_rows: i
     datasets.disable_progress_bars()  # one bar per tiny shard is noise
     try:
         for index, (split, n_rows) in enumerate(zip(SPLITS, (train_rows, validation_rows, test_rows))):
-            rows = _split_rows(seed, index, n_rows, rows_per_cartoon, first_contest, side_range, stroke_scale,
-                               exif_rotated_every)
+            rows = _split_rows(
+                seed, index, n_rows, rows_per_cartoon, first_contest, side_range, stroke_scale, exif_rotated_every
+            )
             first_contest += math.ceil(n_rows / rows_per_cartoon)
             columns = {name: [row[name] for row in rows] for name in features}
             dataset = datasets.Dataset.from_dict(columns, features=features)
@@ -345,18 +387,31 @@ def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
     if not texts:
         raise ValueError("the tokenizer corpus is empty: pass some caption text, or corpus=None for the default")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=TOKENIZER_TARGET_VOCAB, min_frequency=2,
-                            special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    bpe.train_from_iterator(
+        texts,
+        vocab_size=TOKENIZER_TARGET_VOCAB,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file, merges_file = bpe.save_model(tmp)
-        tokenizer = RobertaTokenizerFast(vocab_file=vocab_file, merges_file=merges_file,
-                                         model_max_length=TOKENIZER_MAX_LENGTH)
+        tokenizer = RobertaTokenizerFast(
+            vocab_file=vocab_file, merges_file=merges_file, model_max_length=TOKENIZER_MAX_LENGTH
+        )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer
 
 
-def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294, patch_size: int = 14,
-                       layers: int = 2, dropout: float | None = None):
+def bridgetower_config(
+    *,
+    large: bool,
+    vocab_size: int,
+    image_size: int = 294,
+    patch_size: int = 14,
+    layers: int = 2,
+    dropout: float | None = None,
+):
     """A valid BridgeTowerConfig: BridgeTower Large's shape, or a tiny one for CPU tests.
 
     BridgeTower needs equal text, vision and cross-modal hidden sizes, vision heads = hidden // 64,
@@ -418,8 +473,9 @@ def bridgetower_config(*, large: bool, vocab_size: int, image_size: int = 294, p
 
 
 def _check_dropout(dropout) -> None:
-    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-                                or not 0.0 <= dropout < 1.0):
+    if dropout is not None and (
+        isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0
+    ):
         raise ValueError(f"dropout must be a probability in [0, 1) or None, got {dropout!r}")
 
 
@@ -445,9 +501,18 @@ def _save_image_processor(out_dir: Path, image_size: int) -> None:
     ).save_pretrained(str(out_dir))
 
 
-def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, patch_size: int = 14, layers: int = 2,
-                    large: bool = False, corpus: Iterable[str] | None = None, dropout: float | None = None,
-                    vision_position_scale: float = 1.0) -> Path:
+def make_tiny_model(
+    out_dir,
+    *,
+    seed: int = 0,
+    image_size: int = 294,
+    patch_size: int = 14,
+    layers: int = 2,
+    large: bool = False,
+    corpus: Iterable[str] | None = None,
+    dropout: float | None = None,
+    vision_position_scale: float = 1.0,
+) -> Path:
     """Write a random-weight BridgeTowerForContrastiveLearning directory, loadable offline.
 
     Tiny by default (hidden 64, `layers` text, vision and cross-modal layers each, 14-px patches);
@@ -470,8 +535,11 @@ def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, patch_size
       vision tower learns *where* things are (the caption's left/middle/right) very slowly.
     """
     _check_dropout(dropout)
-    if isinstance(vision_position_scale, bool) or not isinstance(vision_position_scale, (int, float)) \
-            or not vision_position_scale > 0:
+    if (
+        isinstance(vision_position_scale, bool)
+        or not isinstance(vision_position_scale, (int, float))
+        or not vision_position_scale > 0
+    ):
         raise ValueError(f"vision_position_scale must be a positive number, got {vision_position_scale!r}")
     import torch
     from transformers import BridgeTowerForContrastiveLearning
@@ -479,8 +547,14 @@ def make_tiny_model(out_dir, *, seed: int = 0, image_size: int = 294, patch_size
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(default_tokenizer_corpus(seed) if corpus is None else corpus, out)
-    config = bridgetower_config(large=large, vocab_size=50265 if large else len(tokenizer), image_size=image_size,
-                                patch_size=patch_size, layers=layers, dropout=dropout)
+    config = bridgetower_config(
+        large=large,
+        vocab_size=50265 if large else len(tokenizer),
+        image_size=image_size,
+        patch_size=patch_size,
+        layers=layers,
+        dropout=dropout,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = BridgeTowerForContrastiveLearning(config)
@@ -503,6 +577,7 @@ def make_gaudi_config(out_dir) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Building fixtures once, atomically
 # ---------------------------------------------------------------------------------------------
+
 
 def default_fixtures_root() -> Path:
     """$BRIDGETOWER_BENCH_FIXTURES, else `<repo>/.cache/fixtures` (git-ignored)."""
@@ -540,7 +615,6 @@ def build_once(final_dir, params: dict, build: Callable[[Path], object]) -> bool
     return True
 
 
-
 # Bump when a generator's output changes, so that cached fixtures are rebuilt.
 FIXTURES_VERSION = 2
 # The default model (local preset and most tests) sees BridgeTower's 294-px images, so the image
@@ -550,8 +624,7 @@ FIXTURES_VERSION = 2
 # published accelerator runs (on the H100s, upstream lost 44 % of its speed at workers=0), rather than
 # bound by a CPU forward pass, and the loader settings it sweeps show on the CPU.
 DEFAULT_MODEL_OPTIONS = {"seed": 0, "image_size": 294, "patch_size": 42, "layers": 1, "large": False}
-DEFAULT_DATASET_OPTIONS = {"train_rows": 192, "validation_rows": 48, "test_rows": 48, "rows_per_cartoon": 4,
-                           "seed": 0}
+DEFAULT_DATASET_OPTIONS = {"train_rows": 192, "validation_rows": 48, "test_rows": 48, "rows_per_cartoon": 4, "seed": 0}
 
 
 def fixture_params(kind: str, **options) -> dict:
@@ -596,33 +669,56 @@ def ensure_default_fixtures(root=None) -> dict[str, Path]:
 # Command line
 # ---------------------------------------------------------------------------------------------
 
+
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bridgetower_bench.tools.fixtures",
         description="Write offline fixtures: random-weight BridgeTower model, synthetic New Yorker "
-                    "`matching` data set, Habana/clip Gaudi config.")
+        "`matching` data set, Habana/clip Gaudi config.",
+    )
     parser.add_argument("what", nargs="?", default="all", choices=("model", "dataset", "gaudi-config", "all"))
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"output root (default: ${FIXTURES_ENV} or <repo>/.cache/fixtures)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"output root (default: ${FIXTURES_ENV} or <repo>/.cache/fixtures)"
+    )
     parser.add_argument("--large", action="store_true", help="BridgeTower Large shape (~866 M parameters)")
     parser.add_argument("--image-size", type=int, default=294)
-    parser.add_argument("--patch-size", type=int, default=None,
-                        help=f"vision patch side (default: {DEFAULT_MODEL_OPTIONS['patch_size']}; 14 with --large)")
-    parser.add_argument("--layers", type=int, default=None,
-                        help=f"tiny model's layers per tower (default: {DEFAULT_MODEL_OPTIONS['layers']})")
+    parser.add_argument(
+        "--patch-size",
+        type=int,
+        default=None,
+        help=f"vision patch side (default: {DEFAULT_MODEL_OPTIONS['patch_size']}; 14 with --large)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"tiny model's layers per tower (default: {DEFAULT_MODEL_OPTIONS['layers']})",
+    )
     parser.add_argument("--train-rows", type=int, default=192)
     parser.add_argument("--validation-rows", type=int, default=48)
     parser.add_argument("--test-rows", type=int, default=48)
     parser.add_argument("--rows-per-cartoon", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--exif-rotated-every", type=int, default=0, metavar="N",
-                        help="store every Nth cartoon transposed, with the EXIF orientation tag that turns it "
-                             "upright (orientations 2-8 in turn), as phone photos and scans may be (default 0: none)")
+    parser.add_argument(
+        "--exif-rotated-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="store every Nth cartoon transposed, with the EXIF orientation tag that turns it "
+        "upright (orientations 2-8 in turn), as phone photos and scans may be (default 0: none)",
+    )
     args = parser.parse_args(argv)
     if args.large and args.layers is not None:
         parser.error("--layers sets the tiny model's depth; BridgeTower Large's (--large) is fixed")
-    for flag in ("image_size", "patch_size", "layers", "train_rows", "validation_rows", "test_rows",
-                 "rows_per_cartoon"):
+    for flag in (
+        "image_size",
+        "patch_size",
+        "layers",
+        "train_rows",
+        "validation_rows",
+        "test_rows",
+        "rows_per_cartoon",
+    ):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     if args.exif_rotated_every < 0:
@@ -637,10 +733,15 @@ def main(argv=None) -> None:
     root = args.out if args.out is not None else default_fixtures_root()
     requested = {
         "model": _model_options(args),
-        "dataset": {"train_rows": args.train_rows, "validation_rows": args.validation_rows,
-                    "test_rows": args.test_rows, "rows_per_cartoon": args.rows_per_cartoon, "seed": args.seed,
-                    # only when asked for, so that the default data set's recorded options stay as they were
-                    **({"exif_rotated_every": args.exif_rotated_every} if args.exif_rotated_every else {})},
+        "dataset": {
+            "train_rows": args.train_rows,
+            "validation_rows": args.validation_rows,
+            "test_rows": args.test_rows,
+            "rows_per_cartoon": args.rows_per_cartoon,
+            "seed": args.seed,
+            # only when asked for, so that the default data set's recorded options stay as they were
+            **({"exif_rotated_every": args.exif_rotated_every} if args.exif_rotated_every else {}),
+        },
         "gaudi_config": {},
     }
     if args.what != "all":
@@ -661,9 +762,13 @@ def _model_options(args: argparse.Namespace) -> dict:
         if args.patch_size is not None:
             options["patch_size"] = args.patch_size
         return options
-    return {**DEFAULT_MODEL_OPTIONS, "seed": args.seed, "image_size": args.image_size,
-            "patch_size": args.patch_size or DEFAULT_MODEL_OPTIONS["patch_size"],
-            "layers": args.layers or DEFAULT_MODEL_OPTIONS["layers"]}
+    return {
+        **DEFAULT_MODEL_OPTIONS,
+        "seed": args.seed,
+        "image_size": args.image_size,
+        "patch_size": args.patch_size or DEFAULT_MODEL_OPTIONS["patch_size"],
+        "layers": args.layers or DEFAULT_MODEL_OPTIONS["layers"],
+    }
 
 
 def _summary(kind: str, path: Path) -> str:
@@ -675,18 +780,22 @@ def _summary(kind: str, path: Path) -> str:
         n_params = parameter_count(config)
         size_mib = sum(f.stat().st_size for f in path.iterdir()) / 2**20
         vision = config.vision_config
-        return (f"  {n_params:,} parameters ({n_params / 1e6:.1f} M), hidden {config.hidden_size}, layers "
-                f"{config.text_config.num_hidden_layers}/{vision.num_hidden_layers}/{config.num_hidden_layers} "
-                f"(text/vision/cross-modal), text vocabulary {config.text_config.vocab_size}, image_size "
-                f"{vision.image_size}, patch {vision.patch_size}, {size_mib:.1f} MiB")
+        return (
+            f"  {n_params:,} parameters ({n_params / 1e6:.1f} M), hidden {config.hidden_size}, layers "
+            f"{config.text_config.num_hidden_layers}/{vision.num_hidden_layers}/{config.num_hidden_layers} "
+            f"(text/vision/cross-modal), text vocabulary {config.text_config.vocab_size}, image_size "
+            f"{vision.image_size}, patch {vision.patch_size}, {size_mib:.1f} MiB"
+        )
     if kind == "dataset":
         spread = image_spread(path)
         kb_min, kb_median, kb_max = spread["jpeg_kb"]
         rows = json.loads((path / MARKER_FILE).read_text())
-        return (f"  rows train/validation/test {rows['train_rows']}/{rows['validation_rows']}/{rows['test_rows']}, "
-                f"{spread['images']} cartoons: width {spread['width'][0]}-{spread['width'][1]} px, height "
-                f"{spread['height'][0]}-{spread['height'][1]} px, {spread['portrait']} portrait, "
-                f"JPEG {kb_min:.0f}/{kb_median:.0f}/{kb_max:.0f} KB (min/median/max)")
+        return (
+            f"  rows train/validation/test {rows['train_rows']}/{rows['validation_rows']}/{rows['test_rows']}, "
+            f"{spread['images']} cartoons: width {spread['width'][0]}-{spread['width'][1]} px, height "
+            f"{spread['height'][0]}-{spread['height'][1]} px, {spread['portrait']} portrait, "
+            f"JPEG {kb_min:.0f}/{kb_median:.0f}/{kb_max:.0f} KB (min/median/max)"
+        )
     return f"  gaudi_config.json: {json.dumps(json.loads((path / 'gaudi_config.json').read_text()))}"
 
 

@@ -37,16 +37,18 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ..atomic_files import write_atomically
 from ..execution_mode import LAZY, LAZY_MODE_VARIABLE
 from ..redaction import shareable
 from . import tool_paths
+
 
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
@@ -56,8 +58,18 @@ OK, WARNING, FAILED, SKIPPED = "ok", "warning", "failed", "skipped"
 NOT_ON_GAUDI_EXIT = 2
 # Every step runs lazy mode, as upstream's CI: Habana's bridge reads this when it loads (the HPU probe runs with it too).
 STEP_ENVIRONMENT = {LAZY_MODE_VARIABLE: "1"}
-ENVIRONMENT_KEYS = ("backend", "execution_mode", "torch_compile", "version_torch", "version_cuda", "version_intel_gaudi",
-                    "driver_version", "device_name", "device_count", "device_memory_bytes")
+ENVIRONMENT_KEYS = (
+    "backend",
+    "execution_mode",
+    "torch_compile",
+    "version_torch",
+    "version_cuda",
+    "version_intel_gaudi",
+    "driver_version",
+    "device_name",
+    "device_count",
+    "device_memory_bytes",
+)
 
 
 # ----------------------------------------------------------------------------------------
@@ -85,18 +97,26 @@ class Hpus:
     count: int
     name: str
     media_pipeline: Optional[str] = None  # why --mediapipe_dataloader cannot start, None when it can
-    environment: Optional[dict] = None  # bridgetower_bench.run_record.environment of the first HPU, as the probe saw it
+    environment: Optional[dict] = (
+        None  # bridgetower_bench.run_record.environment of the first HPU, as the probe saw it
+    )
 
 
-def probe_hpus() -> "Hpus | str":
+def probe_hpus() -> Hpus | str:
     """The visible HPUs, or why this is not a Gaudi node (one line).
 
     Asked in a child process, so that this one never opens an HPU that its training steps need.
     """
     code = "import json; from bridgetower_bench.tools.gaudi_check import hpus_here; print(json.dumps(hpus_here()))"
     try:
-        child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                               env=dict(os.environ, **STEP_ENVIRONMENT))
+        child = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, **STEP_ENVIRONMENT),
+        )
     except subprocess.TimeoutExpired:
         return "the HPU query did not answer within 600 s"
     lines = child.stdout.strip().splitlines()
@@ -108,7 +128,7 @@ def probe_hpus() -> "Hpus | str":
     return answer if isinstance(answer, str) else Hpus(**answer)
 
 
-def hpus_here() -> "dict | str":
+def hpus_here() -> dict | str:
     """What ``probe_hpus`` reports, found in this process: HPU count and kind, media pipeline, or why not."""
     try:
         import habana_frameworks.torch.hpu as hpu
@@ -147,9 +167,17 @@ def compare_gaudi_software(found: Optional[str], validated: str, optimum_habana:
     """The Intel Gaudi software version against the one optimum-habana was validated with (major.minor)."""
     name = "Intel Gaudi software"
     if not found:
-        return Row(name, WARNING, f"habana-torch-plugin not found by `pip list`; optimum-habana {optimum_habana} was validated with {validated}")
+        return Row(
+            name,
+            WARNING,
+            f"habana-torch-plugin not found by `pip list`; optimum-habana {optimum_habana} was validated with {validated}",
+        )
     if major_minor(found) != major_minor(validated):
-        return Row(name, WARNING, f"{found}, but optimum-habana {optimum_habana} was validated with {validated}: expect surprises")
+        return Row(
+            name,
+            WARNING,
+            f"{found}, but optimum-habana {optimum_habana} was validated with {validated}: expect surprises",
+        )
     return Row(name, OK, f"{found} (optimum-habana {optimum_habana} validated with {validated})")
 
 
@@ -158,7 +186,9 @@ def gaudi_software_row() -> Row:
         from optimum.habana.utils import misc  # importing optimum.habana runs its own version check
         from optimum.habana.version import __version__ as optimum_habana
     except Exception as error:
-        return Row("Intel Gaudi software", FAILED, f"optimum-habana cannot be imported: {type(error).__name__}: {error}")
+        return Row(
+            "Intel Gaudi software", FAILED, f"optimum-habana cannot be imported: {type(error).__name__}: {error}"
+        )
     try:
         found = str(misc.get_habana_frameworks_version())
     except Exception:  # no habana-torch-plugin line in `pip list`
@@ -195,7 +225,9 @@ def pinned_requirements(repo: Path = REPO, files: tuple = REQUIREMENT_FILES) -> 
     return lines
 
 
-def requirement_row(line: str, installed: Callable[[str], str] = metadata.version, install: str = "requirements-gaudi.txt") -> Row:
+def requirement_row(
+    line: str, installed: Callable[[str], str] = metadata.version, install: str = "requirements-gaudi.txt"
+) -> Row:
     """One pinned package: installed at a version its pin allows?"""
     from packaging.requirements import Requirement
 
@@ -268,7 +300,11 @@ def run_command(step: Step, timeout: float, tool: str = "gaudi_check") -> Ran:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **step.env)
     with open(step.log, "w") as log:
         try:
-            return Ran(subprocess.run(step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode)
+            return Ran(
+                subprocess.run(
+                    step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+                ).returncode
+            )
         except subprocess.TimeoutExpired:
             log.write(f"\n{tool}: timed out after {timeout:.0f} s\n")
             return Ran(124)
@@ -277,14 +313,46 @@ def run_command(step: Step, timeout: float, tool: str = "gaudi_check") -> Ran:
 def script_flags(fixtures: dict, run_dir: Path, max_steps: int) -> list[str]:
     """The Gaudi script's flags for a short run on the fixtures: lazy mode, HPU graphs for inference."""
     return [
-        "--model_name_or_path", str(fixtures["model"]), "--dataset_name", str(fixtures["dataset"]),
-        "--dataset_config_name", "matching", "--image_column", "image", "--caption_column", "image_description",
-        "--output_dir", str(run_dir), "--overwrite_output_dir", "--do_train", "--do_eval",
-        "--max_steps", str(max_steps), "--max_train_samples", "64", "--max_eval_samples", "16",
-        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
-        "--throughput_warmup_steps", "1", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-        "--dataloader_num_workers", "2",
-        "--use_habana", "--use_lazy_mode", "--use_hpu_graphs_for_inference", "--gaudi_config_name", str(fixtures["gaudi_config"]),
+        "--model_name_or_path",
+        str(fixtures["model"]),
+        "--dataset_name",
+        str(fixtures["dataset"]),
+        "--dataset_config_name",
+        "matching",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+        "--output_dir",
+        str(run_dir),
+        "--overwrite_output_dir",
+        "--do_train",
+        "--do_eval",
+        "--max_steps",
+        str(max_steps),
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "16",
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--throughput_warmup_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--dataloader_num_workers",
+        "2",
+        "--use_habana",
+        "--use_lazy_mode",
+        "--use_hpu_graphs_for_inference",
+        "--gaudi_config_name",
+        str(fixtures["gaudi_config"]),
     ]
 
 
@@ -298,7 +366,14 @@ def plan_steps(fixtures: dict, output_dir: Path, max_steps: int) -> list[Step]:
 
     from ..mediapipe_loader import MEDIAPIPE_LOADER, TORCH_LOADER
 
-    launcher = [sys.executable, "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", str(LAUNCHER_HPUS), "--use_mpi"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "bridgetower_bench.tools.launch_gaudi",
+        "--world_size",
+        str(LAUNCHER_HPUS),
+        "--use_mpi",
+    ]
     return [
         step("1hpu-pytorch-loader", TORCH_LOADER),
         step("1hpu-media-pipeline", MEDIAPIPE_LOADER, extra=["--mediapipe_dataloader"]),
@@ -318,8 +393,14 @@ def last_error_line(log: Path) -> str:
 
 def judge(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
     """A step's row: failed unless it exited 0, saved its results, and ran the expected loader."""
-    row = Row(step.name, FAILED, seconds=round(seconds, 1), log=relative(step.log, output_dir),
-              command=[f"{name}={value}" for name, value in step.env.items()] + [relative(part, output_dir) for part in step.command])
+    row = Row(
+        step.name,
+        FAILED,
+        seconds=round(seconds, 1),
+        log=relative(step.log, output_dir),
+        command=[f"{name}={value}" for name, value in step.env.items()]
+        + [relative(part, output_dir) for part in step.command],
+    )
     results_file = step.run_dir / "train_results.json"
     if ran.returncode != 0:
         row.detail = f"exit status {ran.returncode}: {last_error_line(step.log)}"
@@ -380,17 +461,23 @@ def format_table(rows: list[Row]) -> str:
     header = ("check / step", "result", "seconds", "samples/s", "loader", "mode", "detail")
     cells = [header] + [
         (
-            row.name, row.result,
+            row.name,
+            row.result,
             "" if row.seconds is None else f"{row.seconds:.1f}",
             "" if row.samples_per_second is None else f"{row.samples_per_second:.1f}",
-            short_loader(row.loader), row.execution_mode or "", row.detail,
+            short_loader(row.loader),
+            row.execution_mode or "",
+            row.detail,
         )
         for row in rows
     ]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells
-    ).rstrip() + "\n"
+    return (
+        "\n".join(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells
+        ).rstrip()
+        + "\n"
+    )
 
 
 def short_loader(loader: Optional[str]) -> str:
@@ -402,7 +489,12 @@ def short_loader(loader: Optional[str]) -> str:
 
 def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row], output_dir: Path) -> dict:
     """The shareable record; paths in error lines are made relative too (the home directory as ~)."""
-    prefixes = [(f"{output_dir}{os.sep}", ""), (str(output_dir), "."), (f"{REPO}{os.sep}", ""), (str(Path.home()), "~")]
+    prefixes = [
+        (f"{output_dir}{os.sep}", ""),
+        (str(output_dir), "."),
+        (f"{REPO}{os.sep}", ""),
+        (str(Path.home()), "~"),
+    ]
 
     def scrub(value):
         if isinstance(value, str):
@@ -415,15 +507,17 @@ def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row], output_dir:
             return {key: scrub(item) for key, item in value.items()}
         return value
 
-    return scrub({
-        "tool": "python -m bridgetower_bench.tools.gaudi_check",
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "hpus": asdict(hpus) if hpus else None,
-        "environment": environment_record(hpus) if hpus else None,
-        "passed": not any(row.result == FAILED for row in stack + steps),
-        "stack": [asdict(row) for row in stack],
-        "steps": [asdict(row) for row in steps],
-    })
+    return scrub(
+        {
+            "tool": "python -m bridgetower_bench.tools.gaudi_check",
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "hpus": asdict(hpus) if hpus else None,
+            "environment": environment_record(hpus) if hpus else None,
+            "passed": not any(row.result == FAILED for row in stack + steps),
+            "stack": [asdict(row) for row in stack],
+            "steps": [asdict(row) for row in steps],
+        }
+    )
 
 
 def environment_record(hpus: Hpus) -> dict:
@@ -438,11 +532,16 @@ def environment_record(hpus: Hpus) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.gaudi_check", description=__doc__,
+        prog="python -m bridgetower_bench.tools.gaudi_check",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output_dir", type=Path, default=Path("gaudi_check"), help="Where the runs, logs and record go.")
-    parser.add_argument("--json", type=Path, default=None, help="The record's path (default: <output_dir>/gaudi_check.json).")
+    parser.add_argument(
+        "--output_dir", type=Path, default=Path("gaudi_check"), help="Where the runs, logs and record go."
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="The record's path (default: <output_dir>/gaudi_check.json)."
+    )
     parser.add_argument("--max_steps", type=int, default=5, help="Optimizer steps per training run.")
     parser.add_argument("--timeout", type=float, default=1200, help="Seconds allowed per training run.")
     args = parser.parse_args(argv)
@@ -456,7 +555,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None, *, probe: Callable[[], "Hpus | str"] = probe_hpus, runner: Optional[Callable[[Step], Ran]] = None) -> int:
+def main(
+    argv=None, *, probe: Callable[[], Hpus | str] = probe_hpus, runner: Optional[Callable[[Step], Ran]] = None
+) -> int:
     """Run the check; returns the exit status. ``probe`` and ``runner`` are replaceable for tests."""
     args = parse_args(argv)
     hpus = probe()

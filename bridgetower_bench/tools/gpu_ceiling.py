@@ -25,9 +25,10 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 
 from ..attention import use_attention
 from ..layer_compile import compile_repeated_layers
-from .step_profile import StepProfiler
 from ..trainer import TrainerExtensions, WarmupTrainingArguments
 from . import tool_paths
+from .step_profile import StepProfiler
+
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +39,17 @@ CEILING_LOADER = "none (fixed batch on the device)"
 class CeilingArguments:
     model_name_or_path: str = field(metadata={"help": "Model directory (as for run_bridgetower_cuda.py)."})
     max_seq_length: int = field(default=128, metadata={"help": "Tokens per caption, as the runs pad them."})
-    freeze_text_pooler: bool = field(default=True, metadata={"help": "Remove the unused text pooler, as the script does by default."})
-    profile_steps: int = field(default=0, metadata={"help": "Profile this many optimizer steps after the warm-up "
-                               "(torch.profiler): profile.txt and profile_trace.json in --output_dir; the profiled steps run slower, so "
-                               "take samples/s from a run without it. 0: no profile."})
+    freeze_text_pooler: bool = field(
+        default=True, metadata={"help": "Remove the unused text pooler, as the script does by default."}
+    )
+    profile_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Profile this many optimizer steps after the warm-up "
+            "(torch.profiler): profile.txt and profile_trace.json in --output_dir; the profiled steps run slower, so "
+            "take samples/s from a run without it. 0: no profile."
+        },
+    )
 
 
 class _StepTokens(Dataset):
@@ -99,13 +107,19 @@ def make_fixed_batch(config, batch_size: int, max_seq_length: int, device, seed:
 def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArguments) -> dict:
     """Train ``max_steps`` steps on a fixed on-device batch; return the train metrics (also saved)."""
     if training_args.max_steps is None or training_args.max_steps <= 0:
-        raise ValueError("--max_steps must be a positive number of steps: the ceiling has no data set to count epochs over")
+        raise ValueError(
+            "--max_steps must be a positive number of steps: the ceiling has no data set to count epochs over"
+        )
     if ceiling_args.max_seq_length < 1:
         raise ValueError(f"--max_seq_length must be positive; got {ceiling_args.max_seq_length}")
-    if ceiling_args.profile_steps < 0 or (ceiling_args.profile_steps
-                                          and training_args.throughput_warmup_steps + ceiling_args.profile_steps > training_args.max_steps):
-        raise ValueError(f"--profile_steps {ceiling_args.profile_steps} must be 0, or fit after the "
-                         f"{training_args.throughput_warmup_steps} warm-up steps within --max_steps {training_args.max_steps}")
+    if ceiling_args.profile_steps < 0 or (
+        ceiling_args.profile_steps
+        and training_args.throughput_warmup_steps + ceiling_args.profile_steps > training_args.max_steps
+    ):
+        raise ValueError(
+            f"--profile_steps {ceiling_args.profile_steps} must be 0, or fit after the "
+            f"{training_args.throughput_warmup_steps} warm-up steps within --max_steps {training_args.max_steps}"
+        )
     set_seed(training_args.seed)
     image_processor = AutoImageProcessor.from_pretrained(ceiling_args.model_name_or_path)
     model = BridgeTowerForContrastiveLearning.from_pretrained(ceiling_args.model_name_or_path)
@@ -116,16 +130,23 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
         model.bridgetower.text_model.pooler = None
     training_args.remove_unused_columns = False  # the token items are not model inputs
     samples_needed = (
-        training_args.max_steps * training_args.gradient_accumulation_steps
-        * training_args.per_device_train_batch_size * training_args.world_size
+        training_args.max_steps
+        * training_args.gradient_accumulation_steps
+        * training_args.per_device_train_batch_size
+        * training_args.world_size
     )
     trainer = CeilingTrainer(
         model=model,
         args=training_args,
         train_dataset=_StepTokens(samples_needed),
         data_collator=_collate_step_tokens,
-        fixed_batch=make_fixed_batch(model.config, training_args.per_device_train_batch_size,
-                                     ceiling_args.max_seq_length, training_args.device, training_args.seed),
+        fixed_batch=make_fixed_batch(
+            model.config,
+            training_args.per_device_train_batch_size,
+            ceiling_args.max_seq_length,
+            training_args.device,
+            training_args.seed,
+        ),
         image_mean=image_processor.image_mean,
         image_std=image_processor.image_std,
         loader=CEILING_LOADER,
@@ -133,7 +154,9 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
     )
     profiler = None
     if ceiling_args.profile_steps:
-        profiler = StepProfiler(training_args.throughput_warmup_steps, ceiling_args.profile_steps, training_args.output_dir)
+        profiler = StepProfiler(
+            training_args.throughput_warmup_steps, ceiling_args.profile_steps, training_args.output_dir
+        )
         trainer.add_callback(profiler)
     metrics = trainer.train().metrics
     if profiler is not None and profiler.written:
@@ -149,8 +172,11 @@ def main(argv=None) -> dict:
     if ceiling_args.model_name_or_path.startswith((".", "/", "~")):  # a path, not a Hub model id
         tool_paths.input_dir("--model_name_or_path", os.path.expanduser(ceiling_args.model_name_or_path))
     tool_paths.output_dir("--output_dir", training_args.output_dir)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO,
-                        handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        level=logging.INFO,
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
     return run_ceiling(ceiling_args, training_args)
 
 

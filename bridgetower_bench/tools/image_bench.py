@@ -26,8 +26,9 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from .. import images
 from ..image_cache import open_decoded_image_cache
 from ..images import jpeg_decoder, make_image_transform
 from . import tool_paths
+
 
 CARTOON_SIZE = (800, 650)
 # Targets from the project issue: speed as a multiple of upstream (or of the decode-only rate of
@@ -174,7 +176,8 @@ def benchmark_set(values: list[bytes], image_size: int, repeat: int, cache_dir: 
         "fast_decoder": fast_decode_method(),
         "fast_vs_decode": rates["fast"] / rates[fast_decode_method()],
         "deviation_from_upstream_per_255": {
-            pipeline: deviations_from_upstream(pipeline, rows, image_size) for pipeline in ("upstream", "fast", "fast-draft")
+            pipeline: deviations_from_upstream(pipeline, rows, image_size)
+            for pipeline in ("upstream", "fast", "fast-draft")
         },
     }
 
@@ -204,7 +207,9 @@ def target_checks(result: dict) -> dict[str, dict]:
 
 
 def format_table(results: dict[str, dict]) -> str:
-    lines = [f"{'set':<9} {'method':<17} {'img/s/core':>10} {'x upstream':>10} {'mean dev/255':>12} {'max dev/255':>11}"]
+    lines = [
+        f"{'set':<9} {'method':<17} {'img/s/core':>10} {'x upstream':>10} {'mean dev/255':>12} {'max dev/255':>11}"
+    ]
     for set_name, result in results.items():
         for method in result["images_per_second"]:
             deviation = result["deviation_from_upstream_per_255"].get(method)
@@ -251,7 +256,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     parser.add_argument(
-        "--without-simplejpeg", action="store_true", help="measure the pipelines' fallback JPEG decoders (as if not installed)"
+        "--without-simplejpeg",
+        action="store_true",
+        help="measure the pipelines' fallback JPEG decoders (as if not installed)",
     )
     args = parser.parse_args(argv)
     for flag, value in (("--images", args.images), ("--repeat", args.repeat), ("--image-size", args.image_size)):

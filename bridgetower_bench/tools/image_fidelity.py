@@ -32,8 +32,9 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from ..atomic_files import write_atomically
 from ..images import make_image_transform
 from ..user_errors import UserInputError, exit_on_user_error
 from .cartoons import draw_cartoon, jpeg_bytes
+
 
 NORMAL_SIZE = (800, 650)  # the cartoons' usual size (image_bench's set)
 SMALL_SIZES = ((200, 150), (100, 80))  # smaller than the 294-pixel crop: enlarged
@@ -58,8 +60,11 @@ def _upstream_steps(image_size: int) -> torch.nn.Sequential:
     """Upstream's Transform (resize the shorter side, bicubic, antialiased; centre crop; to float), without Normalize."""
     from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Resize
 
-    return torch.nn.Sequential(Resize([image_size], interpolation=InterpolationMode.BICUBIC, antialias=True),
-                               CenterCrop(image_size), ConvertImageDtype(torch.float))
+    return torch.nn.Sequential(
+        Resize([image_size], interpolation=InterpolationMode.BICUBIC, antialias=True),
+        CenterCrop(image_size),
+        ConvertImageDtype(torch.float),
+    )
 
 
 def upstream_file_pixels(path: str, image_size: int) -> torch.Tensor:
@@ -142,8 +147,12 @@ def difference_per_255(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor
 
 def summary(differences: list[torch.Tensor]) -> dict[str, float]:
     means = [d.mean().item() for d in differences]
-    return {"mean": float(np.mean(means)), "worst_image_mean": float(np.max(means)),
-            "worst_pixel": float(max(d.max().item() for d in differences)), "images": len(differences)}
+    return {
+        "mean": float(np.mean(means)),
+        "worst_image_mean": float(np.max(means)),
+        "worst_pixel": float(max(d.max().item() for d in differences)),
+        "images": len(differences),
+    }
 
 
 def fast_against_upstream(jpegs: list[bytes], image_size: int, directory: Path) -> dict[str, dict]:
@@ -165,8 +174,11 @@ def _outcome(route: Callable[[], torch.Tensor], ours: torch.Tensor) -> dict[str,
         theirs = route()
     except Exception as error:  # upstream's own failure, recorded as it reads
         return {"upstream": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
-    result = {"upstream": "trains", **summary([difference_per_255(ours, theirs)]),
-              "upstream_mean_value_per_255": theirs.mean().item() * 255}
+    result = {
+        "upstream": "trains",
+        **summary([difference_per_255(ours, theirs)]),
+        "upstream_mean_value_per_255": theirs.mean().item() * 255,
+    }
     del result["images"], result["worst_image_mean"]
     return result
 
@@ -211,11 +223,16 @@ def measure(images: int, image_size: int) -> dict:
         sets = {}
         for size in (NORMAL_SIZE, *SMALL_SIZES):
             (directory / f"{size[0]}x{size[1]}").mkdir()
-            sets[f"{size[0]}x{size[1]}"] = fast_against_upstream(cartoon_jpegs(size, images), image_size,
-                                                                 directory / f"{size[0]}x{size[1]}")
+            sets[f"{size[0]}x{size[1]}"] = fast_against_upstream(
+                cartoon_jpegs(size, images), image_size, directory / f"{size[0]}x{size[1]}"
+            )
         modes = modes_against_upstream(image_size, directory)
-    return {"settings": {"images": images, "image_size": image_size, "units": "1/255 of a pixel value"},
-            "environment": environment(), "fast_vs_upstream": sets, "modes_vs_upstream": modes}
+    return {
+        "settings": {"images": images, "image_size": image_size, "units": "1/255 of a pixel value"},
+        "environment": environment(),
+        "fast_vs_upstream": sets,
+        "modes_vs_upstream": modes,
+    }
 
 
 def environment() -> dict:
@@ -224,24 +241,35 @@ def environment() -> dict:
 
     from ..images import jpeg_decoder
 
-    return {"torch": torch.__version__, "torchvision": torchvision.__version__, "pillow": PIL.__version__,
-            "fast_jpeg_decoder": jpeg_decoder()}
+    return {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "pillow": PIL.__version__,
+        "fast_jpeg_decoder": jpeg_decoder(),
+    }
 
 
 def format_report(report: dict) -> str:
-    lines = [f"fast against upstream, {report['settings']['images']} cartoon JPEG(s) per size, /255",
-             f"{'size':<9} {'values':<9} {'mean':>6} {'worst image':>11} {'worst pixel':>11}"]
+    lines = [
+        f"fast against upstream, {report['settings']['images']} cartoon JPEG(s) per size, /255",
+        f"{'size':<9} {'values':<9} {'mean':>6} {'worst image':>11} {'worst pixel':>11}",
+    ]
     for size, routes in report["fast_vs_upstream"].items():
         for route, figures in routes.items():
-            lines.append(f"{size:<9} {route:<9} {figures['mean']:>6.3f} {figures['worst_image_mean']:>11.3f} "
-                         f"{figures['worst_pixel']:>11.1f}")
+            lines.append(
+                f"{size:<9} {route:<9} {figures['mean']:>6.3f} {figures['worst_image_mean']:>11.3f} "
+                f"{figures['worst_pixel']:>11.1f}"
+            )
     lines += ["", "our upstream pipeline against upstream's, for images upstream reads differently, /255"]
     for name, result in report["modes_vs_upstream"].items():
         for route in ("file", "embedded"):
             outcome = result[route]
-            text = (f"mean {outcome['mean']:.2f}, worst pixel {outcome['worst_pixel']:.0f}, upstream's mean value "
-                    f"{outcome['upstream_mean_value_per_255']:.1f}" if outcome["upstream"] == "trains" else
-                    f"upstream fails: {outcome['upstream']}")
+            text = (
+                f"mean {outcome['mean']:.2f}, worst pixel {outcome['worst_pixel']:.0f}, upstream's mean value "
+                f"{outcome['upstream_mean_value_per_255']:.1f}"
+                if outcome["upstream"] == "trains"
+                else f"upstream fails: {outcome['upstream']}"
+            )
             if "wrapped_pixels" in outcome:
                 text += f", {outcome['wrapped_pixels']} wrapped pixel value(s)"
             lines.append(f"{name} ({result['mode']}) as {route}: {text}")
@@ -249,7 +277,9 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bridgetower_bench.tools.image_fidelity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bridgetower_bench.tools.image_fidelity", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--images", type=int, default=24, help="cartoons per size (default 24)")
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")

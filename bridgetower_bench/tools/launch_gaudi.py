@@ -22,7 +22,9 @@ from ..execution_mode import LAZY_MODE_VARIABLE
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world_size", type=int, default=1, help="Number of HPUs on this node (1 to 8).")
-    parser.add_argument("--use_mpi", action="store_true", help="Start one process per HPU with mpirun (as the published runs).")
+    parser.add_argument(
+        "--use_mpi", action="store_true", help="Start one process per HPU with mpirun (as the published runs)."
+    )
     parser.add_argument("--master_port", type=int, default=29500, help="Port of the rank-0 process.")
     parser.add_argument("--dry_run", action="store_true", help="Print the command that would run, and exit.")
     parser.add_argument("training_script", help="The script to run, e.g. run_bridgetower.py.")

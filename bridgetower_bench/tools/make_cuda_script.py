@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = "run_bridgetower.py"
 CUDA_SCRIPT = "run_bridgetower_cuda.py"
@@ -39,11 +40,24 @@ def patch_files(repo: Path = REPO) -> list[Path]:
 def _apply(patch: Path, source: Path, out: Path, repo: Path) -> str:
     """Apply one patch without fuzz; patch's report, or exit 1 naming the patch when a hunk fails."""
     result = subprocess.run(
-        ["patch", "--fuzz=0", "--forward", "--no-backup-if-mismatch", "-r", "-", "-o", str(out), str(source), str(patch)],
+        [
+            "patch",
+            "--fuzz=0",
+            "--forward",
+            "--no-backup-if-mismatch",
+            "-r",
+            "-",
+            "-o",
+            str(out),
+            str(source),
+            str(patch),
+        ],
         capture_output=True,
         text=True,
     )
-    report = "".join(line for line in (result.stdout + result.stderr).splitlines(True) if not line.startswith("patching file "))
+    report = "".join(
+        line for line in (result.stdout + result.stderr).splitlines(True) if not line.startswith("patching file ")
+    )
     if result.returncode != 0:
         raise SystemExit(f"error: {patch.relative_to(repo)} does not apply:\n{report}")
     return report
@@ -88,9 +102,16 @@ def main(argv=None, repo: Path = REPO) -> int:
         current = target.read_text() if target.exists() else ""
         if current != expected:
             sys.stdout.writelines(
-                difflib.unified_diff(current.splitlines(True), expected.splitlines(True), f"{CUDA_SCRIPT} (committed)", f"{CUDA_SCRIPT} (generated)")
+                difflib.unified_diff(
+                    current.splitlines(True),
+                    expected.splitlines(True),
+                    f"{CUDA_SCRIPT} (committed)",
+                    f"{CUDA_SCRIPT} (generated)",
+                )
             )
-            print(f"\n{CUDA_SCRIPT} differs from {GAUDI_SCRIPT} + patches/: run python -m bridgetower_bench.tools.make_cuda_script")
+            print(
+                f"\n{CUDA_SCRIPT} differs from {GAUDI_SCRIPT} + patches/: run python -m bridgetower_bench.tools.make_cuda_script"
+            )
             return 1
         print(f"{CUDA_SCRIPT} equals {GAUDI_SCRIPT} + {len(patch_files(repo))} patches")
         return 0

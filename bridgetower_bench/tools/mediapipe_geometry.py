@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from torchvision.transforms import InterpolationMode, Resize
 from torchvision.transforms.functional import to_tensor
 
 from ..images import load_image, make_image_transform
+
 
 UNNORMALISED = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # mean, std that leave pixels on the 0..1 scale
 
@@ -60,7 +62,11 @@ def geometry_deviation(values: Iterable[Any], image_size: int) -> dict:
         maxima.append(difference.max().item())
     if not means:
         raise ValueError("no images to measure")
-    return {"images": len(means), "mean_abs_deviation_per_255": float(np.mean(means)), "max_abs_deviation_per_255": float(np.max(maxima))}
+    return {
+        "images": len(means),
+        "mean_abs_deviation_per_255": float(np.mean(means)),
+        "max_abs_deviation_per_255": float(np.max(maxima)),
+    }
 
 
 def fixture_images(limit: int) -> list:
@@ -80,7 +86,9 @@ def fixture_images(limit: int) -> list:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=72, help="How many distinct fixture images to measure (72 in all).")
+    parser.add_argument(
+        "--images", type=int, default=72, help="How many distinct fixture images to measure (72 in all)."
+    )
     parser.add_argument("--image-size", type=int, default=294, help="S, the model's input side (BridgeTower: 294).")
     args = parser.parse_args(argv)
     for flag in ("images", "image_size"):

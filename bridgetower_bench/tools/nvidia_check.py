@@ -33,16 +33,33 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ..atomic_files import write_atomically
 from ..execution_mode import NOT_ON_GAUDI
 from ..redaction import shareable
 from . import tool_paths
-from .gaudi_check import (FAILED, OK, SKIPPED, WARNING, REPO, Ran, Row, Step, format_table, judge, last_error_line,
-                          pinned_requirements, record, requirement_row, run_command)
+from .gaudi_check import (
+    FAILED,
+    OK,
+    REPO,
+    SKIPPED,
+    WARNING,
+    Ran,
+    Row,
+    Step,
+    format_table,
+    judge,
+    last_error_line,
+    pinned_requirements,
+    record,
+    requirement_row,
+    run_command,
+)
+
 
 CUDA_SCRIPT = REPO / "run_bridgetower_cuda.py"
 NO_GPU_EXIT = 2
@@ -65,7 +82,7 @@ class Gpus:
     jpeg: str = ""  # "ok: ..." or why GPU JPEG decoding failed
 
 
-def probe_gpus() -> "Gpus | str":
+def probe_gpus() -> Gpus | str:
     """The visible GPUs, or why there is no usable one (one line). Asked in a child process, so that this
     one never holds a GPU context its training steps need."""
     code = "import json; from bridgetower_bench.tools.nvidia_check import gpus_here; print(json.dumps(gpus_here()))"
@@ -82,7 +99,7 @@ def probe_gpus() -> "Gpus | str":
     return answer if isinstance(answer, str) else Gpus(**answer)
 
 
-def gpus_here() -> "dict | str":
+def gpus_here() -> dict | str:
     """What ``probe_gpus`` reports, found in this process."""
     try:
         import torch
@@ -97,11 +114,16 @@ def gpus_here() -> "dict | str":
     properties = [torch.cuda.get_device_properties(i) for i in range(count)]
     driver = ask_driver()
     return {
-        "count": count, "names": [p.name for p in properties],
+        "count": count,
+        "names": [p.name for p in properties],
         "memory_gib": [round(p.total_memory / 2**30, 2) for p in properties],
-        "torch": torch.__version__, "cuda": str(torch.version.cuda), "bf16": bool(torch.cuda.is_bf16_supported()),
-        "driver": driver.version if driver else None, "driver_source": driver.source if driver else None,
-        "capabilities": [f"{p.major}.{p.minor}" for p in properties], "jpeg": jpeg_on_gpu(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "bf16": bool(torch.cuda.is_bf16_supported()),
+        "driver": driver.version if driver else None,
+        "driver_source": driver.source if driver else None,
+        "capabilities": [f"{p.major}.{p.minor}" for p in properties],
+        "jpeg": jpeg_on_gpu(),
     }
 
 
@@ -121,7 +143,9 @@ def jpeg_on_gpu() -> str:
         diff = (device.int() - host.int()).abs().max().item()
         return f"ok: 64x48 JPEG decoded on the GPU, max difference from the host's pixels {diff}/255"
     except Exception as error:
-        return f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
+        return f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[
+            :300
+        ]
 
 
 # ----------------------------------------------------------------------------------------
@@ -152,8 +176,10 @@ def gpus_row(gpus: Gpus) -> Row:
     for name, memory, capability in zip(gpus.names, gpus.memory_gib, gpus.capabilities or [""] * gpus.count):
         kinds.setdefault((name, memory, capability), 0)
         kinds[(name, memory, capability)] += 1
-    detail = ", ".join(f"{n} x {name} ({memory:.1f} GiB{', compute capability ' + cap if cap else ''})"
-                       for (name, memory, cap), n in kinds.items())
+    detail = ", ".join(
+        f"{n} x {name} ({memory:.1f} GiB{', compute capability ' + cap if cap else ''})"
+        for (name, memory, cap), n in kinds.items()
+    )
     return Row("GPUs", OK, detail)
 
 
@@ -164,11 +190,20 @@ def memory_row(gpus: Gpus) -> Row:
     need = published_need()
     smallest = min(gpus.memory_gib)
     if need.fits(PUBLISHED_BATCH, smallest):
-        return Row("published batch memory", OK, f"per-device batch {PUBLISHED_BATCH} needs about "
-                   f"{need.device_gib(PUBLISHED_BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)")
-    line = gpu_memory.does_not_fit_message(batch=PUBLISHED_BATCH, accumulation=1, world_size=gpus.count,
-                                           device_name=gpus.names[gpus.memory_gib.index(smallest)],
-                                           device_total_gib=smallest, need=need)
+        return Row(
+            "published batch memory",
+            OK,
+            f"per-device batch {PUBLISHED_BATCH} needs about "
+            f"{need.device_gib(PUBLISHED_BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)",
+        )
+    line = gpu_memory.does_not_fit_message(
+        batch=PUBLISHED_BATCH,
+        accumulation=1,
+        world_size=gpus.count,
+        device_name=gpus.names[gpus.memory_gib.index(smallest)],
+        device_total_gib=smallest,
+        need=need,
+    )
     return Row("published batch memory", WARNING, line)
 
 
@@ -176,22 +211,48 @@ def published_need():
     from .. import gpu_memory
 
     return gpu_memory.memory_need(
-        shape=gpu_memory.PUBLISHED_SHAPE, sequence_length=gpu_memory.PUBLISHED_SEQUENCE, bf16=True, attention="eager",
-        compiled=False, gradient_checkpointing=False, parameters=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
-        trained=gpu_memory.PUBLISHED_TRAINED_PARAMETERS)
+        shape=gpu_memory.PUBLISHED_SHAPE,
+        sequence_length=gpu_memory.PUBLISHED_SEQUENCE,
+        bf16=True,
+        attention="eager",
+        compiled=False,
+        gradient_checkpointing=False,
+        parameters=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
+        trained=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
+    )
 
 
 def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> list[Row]:
     route = route_file(gpus.cuda)
-    rows = [gpus_row(gpus), driver_row(gpus), Row("torch build", OK, f"{gpus.torch} (built for CUDA {gpus.cuda}; route: {route})")]
-    rows.append(Row("bf16", OK if gpus.bf16 else FAILED,
-                    "supported" if gpus.bf16 else "not supported on this GPU: the published recipe trains in bf16 (A100 or newer)"))
+    rows = [
+        gpus_row(gpus),
+        driver_row(gpus),
+        Row("torch build", OK, f"{gpus.torch} (built for CUDA {gpus.cuda}; route: {route})"),
+    ]
+    rows.append(
+        Row(
+            "bf16",
+            OK if gpus.bf16 else FAILED,
+            "supported"
+            if gpus.bf16
+            else "not supported on this GPU: the published recipe trains in bf16 (A100 or newer)",
+        )
+    )
     rows.append(memory_row(gpus))
-    rows.append(Row("GPU JPEG decoding", OK if gpus.jpeg.startswith("ok") else WARNING,
-                    gpus.jpeg.removeprefix("ok: ") if gpus.jpeg.startswith("ok") else
-                    f"{gpus.jpeg}; --device_decode then decodes on the host"))
+    rows.append(
+        Row(
+            "GPU JPEG decoding",
+            OK if gpus.jpeg.startswith("ok") else WARNING,
+            gpus.jpeg.removeprefix("ok: ")
+            if gpus.jpeg.startswith("ok")
+            else f"{gpus.jpeg}; --device_decode then decodes on the host",
+        )
+    )
     extra = {} if installed is None else {"installed": installed}
-    rows += [requirement_row(line, install=route, **extra) for line in pinned_requirements(files=("requirements.txt", route))]
+    rows += [
+        requirement_row(line, install=route, **extra)
+        for line in pinned_requirements(files=("requirements.txt", route))
+    ]
     return rows
 
 
@@ -200,35 +261,84 @@ def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> 
 # ----------------------------------------------------------------------------------------
 
 
-def script_flags(model: Path, dataset: Path, run_dir: Path, max_steps: int, batch: int = 4, rows: int = 64,
-                 evaluate: bool = True) -> list[str]:
+def script_flags(
+    model: Path, dataset: Path, run_dir: Path, max_steps: int, batch: int = 4, rows: int = 64, evaluate: bool = True
+) -> list[str]:
     """The CUDA script's flags for a short bf16 run on the fixtures."""
     return [
-        "--model_name_or_path", str(model), "--dataset_name", str(dataset),
-        "--dataset_config_name", "matching", "--image_column", "image", "--caption_column", "image_description",
-        "--output_dir", str(run_dir), "--overwrite_output_dir", "--do_train", *(["--do_eval"] if evaluate else []),
-        "--max_steps", str(max_steps), "--max_train_samples", str(rows), "--max_eval_samples", "16",
-        "--per_device_train_batch_size", str(batch), "--per_device_eval_batch_size", "4",
-        "--throughput_warmup_steps", "1" if max_steps > 1 else "0", "--logging_steps", "1", "--save_strategy", "no",
-        "--report_to", "none", "--dataloader_num_workers", "2", "--bf16",
+        "--model_name_or_path",
+        str(model),
+        "--dataset_name",
+        str(dataset),
+        "--dataset_config_name",
+        "matching",
+        "--image_column",
+        "image",
+        "--caption_column",
+        "image_description",
+        "--output_dir",
+        str(run_dir),
+        "--overwrite_output_dir",
+        "--do_train",
+        *(["--do_eval"] if evaluate else []),
+        "--max_steps",
+        str(max_steps),
+        "--max_train_samples",
+        str(rows),
+        "--max_eval_samples",
+        "16",
+        "--per_device_train_batch_size",
+        str(batch),
+        "--per_device_eval_batch_size",
+        "4",
+        "--throughput_warmup_steps",
+        "1" if max_steps > 1 else "0",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--dataloader_num_workers",
+        "2",
+        "--bf16",
     ]
 
 
 def plan_steps(fixtures: dict, large_model: Path, output_dir: Path, max_steps: int, gpus: int) -> list[Step]:
     def step(name, expected_loader, flags, launcher=(), needs=1):
         command = [*(launcher or [sys.executable]), str(CUDA_SCRIPT), *flags]
-        return Step(name, command, output_dir / name / "run", output_dir / name / "log.txt", expected_loader, needs,
-                    expected_mode=NOT_ON_GAUDI, env={})  # no Habana execution mode on a GPU
+        return Step(
+            name,
+            command,
+            output_dir / name / "run",
+            output_dir / name / "log.txt",
+            expected_loader,
+            needs,
+            expected_mode=NOT_ON_GAUDI,
+            env={},
+        )  # no Habana execution mode on a GPU
 
     def tiny(name):
         return script_flags(fixtures["model"], fixtures["dataset"], output_dir / name / "run", max_steps)
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
-    large = script_flags(large_model, fixtures["dataset"], output_dir / "large-1step" / "run", 1,
-                         batch=PUBLISHED_BATCH, rows=2 * PUBLISHED_BATCH, evaluate=False)
+    large = script_flags(
+        large_model,
+        fixtures["dataset"],
+        output_dir / "large-1step" / "run",
+        1,
+        batch=PUBLISHED_BATCH,
+        rows=2 * PUBLISHED_BATCH,
+        evaluate=False,
+    )
     return [
         step("1gpu-pytorch-loader", "torch", tiny("1gpu-pytorch-loader")),
-        step("1gpu-device-decode", "device_decode", tiny("1gpu-device-decode") + ["--image_pipeline", "fast", "--device_decode"]),
+        step(
+            "1gpu-device-decode",
+            "device_decode",
+            tiny("1gpu-device-decode") + ["--image_pipeline", "fast", "--device_decode"],
+        ),
         step(f"{gpus}gpu-torchrun", "torch", tiny(f"{gpus}gpu-torchrun"), launcher=torchrun, needs=gpus),
         step("large-1step", "torch", large),
     ]
@@ -245,8 +355,9 @@ def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
     if row.result == OK:
         results = json.loads((step.run_dir / "train_results.json").read_text())
         peak = results.get("peak_gpu_memory_gb")
-        row.detail = (f"peak {peak} GiB of tensors at per-device batch {PUBLISHED_BATCH}" if peak is not None else "") + (
-            f"; {ran.note}" if ran.note else "")
+        row.detail = (
+            f"peak {peak} GiB of tensors at per-device batch {PUBLISHED_BATCH}" if peak is not None else ""
+        ) + (f"; {ran.note}" if ran.note else "")
     return row
 
 
@@ -275,34 +386,58 @@ def memory_plan(sizes_gib: list[float]) -> str:
     from .. import gpu_memory
 
     need = published_need()
-    lines = [f"BridgeTower Large, 294 px, 128 tokens, bf16: about {need.fixed_gib:.1f} GiB + {need.per_sample_gib:.2f} GiB "
-             f"per sample of tensors (estimated from {need.measured.peak_gib} GiB at batch {need.measured.batch}, "
-             f"{need.measured.where}), +{gpu_memory.ALLOCATOR_RESERVE:.0%} allocator reserve, "
-             f"+{gpu_memory.CUDA_CONTEXT_GIB:.0f} GiB CUDA context"]
+    lines = [
+        f"BridgeTower Large, 294 px, 128 tokens, bf16: about {need.fixed_gib:.1f} GiB + {need.per_sample_gib:.2f} GiB "
+        f"per sample of tensors (estimated from {need.measured.peak_gib} GiB at batch {need.measured.batch}, "
+        f"{need.measured.where}), +{gpu_memory.ALLOCATOR_RESERVE:.0%} allocator reserve, "
+        f"+{gpu_memory.CUDA_CONTEXT_GIB:.0f} GiB CUDA context"
+    ]
     for size in sizes_gib:
         if need.fits(PUBLISHED_BATCH, size):
-            lines.append(f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} fits (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB)")
+            lines.append(
+                f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} fits (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB)"
+            )
             continue
         smaller = gpu_memory.same_global_batch(PUBLISHED_BATCH, 1, lambda b: need.fits(b, size))
-        lines.append(f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} does not fit (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB); "
-                     + (f"--per_device_train_batch_size {smaller[0]} --gradient_accumulation_steps {smaller[1]} "
-                        f"(about {need.device_gib(smaller[0]):.1f} GiB)" if smaller else "not even batch 1 fits"))
+        lines.append(
+            f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} does not fit (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB); "
+            + (
+                f"--per_device_train_batch_size {smaller[0]} --gradient_accumulation_steps {smaller[1]} "
+                f"(about {need.device_gib(smaller[0]):.1f} GiB)"
+                if smaller
+                else "not even batch 1 fits"
+            )
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.nvidia_check", description=__doc__,
+        prog="python -m bridgetower_bench.tools.nvidia_check",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output_dir", type=Path, default=Path("nvidia_check"), help="Where the runs, logs and record go.")
-    parser.add_argument("--json", type=Path, default=None, help="The record's path (default: <output_dir>/nvidia_check.json).")
+    parser.add_argument(
+        "--output_dir", type=Path, default=Path("nvidia_check"), help="Where the runs, logs and record go."
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="The record's path (default: <output_dir>/nvidia_check.json)."
+    )
     parser.add_argument("--max_steps", type=int, default=5, help="Optimizer steps per run on the tiny fixtures.")
     parser.add_argument("--timeout", type=float, default=900, help="Seconds allowed per training run.")
-    parser.add_argument("--large_model", type=Path, default=None,
-                        help="A BridgeTower Large directory to train one step (default: built with random weights under <output_dir>/fixtures).")
-    parser.add_argument("--memory", type=float, nargs="+", metavar="GIB",
-                        help="Only print whether the published per-device batch fits GPUs of these sizes (no GPU needed).")
+    parser.add_argument(
+        "--large_model",
+        type=Path,
+        default=None,
+        help="A BridgeTower Large directory to train one step (default: built with random weights under <output_dir>/fixtures).",
+    )
+    parser.add_argument(
+        "--memory",
+        type=float,
+        nargs="+",
+        metavar="GIB",
+        help="Only print whether the published per-device batch fits GPUs of these sizes (no GPU needed).",
+    )
     args = parser.parse_args(argv)
     if args.max_steps <= 0:
         parser.error(f"--max_steps={args.max_steps}: must be positive")
@@ -317,8 +452,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None, *, probe: Callable[[], "Gpus | str"] = probe_gpus, runner: Optional[Callable[[Step], Ran]] = None,
-         installed: Optional[Callable[[str], str]] = None) -> int:
+def main(
+    argv=None,
+    *,
+    probe: Callable[[], Gpus | str] = probe_gpus,
+    runner: Optional[Callable[[Step], Ran]] = None,
+    installed: Optional[Callable[[str], str]] = None,
+) -> int:
     """Run the check; returns the exit status. ``probe``, ``runner`` and ``installed`` are replaceable for tests."""
     args = parse_args(argv)
     if args.memory:
@@ -338,7 +478,11 @@ def main(argv=None, *, probe: Callable[[], "Gpus | str"] = probe_gpus, runner: O
     from .fixtures import build_fixture, ensure_default_fixtures
 
     fixtures = ensure_default_fixtures(output_dir / "fixtures")  # inside the output directory: the record names them
-    large = args.large_model.resolve() if args.large_model else build_fixture(output_dir / "fixtures", "model", seed=0, image_size=294, large=True)
+    large = (
+        args.large_model.resolve()
+        if args.large_model
+        else build_fixture(output_dir / "fixtures", "model", seed=0, image_size=294, large=True)
+    )
     steps = run_steps(plan_steps(fixtures, large, output_dir, args.max_steps, gpus.count), gpus, output_dir, runner)
     print()
     print(format_table(stack + steps), end="")

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 from ..throughput import synchronize_device
 
+
 PROFILE_TABLE = "profile.txt"
 PROFILE_TRACE = "profile_trace.json"
 
@@ -63,8 +64,10 @@ class StepProfiler(TrainerCallback):
         on_device = self.device_type == "cuda"
         sort_key = _device_sort_key(averages) if on_device else "self_cpu_time_total"
         busy_s = sum(_self_device_us(event) for event in averages) / 1e6 if on_device else None
-        lines = [f"profiled {steps} optimizer step(s) on {self.device_type}: {wall_s:.3f} s wall, "
-                 f"{wall_s / steps * 1000:.1f} ms per step"]
+        lines = [
+            f"profiled {steps} optimizer step(s) on {self.device_type}: {wall_s:.3f} s wall, "
+            f"{wall_s / steps * 1000:.1f} ms per step"
+        ]
         if busy_s is not None:
             lines.append(f"device busy (sum of kernel times): {busy_s:.3f} s = {busy_s / wall_s:.1%} of the wall time")
         lines += ["", averages.table(sort_by=sort_key, row_limit=self.rows)]
@@ -86,4 +89,8 @@ def _self_device_us(event) -> float:
 
 def _device_sort_key(averages) -> str:
     """torch 2.4 renamed the profiler's cuda_* figures to device_*; sort by whichever this torch has."""
-    return "self_device_time_total" if averages and hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
+    return (
+        "self_device_time_total"
+        if averages and hasattr(averages[0], "self_device_time_total")
+        else "self_cuda_time_total"
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..disk_space import describe_bytes, free_bytes
 from ..images import not_regular_reason

@@ -24,7 +24,9 @@ import re
 import sys
 import urllib.request
 from pathlib import Path
+
 from . import tool_paths
+
 
 UPSTREAM_COMMIT = "1d8504c6c7666a19d71968dba50976dceaf7c6b6"
 UPSTREAM_URL = (
@@ -110,7 +112,11 @@ def argument_fields(tree: ast.Module) -> dict[str, tuple[str, str, str]]:
             continue
         for statement in node.body:
             if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
-                fields[statement.target.id] = (node.name, ast.unparse(statement.annotation), _default_of(statement.value))
+                fields[statement.target.id] = (
+                    node.name,
+                    ast.unparse(statement.annotation),
+                    _default_of(statement.value),
+                )
     return fields
 
 
@@ -125,7 +131,11 @@ def compare_arguments(upstream: dict, ours: dict) -> list[tuple[str, str, str, s
             verdict = "upstream only"
         else:
             differences = [what for what, i in (("type", 1), ("default", 2)) if theirs[i] != mine[i]]
-            verdict = " and ".join(differences) + (" differs" if len(differences) == 1 else " differ") if differences else "same"
+            verdict = (
+                " and ".join(differences) + (" differs" if len(differences) == 1 else " differ")
+                if differences
+                else "same"
+            )
         rows.append((name, _describe(theirs), _describe(mine), verdict))
     return rows
 
@@ -223,24 +233,45 @@ def report(upstream_source: str, our_source: str, upstream_label: str, our_label
     if "arguments" in sections:
         rows = compare_arguments(argument_fields(upstream_tree), argument_fields(our_tree))
         differing = sum(verdict != "same" for *_, verdict in rows)
-        parts += [f"== Arguments ({len(rows)} fields, {differing} not the same)", "",
-                  _table(("argument", "upstream", "ours", ""), rows), ""]
+        parts += [
+            f"== Arguments ({len(rows)} fields, {differing} not the same)",
+            "",
+            _table(("argument", "upstream", "ours", ""), rows),
+            "",
+        ]
     if "diff" in sections:
-        diff = difflib.unified_diff(upstream_source.splitlines(keepends=True), our_source.splitlines(keepends=True),
-                                    fromfile=upstream_label, tofile=our_label)
+        diff = difflib.unified_diff(
+            upstream_source.splitlines(keepends=True),
+            our_source.splitlines(keepends=True),
+            fromfile=upstream_label,
+            tofile=our_label,
+        )
         parts += ["== Unified diff, upstream -> ours", "", "".join(diff).rstrip("\n"), ""]
     if "steps" in sections:
-        parts += ["== Where upstream's steps live now", "",
-                  _table(("upstream step", "our step", "package functions called there"),
-                         step_map(upstream_source, our_source, our_tree)), ""]
+        parts += [
+            "== Where upstream's steps live now",
+            "",
+            _table(
+                ("upstream step", "our step", "package functions called there"),
+                step_map(upstream_source, our_source, our_tree),
+            ),
+            "",
+        ]
     return "\n".join(parts)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bridgetower_bench.tools.upstream_diff", description=__doc__.split("\n")[0])
-    parser.add_argument("--upstream", default=None,
-                        help=f"upstream's run_bridgetower.py (default: fetch it at commit {UPSTREAM_COMMIT[:12]}, hash checked)")
-    parser.add_argument("--ours", default=str(OUR_SCRIPT), help="our Gaudi script (default: this checkout's run_bridgetower.py)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bridgetower_bench.tools.upstream_diff", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--upstream",
+        default=None,
+        help=f"upstream's run_bridgetower.py (default: fetch it at commit {UPSTREAM_COMMIT[:12]}, hash checked)",
+    )
+    parser.add_argument(
+        "--ours", default=str(OUR_SCRIPT), help="our Gaudi script (default: this checkout's run_bridgetower.py)"
+    )
     parser.add_argument("--section", choices=SECTIONS + ("all",), default="all", help="print one section only")
     return parser.parse_args(argv)
 

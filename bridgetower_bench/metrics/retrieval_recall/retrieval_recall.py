@@ -13,6 +13,7 @@ import numpy as np
 
 from bridgetower_bench.retrieval import DEFAULT_KS, retrieval_metrics
 
+
 _DESCRIPTION = """\
 Image-to-text and text-to-image retrieval over one evaluation split. Each row is an
 (image, caption) pair given as two embeddings; rows with the same image_group_ids value show the

@@ -9,6 +9,7 @@
 
     python docs/results/cpu-2026-11-30d/step_cost.py      (2-3 minutes here, 15 GB of memory at its peak)
 """
+
 import collections
 import sys
 import time
@@ -20,14 +21,38 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bridgetower_bench.tools.fixtures import bridgetower_config  # noqa: E402
 
+
 BATCH, TOKENS, IMAGE = 48, 128, 294
 MATRIX_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
-NO_TRAFFIC = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice",
-              "select", "as_strided", "detach", "alias", "split", "split_with_sizes", "unbind", "empty",
-              "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense", "lift_fresh"}
+NO_TRAFFIC = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "as_strided",
+    "detach",
+    "alias",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "_local_scalar_dense",
+    "lift_fresh",
+}
 
 
 class OperatorTally(TorchDispatchMode):
@@ -52,9 +77,12 @@ def model_and_batch(config, batch, device="cpu", tokens=TOKENS):
         model = BridgeTowerForContrastiveLearning(config).train()
         model.bridgetower.text_model.pooler = None  # as the scripts do
         size = config.vision_config.image_size
-        inputs = dict(pixel_values=torch.randn(batch, 3, size, size), return_loss=True,
-                      input_ids=torch.randint(5, config.text_config.vocab_size, (batch, tokens)),
-                      attention_mask=torch.ones(batch, tokens, dtype=torch.long))
+        inputs = dict(
+            pixel_values=torch.randn(batch, 3, size, size),
+            return_loss=True,
+            input_ids=torch.randint(5, config.text_config.vocab_size, (batch, tokens)),
+            attention_mask=torch.ones(batch, tokens, dtype=torch.long),
+        )
     return model, inputs
 
 
@@ -74,8 +102,10 @@ def main():
     with counter:
         model(**inputs).loss.backward()
     tflop = counter.get_total_flops() / 1e12
-    print(f"1. matrix products: {tflop:.1f} TFLOP per step ({tflop / BATCH:.2f} per sample), "
-          f"{tflop / 790 * 1000:.0f} ms at 790 TFLOP/s")
+    print(
+        f"1. matrix products: {tflop:.1f} TFLOP per step ({tflop / BATCH:.2f} per sample), "
+        f"{tflop / 790 * 1000:.0f} ms at 790 TFLOP/s"
+    )
 
     model, _ = model_and_batch(large, 1)
     tallies = {}
@@ -85,11 +115,16 @@ def main():
         with OperatorTally() as tallies[batch]:
             train_step(model, inputs)
     small, big = tallies[2], tallies[4]
-    at_batch = {name: small.bytes[name] + (big.bytes[name] - small.bytes[name]) / 2 * (BATCH - 2)
-                for name in big.bytes if name not in MATRIX_OPS}
+    at_batch = {
+        name: small.bytes[name] + (big.bytes[name] - small.bytes[name]) / 2 * (BATCH - 2)
+        for name in big.bytes
+        if name not in MATRIX_OPS
+    }
     total = sum(at_batch.values())
-    print(f"2. other operators: {total / 1e9:.0f} GB read + written per step at batch {BATCH}, "
-          f"{total / 4.0e12 * 1000:.0f} ms at 4 TB/s; the largest:")
+    print(
+        f"2. other operators: {total / 1e9:.0f} GB read + written per step at batch {BATCH}, "
+        f"{total / 4.0e12 * 1000:.0f} ms at 4 TB/s; the largest:"
+    )
     for name, value in sorted(at_batch.items(), key=lambda item: -item[1])[:10]:
         print(f"     {name:28s} {value / 1e9:6.1f} GB  ({big.calls[name]} calls)")
 
@@ -110,8 +145,10 @@ def main():
     with OperatorTally() as tally:
         train_step(model, inputs)
     operators = sum(count for name, count in tally.calls.items() if name not in NO_TRAFFIC)
-    print(f"3. host: {operators} operators per forward + backward (views left out); this CPU issues them "
-          f"in {host_ms:.0f} ms (1 thread, hidden size 64, 2 x 8 tokens, 2 x 4 patches)")
+    print(
+        f"3. host: {operators} operators per forward + backward (views left out); this CPU issues them "
+        f"in {host_ms:.0f} ms (1 thread, hidden size 64, 2 x 8 tokens, 2 x 4 patches)"
+    )
 
 
 if __name__ == "__main__":
