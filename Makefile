@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench test coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
+.PHONY: bench test format coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
 
 $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: not-in-habana-container $(VENV)/.installed-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff's fixes and formatter on the tree; the two scripts stage by stage, so that the patches still apply.
+format: $(VENV)/.installed-test
+	$(PY) -m bridgetower_bench.tools.make_cuda_script --format
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Line coverage of the package and the scripts under the whole suite (slower than `make test`).
 coverage: not-in-habana-container $(VENV)/.installed-test

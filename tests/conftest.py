@@ -72,6 +72,13 @@ def run_script(kind: str, args: list, check: bool = True, timeout: int = 600) ->
     return result
 
 
+def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess.CompletedProcess:
+    """Run the script, sending it `signame` just before its first rename or removal of a path named `name` in
+    --output_dir (tests/stop_at_rename.py): `.publishing` is the final publication's commit point."""
+    cmd = [sys.executable, str(REPO / "tests" / "stop_at_rename.py"), signame, name, str(REPO / SCRIPTS[kind])]
+    return preloaded_python.run(cmd + [str(a) for a in args], cwd=REPO, env=script_env(kind == "gaudi"), timeout=600)
+
+
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)

@@ -402,7 +402,8 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
     fixtures, small_filesystem
 ):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
-    from bridgetower_bench.resilience import checkpoints, is_complete_checkpoint
+    from bridgetower_bench.checkpoint_manifest import incomplete_reason
+    from bridgetower_bench.resilience import checkpoints
     from conftest import run_script
 
     out = small_filesystem(11 * 1024) / "out"
@@ -418,7 +419,7 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
         f"{out / 'checkpoint-1'}, is intact: free some space and rerun the same command to resume" in last
     )
     assert [os.path.basename(c) for c in checkpoints(str(out))] == ["checkpoint-1"]
-    assert is_complete_checkpoint(str(out / "checkpoint-1"))
+    assert incomplete_reason(str(out / "checkpoint-1")) is None
 
 
 def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_published(fixtures, small_filesystem):

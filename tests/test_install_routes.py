@@ -42,7 +42,9 @@ def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requ
     for name, label in ROUTES.items():
         includes, indexes, pins = read(name)
         assert includes == ["requirements.txt"], name
-        assert set(pins) == {"torch", "torchvision"}, name  # everything else comes from the common file
+        # everything else comes from the common file, but for NVML's bindings (the energy counter), on both routes
+        assert set(pins) == {"torch", "torchvision", "nvidia-ml-py"}, name
+        assert str(pins["nvidia-ml-py"]) == str(read("requirements-cuda.txt")[2]["nvidia-ml-py"]), name
         torch, vision = exact(pins["torch"]), exact(pins["torchvision"])
         assert torch.local == vision.local == label, name  # both from the same build
         pairs[name] = (torch.public, vision.public)

@@ -129,3 +129,23 @@ def test_a_further_numbered_patch_is_applied_after_the_others(copy, capsys):
     assert make_cuda_script.main([], repo=copy) == 0
     assert f"+ {count} patches" in capsys.readouterr().out
     assert cuda.read_text() == after
+
+
+def test_format_runs_ruff_on_every_stage_and_rewrites_the_patches_to_match(copy):
+    shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")  # ruff's configuration
+    files = [
+        copy / "run_bridgetower.py",
+        copy / "run_bridgetower_cuda.py",
+        *sorted((copy / "patches").glob("*.patch")),
+    ]
+    tidy = {path: path.read_text() for path in files}
+    gaudi = copy / "run_bridgetower.py"
+    untidy = tidy[gaudi].replace("import logging\nimport os\n", "import os\nimport logging\n", 1)
+    untidy = untidy.replace("    set_seed(training_args.seed)\n", "    set_seed( training_args.seed )\n", 1)
+    assert untidy.count("set_seed( training_args.seed )") == 1 and "import os\nimport logging\n" in untidy
+    gaudi.write_text(untidy)
+    assert make_cuda_script.main(["--check"], repo=copy) == 1  # the generated script no longer matches
+
+    assert make_cuda_script.main(["--format"], repo=copy) == 0
+    assert {path: path.read_text() for path in files} == tidy  # every stage formatted: the committed files again
+    assert make_cuda_script.main(["--check"], repo=copy) == 0

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import preloaded_python
 from bridgetower_bench import resilience, run_directory
-from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, script_env
+from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
 
@@ -354,13 +354,6 @@ def script_command(kind, fixtures, out):
         "fast",
         *CPU_FLAGS[kind],
     ]
-
-
-def run_stopped_at(kind, args, signame, name):
-    """Run the script, sending it `signame` just before its first rename or removal of a path named `name` in
-    --output_dir (tests/stop_at_rename.py)."""
-    cmd = [sys.executable, str(REPO / "tests" / "stop_at_rename.py"), signame, name, str(REPO / SCRIPTS[kind])]
-    return preloaded_python.run(cmd + [str(a) for a in args], cwd=REPO, env=script_env(kind == "gaudi"), timeout=600)
 
 
 def assert_rerun_only_evaluates(kind, args, out):

@@ -14,9 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import preloaded_python
 from bridgetower_bench import run_directory
-from conftest import CPU_FLAGS, REPO, SCRIPTS, assert_throughput_adds_up, read_json, run_script, script_env
+from conftest import (
+    CPU_FLAGS,
+    REPO,
+    assert_throughput_adds_up,
+    read_json,
+    run_script,
+    run_stopped_at,
+)
 
 
 KINDS = ["gaudi", "cuda"]
@@ -56,10 +62,8 @@ def load_weights(directory):
 
 
 def run_killed_while_publishing(kind, args):
-    """A training run SIGKILLed at the first write of its final publication: its checkpoints saved, no model published."""
-    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
-    env = {**script_env(kind == "gaudi"), run_directory.FAULT_ENV: "1:SIGKILL"}
-    result = preloaded_python.run(cmd, cwd=REPO, env=env, timeout=600)
+    """A training run SIGKILLed just before its final publication commits: its checkpoints saved, no model published."""
+    result = run_stopped_at(kind, args, "SIGKILL", run_directory.PUBLISHING_NAME)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
 
 
@@ -220,7 +224,6 @@ def test_cuda_script_mentions_no_habana_or_gaudi_symbol():
 
 def test_patch_check_passes():
     import subprocess
-    import sys
 
     result = subprocess.run(
         [sys.executable, "-m", "bridgetower_bench.tools.make_cuda_script", "--check"],

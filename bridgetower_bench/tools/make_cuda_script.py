@@ -3,14 +3,17 @@
     python -m bridgetower_bench.tools.make_cuda_script             # (re)write run_bridgetower_cuda.py
     python -m bridgetower_bench.tools.make_cuda_script --check     # exit 1 if the committed file differs
     python -m bridgetower_bench.tools.make_cuda_script --refresh   # rewrite patches whose hunks moved
+    python -m bridgetower_bench.tools.make_cuda_script --format    # ruff on every stage, the patches re-expressed
 
 The patches are ordinary unified diffs, applied in file-name order with `patch --fuzz=0` (GNU patch),
 each to the output of the previous one, starting from the Gaudi script. Every hunk must apply exactly
 where its line numbers say: a hunk that needs fuzz or lands at an offset stops the tool (exit 1, naming
 the patch), since such a hunk can land in the wrong place without a word. After an edit of the Gaudi
 script moved lines, `--refresh` rewrites each moved patch as the diff between consecutive stages (read
-the rewritten patches before committing them). To change a patch: edit run_bridgetower_cuda.py in a
-scratch copy, then `diff -u` against the previous stage.
+the rewritten patches before committing them). `--format` (`make format`) runs ruff's fixes and formatter
+on every stage, the Gaudi script first, and rewrites each patch as the diff between consecutive formatted
+stages: formatting the two scripts alone would leave the patches' context behind. To change a patch: edit
+run_bridgetower_cuda.py in a scratch copy, then `diff -u` against the previous stage.
 """
 
 from __future__ import annotations
@@ -90,12 +93,65 @@ def generate(repo: Path = REPO, refresh: bool = False) -> str:
         return work.read_text()
 
 
+def stages(repo: Path = REPO) -> list[str]:
+    """The Gaudi script, then its text after each patch in turn (the last one is the CUDA script)."""
+    texts = [(repo / GAUDI_SCRIPT).read_text()]
+    with tempfile.TemporaryDirectory() as tmp:
+        work, out = Path(tmp) / CUDA_SCRIPT, Path(tmp) / "next.py"
+        for patch in patch_files(repo):
+            work.write_text(texts[-1])
+            _apply(patch, work, out, repo)
+            texts.append(out.read_text())
+    return texts
+
+
+def ruff(text: str, repo: Path = REPO) -> str:
+    """`text` after ruff's fixes and formatter, with the repository's configuration."""
+    for command in (["check", "--fix", "--quiet", "--exit-zero"], ["format", "--quiet"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--stdin-filename", CUDA_SCRIPT, "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            cwd=repo,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"error: ruff {command[0]} failed on a stage of {CUDA_SCRIPT}:\n{result.stderr}")
+        text = result.stdout
+    return text
+
+
+def format_stages(repo: Path = REPO) -> None:
+    """Format every stage; write the Gaudi script, each patch between consecutive stages (`diff -u`, as the
+    patches are written by hand), and the CUDA script."""
+    formatted = [ruff(text, repo) for text in stages(repo)]
+    with tempfile.TemporaryDirectory() as tmp:
+        before, after = Path(tmp) / "before.py", Path(tmp) / "after.py"
+        for patch, old, new in zip(patch_files(repo), formatted, formatted[1:]):
+            before.write_text(old)
+            after.write_text(new)
+            labels = ["--label", CUDA_SCRIPT, "--label", CUDA_SCRIPT]
+            diff = subprocess.run(["diff", "-u", *labels, str(before), str(after)], capture_output=True, text=True)
+            if diff.returncode > 1:
+                raise SystemExit(f"error: diff failed for {patch.relative_to(repo)}:\n{diff.stderr}")
+            patch.write_text(diff.stdout)
+    (repo / GAUDI_SCRIPT).write_text(formatted[0])
+    (repo / CUDA_SCRIPT).write_text(formatted[-1])
+
+
 def main(argv=None, repo: Path = REPO) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if run_bridgetower_cuda.py is out of date")
     mode.add_argument("--refresh", action="store_true", help="rewrite the patches whose hunks moved, then the script")
+    mode.add_argument(
+        "--format", action="store_true", help="ruff on the Gaudi script and every stage; patches rewritten"
+    )
     args = parser.parse_args(argv)
+    if args.format:
+        format_stages(repo)
+        print(f"formatted {GAUDI_SCRIPT}, {len(patch_files(repo))} patches and {CUDA_SCRIPT}")
+        return 0
     expected = generate(repo, refresh=args.refresh)
     target = repo / CUDA_SCRIPT
     if args.check:
