@@ -437,18 +437,28 @@ def relative(part, output_dir: Path) -> str:
     return text
 
 
-def run_steps(steps: list[Step], hpus: Hpus, output_dir: Path, runner: Callable[[Step], Ran]) -> list[Row]:
+def run_steps(
+    steps: list[Step],
+    hpus: Hpus,
+    output_dir: Path,
+    runner: Callable[[Step], Ran],
+    *,
+    devices: str = "HPUs",
+    tool: str = "gaudi_check",
+    judge_step: Callable[[Step, Ran, float, Path], Row] = judge,
+) -> list[Row]:
+    """Each step the devices allow (`hpus.count`, named `devices`), judged by `judge_step`; nvidia_check's too."""
     rows = []
     for step in steps:
         if hpus.count < step.needs_hpus:
-            rows.append(Row(step.name, SKIPPED, f"needs {step.needs_hpus} HPUs, {hpus.count} visible"))
+            rows.append(Row(step.name, SKIPPED, f"needs {step.needs_hpus} {devices}, {hpus.count} visible"))
             continue
         step.log.parent.mkdir(parents=True, exist_ok=True)
         (step.run_dir / "train_results.json").unlink(missing_ok=True)  # an earlier check's must not count
-        print(f"gaudi_check: running {step.name} (log: {step.log})", flush=True)
+        print(f"{tool}: running {step.name} (log: {step.log})", flush=True)
         started = time.perf_counter()
         ran = runner(step)
-        rows.append(judge(step, ran, time.perf_counter() - started, output_dir))
+        rows.append(judge_step(step, ran, time.perf_counter() - started, output_dir))
     return rows
 
 

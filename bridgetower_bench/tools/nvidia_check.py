@@ -32,7 +32,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,12 +40,11 @@ from typing import Optional
 from ..atomic_files import write_atomically
 from ..execution_mode import NOT_ON_GAUDI
 from ..redaction import shareable
-from . import tool_paths
+from . import gaudi_check, tool_paths
 from .gaudi_check import (
     FAILED,
     OK,
     REPO,
-    SKIPPED,
     WARNING,
     Ran,
     Row,
@@ -362,18 +360,9 @@ def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
 
 
 def run_steps(steps: list[Step], gpus: Gpus, output_dir: Path, runner: Callable[[Step], Ran]) -> list[Row]:
-    rows = []
-    for step in steps:
-        if gpus.count < step.needs_hpus:
-            rows.append(Row(step.name, SKIPPED, f"needs {step.needs_hpus} GPUs, {gpus.count} visible"))
-            continue
-        step.log.parent.mkdir(parents=True, exist_ok=True)
-        (step.run_dir / "train_results.json").unlink(missing_ok=True)  # an earlier check's must not count
-        print(f"nvidia_check: running {step.name} (log: {step.log})", flush=True)
-        started = time.perf_counter()
-        ran = runner(step)
-        rows.append(judge_step(step, ran, time.perf_counter() - started, output_dir))
-    return rows
+    return gaudi_check.run_steps(
+        steps, gpus, output_dir, runner, devices="GPUs", tool="nvidia_check", judge_step=judge_step
+    )
 
 
 # ----------------------------------------------------------------------------------------
