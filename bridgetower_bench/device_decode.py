@@ -43,7 +43,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
 from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize_geometry, upright_tensor
-from .jpeg_headers import read_jpeg_header
+from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
 from .resilience import ImageLoadError
 
 
@@ -56,7 +56,6 @@ DEFAULT_CHUNK_SIZE = 64
 # Which images the GPU decoder takes: magic bytes and the JPEG frame header
 # ----------------------------------------------------------------------------------------------------------
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _OTHER_FORMATS = (
     (b"\x89PNG", "PNG image"),
     (b"GIF8", "GIF image"),
@@ -69,7 +68,7 @@ _DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progres
 
 def device_decoder_declines(data: bytes) -> Optional[str]:
     """None when the GPU JPEG decoder takes these bytes; otherwise why not (the fallback reason)."""
-    if not data.startswith(_JPEG_MAGIC):
+    if not data.startswith(JPEG_MAGIC):
         if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
             return "WebP image"
         return next((name for magic, name in _OTHER_FORMATS if data.startswith(magic)), "not a JPEG")

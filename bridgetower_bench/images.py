@@ -64,7 +64,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
-from .jpeg_headers import read_jpeg_header
+from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
 
 
 try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
@@ -76,7 +76,6 @@ IMAGE_PIPELINES = ("upstream", "fast", "fast-draft")
 
 _ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _WHITE = (255, 255, 255, 255)
 _EXIF_ORIENTATION = ExifTags.Base.Orientation
 # the EXIF orientation tag (2..8) -> the flips and transposes that make a (..., H, W) tensor upright,
@@ -371,7 +370,7 @@ class FastTransform:
         if isinstance(value, Image.Image):
             return _full_scale(pil_to_uint8_tensor(load_image(value)))
         data, label = encoded_image_bytes(value)
-        if data.startswith(_JPEG_MAGIC):
+        if data.startswith(JPEG_MAGIC):
             decoded = self._decode_jpeg(data, label)
             if decoded is not None:
                 return _upright_decoded(*decoded, jpeg_orientation(data))
