@@ -42,7 +42,14 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
-from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize_geometry, upright_tensor
+from .images import (
+    FastTransform,
+    encoded_image_bytes,
+    image_source,
+    jpeg_orientation,
+    resize_geometry,
+    upright_tensor,
+)
 from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
 from .resilience import ImageLoadError
 
@@ -134,8 +141,8 @@ class EncodedImageTransform:
 
 def _path_of(value: Any) -> Optional[str]:
     """The file path an image value names, if any (for error messages)."""
-    path = value.get("path") if isinstance(value, dict) else value if isinstance(value, (str, os.PathLike)) else None
-    return os.fspath(path) if path else None
+    source = image_source(value)
+    return os.fspath(source.path) if source is not None and source.path else None
 
 
 class EncodedBatch:
