@@ -346,14 +346,16 @@ def main():
     )
 
     # 9. Training. The model, processors, metrics, state and recipe are published as one set: all or nothing.
+    #    SIGTERM/SIGINT stop training with a checkpoint; after the last step they wait until the set is published.
     if training_args.do_train and not run.trained_model:
-        train_result = trainer.train(resume_from_checkpoint=run.resume_from)
-        trainer.log_metrics("train", train_result.metrics)
-        with trainer.publishing():
-            trainer.save_model()
-            trainer.save_processors(tokenizer, image_processor)
-            trainer.save_metrics("train", train_result.metrics)
-            trainer.save_state()
+        with trainer.catching_signals():
+            train_result = trainer.train(resume_from_checkpoint=run.resume_from)
+            trainer.log_metrics("train", train_result.metrics)
+            with trainer.publishing():
+                trainer.save_model()
+                trainer.save_processors(tokenizer, image_processor)
+                trainer.save_metrics("train", train_result.metrics)
+                trainer.save_state()
 
     # 10. Evaluation: contrastive loss plus image<->text retrieval recall on the validation split.
     if training_args.do_eval:

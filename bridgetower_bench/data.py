@@ -71,9 +71,9 @@ def load_raw_datasets(
     """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files.
 
     image_column: the --image_column (None: the first column), whose relative paths in data files are
-    resolved against the file's directory.
+    resolved against the file's directory. The flags themselves were checked when they were parsed
+    (check_data_arguments, from the scripts' DataTrainingArguments).
     """
-    check_data_arguments(dataset_name, train_file, validation_file)
     if dataset_name is not None:
         # A name that is clearly a path (./x, /x, ~/x) must exist: otherwise `datasets` would try the hub.
         expanded = os.path.expanduser(dataset_name)

@@ -42,8 +42,15 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 from transformers import TrainerCallback
 
-from .images import FastTransform, encoded_image_bytes, jpeg_orientation, resize_geometry, upright_tensor
-from .jpeg_headers import read_jpeg_header
+from .images import (
+    FastTransform,
+    encoded_image_bytes,
+    image_source,
+    jpeg_orientation,
+    resize_geometry,
+    upright_tensor,
+)
+from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
 from .resilience import ImageLoadError
 
 
@@ -56,7 +63,6 @@ DEFAULT_CHUNK_SIZE = 64
 # Which images the GPU decoder takes: magic bytes and the JPEG frame header
 # ----------------------------------------------------------------------------------------------------------
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _OTHER_FORMATS = (
     (b"\x89PNG", "PNG image"),
     (b"GIF8", "GIF image"),
@@ -69,7 +75,7 @@ _DECODABLE_FRAMES = (0xC0, 0xC1, 0xC2)  # baseline, extended sequential, progres
 
 def device_decoder_declines(data: bytes) -> Optional[str]:
     """None when the GPU JPEG decoder takes these bytes; otherwise why not (the fallback reason)."""
-    if not data.startswith(_JPEG_MAGIC):
+    if not data.startswith(JPEG_MAGIC):
         if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
             return "WebP image"
         return next((name for magic, name in _OTHER_FORMATS if data.startswith(magic)), "not a JPEG")
@@ -135,8 +141,8 @@ class EncodedImageTransform:
 
 def _path_of(value: Any) -> Optional[str]:
     """The file path an image value names, if any (for error messages)."""
-    path = value.get("path") if isinstance(value, dict) else value if isinstance(value, (str, os.PathLike)) else None
-    return os.fspath(path) if path else None
+    source = image_source(value)
+    return os.fspath(source.path) if source is not None and source.path else None
 
 
 class EncodedBatch:

@@ -55,7 +55,7 @@ import io
 import os
 import stat
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
-from .jpeg_headers import read_jpeg_header
+from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
 
 
 try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
@@ -76,7 +76,6 @@ IMAGE_PIPELINES = ("upstream", "fast", "fast-draft")
 
 _ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _WHITE = (255, 255, 255, 255)
 _EXIF_ORIENTATION = ExifTags.Base.Orientation
 # the EXIF orientation tag (2..8) -> the flips and transposes that make a (..., H, W) tensor upright,
@@ -192,6 +191,27 @@ def orientation_swaps_sides(orientation: int | None) -> bool:
 # ----------------------------------------------------------------------------------------
 
 
+class ImageSource(NamedTuple):
+    """Where an encoded image value's bytes are: ``data`` when it holds them, else the file at ``path``."""
+
+    data: Optional[bytes]  # embedded or raw bytes (a dict's empty bytes count as none)
+    path: Optional[str | os.PathLike]  # a path value, or a dict's non-empty path (also beside its bytes)
+    from_dict: bool  # the value is a ``{"bytes", "path"}`` dict
+
+
+def image_source(value: Any) -> Optional[ImageSource]:
+    """Which kind of encoded image value this is: a ``{"bytes", "path"}`` dict (its bytes win over its path),
+    a ``str``/``os.PathLike`` path, or raw bytes; None for anything else (a PIL image included)."""
+    if isinstance(value, dict):
+        data, path = value.get("bytes"), value.get("path")
+        return ImageSource(bytes(data) if data else None, path or None, True)
+    if isinstance(value, (str, os.PathLike)):
+        return ImageSource(None, value, False)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ImageSource(bytes(value), None, False)
+    return None
+
+
 def encoded_image_bytes(value: Any) -> tuple[bytes, str]:
     """Return the encoded bytes of an image value and a label naming where they came from.
 
@@ -199,17 +219,13 @@ def encoded_image_bytes(value: Any) -> tuple[bytes, str]:
     only when bytes are absent), a ``str``/``os.PathLike`` path, or raw bytes. The label
     ("embedded bytes" or the path) is what error messages name.
     """
-    if isinstance(value, dict):
-        data, path = value.get("bytes"), value.get("path")
-        if data:
-            return bytes(data), "embedded bytes" + (f" (of {path!r})" if path else "")
-        if path:
-            return _read_file(path), repr(os.fspath(path))
+    source = image_source(value)
+    if source is not None:
+        if source.data is not None:
+            return source.data, "embedded bytes" + (f" (of {source.path!r})" if source.path else "")
+        if source.path is not None:
+            return _read_file(source.path), repr(os.fspath(source.path))
         raise ValueError("image value has neither embedded bytes nor a path: " + repr(sorted(value)))
-    if isinstance(value, (str, os.PathLike)):
-        return _read_file(value), repr(os.fspath(value))
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value), "embedded bytes"
     raise ValueError(
         f"unsupported image value of type {type(value).__name__}: expected a PIL image, "
         "a {'bytes', 'path'} dict, a path or bytes"
@@ -371,7 +387,7 @@ class FastTransform:
         if isinstance(value, Image.Image):
             return _full_scale(pil_to_uint8_tensor(load_image(value)))
         data, label = encoded_image_bytes(value)
-        if data.startswith(_JPEG_MAGIC):
+        if data.startswith(JPEG_MAGIC):
             decoded = self._decode_jpeg(data, label)
             if decoded is not None:
                 return _upright_decoded(*decoded, jpeg_orientation(data))

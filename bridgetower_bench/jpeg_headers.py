@@ -19,6 +19,10 @@ SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD9)])  # TEM, RST0-7, SOI: no length field
 _SOS, _EOI, _APP1, _APP14 = 0xDA, 0xD9, 0xE1, 0xEE
 _EXIF_PREFIX = b"Exif\x00\x00"
+# What a JPEG file starts with: the start-of-image marker (SOI), then the 0xFF of the next marker. The decoders
+# choose by JPEG_MAGIC; the header walk needs only the SOI.
+JPEG_SOI = b"\xff\xd8"
+JPEG_MAGIC = JPEG_SOI + b"\xff"
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class JpegHeader:
 def read_jpeg_header(data: bytes) -> Optional[JpegHeader]:
     """The headers of a JPEG, up to its first scan (or a truncated segment); None when `data` is not a JPEG
     whose frame header can be reached (another format, a scan, the end or a cut before any frame header)."""
-    if not data.startswith(b"\xff\xd8"):
+    if not data.startswith(JPEG_SOI):
         return None
     pos, end = 2, len(data)
     frame, adobe_transform, has_exif = None, None, False

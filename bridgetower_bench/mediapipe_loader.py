@@ -43,7 +43,7 @@ from transformers.trainer_pt_utils import DistributedSamplerWithLoop, ShardSampl
 
 from .atomic_files import remove_abandoned, write_atomically
 from .data import cache_dir as bench_cache_dir
-from .images import jpeg_orientation, read_regular_file, to_rgb, upright
+from .images import image_source, jpeg_orientation, read_regular_file, to_rgb, upright
 from .jpeg_headers import SOF_BASELINE, read_jpeg_header
 
 
@@ -237,18 +237,16 @@ class _ImageStore:
     def _plan_row(self, value: Any, row: int):
         """(dedup key, job returning the row's file path) for one image value."""
         where = f"--image_column={self.image_column}, row {row}"
-        if isinstance(value, dict):
-            data, path = value.get("bytes"), value.get("path")
-            if data:
-                return self._plan_bytes(bytes(data), where)
-            if not path:
-                raise ValueError(f"{where}: the image has neither embedded bytes nor a path")
-            return self._plan_file(path, where, "has no embedded bytes and its path")
-        if isinstance(value, (str, os.PathLike)):
-            return self._plan_file(value, where, "image path")
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return self._plan_bytes(bytes(value), where)
-        raise ValueError(f"{where}: unsupported image value of type {type(value).__name__}")
+        source = image_source(value)
+        if source is None:
+            raise ValueError(f"{where}: unsupported image value of type {type(value).__name__}")
+        if source.data is not None:
+            return self._plan_bytes(source.data, where)
+        if source.path is None:
+            raise ValueError(f"{where}: the image has neither embedded bytes nor a path")
+        return self._plan_file(
+            source.path, where, "has no embedded bytes and its path" if source.from_dict else "image path"
+        )
 
     def _plan_bytes(self, data: bytes, where: str):
         digest = hashlib.sha256(data).hexdigest()

@@ -20,7 +20,8 @@ It
   saves a checkpoint and ends with one clear message; rerunning the same command resumes;
 - publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
   after any kill output_dir holds the previous set or the new one, never a mix; SIGTERM/SIGINT after
-  the last step waits until the set is published, then ends the run;
+  the last step waits until the set is published, then ends the run (inside `catching_signals`, which
+  gives the caller's handlers back when it ends);
 - records the checkpoints it writes, and rotation deletes only those; each checkpoint holds the run's recipe
   and counts only once its manifest (every file, size and sha256) is written, last (checkpoint_manifest.py);
   the final model is published with the recipe (run_recipe.py); a full disk while saving one ends the run in
@@ -38,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -158,6 +160,7 @@ class TrainerExtensions:
         self.add_callback(TrainingLossSum())
         self._unlogged_loss = None  # the Trainer's loss summed since its last logging step (a device tensor)
         self._staging = None  # inside `publishing()`: where the files being published are saved
+        self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
         self._publishing_model = False
         self._first_step = None  # global step at this train() call's first training step
         self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
@@ -270,9 +273,29 @@ class TrainerExtensions:
         return gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need)
 
     # results -------------------------------------------------------------------------------------------
+    @contextmanager
+    def catching_signals(self):
+        """SIGTERM/SIGINT caught from train() to the end of the final publication, the caller's handlers back after.
+
+        During training a signal stops it at the next step with a checkpoint (`train`); after the last step it
+        waits until the set being published is complete (`publishing`), so that no signal can lose a finished
+        training. The handlers are put back when the block ends, whether or not a publication ended it.
+        """
+        if self._catching_signals:  # nested: the enclosing block catches them
+            yield
+            return
+        self.stop_on_signal.install()
+        self._catching_signals = True
+        try:
+            yield
+        finally:
+            self._catching_signals = False
+            self.stop_on_signal.restore()
+
     def train(self, *args, **kwargs):
-        # The signal handlers stay installed after a finished training: a signal then waits until the final
-        # model is published (`publishing`), so that no signal can lose a finished training.
+        # Inside `catching_signals` the handlers stay installed after a finished training: a signal then waits
+        # until the final model is published. Called on its own, train() gives the caller's handlers back when
+        # it returns, and with them a signal that arrived after the last step.
         self.stop_on_signal.install()
         self._first_step = None
         self.divergence.reset()
@@ -300,6 +323,8 @@ class TrainerExtensions:
             self.stop_on_signal.restore()
             self._end_the_run(interrupted)
         self.stop_on_signal.training_done = True
+        if not self._catching_signals:
+            self._hand_signals_back()
         steady = self.throughput.metrics()
         if steady and "train_samples_per_second" in result.metrics:
             # Keep the trainer's own figure for reference; ours has the same meaning on every backend.
@@ -370,6 +395,13 @@ class TrainerExtensions:
         stopped = self.stop_on_signal.stopped_after_saving(self.args.output_dir)
         if stopped is not None:
             self._end_the_run(stopped)
+
+    def _hand_signals_back(self) -> None:
+        """Put the caller's handlers back; a signal caught since the last step goes to them now."""
+        received = self.stop_on_signal.received
+        self.stop_on_signal.restore()
+        if received is not None:
+            signal.raise_signal(received)
 
     def _end_the_run(self, interrupted) -> None:
         """Exit with 128 + signal once every rank is here, i.e. once the process that saves has saved.

@@ -119,10 +119,9 @@ def dead_pid() -> int:
 
 @pytest.fixture(autouse=True)
 def signal_handlers_as_they_were():
-    """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found. The trainer keeps its
-    stop-on-signal handlers installed after train() until the final model is published (on purpose: see
-    bridgetower_bench/trainer.py); a test that trains in-process without publishing would otherwise hand
-    them to the next test in its worker, where a Ctrl-C would then be caught instead of raised."""
+    """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found: a test that sets its own, or
+    that leaves a `trainer.catching_signals()` block without closing it, would otherwise hand them to the next
+    test in its worker, where a Ctrl-C might then be caught instead of raised."""
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield
     for signum, handler in before.items():

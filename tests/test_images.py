@@ -430,6 +430,27 @@ def test_load_errors_name_the_source(tmp_path):
         load_image(42)
 
 
+def test_each_kind_of_image_value_names_where_its_bytes_came_from(tmp_path):
+    path = tmp_path / "cat.jpg"
+    path.write_bytes(b"on disk")
+    labelled = {
+        "dict with bytes and path": (
+            {"bytes": b"inline", "path": "cat.jpg"},
+            b"inline",
+            "embedded bytes (of 'cat.jpg')",
+        ),
+        "dict with bytes only": ({"bytes": b"inline", "path": ""}, b"inline", "embedded bytes"),
+        "dict with empty bytes": ({"bytes": b"", "path": str(path)}, b"on disk", repr(str(path))),
+        "path": (str(path), b"on disk", repr(str(path))),
+        "PathLike": (path, b"on disk", repr(str(path))),
+        "raw bytes": (bytearray(b"raw"), b"raw", "embedded bytes"),
+    }
+    for case, (value, data, label) in labelled.items():
+        assert images.encoded_image_bytes(value) == (data, label), case
+    assert images.image_source({"bytes": None, "path": None}) == images.ImageSource(None, None, True)
+    assert images.image_source(noise_image(2, 2)) is None and images.image_source(42) is None
+
+
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
 def test_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
     truncated = cartoon_jpeg(seed=1, width=200, height=150)[:300]

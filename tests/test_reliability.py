@@ -5,6 +5,7 @@ is refused with one line."""
 import json
 import os
 import re
+import runpy
 import signal
 import subprocess
 import sys
@@ -341,9 +342,9 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
     out = tmp_path / "out"
     trainer = _trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
     before = signal.getsignal(signal.SIGTERM)
-    trainer.train()
-    assert trainer.state.global_step == 2
-    with pytest.raises(resilience.TrainingInterrupted) as stopped:
+    with pytest.raises(resilience.TrainingInterrupted) as stopped, trainer.catching_signals():  # as step 9
+        trainer.train()
+        assert trainer.state.global_step == 2
         trainer.save_model()  # the final save: the signal waited for it
     assert stopped.value.code == 128 + signal.SIGTERM
     assert stopped.value.message.startswith(
@@ -351,6 +352,75 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
     )
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with_them(fixtures, tmp_path):
+    from transformers import AutoTokenizer
+
+    caught = []
+
+    def callers_handler(signum, frame):
+        caught.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
+    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    trainer = _trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
+    trainer.train()
+    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+    assert caught == []
+
+    trainer = _trainer_on(
+        fixtures, ds, tmp_path / "out", [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2
+    )
+    trainer.train()  # no publication follows: the SIGTERM caught in the last evaluation is the caller's to handle
+    assert caught == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+
+
+class _FailAfterTraining(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("ending", ["published", "signal between training and publication", "failed there"])
+def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixtures, tmp_path, monkeypatch):
+    """main() run in-process, as a caller that trains from Python does: its own handlers are in place again, and
+    a signal between the end of training and the publication still waits for the published set."""
+    import transformers
+
+    def callers_handler(signum, frame):
+        pass
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
+    log_metrics = transformers.Trainer.log_metrics
+
+    def log_metrics_then(self, split, metrics):  # the script's first call after train() returned
+        if ending == "failed there":
+            raise _FailAfterTraining(split)
+        if ending != "published":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return log_metrics(self, split, metrics)
+
+    monkeypatch.setattr(transformers.Trainer, "log_metrics", log_metrics_then)
+    script = runpy.run_path(str(REPO / SCRIPTS["cuda"]))  # its definitions, main() not run
+    args = train_args(fixtures, tmp_path / "out", max_steps=1, max_train_samples=4, save_strategy="no")
+    cache = ["--cache_dir", str(REPO / ".cache" / "hf_datasets")]
+    monkeypatch.setattr(sys, "argv", [SCRIPTS["cuda"], *args, "--do_train", *cache, *CPU_FLAGS["cuda"]])
+    try:
+        if ending == "published":
+            script["main"]()
+        elif ending == "failed there":
+            with pytest.raises(_FailAfterTraining):
+                script["main"]()
+        else:
+            with pytest.raises(resilience.TrainingInterrupted) as stopped:
+                script["main"]()
+            assert stopped.value.code == 128 + signal.SIGTERM
+        assert (tmp_path / "out" / "model.safetensors").exists() is (ending != "failed there")
+    finally:
+        run_directory.release_all()  # what the process's exit does
+    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
 
 
 def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures, tmp_path):

@@ -98,6 +98,24 @@ def early_refusals(model, tmp_path):
             [*common, "--output_dir", a_file / "run"],
             f"{script}--output_dir={a_file / 'run'} cannot be created: {a_file} is a file",
         ),
+        "no data flag": (
+            [
+                "--model_name_or_path",
+                model,
+                "--output_dir",
+                out,
+                "--do_train",
+                "--report_to",
+                "none",
+                *CPU_FLAGS["cuda"],
+            ],
+            f"{script}Need either --dataset_name or --train_file / --validation_file.",
+        ),
+        "data file of an unknown format": (
+            [*common, "--output_dir", out, "--validation_file", tmp_path / "captions.txt"],
+            f"{script}--validation_file={tmp_path / 'captions.txt'}: unsupported file extension '.txt'; use one of "
+            ".csv, .json, .jsonl",
+        ),
         "max_train_samples 0": (
             [*common, "--output_dir", out, "--max_train_samples", 0],
             f"{script}--max_train_samples=0: must be positive",
@@ -158,6 +176,8 @@ EARLY = [
     "json configuration holding a number",
     "output_dir that is a regular file",
     "output_dir under a regular file",
+    "no data flag",
+    "data file of an unknown format",
     "max_train_samples 0",
     "train batch size 0",
     "eval batch size -1",

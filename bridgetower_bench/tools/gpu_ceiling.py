@@ -158,11 +158,12 @@ def run_ceiling(ceiling_args: CeilingArguments, training_args: WarmupTrainingArg
             training_args.throughput_warmup_steps, ceiling_args.profile_steps, training_args.output_dir
         )
         trainer.add_callback(profiler)
-    metrics = trainer.train().metrics
-    if profiler is not None and profiler.written:
-        logger.info("step profile written to %s", profiler.written)
-    trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
+    with trainer.catching_signals():  # a signal after the last step waits until the metrics are saved
+        metrics = trainer.train().metrics
+        if profiler is not None and profiler.written:
+            logger.info("step profile written to %s", profiler.written)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
     return metrics
 
 
