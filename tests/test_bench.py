@@ -14,6 +14,7 @@ from PIL import Image
 
 import preloaded_python
 from bridgetower_bench.tools import bench, bench_report
+from conftest import REPO
 
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
@@ -97,7 +98,10 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded
         assert f"| {label} | 2 | " in split, f"{label}: 2 epoch starts counted, side by side with the steady wait"
     assert table in printed, "the table is printed at the end"
     assert "## Retrieval quality: eval image->text recall@1" in table
-    assert "Gaudi2 HPU (published)" in (out / "vs_published.md").read_text()
+    vs_published = (out / "vs_published.md").read_text()
+    assert "Gaudi2 HPU (published)" in vs_published
+    for record in ("results.json", "results.csv", "table.md", "vs_published.md"):  # shareable: no machine paths
+        assert str(REPO) not in (out / record).read_text() and str(out) not in (out / record).read_text(), record
     with Image.open(out / "chart.png") as chart:
         assert chart.size[0] > 100 and chart.size[1] > 100
     assert printed.count("start  workers=") == 3 and "samples/s" in printed and "at 2 epoch start(s)" in printed

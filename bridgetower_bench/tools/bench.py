@@ -1314,7 +1314,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {
         "preset": args.preset,
         "shape": plan.shape,
-        "model": _flag_value(plan.base_args + plan.extra_args, "--model_name_or_path"),
+        "model": _flag_value(shareable_args(plan.base_args + plan.extra_args, out), "--model_name_or_path"),
         "prices": plan.prices,
     }
     table = render_all(out, rows, meta)
