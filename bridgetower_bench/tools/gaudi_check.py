@@ -102,29 +102,30 @@ class Hpus:
     )
 
 
-def probe_hpus() -> Hpus | str:
-    """The visible HPUs, or why this is not a Gaudi node (one line).
-
-    Asked in a child process, so that this one never opens an HPU that its training steps need.
-    """
-    code = "import json; from bridgetower_bench.tools.gaudi_check import hpus_here; print(json.dumps(hpus_here()))"
+def ask_child(function: str, devices: str, env: Optional[dict] = None) -> dict | str:
+    """What `function` ("module:name", returning a JSON-able dict or a one-line reason) answers in a child
+    python, so that this process never opens a device its training steps need; or why the query failed."""
+    module, name = function.split(":")
+    code = f"import json; from {module} import {name}; print(json.dumps({name}()))"
     try:
         child = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=dict(os.environ, **STEP_ENVIRONMENT),
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
         )
     except subprocess.TimeoutExpired:
-        return "the HPU query did not answer within 600 s"
+        return f"the {devices} query did not answer within 600 s"
     lines = child.stdout.strip().splitlines()
     try:
-        answer = json.loads(lines[-1])
+        return json.loads(lines[-1])
     except (IndexError, ValueError):
         error = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"the HPU query failed (exit status {child.returncode}): {error}"
+        return f"the {devices} query failed (exit status {child.returncode}): {error}"
+
+
+def probe_hpus() -> Hpus | str:
+    """The visible HPUs, or why this is not a Gaudi node (one line), asked in a child process."""
+    answer = ask_child(
+        "bridgetower_bench.tools.gaudi_check:hpus_here", "HPU", env=dict(os.environ, **STEP_ENVIRONMENT)
+    )
     return answer if isinstance(answer, str) else Hpus(**answer)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -81,19 +80,8 @@ class Gpus:
 
 
 def probe_gpus() -> Gpus | str:
-    """The visible GPUs, or why there is no usable one (one line). Asked in a child process, so that this
-    one never holds a GPU context its training steps need."""
-    code = "import json; from bridgetower_bench.tools.nvidia_check import gpus_here; print(json.dumps(gpus_here()))"
-    try:
-        child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        return "the GPU query did not answer within 600 s"
-    lines = child.stdout.strip().splitlines()
-    try:
-        answer = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        error = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"the GPU query failed (exit status {child.returncode}): {error}"
+    """The visible GPUs, or why there is no usable one (one line), asked in a child process."""
+    answer = gaudi_check.ask_child("bridgetower_bench.tools.nvidia_check:gpus_here", "GPU")
     return answer if isinstance(answer, str) else Gpus(**answer)
 
 
