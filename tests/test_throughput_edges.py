@@ -49,3 +49,25 @@ def test_the_clock_waits_for_an_hpu_and_skips_backends_without_synchronize(monke
     monkeypatch.setattr(torch, "hpu", types.SimpleNamespace(), raising=False)
     throughput.synchronize_device(types.SimpleNamespace(type="hpu"))
     throughput.synchronize_device(types.SimpleNamespace(type="no_such_backend"))
+
+
+def test_a_fetch_longer_than_the_window_counts_as_all_of_it_and_the_node_is_named():
+    """A batch fetched across the window's start (the loader reads ahead) can wait longer than the window
+    lasts: the shares stop at the whole window. Two processes: node figures, and the world size they used."""
+    clock = types.SimpleNamespace(now=0.0)
+    callback = throughput.ThroughputCallback(
+        warmup_steps=1, world_size=2, clock=lambda: clock.now, synchronize=lambda device: None
+    )
+    state = types.SimpleNamespace(global_step=0, max_steps=2)
+    callback.on_train_begin(CPU, state, None)
+    clock.now, state.global_step = 1.0, 1
+    callback.on_step_end(CPU, state, None)  # the window opens at t=1
+    callback.record_fetch(3.0, 4)  # waited since before the window opened
+    clock.now, state.global_step = 2.0, 2
+    callback.on_step_end(CPU, state, None)
+    metrics = callback.metrics()
+    assert metrics["data_wait_fraction"] == 1.0 and metrics["data_wait_fraction_steady"] == 1.0
+    assert metrics["data_wait_fraction_epoch_start"] == 0.0
+    assert metrics["world_size"] == 2 and metrics["throughput_counted_samples"] == 8
+    assert metrics["train_samples_per_second"] == pytest.approx(8.0)
+    assert metrics["train_samples_per_second_per_device"] == pytest.approx(4.0)
