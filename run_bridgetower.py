@@ -24,7 +24,9 @@ from bridgetower_bench import data, preflight, resilience, run_directory, run_re
 from bridgetower_bench.attention import use_attention
 from bridgetower_bench.execution_mode import check_lazy_mode_variable
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
-from bridgetower_bench.mediapipe_loader import MediaPipeTrainerMixin, choose_loader, feed_media_pipeline
+from bridgetower_bench.mediapipe_availability import choose_loader
+from bridgetower_bench.mediapipe_inputs import feed_media_pipeline
+from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error

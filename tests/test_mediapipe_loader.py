@@ -1,8 +1,11 @@
 """The Gaudi media-pipeline loader's CPU-testable parts, plus its wiring against a fake Habana API.
 
-The fake (``fake_habana``) stands in for habana_frameworks.mediapipe/torch with the API names the
-module documents; its "device" decodes a solid-colour JPEG to its mean colour, so the tests can
-check that decoded images, tokens and rows stay aligned and are normalised with the right constants.
+Its modules: which loader runs (mediapipe_availability), the image files (mediapipe_image_files), the
+inputs on a data set (mediapipe_inputs), the graph (mediapipe_graph), the loader (mediapipe_dataloader)
+and the trainer mixin (mediapipe_trainer). The fake (``fake_habana``) stands in for
+habana_frameworks.mediapipe/torch with the API names mediapipe_graph.py documents; its "device" decodes
+a solid-colour JPEG to its mean colour, so the tests can check that decoded images, tokens and rows stay
+aligned and are normalised with the right constants.
 """
 
 import importlib.machinery
@@ -22,8 +25,19 @@ import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
-from bridgetower_bench import mediapipe_loader as ml
 from bridgetower_bench.images import to_rgb
+from bridgetower_bench.jpeg_headers import read_jpeg_header
+from bridgetower_bench.mediapipe_availability import choose_loader, mediapipe_unavailable_reason
+from bridgetower_bench.mediapipe_dataloader import MediaPipeDataLoader, SamplerBatchReader
+from bridgetower_bench.mediapipe_image_files import (
+    _MANIFEST_VERSION,
+    MANIFEST_NAME,
+    _ImageStore,
+    is_decoder_ready_jpeg,
+    materialise_images,
+)
+from bridgetower_bench.mediapipe_inputs import attach_mediapipe_inputs
+from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
 from conftest import dead_pid, encode
 
 
@@ -58,7 +72,7 @@ def make_reader(n=10, sampler=None, batch_size=4, drop_last=False):
     paths = [f"img{i}.jpg" for i in range(n)]
     ids = np.arange(n * SEQ_LEN).reshape(n, SEQ_LEN)
     mask = np.ones((n, SEQ_LEN), dtype=np.int32)
-    return ml.SamplerBatchReader(paths, ids, mask, sampler or SequentialSampler(range(n)), batch_size, drop_last)
+    return SamplerBatchReader(paths, ids, mask, sampler or SequentialSampler(range(n)), batch_size, drop_last)
 
 
 def rows_of(batch):
@@ -125,7 +139,7 @@ def test_reader_shards_with_distributed_sampler_and_reshuffles_per_epoch():
 
 def test_reader_rejects_mismatched_inputs():
     with pytest.raises(ValueError, match="must match"):
-        ml.SamplerBatchReader(["a.jpg"] * 3, np.zeros((4, 2)), np.zeros((4, 2)), SequentialSampler(range(3)), 2, False)
+        SamplerBatchReader(["a.jpg"] * 3, np.zeros((4, 2)), np.zeros((4, 2)), SequentialSampler(range(3)), 2, False)
     with pytest.raises(ValueError, match="batch size"):
         make_reader(batch_size=0)
 
@@ -139,12 +153,12 @@ def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
     red, blue = solid_jpeg((200, 30, 30)), solid_jpeg((30, 30, 200))
     # paths like the New Yorker parquet's: names that are not files on disk
     ds = image_dataset([{"bytes": b, "path": "cartoon.jpg"} for b in (red, blue, red, red, blue)])
-    paths = ml.materialise_images(ds, "image", str(tmp_path), "fp1")
+    paths = materialise_images(ds, "image", str(tmp_path), "fp1")
 
     assert len(paths) == 5
     assert paths[0] == paths[2] == paths[3] != paths[1] == paths[4]
     assert sorted(os.listdir(tmp_path / "fp1")) == sorted(
-        [os.path.basename(paths[0]), os.path.basename(paths[1]), ml.MANIFEST_NAME]
+        [os.path.basename(paths[0]), os.path.basename(paths[1]), MANIFEST_NAME]
     )
     with open(paths[0], "rb") as handle:
         assert handle.read() == red  # baseline JPEG copied as it is
@@ -152,14 +166,14 @@ def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
 
 def test_second_run_reads_and_writes_nothing(tmp_path, monkeypatch):
     ds = image_dataset([solid_jpeg((10, 200, 10)), encode(Image.new("RGB", (9, 9), "white"), "PNG")])
-    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    first = materialise_images(ds, "image", str(tmp_path), "fp")
     before = stats(tmp_path / "fp")
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cache was rebuilt")
 
-    monkeypatch.setattr(ml._ImageStore, "store_all", must_not_run)
-    assert ml.materialise_images(ds, "image", str(tmp_path), "fp") == first
+    monkeypatch.setattr(_ImageStore, "store_all", must_not_run)
+    assert materialise_images(ds, "image", str(tmp_path), "fp") == first
     assert stats(tmp_path / "fp") == before
 
 
@@ -183,12 +197,12 @@ def _cases():
 @pytest.mark.parametrize("case", sorted(_cases()))
 def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, case):
     original = _cases()[case]
-    assert not ml.is_decoder_ready_jpeg(original)
-    (path,) = ml.materialise_images(image_dataset([original]), "image", str(tmp_path), "fp")
+    assert not is_decoder_ready_jpeg(original)
+    (path,) = materialise_images(image_dataset([original]), "image", str(tmp_path), "fp")
 
     with open(path, "rb") as handle:
         written = handle.read()
-    assert ml.is_decoder_ready_jpeg(written)
+    assert is_decoder_ready_jpeg(written)
     decoded = Image.open(io.BytesIO(written))
     assert decoded.format == "JPEG" and decoded.mode == "RGB"
     expected = np.asarray(to_rgb(Image.open(io.BytesIO(original))), dtype=np.float64)
@@ -204,19 +218,19 @@ def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
     exif[0x0112] = 6
     sideways = Image.fromarray(np.repeat(np.arange(20, dtype=np.uint8)[None, :] * 12, 12, axis=0)).convert("RGB")
     original = encode(sideways, "JPEG", quality=95, exif=exif)
-    assert ml.read_jpeg_header(original).marker == 0xC0  # baseline: only its orientation keeps it from the decoder
-    assert not ml.is_decoder_ready_jpeg(original)
+    assert read_jpeg_header(original).marker == 0xC0  # baseline: only its orientation keeps it from the decoder
+    assert not is_decoder_ready_jpeg(original)
     if as_path:
         (tmp_path / "photo.jpg").write_bytes(original)
         ds = datasets.Dataset.from_dict({"image": [str(tmp_path / "photo.jpg")]})
     else:
         ds = image_dataset([original])
-    (path,) = ml.materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
+    (path,) = materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
 
     assert os.path.dirname(path) == str(tmp_path / "cache" / "fp")
     with open(path, "rb") as handle:
         written = handle.read()
-    assert ml.is_decoder_ready_jpeg(written)
+    assert is_decoder_ready_jpeg(written)
     expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original))), dtype=np.float64)
     decoded = np.asarray(Image.open(io.BytesIO(written)), dtype=np.float64)
     assert decoded.shape == expected.shape == (20, 12, 3)
@@ -225,7 +239,7 @@ def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
 
 def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
     colour = encode(Image.new("RGB", (16, 12), (90, 40, 10)), "JPEG", quality=90)
-    (path,) = ml.materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")
+    (path,) = materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")
     with open(path, "rb") as handle:
         assert handle.read() == colour
 
@@ -233,16 +247,16 @@ def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
 def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_path):
     grey = encode(Image.linear_gradient("L").resize((16, 12)), "JPEG", quality=95)
     ds = image_dataset([grey, solid_jpeg((9, 80, 9))])
-    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    first = materialise_images(ds, "image", str(tmp_path), "fp")
     # What the previous version left: the grey JPEG copied as it was, under a version-1 manifest.
     with open(first[0], "wb") as handle:
         handle.write(grey)
-    manifest = tmp_path / "fp" / ml.MANIFEST_NAME
-    manifest.write_text(manifest.read_text().replace(f'"version": {ml._MANIFEST_VERSION}', '"version": 1'))
+    manifest = tmp_path / "fp" / MANIFEST_NAME
+    manifest.write_text(manifest.read_text().replace(f'"version": {_MANIFEST_VERSION}', '"version": 1'))
 
-    again = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    again = materialise_images(ds, "image", str(tmp_path), "fp")
     assert again == first
-    assert Image.open(again[0]).mode == "RGB" and ml.is_decoder_ready_jpeg(open(again[0], "rb").read())
+    assert Image.open(again[0]).mode == "RGB" and is_decoder_ready_jpeg(open(again[0], "rb").read())
 
 
 def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
@@ -250,7 +264,7 @@ def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
     jpeg_file.write_bytes(solid_jpeg((1, 2, 3)))
     png_file.write_bytes(encode(Image.new("RGB", (8, 8), (9, 9, 9)), "PNG"))
     ds = datasets.Dataset.from_dict({"image_path": [str(jpeg_file), str(png_file), str(jpeg_file)]})
-    paths = ml.materialise_images(ds, "image_path", str(tmp_path / "cache"), "fp")
+    paths = materialise_images(ds, "image_path", str(tmp_path / "cache"), "fp")
 
     assert paths[0] == paths[2] == str(jpeg_file)
     assert os.path.dirname(paths[1]) == str(tmp_path / "cache" / "fp")
@@ -267,17 +281,17 @@ def test_missing_image_file_names_row_and_path(tmp_path, string_column):
     else:
         ds = image_dataset([solid_jpeg((5, 5, 5)), solid_jpeg((6, 6, 6)), {"bytes": None, "path": missing}])
     with pytest.raises(ValueError, match="row 2") as error:
-        ml.materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
+        materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
     assert missing in str(error.value)
 
 
 def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
     images = [solid_jpeg((200, 0, 0)), encode(Image.new("RGBA", (8, 8), (0, 0, 255, 255)), "PNG")]
     ds = image_dataset(images)
-    first = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    first = materialise_images(ds, "image", str(tmp_path), "fp")
     out_dir = tmp_path / "fp"
     # The state a build killed mid-way leaves: no manifest, one file not yet renamed into place.
-    os.remove(out_dir / ml.MANIFEST_NAME)
+    os.remove(out_dir / MANIFEST_NAME)
     os.remove(first[1])
     host = socket.gethostname()
     stale = out_dir / f"{os.path.basename(first[1])}.partial-{host}-{dead_pid()}.1a2b3c"
@@ -286,18 +300,18 @@ def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
     live.write_bytes(b"in progress")
     survivor = stats(out_dir)[os.path.basename(first[0])]
 
-    again = ml.materialise_images(ds, "image", str(tmp_path), "fp")
+    again = materialise_images(ds, "image", str(tmp_path), "fp")
 
     assert again == first
     assert stats(out_dir)[os.path.basename(first[0])] == survivor  # finished file not rewritten
     assert Image.open(first[1]).mode == "RGB"
     assert not stale.exists() and live.exists()
-    assert (out_dir / ml.MANIFEST_NAME).exists()
+    assert (out_dir / MANIFEST_NAME).exists()
 
 
 def test_unknown_column_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="--image_column=picture"):
-        ml.materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
+        materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
 
 
 # ----------------------------------------------------------------------------------------
@@ -313,15 +327,15 @@ def test_unknown_column_is_a_clear_error(tmp_path):
 def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
     # This machine has none of Habana's software: the first missing piece is named, with where it comes from.
     reason = "habana_frameworks.mediapipe is not installed (it comes with the habana-media-loader package)"
-    assert ml.mediapipe_unavailable_reason() == reason
-    assert ml.choose_loader(True) == ("torch (media pipeline unavailable: " + reason + ")", reason)
-    assert ml.choose_loader(False) == ("torch", None)
+    assert mediapipe_unavailable_reason() == reason
+    assert choose_loader(True) == ("torch (media pipeline unavailable: " + reason + ")", reason)
+    assert choose_loader(False) == ("torch", None)
     with pytest.raises(RuntimeError, match="cannot run here"):
-        ml.MediaPipeDataLoader(object(), SequentialSampler(range(1)), 1)
+        MediaPipeDataLoader(object(), SequentialSampler(range(1)), 1)
 
 
 # ----------------------------------------------------------------------------------------
-# a fake Habana stack, with the API names mediapipe_loader.py documents
+# a fake Habana stack, with the API names mediapipe_graph.py documents
 # ----------------------------------------------------------------------------------------
 
 
@@ -462,12 +476,12 @@ def install_fake_habana(monkeypatch):
 def test_available_only_on_gaudi2_and_gaudi3(fake_habana):
     for name in ("GAUDI2", "GAUDI3"):
         fake_habana.device_name = name
-        assert ml.mediapipe_unavailable_reason() is None
-        assert ml.choose_loader(True) == ("mediapipe", None)
+        assert mediapipe_unavailable_reason() is None
+        assert choose_loader(True) == ("mediapipe", None)
     fake_habana.device_name = "GAUDI"
-    assert ml.mediapipe_unavailable_reason() == "no Gaudi2/Gaudi3 device (found: GAUDI)"
+    assert mediapipe_unavailable_reason() == "no Gaudi2/Gaudi3 device (found: GAUDI)"
     fake_habana.visible = False
-    assert "no HPU" in ml.mediapipe_unavailable_reason()
+    assert "no HPU" in mediapipe_unavailable_reason()
 
 
 COLOURS = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 128), (250, 250, 10), (10, 250, 250), (0, 0, 0)]
@@ -475,8 +489,8 @@ COLOURS = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 128), (250, 2
 
 def attached_dataset(tmp_path, image_size=8):
     ds = image_dataset([solid_jpeg(c) for c in COLOURS], **token_columns(len(COLOURS)))
-    paths = ml.materialise_images(ds, "image", str(tmp_path), ds._fingerprint)
-    ml.attach_mediapipe_inputs(ds, paths, image_size, MEAN, STD)
+    paths = materialise_images(ds, "image", str(tmp_path), ds._fingerprint)
+    attach_mediapipe_inputs(ds, paths, image_size, MEAN, STD)
     return ds
 
 
@@ -486,7 +500,7 @@ def rows_of_batch(batch):
 
 def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path, image_size=8)
-    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=2)
+    loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=2)
 
     for _epoch in range(2):
         batches = list(loader)
@@ -506,14 +520,14 @@ def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_pa
 @pytest.mark.parametrize("workers, depth", [(0, 1), (1, 2), (2, 3), (3, 3), (16, 3)])
 def test_prefetch_depth_follows_workers_within_habanas_documented_range(fake_habana, tmp_path, workers, depth):
     ds = attached_dataset(tmp_path)
-    ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=workers)
+    MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=workers)
     (pipe,) = FakeMediaPipe.created
     assert pipe.settings["prefetch_depth"] == depth
 
 
 def test_closed_loader_has_released_its_pipeline_and_refuses_to_iterate(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
-    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
     assert len(list(loader)) == 3 and FakeMediaPipe.counts() == (1, 0)
     loader.close()
     loader.close()
@@ -525,7 +539,7 @@ def test_closed_loader_has_released_its_pipeline_and_refuses_to_iterate(fake_hab
 
 def test_dropped_loader_releases_its_pipeline(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
-    loader = ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
     list(loader)
     del loader
     import gc
@@ -545,7 +559,7 @@ t.FakeMediaPipe.close = lambda self: print("closed", self.settings["pipe_name"],
 patch = pytest.MonkeyPatch()
 t.install_fake_habana(patch)
 ds = t.attached_dataset(__import__("pathlib").Path({str(tmp_path)!r}))
-loader = t.ml.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+loader = t.MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
 list(loader)
 print("exiting", flush=True)
 """
@@ -557,13 +571,13 @@ print("exiting", flush=True)
 
 def test_loader_needs_attached_inputs(fake_habana):
     with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
-        ml.MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
+        MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
 
 
 def test_attach_rejects_captions_of_different_lengths(tmp_path):
     ds = image_dataset([solid_jpeg((1, 1, 1))] * 2, input_ids=[[1, 2], [3]], attention_mask=[[1, 1], [1]])
     with pytest.raises(ValueError, match="padding='max_length'"):
-        ml.attach_mediapipe_inputs(ds, ["a.jpg", "b.jpg"], 8, MEAN, STD)
+        attach_mediapipe_inputs(ds, ["a.jpg", "b.jpg"], 8, MEAN, STD)
 
 
 class FakeTrainerBase:
@@ -582,7 +596,7 @@ class FakeTrainerBase:
         return resume_from_checkpoint
 
 
-class FakeTrainer(ml.MediaPipeTrainerMixin, FakeTrainerBase):
+class FakeTrainer(MediaPipeTrainerMixin, FakeTrainerBase):
     pass
 
 
@@ -665,7 +679,7 @@ class RowRecordingModel(torch.nn.Module):
 def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, Trainer):
+    class MediaPipeTrainer(MediaPipeTrainerMixin, Trainer):
         pass
 
     ds = attached_dataset(tmp_path / "images")
@@ -695,7 +709,7 @@ def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_pa
 def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana, tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, Trainer):
+    class MediaPipeTrainer(MediaPipeTrainerMixin, Trainer):
         pass
 
     ds = attached_dataset(tmp_path / "images")
@@ -744,7 +758,7 @@ def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fa
 
     from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
 
-    class MediaPipeTrainer(ml.MediaPipeTrainerMixin, TrainerExtensions, Trainer):
+    class MediaPipeTrainer(MediaPipeTrainerMixin, TrainerExtensions, Trainer):
         pass
 
     restarted_after_step = []

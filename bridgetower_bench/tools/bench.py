@@ -95,7 +95,7 @@ from filelock import FileLock, Timeout
 from .. import run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
-from ..mediapipe_loader import TORCH_LOADER
+from ..mediapipe_availability import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError

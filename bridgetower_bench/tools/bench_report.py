@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..atomic_files import write_atomically
-from ..mediapipe_loader import TORCH_LOADER
+from ..mediapipe_availability import TORCH_LOADER
 
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"

@@ -143,7 +143,7 @@ def hpus_here() -> dict | str:
         count, name = int(hpu.device_count()), str(hpu.get_device_name())
     except Exception as error:  # the Habana runtime raises assorted types when no device is usable
         return f"cannot query the HPUs: {type(error).__name__}: {error}"
-    from ..mediapipe_loader import mediapipe_unavailable_reason
+    from ..mediapipe_availability import mediapipe_unavailable_reason
     from ..run_record import environment
 
     try:
@@ -365,7 +365,7 @@ def plan_steps(fixtures: dict, output_dir: Path, max_steps: int) -> list[Step]:
             command.insert(0, sys.executable)
         return Step(name, command, run_dir, output_dir / name / "log.txt", expected_loader, needs_hpus)
 
-    from ..mediapipe_loader import MEDIAPIPE_LOADER, TORCH_LOADER
+    from ..mediapipe_availability import MEDIAPIPE_LOADER, TORCH_LOADER
 
     launcher = [
         sys.executable,

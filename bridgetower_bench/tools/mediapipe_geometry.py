@@ -4,7 +4,7 @@
 
 With ``--mediapipe_dataloader`` the HPU decoder is asked for the centred square of side
 min(width, height), resized to S x S (``CENTER_CROP`` with ``resize=[S, S]``, see
-``bridgetower_bench.mediapipe_loader``). Upstream's PyTorch path resizes the shorter side to S
+``bridgetower_bench.mediapipe_graph``). Upstream's PyTorch path resizes the shorter side to S
 (longer side truncated to an integer) and then crops the centre S x S. The two take nearly the
 same region but sample it at slightly different positions and scales.
 
