@@ -16,7 +16,7 @@ from conftest import script_env
 
 
 # Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls
-# (trainer.py, mediapipe_loader.py) -> the parameters it relies on, in order
+# (trainer.py, mediapipe_trainer.py) -> the parameters it relies on, in order
 TRAINER_METHODS = {
     "_get_train_sampler": ["self", "train_dataset"],  # overridden; called by the media-pipeline loader
     "_get_eval_sampler": ["self", "eval_dataset"],  # called by the media-pipeline loader
@@ -79,7 +79,7 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
 
 
 def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
-    # mediapipe_loader reads self._train_batch_size (what --auto_find_batch_size settled on), else the argument
+    # mediapipe_trainer reads self._train_batch_size (what --auto_find_batch_size settled on), else the argument
     source = inspect.getsource(Trainer)
     assert "self._train_batch_size = " in source, "transformers' Trainer no longer sets self._train_batch_size"
 
@@ -152,7 +152,7 @@ def test_torch_still_has_the_antialiased_bicubic_kernel_with_explicit_scales():
 
 
 def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
-    # preflight, data, mediapipe_loader: dataset._fingerprint names a data set's content in cache keys;
+    # preflight, data, mediapipe_inputs: dataset._fingerprint names a data set's content in cache keys;
     # preflight: dataset._indices maps a selection's rows back to the rows as loaded
     dataset = datasets.Dataset.from_dict({"value": [10, 11, 12]})
     chosen = dataset.select([2, 0])
