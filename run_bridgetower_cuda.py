@@ -18,7 +18,7 @@ import transformers
 from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench import data, preflight, resilience, run_directory, run_recipe
+from bridgetower_bench import arguments, data, preflight, run_directory, run_recipe
 from bridgetower_bench.attention import use_attention
 from bridgetower_bench.cuda_device import refuse_without_gpu
 from bridgetower_bench.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
@@ -139,7 +139,7 @@ class DataTrainingArguments:
     )
 
     def __post_init__(self):
-        data.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
+        arguments.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
 
 
 class BridgeTowerTrainer(TrainerExtensions, Trainer):
@@ -157,8 +157,8 @@ def main():
     refuse_unsupported_flags(sys.argv)
     refuse_without_gpu(sys.argv)
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
-    model_args, data_args, training_args = preflight.parse_arguments(parser, sys.argv)
-    preflight.check_arguments(data_args, training_args)
+    model_args, data_args, training_args = arguments.parse_arguments(parser, sys.argv)
+    arguments.check_arguments(data_args, training_args)
 
     # 2. Logging.
     logging.basicConfig(
@@ -185,7 +185,7 @@ def main():
 
     # 3. Claim output_dir: one run at a time (a lock), files of anyone else never overwritten or deleted. A
     #    publication a killed run committed is finished, its leftovers cleared.
-    resilience.check_output_dir(training_args.output_dir)
+    run_directory.check_output_dir(training_args.output_dir)
     with training_args.main_process_first(desc="claiming --output_dir", local=False):
         run_directory.claim(training_args.output_dir, holder=training_args.process_index == 0)
 
@@ -231,7 +231,7 @@ def main():
         trust_remote_code=model_args.trust_remote_code,
     )
     config = model.config
-    data.check_max_seq_length(data_args.max_seq_length, config, tokenizer)
+    arguments.check_max_seq_length(data_args.max_seq_length, config, tokenizer)
     use_attention(model, training_args.attn_implementation)  # eager (upstream) or sdpa: the same function, fused
     if training_args.compile_layers:  # each repeated layer in place: names, checkpoints, autocast unchanged
         compile_repeated_layers(model, backend=training_args.compile_layers)

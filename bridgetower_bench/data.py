@@ -41,21 +41,6 @@ def data_file_builder(path: str, flag: str) -> str:
     return DATA_FILE_BUILDERS[extension]
 
 
-def check_data_arguments(
-    dataset_name: Optional[str], train_file: Optional[str], validation_file: Optional[str]
-) -> None:
-    """Upstream's checks on the data flags, as clear errors instead of asserts."""
-    if dataset_name is None and train_file is None and validation_file is None:
-        raise UserInputError("Need either --dataset_name or --train_file / --validation_file.")
-    builders = {
-        data_file_builder(p, f) for p, f in ((train_file, "--train_file"), (validation_file, "--validation_file")) if p
-    }
-    if len(builders) > 1:
-        raise UserInputError(
-            f"--train_file={train_file} and --validation_file={validation_file} must have the same format (csv or json)."
-        )
-
-
 def load_raw_datasets(
     *,
     dataset_name: Optional[str],
@@ -72,7 +57,7 @@ def load_raw_datasets(
 
     image_column: the --image_column (None: the first column), whose relative paths in data files are
     resolved against the file's directory. The flags themselves were checked when they were parsed
-    (check_data_arguments, from the scripts' DataTrainingArguments).
+    (arguments.check_data_arguments, from the scripts' DataTrainingArguments).
     """
     if dataset_name is not None:
         # A name that is clearly a path (./x, /x, ~/x) must exist: otherwise `datasets` would try the hub.
@@ -283,25 +268,6 @@ def collate_fn(examples: list[dict]) -> dict:
         "attention_mask": torch.tensor([e["attention_mask"] for e in examples], dtype=torch.long),
         "return_loss": True,
     }
-
-
-def check_max_seq_length(max_seq_length: int, config, tokenizer=None) -> None:
-    """--max_seq_length must fit the text model's position embeddings (RoBERTa keeps 2 for its padding offset)
-    and leave room for at least one caption token beside the tokenizer's special tokens (with fewer, the
-    tokenizer cannot truncate and the captions come out longer than asked)."""
-    if tokenizer is not None:
-        needed = tokenizer.num_special_tokens_to_add() + 1
-        if max_seq_length < needed:
-            raise UserInputError(
-                f"--max_seq_length={max_seq_length} leaves no room for a caption: the tokenizer adds "
-                f"{needed - 1} special tokens; use at least {needed}"
-            )
-    positions = getattr(config.text_config, "max_position_embeddings", None)
-    if positions is None:
-        return
-    usable = positions - 2 if getattr(config.text_config, "pad_token_id", None) is not None else positions
-    if max_seq_length > usable:
-        raise UserInputError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
 
 
 def cache_dir(name: str, flag_value: Optional[str] = None) -> str:

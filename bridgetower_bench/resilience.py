@@ -9,16 +9,14 @@
   unfinished run). Rerunning the same command resumes from the checkpoint.
   A signal after the last step (or while results are being saved) waits until the final results
   are saved completely, then ends the run the same way (`stopped_after_saving`).
-- `check_output_dir`: a refusal when --output_dir holds anything that runs of the scripts did not write
-  (run_directory.py keeps that record and the lock); `checkpoints`: its checkpoint-N directories, by step
-  (which one training resumes from: run_recipe.py).
+
+What --output_dir may hold, and its checkpoints: run_directory.py.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -178,38 +176,3 @@ def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> 
         logger.warning(interrupted.message)
         print(interrupted.message, file=sys.stderr, flush=True)
     raise interrupted
-
-
-# ---------------------------------------------------------------------------------------------
-# --output_dir: never overwrite anything else
-# ---------------------------------------------------------------------------------------------
-
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def checkpoints(output_dir: str) -> list[str]:
-    """checkpoint-N directories in output_dir, by step."""
-    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
-    return [
-        os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))
-    ]
-
-
-def check_output_dir(output_dir: str) -> None:
-    """A refusal (UserInputError) when output_dir holds anything that runs of these scripts did not write.
-
-    output_dir must be absent, empty or hold only what runs of these scripts wrote (see run_directory):
-    files of anyone else are never overwritten or deleted, --overwrite_output_dir or not. Which checkpoint
-    training resumes from, if any, is decided once the run's recipe is known (run_recipe.plan_run).
-    """
-    from .run_directory import foreign_entries  # (run_directory builds on this module)
-
-    if not os.path.isdir(output_dir):
-        return
-    foreign = foreign_entries(output_dir)
-    if foreign:
-        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise UserInputError(
-            f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
-            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
-        )

@@ -1,5 +1,11 @@
 """The run's --output_dir: one run at a time, nothing foreign touched, the final set published all-or-nothing.
 
+Everything the scripts know about --output_dir lives here; what the directory's model or checkpoints were
+trained with (their recipe) is run_recipe.py's.
+
+- Before anything is loaded (step 1, `check_output_dir_path`): the path is a directory, or one can be
+  created there. Before the lock is taken (step 3, `check_output_dir`): the directory holds nothing that runs
+  of these scripts did not write.
 - `claim`: an exclusive lock (`.bridgetower-lock`, filelock's flock-based lock, holding the pid and host for the
   message) for the life of the process. A second run on the same directory is refused naming the
   holder; the lock of a process that died (the kernel releases its flock) is taken over with a
@@ -18,7 +24,11 @@
   (the staging directory is discarded later); a kill after it is rolled forward by the next `claim`
   or `finish_publication`, so once either has run the directory holds exactly the old set or exactly
   the new one. A publication holding a model replaces the previous model's whole set (its eval/test
-  results too).
+  results too). `published_model`: the trained model the directory holds, if any, and whether it was
+  trained to its last step.
+- Checkpoints: `checkpoints` lists the checkpoint-N directories by step; `newest_complete_checkpoint` is the
+  one walk over them, newest first, to the newest complete one a caller accepts (which one training resumes
+  from: run_recipe.plan_run; what a stopped run can resume from: the trainer's messages).
 """
 
 from __future__ import annotations
@@ -27,16 +37,17 @@ import atexit
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from filelock import FileLock, Timeout
 
-from . import disk_space
+from . import checkpoint_manifest, disk_space
 from .atomic_files import parse_temp_name, remove_abandoned, temp_path, write_json_atomically
 from .user_errors import UserInputError
 
@@ -100,6 +111,45 @@ def foreign_entries(output_dir: str) -> list[str]:
         for name in os.listdir(output_dir)
         if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours)
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked before the run writes anything
+# ---------------------------------------------------------------------------------------------
+
+
+def check_output_dir_path(output_dir: Optional[str]) -> None:
+    """--output_dir must be a directory, or a path where one can be created (checked before anything is written)."""
+    if not output_dir:
+        return
+    path = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserInputError(f"--output_dir={output_dir} is a file, not a directory")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserInputError(f"--output_dir={output_dir} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserInputError(f"--output_dir={output_dir}: {existing} is not writable")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """A refusal (UserInputError) when output_dir holds anything that runs of these scripts did not write.
+
+    output_dir must be absent, empty or hold only what runs of these scripts wrote: files of anyone else are
+    never overwritten or deleted, --overwrite_output_dir or not. Which checkpoint training resumes from, if
+    any, is decided once the run's recipe is known (run_recipe.plan_run).
+    """
+    if not os.path.isdir(output_dir):
+        return
+    foreign = foreign_entries(output_dir)
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserInputError(
+            f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,3 +350,60 @@ def finish_publication(output_dir: str) -> None:
     os.remove(os.path.join(pending, PUBLICATION_RECORD))
     shutil.rmtree(pending)
     _fsync(output_dir)
+
+
+class PublishedModel(NamedTuple):
+    files: list  # the files of its published set (and of everything published since)
+    finished: bool  # whether it was trained to its last step (trainer_state.json)
+
+
+def published_model(output_dir: str) -> Optional[PublishedModel]:
+    """The trained model published in output_dir (its set holds train_results.json and config.json), or None."""
+    current = read_record(output_dir)["current"]
+    if "train_results.json" not in current or "config.json" not in current:
+        return None
+    try:
+        with open(os.path.join(output_dir, "trainer_state.json")) as f:
+            state = json.load(f)
+        finished = state["global_step"] >= state["max_steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        finished = False
+    return PublishedModel(current, finished)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints(output_dir: str) -> list[str]:
+    """checkpoint-N directories in output_dir, by step."""
+    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
+    return [
+        os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))
+    ]
+
+
+def newest_complete_checkpoint(
+    output_dir: str, refuse: Optional[Callable[[str], Optional[str]]] = None
+) -> tuple[Optional[str], list[tuple[str, str]]]:
+    """The newest complete checkpoint of output_dir that `refuse` does not refuse, and the newer ones passed over.
+
+    Checkpoints are walked newest first. One is passed over when it is incomplete
+    (checkpoint_manifest.incomplete_reason), or when `refuse(checkpoint)`, asked of complete ones only, says
+    why (None: taken). Returns (the checkpoint taken, or None: none, or no output_dir; [(checkpoint, why it was
+    passed over)], newest first).
+    """
+    passed_over = []
+    if not os.path.isdir(output_dir):
+        return None, passed_over
+    for checkpoint in reversed(checkpoints(output_dir)):
+        reason = checkpoint_manifest.incomplete_reason(checkpoint)
+        if reason is None and refuse is not None:
+            reason = refuse(checkpoint)
+        if reason is None:
+            return checkpoint, passed_over
+        passed_over.append((checkpoint, reason))
+    return None, passed_over

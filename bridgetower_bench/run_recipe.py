@@ -13,7 +13,7 @@ fingerprint is known only then) and before anything is written there or trained:
   trained again;
 - training, a complete checkpoint of this recipe exists: training resumes from the newest one; newer
   checkpoints that are incomplete (checkpoint_manifest.incomplete_reason) or of another recipe are named
-  in a warning and skipped;
+  in a warning and skipped (the walk over them, and every other fact about the directory: run_directory.py);
 - training, the directory holds a model or complete checkpoints of another recipe only: refused, naming
   each differing argument (old -> new), and the fixes (--overwrite_output_dir, another --output_dir);
 - evaluation or prediction alone into a directory holding a trained model: that model is evaluated (its
@@ -32,7 +32,6 @@ from typing import NamedTuple, Optional
 
 from . import checkpoint_manifest, run_directory
 from .atomic_files import write_json_atomically
-from .resilience import checkpoints
 from .user_errors import UserInputError
 
 
@@ -406,17 +405,11 @@ class RunPlan(NamedTuple):
 
 def _published_model(output_dir: str) -> tuple[bool, Optional[dict], bool]:
     """(whether output_dir holds a published trained model, its recipe, whether it was trained to its last step)."""
-    current = run_directory.read_record(output_dir)["current"]
-    if "train_results.json" not in current or "config.json" not in current:
+    published = run_directory.published_model(output_dir)
+    if published is None:
         return False, None, False
-    recipe = read(output_dir) if RECIPE_NAME in current else None
-    try:
-        with open(os.path.join(output_dir, "trainer_state.json")) as f:
-            state = json.load(f)
-        finished = state["global_step"] >= state["max_steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        finished = False
-    return True, recipe, finished
+    recipe = read(output_dir) if RECIPE_NAME in published.files else None
+    return True, recipe, published.finished
 
 
 def _refuse(output_dir: str, what: str, recorded: Optional[dict], recipe: dict):
@@ -490,26 +483,28 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             "(--overwrite_output_dir trains it afresh)"
         )
         return RunPlan(recipe, output_dir, None)
-    skipped, other = [], None  # (newer checkpoints passed over, why), the newest complete one of another recipe
-    for checkpoint in reversed(checkpoints(output_dir)):
-        reason = checkpoint_manifest.incomplete_reason(checkpoint)
-        if reason is None:
-            recorded = read(checkpoint)
-            if recorded == recipe:
-                for name, why in skipped:
-                    logger.warning(f"Not resuming from {name}: {why}")
-                logger.warning(
-                    f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir "
-                    "to start over."
-                )
-                return RunPlan(recipe, None, checkpoint)
-            other = other or (checkpoint, recorded)
-            reason = f"saved by another recipe ({differences(recorded, recipe)})"
-        skipped.append((checkpoint, reason))
+    others = []  # the complete checkpoints of another recipe passed over, newest first, with their recipe
+
+    def another_recipe(checkpoint: str) -> Optional[str]:
+        recorded = read(checkpoint)
+        if recorded == recipe:
+            return None
+        others.append((checkpoint, recorded))
+        return f"saved by another recipe ({differences(recorded, recipe)})"
+
+    checkpoint, skipped = run_directory.newest_complete_checkpoint(output_dir, another_recipe)
+    if checkpoint is not None:
+        for name, why in skipped:
+            logger.warning(f"Not resuming from {name}: {why}")
+        logger.warning(
+            f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir to start over."
+        )
+        return RunPlan(recipe, None, checkpoint)
     if trained:
         _refuse(output_dir, "a model", published, recipe)
-    if other is not None:
-        _refuse(output_dir, f"checkpoints (the newest complete one: {os.path.basename(other[0])})", other[1], recipe)
+    if others:
+        newest, recorded = others[0]
+        _refuse(output_dir, f"checkpoints (the newest complete one: {os.path.basename(newest)})", recorded, recipe)
     if skipped:
         listed = "; ".join(f"{os.path.basename(name)}: {why}" for name, why in skipped)
         logger.warning(

@@ -59,7 +59,7 @@ from .attention import ATTENTION_IMPLEMENTATIONS
 from .energy import EnergyMeter
 from .images import normalize_on_device
 from .redaction import without_secrets
-from .resilience import ImageLoadError, StopOnSignal, checkpoints, report_and_exit
+from .resilience import ImageLoadError, StopOnSignal, report_and_exit
 from .run_record import describe_run
 from .throughput import ThroughputCallback
 
@@ -622,14 +622,11 @@ def _resumed_epoch_keeps_its_order(trainer_class):
 def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):
     """The newest complete checkpoint in output_dir (of `recipe`, when given), or None (also when output_dir does
     not exist yet)."""
-    if not os.path.isdir(output_dir):
-        return None
-    for checkpoint in reversed(checkpoints(output_dir)):
-        if checkpoint_manifest.incomplete_reason(checkpoint) is None and (
-            recipe is None or run_recipe.read(checkpoint) == recipe
-        ):
-            return checkpoint
-    return None
+
+    def another_recipe(checkpoint: str) -> Optional[str]:
+        return None if run_recipe.read(checkpoint) == recipe else "saved by another recipe"
+
+    return run_directory.newest_complete_checkpoint(output_dir, None if recipe is None else another_recipe)[0]
 
 
 def _resume_from(output_dir: str, recipe=None) -> str:

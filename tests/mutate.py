@@ -52,6 +52,12 @@ TARGETS = {
     "images.py": ["tests/test_images.py"],
     "image_cache.py": ["tests/test_guards.py", "tests/test_image_cache.py"],
     "preflight.py": ["tests/test_preflight_cases.py", "tests/test_reliability.py", "tests/test_user_input.py"],
+    "arguments.py": [
+        "tests/test_preflight_cases.py",
+        "tests/test_data.py",
+        "tests/test_reliability.py",
+        "tests/test_user_input.py",
+    ],
     "data.py": ["tests/test_data.py"],
     "resilience.py": ["tests/test_reliability.py"],
     "atomic_files.py": ["tests/test_atomic_files.py"],

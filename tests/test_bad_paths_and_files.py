@@ -15,7 +15,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from bridgetower_bench import images, preflight
+from bridgetower_bench import arguments, images, preflight
 from conftest import REPO, noise_jpeg, script_env
 
 
@@ -86,7 +86,7 @@ def test_configuration_values_of_the_wrong_type_are_refused_naming_key_value_and
     config = tmp_path / "run.json"
     config.write_text(json.dumps({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), **values}))
     with pytest.raises(preflight.UserInputError) as refused:
-        preflight.parse_arguments(script_parser, ["script.py", str(config)])
+        arguments.parse_arguments(script_parser, ["script.py", str(config)])
     assert str(refused.value) == f"{config}: {expected}"
 
 
@@ -106,7 +106,7 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
         "image_column": None,
     }
     config.write_text(json.dumps(values))
-    model_args, data_args, training_args = preflight.parse_arguments(script_parser, ["script.py", str(config)])
+    model_args, data_args, training_args = arguments.parse_arguments(script_parser, ["script.py", str(config)])
     flags = [
         "script.py",
         "--model_name_or_path",
@@ -129,7 +129,7 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
         "--image_pipeline",
         "fast",
     ]
-    from_flags = preflight.parse_arguments(script_parser, flags)
+    from_flags = arguments.parse_arguments(script_parser, flags)
     assert training_args.overwrite_output_dir is False and training_args.learning_rate == 1.0
     assert training_args.lr_scheduler_type == from_flags[2].lr_scheduler_type
     assert training_args.report_to == from_flags[2].report_to == []
@@ -403,7 +403,7 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
 ):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
     from bridgetower_bench.checkpoint_manifest import incomplete_reason
-    from bridgetower_bench.resilience import checkpoints
+    from bridgetower_bench.run_directory import checkpoints
     from conftest import run_script
 
     out = small_filesystem(11 * 1024) / "out"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridgetower_bench import data
+from bridgetower_bench import arguments, data
 from conftest import CPU_FLAGS, read_json, run_script
 
 
@@ -124,18 +124,18 @@ def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
 
 def test_unknown_file_extension_names_the_flag(tmp_path):
     with pytest.raises(ValueError, match=r"--train_file=.*captions\.txt: unsupported file extension '\.txt'"):
-        data.check_data_arguments(None, str(tmp_path / "captions.txt"), None)
+        arguments.check_data_arguments(None, str(tmp_path / "captions.txt"), None)
     with pytest.raises(ValueError, match="Need either --dataset_name or --train_file"):
-        data.check_data_arguments(None, None, None)
+        arguments.check_data_arguments(None, None, None)
 
 
 def test_train_and_validation_files_of_different_formats_are_refused_and_json_jsonl_go_together():
     with pytest.raises(
         ValueError, match=r"^--train_file=t\.csv and --validation_file=v\.json must have the same format"
     ):
-        data.check_data_arguments(None, "t.csv", "v.json")
-    data.check_data_arguments(None, "t.json", "v.jsonl")  # one builder (json) for both
-    data.check_data_arguments(None, "t.csv", "v.CSV")
+        arguments.check_data_arguments(None, "t.csv", "v.json")
+    arguments.check_data_arguments(None, "t.json", "v.jsonl")  # one builder (json) for both
+    arguments.check_data_arguments(None, "t.csv", "v.CSV")
 
 
 def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
@@ -255,9 +255,9 @@ def test_max_seq_length_may_use_every_text_position_and_no_more():
     import transformers
 
     config = transformers.BridgeTowerConfig(text_config={"max_position_embeddings": 24, "pad_token_id": 1})
-    data.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
+    arguments.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
     with pytest.raises(ValueError, match=r"--max_seq_length=23 is larger than the model's 22 text positions"):
-        data.check_max_seq_length(23, config)
+        arguments.check_max_seq_length(23, config)
 
 
 @pytest.mark.parametrize("given", [("validation",), ("test",), ("validation", "test")])
@@ -275,12 +275,12 @@ def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special
             return 2
 
     config = transformers.BridgeTowerConfig()
-    data.check_max_seq_length(3, config, TwoSpecialTokens())
+    arguments.check_max_seq_length(3, config, TwoSpecialTokens())
     with pytest.raises(
         ValueError,
         match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3",
     ):
-        data.check_max_seq_length(2, config, TwoSpecialTokens())
+        arguments.check_max_seq_length(2, config, TwoSpecialTokens())
 
 
 def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_reason(tmp_path):

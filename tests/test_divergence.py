@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bridgetower_bench import divergence, preflight
+from bridgetower_bench import arguments, divergence
 from bridgetower_bench.user_errors import UserInputError
 from conftest import CPU_FLAGS, DEVICES, run_script
 from test_scripts import base_args
@@ -95,9 +95,9 @@ def test_max_steps_wins_over_zero_epochs_and_eval_only_needs_neither():
     from transformers import TrainingArguments
 
     for args in (dict(do_train=True, num_train_epochs=0, max_steps=3), dict(do_eval=True, max_steps=0)):
-        preflight.check_arguments(_DataArgs(), TrainingArguments(output_dir="unused", report_to="none", **args))
+        arguments.check_arguments(_DataArgs(), TrainingArguments(output_dir="unused", report_to="none", **args))
     with pytest.raises(UserInputError):
-        preflight.check_arguments(
+        arguments.check_arguments(
             _DataArgs(), TrainingArguments(output_dir="unused", report_to="none", do_train=True, num_train_epochs=-1)
         )
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import preloaded_python
-from bridgetower_bench import resilience, run_directory
+from bridgetower_bench import checkpoint_manifest, run_directory
 from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
@@ -128,7 +128,7 @@ def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
     (out / "model.safetensors").write_text("ours")
     (out / "checkpoint-5").mkdir()
     run_directory.record_written(str(out), ["model.safetensors", "checkpoint-5"])
-    assert resilience.check_output_dir(str(out)) is None
+    assert run_directory.check_output_dir(str(out)) is None
     (out / "README.md").write_text("my notes")
     (out / "checkpoint-7").mkdir()
     with pytest.raises(
@@ -137,7 +137,39 @@ def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
         r"checkpoint-7\); it never overwrites or deletes them, with or without "
         r"--overwrite_output_dir",
     ):
-        resilience.check_output_dir(str(out))
+        run_directory.check_output_dir(str(out))
+
+
+def test_the_checkpoint_walk_takes_the_newest_complete_one_its_caller_accepts_and_names_those_passed_over(tmp_path):
+    out = tmp_path / "out"
+    for step in (1, 2, 10, 12):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w" * step)
+        if step != 12:  # checkpoint-12's save did not finish
+            assert checkpoint_manifest.write(str(out / f"checkpoint-{step}"), ["model.safetensors"]) is None
+    (out / "checkpoint-20").write_text("a file")
+    (out / "checkpoint-x").mkdir()
+    steps = [str(out / f"checkpoint-{step}") for step in (1, 2, 10, 12)]
+    assert run_directory.checkpoints(str(out)) == steps  # by step, not by name; directories only
+    unfinished = (steps[3], "it has no checkpoint-manifest.json (its save did not finish)")
+    assert run_directory.newest_complete_checkpoint(str(out)) == (steps[2], [unfinished])
+
+    asked = []
+
+    def refuse(checkpoint):
+        asked.append(checkpoint)
+        return "another recipe" if checkpoint == steps[2] else None
+
+    assert run_directory.newest_complete_checkpoint(str(out), refuse) == (
+        steps[1],
+        [unfinished, (steps[2], "another recipe")],
+    )
+    assert asked == [steps[2], steps[1]]  # complete ones only, newest first, up to the one taken
+    assert run_directory.newest_complete_checkpoint(str(out), lambda checkpoint: "no") == (
+        None,
+        [unfinished, (steps[2], "no"), (steps[1], "no"), (steps[0], "no")],
+    )
+    assert run_directory.newest_complete_checkpoint(str(tmp_path / "not_yet")) == (None, [])
 
 
 def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those_of_live_ones(tmp_path, caplog):

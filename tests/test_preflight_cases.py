@@ -9,7 +9,8 @@ import time
 import datasets
 import pytest
 
-from bridgetower_bench import preflight
+from bridgetower_bench import preflight, run_directory
+from bridgetower_bench.arguments import check_arguments, parse_arguments
 from test_reliability import embedded, jpeg_bytes
 
 
@@ -265,10 +266,8 @@ def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_pa
             setattr(data_args if hasattr(data_args, name) else training_args, name, value)
         return data_args, training_args
 
-    preflight.check_arguments(*arguments())  # every count at its minimum
-    preflight.check_arguments(
-        *arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1)
-    )
+    check_arguments(*arguments())  # every count at its minimum
+    check_arguments(*arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1))
     for name in (
         "max_seq_length",
         "max_train_samples",
@@ -280,20 +279,20 @@ def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_pa
         "gradient_accumulation_steps",
     ):
         with pytest.raises(ValueError, match=rf"^--{name}=0: must be positive$"):
-            preflight.check_arguments(*arguments(**{name: 0}))
+            check_arguments(*arguments(**{name: 0}))
     with pytest.raises(ValueError, match=r"^--dataloader_num_workers=-1: must be at least 0$"):
-        preflight.check_arguments(*arguments(dataloader_num_workers=-1))
+        check_arguments(*arguments(dataloader_num_workers=-1))
 
 
 def test_output_dir_may_exist_or_be_created_below_existing_folders(tmp_path):
     (tmp_path / "existing").mkdir()
     for output_dir in (tmp_path / "existing", tmp_path / "new", tmp_path / "existing" / "a" / "b", tmp_path):
-        preflight.check_output_dir_path(str(output_dir))
+        run_directory.check_output_dir_path(str(output_dir))
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(ValueError, match=r"is a file, not a directory$"):
-        preflight.check_output_dir_path(str(tmp_path / "a_file"))
+        run_directory.check_output_dir_path(str(tmp_path / "a_file"))
     with pytest.raises(ValueError, match=r"cannot be created: .*a_file is a file$"):
-        preflight.check_output_dir_path(str(tmp_path / "a_file" / "run" / "deeper"))
+        run_directory.check_output_dir_path(str(tmp_path / "a_file" / "run" / "deeper"))
 
 
 def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(tmp_path, monkeypatch, caplog):
@@ -342,14 +341,14 @@ def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
         learning_rate: float = 0.5
 
     parser = HfArgumentParser(Arguments)
-    assert preflight.parse_arguments(parser, ["script.py"]) == (Arguments(),)
-    assert preflight.parse_arguments(parser, ["script.py", "--learning_rate", "0.25"]) == (Arguments(0.25),)
+    assert parse_arguments(parser, ["script.py"]) == (Arguments(),)
+    assert parse_arguments(parser, ["script.py", "--learning_rate", "0.25"]) == (Arguments(0.25),)
     missing = tmp_path / "gone.json"
     with pytest.raises(
         ValueError,
         match=rf"^{re.escape(str(missing))}: cannot read the configuration file \(No such file or directory\)$",
     ):
-        preflight.parse_arguments(parser, ["script.py", str(missing)])
+        parse_arguments(parser, ["script.py", str(missing)])
     # One unknown argument is named in the singular, several in the plural.
     for names, noun in ((["learning_rat"], "argument"), (["learning_rat", "sed"], "arguments")):
         config = tmp_path / f"{len(names)}.json"
@@ -357,4 +356,4 @@ def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
         with pytest.raises(
             ValueError, match=rf"^{re.escape(str(config))}: unknown {noun} {', '.join(sorted(names))} \(see --help"
         ):
-            preflight.parse_arguments(parser, ["script.py", str(config)])
+            parse_arguments(parser, ["script.py", str(config)])

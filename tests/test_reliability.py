@@ -527,7 +527,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
 
 
 def test_output_dir_rules(tmp_path):
-    check = resilience.check_output_dir
+    check = run_directory.check_output_dir
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("years of work")
@@ -878,5 +878,5 @@ def test_foreign_files_are_listed_five_at_most(tmp_path, count, listed):
     for i in range(count):
         (tmp_path / f"a{i}").write_text("theirs")
     with pytest.raises(ValueError) as refused:
-        resilience.check_output_dir(str(tmp_path))
+        run_directory.check_output_dir(str(tmp_path))
     assert f"holds files this script did not write {listed};" in str(refused.value)

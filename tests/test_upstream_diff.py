@@ -57,7 +57,7 @@ def test_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
     assert f"--- {upstream_file}" in out and "+++ ours/run_bridgetower.py" in out
     assert "-    only_upstream: int = 3" in out
     steps = out.split("== Where upstream's steps live now")[1]
-    assert "1. Parse input arguments" in steps and "preflight.parse_arguments" in steps
+    assert "1. Parse input arguments" in steps and "arguments.parse_arguments" in steps
     assert "4. Load dataset" in steps and "data.load_raw_datasets" in steps
     line_11 = next(line for line in steps.splitlines() if line.startswith("11."))
     assert "12. Model card." in line_11
