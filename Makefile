@@ -59,6 +59,8 @@ MUTATE_TESTS ?= $(sort $(foreach m,$(MODULES),\
   $(shell grep -lE '^\s*(from|import) bridgetower_bench(\.$(m)\b| import .*\b$(m)\b)' tests/test_*.py)))
 MUTATE_ARGS ?=
 mutate: not-in-habana-container $(VENV)/.installed-test
+	@for m in $(MODULES); do test -f bridgetower_bench/$$(echo $$m | tr . /).py || \
+	  { echo "make mutate: MODULES: no module bridgetower_bench.$$m (bridgetower_bench/$$(echo $$m | tr . /).py)" >&2; exit 2; }; done
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 	PYTEST_ADDOPTS='$(if $(strip $(MUTATE_TESTS)),-k "$(subst $() , or ,$(strip $(notdir $(MUTATE_TESTS))))")' \
 	$(VENV)/bin/mutmut run $(MUTATE_ARGS) $(foreach m,$(MODULES),"bridgetower_bench.$(m).*")
