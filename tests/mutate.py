@@ -180,9 +180,6 @@ def test_env(copy: Path) -> dict:
         "HF_DATASETS_OFFLINE": "1",
         "PYTHONPATH": str(copy),
         "PYTHONDONTWRITEBYTECODE": "1",
-        # every script a test starts is a fresh python (not tests/preloaded_python.py's forks): its lines then
-        # carry that test's coverage context, and a forked test run starts no second forking server
-        "BRIDGETOWER_TESTS_FRESH_PYTHON": "1",
         "BRIDGETOWER_BENCH_FIXTURES": os.environ.get("BRIDGETOWER_BENCH_FIXTURES", str(REPO / ".cache" / "fixtures")),
     }
 

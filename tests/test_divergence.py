@@ -9,8 +9,7 @@ import torch
 
 from bridgetower_bench import divergence, preflight
 from bridgetower_bench.user_errors import UserInputError
-from conftest import CPU_FLAGS, DEVICES, run_script
-from test_scripts import base_args
+from helpers import CPU_FLAGS, DEVICES, base_args, run_script
 
 
 def strict_json(path):
@@ -38,7 +37,8 @@ def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publis
         "--do_train",
         "--do_eval",
     ]
-    result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False)
+    # (a process of its own: exit status 3 and one last line, no traceback, are what the user sees)
+    result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False, process=True)
     assert result.returncode == divergence.DIVERGED_EXIT_STATUS == 3, result.stderr[-3000:]
     assert last_line(result) == (
         f"Training diverged at step 2 of 6 (loss NaN and gradient norm NaN): stopped, nothing published in {out}; the last "

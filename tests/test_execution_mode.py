@@ -6,14 +6,14 @@ check lets through goes on to optimum-habana's HPU set-up, which the shim does n
 """
 
 import json
+import subprocess
 import sys
 
 import pytest
 import torch
 
-import preloaded_python
 from bridgetower_bench import execution_mode
-from conftest import REPO, SHIM, script_env
+from helpers import REPO, SHIM, script_env
 
 
 VARIABLE = "PT_HPU_LAZY_MODE"
@@ -64,8 +64,13 @@ def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=F
                 config[name], i = True, i + 1
         (tmp_path / "args.json").write_text(json.dumps(config))
         args = [str(tmp_path / "args.json")]
-    return preloaded_python.run(
-        [sys.executable, str(REPO / "run_bridgetower.py"), *args], cwd=REPO, env=env, timeout=300
+    return subprocess.run(
+        [sys.executable, str(REPO / "run_bridgetower.py"), *args],
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        capture_output=True,
+        text=True,
     )
 
 

@@ -24,7 +24,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 
 from bridgetower_bench import mediapipe_loader as ml
 from bridgetower_bench.images import to_rgb
-from conftest import dead_pid, encode
+from helpers import dead_pid, encode
 
 
 SEQ_LEN = 4

@@ -10,7 +10,7 @@ import datasets
 import pytest
 
 from bridgetower_bench import preflight
-from test_reliability import embedded, jpeg_bytes
+from helpers import embedded, jpeg_bytes
 
 
 GOOD, OTHER = jpeg_bytes(0), jpeg_bytes(1)

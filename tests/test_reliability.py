@@ -17,37 +17,24 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-import preloaded_python
 from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
-from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    embedded,
+    jpeg_bytes,
+    read_json,
+    run_script,
+    script_env,
+    write_csv,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
-    return noise_jpeg(seed, size, quality=90)
-
-
-def embedded(images, captions) -> datasets.Dataset:
-    features = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
-    rows = {"image": [{"bytes": b, "path": None} for b in images], "caption": captions}
-    return datasets.Dataset.from_dict(rows, features=features)
-
-
-def write_csv(path, rows):
-    """rows: (image file name, image bytes or None to leave the file missing, caption); images beside the csv."""
-    (path.parent / "images").mkdir(parents=True, exist_ok=True)
-    lines = ["image_path,caption"]
-    for name, image, caption in rows:
-        if image is not None:
-            (path.parent / "images" / name).write_bytes(image)
-        lines.append(f"{path.parent / 'images' / name},{caption}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def train_args(fixtures, output_dir, **overrides):
@@ -490,7 +477,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     out = tmp_path / "interrupted"
     cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(out)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(
+        process = subprocess.Popen(
             cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
         )
         for line in process.stdout:

@@ -16,6 +16,7 @@ from bridgetower_bench.retrieval import (
     retrieval_metrics,
     summarise_quality,
 )
+from helpers import tiny_contrastive_model
 
 
 # Four images along the axes of R^4; five unit-length captions whose coordinates are their
@@ -279,33 +280,10 @@ def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
         compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
 
 
-def _tiny_contrastive_model():
-    from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
-
-    config = BridgeTowerConfig(
-        text_config=dict(
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            intermediate_size=64,
-            vocab_size=50,
-            max_position_embeddings=24,
-        ),
-        vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        contrastive_hidden_size=16,
-        logit_scale_init_value=2.6592,
-    )
-    torch.manual_seed(0)
-    return BridgeTowerForContrastiveLearning(config).eval()
-
-
 def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = _tiny_contrastive_model()
+    model = tiny_contrastive_model()
     groups = [0, 0, 1, 2, 2, 3, 4]
     pictures = torch.randn(5, 3, 28, 28)
     rows = [

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, make_compute_metrics
-from test_retrieval import _tiny_contrastive_model
+from helpers import tiny_contrastive_model
 
 
 KS = (1, 2, 3)
@@ -36,7 +36,7 @@ def ranks_by_sorting(image_embeds, text_embeds, groups):
 def test_trainer_evaluation_recalls_equal_those_sorted_from_the_embeddings(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = _tiny_contrastive_model()
+    model = tiny_contrastive_model()
     groups = [0, 0, 1, 2, 2, 2, 3, 4, 5, 5, 6, 7]
     torch.manual_seed(1)
     pictures = torch.randn(8, 3, 28, 28)
