@@ -233,6 +233,16 @@ def _library_handlers_to(stream) -> None:
                 handler.stream = stream
 
 
+def _process_warning_filters() -> None:
+    """Python's default warning filters (no -W option), the script's module counting as `__main__`, and warnings
+    printed to stderr as a process prints them (not recorded by pytest)."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__|_bridgetower_script_")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+    warnings.showwarning = warnings._showwarning_orig
+
+
 def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedProcess:
     """The script's main() with `argv`, in this process, as `python <argv>` would run it: exit status from
     SystemExit (None: 0), 1 with the traceback on stderr for any other exception. Put back afterwards: sys.argv,
@@ -259,6 +269,7 @@ def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedPro
         with contextlib.ExitStack() as stack:
             stack.enter_context(_logging_put_back())
             stack.enter_context(warnings.catch_warnings())
+            _process_warning_filters()
             stack.enter_context(contextlib.redirect_stdout(stdout))
             stack.enter_context(contextlib.redirect_stderr(stderr))
             os.environ.clear()

@@ -21,12 +21,15 @@ VARIABLE = "PT_HPU_LAZY_MODE"
 
 @pytest.fixture(scope="module")
 def datasets_cache(tmp_path_factory):
-    """A data set cache the runs of this module point to: any data set load would create it. One path for all
-    the runs, so that those with the same environment share one preloaded interpreter."""
+    """A data set cache the runs of this module point to: any data set load would create it (none must: the
+    refusals come before the data)."""
     return tmp_path_factory.mktemp("never-loaded") / "datasets-cache"
 
 
 def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False):
+    """A process of its own, not helpers.run_script's in-process run: with --use_habana and no --use_cpu, a run
+    that passes the check builds GaudiTrainingArguments, whose set-up calls optimum-habana's
+    `adapt_transformers_to_gaudi()`, replacing transformers' model code for the rest of the process."""
     env = script_env(gaudi=True)
     env.pop(VARIABLE, None)
     if value is not None:
