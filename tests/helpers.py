@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -134,6 +135,8 @@ def script_module(kind: str):
     is called by `run_script`)."""
     if kind not in _modules:
         if kind == "gaudi":
+            if "optimum.habana" in sys.modules:  # (a test imported it here: keep optimum-habana in a subprocess)
+                raise RuntimeError("optimum.habana was imported before the Gaudi script: its changes cannot be undone")
             script_module("cuda")  # the libraries both scripts use imported first, as they are before optimum.habana
             before = _library_names()
         with _gaudi_imports() if kind == "gaudi" else contextlib.nullcontext():
@@ -253,6 +256,10 @@ def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedPro
 
     from bridgetower_bench import run_directory
 
+    if kind == "gaudi" and any(a.startswith("--use_habana") for a in argv) and "--use_cpu" not in argv:
+        # GaudiTrainingArguments would call optimum-habana's adapt_transformers_to_gaudi(), which replaces
+        # transformers' model code for the rest of the process
+        raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True")
     module = script_module(kind)
     stdout, stderr = io.StringIO(), io.StringIO()
     environ, cwd, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
@@ -474,3 +481,105 @@ def dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainers, models and data sets built in the test process
+# ---------------------------------------------------------------------------------------------
+
+
+def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
+    """A TrainerExtensions trainer of the tiny fixture model on `ds`, on the CPU (2 steps of 4 unless overridden)."""
+    from transformers import BridgeTowerForContrastiveLearning, Trainer
+
+    from bridgetower_bench import data
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class BridgeTowerTrainer(TrainerExtensions, Trainer):
+        pass
+
+    options = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        use_cpu=True,
+        seed=3,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    options.update(overrides)
+    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
+    return BridgeTowerTrainer(
+        model=model,
+        args=WarmupTrainingArguments(**options),
+        train_dataset=ds,
+        eval_dataset=ds,
+        data_collator=data.collate_fn,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+        callbacks=list(callbacks),
+    )
+
+
+class SlowData(torch.utils.data.Dataset):
+    """Each sample takes `delay` seconds to load: the loader is the bottleneck."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return {"input_ids": torch.tensor([i % 7]), "pixel_values": torch.full((3, 2, 2), i % 255, dtype=torch.uint8)}
+
+
+class SlowModel(torch.nn.Module):
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.seen_pixels = []
+
+    def forward(self, input_ids, pixel_values):
+        time.sleep(self.delay)
+        self.seen_pixels.append(pixel_values.detach().clone())
+        return {"loss": (self.weight * pixel_values.float().mean()).sum()}
+
+
+def extended_trainer_class():
+    """transformers' Trainer with the kit's TrainerExtensions, as both scripts' trainers have them."""
+    from transformers import Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions
+
+    class ExtendedTrainer(TrainerExtensions, Trainer):
+        pass
+
+    return ExtendedTrainer
+
+
+def ranks_by_sorting(image_embeds, text_embeds, groups):
+    """(image->text rank of each distinct image's best caption, text->image rank of each caption's image), 1-based."""
+    groups = list(groups)
+    distinct = list(dict.fromkeys(groups))
+    image_of = {g: image_embeds[groups.index(g)] for g in distinct}  # rows of one picture embed it alike
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
+    captions = [unit(t) for t in text_embeds]
+    i2t = []
+    for g in distinct:
+        order = sorted(range(len(captions)), key=lambda c: -float(captions[c] @ unit(image_of[g])))
+        i2t.append(1 + next(position for position, c in enumerate(order) if groups[c] == g))
+    t2i = []
+    for c, caption in enumerate(captions):
+        order = sorted(distinct, key=lambda g: -float(caption @ unit(image_of[g])))
+        t2i.append(1 + order.index(groups[c]))
+    return np.array(i2t), np.array(t2i)

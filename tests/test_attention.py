@@ -130,8 +130,7 @@ def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
 
 
 def test_gaudi_script_trains_with_sdpa_attention(fixtures, tmp_path):
-    from helpers import CPU_FLAGS, assert_throughput_adds_up, read_json, run_script
-    from test_scripts import base_args
+    from helpers import CPU_FLAGS, assert_throughput_adds_up, base_args, read_json, run_script
 
     out = tmp_path / "run"
     result = run_script(

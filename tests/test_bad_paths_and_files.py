@@ -516,7 +516,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
 ):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
-    from test_user_input import run_cuda_script
+    from helpers import run_cuda_script
 
     data_file = _csv_data(tmp_path)
     original = preflight.check_splits
@@ -552,7 +552,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         tmp_path / "preflight",
     ]
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
-    status, stderr = run_cuda_script(common, capsys)
+    status, stderr = run_cuda_script(common)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     assert _error_line(stderr).startswith(
@@ -564,7 +564,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     )
 
     monkeypatch.setattr(preflight, "check_splits", original)
-    status, stderr = run_cuda_script(common + ["--drop_bad_rows"], capsys)
+    status, stderr = run_cuda_script(common + ["--drop_bad_rows"])
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
 

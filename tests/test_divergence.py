@@ -179,10 +179,10 @@ def test_watching_a_step_never_waits_for_the_device(device):
 
 
 def test_records_hold_null_where_a_number_is_not_finite(fixtures, tmp_path):
-    from test_reliability import _trainer_on
+    from helpers import trainer_on
 
     out = tmp_path / "out"
-    trainer = _trainer_on(fixtures, None, out)
+    trainer = trainer_on(fixtures, None, out)
     trainer.log({"eval_loss": math.nan, "eval_i2t_mean_rank": math.inf, "epoch": 1.0})
     with trainer.publishing():
         trainer.save_metrics("validation", {"eval_loss": math.nan, "eval_t2i_recall@1": 0.5, "nested": [-math.inf]})

@@ -28,6 +28,7 @@ from helpers import (
     read_json,
     run_script,
     script_env,
+    trainer_on,
     write_csv,
 )
 
@@ -280,41 +281,6 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert resumed.state.global_step == 6
 
 
-def _trainer_on(fixtures, ds, out, callbacks=(), **overrides):
-    from transformers import BridgeTowerForContrastiveLearning, Trainer
-
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
-
-    options = dict(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        max_steps=2,
-        use_cpu=True,
-        seed=3,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    options.update(overrides)
-    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-    return BridgeTowerTrainer(
-        model=model,
-        args=WarmupTrainingArguments(**options),
-        train_dataset=ds,
-        eval_dataset=ds,
-        data_collator=data.collate_fn,
-        image_mean=(0.5,) * 3,
-        image_std=(0.5,) * 3,
-        callbacks=list(callbacks),
-    )
-
-
 class _SignalDuringLastEvaluation(TrainerCallback):
     def on_prediction_step(self, args, state, control, **kwargs):
         if state.global_step == state.max_steps and not getattr(self, "sent", False):
@@ -327,7 +293,7 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
 
     ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
     out = tmp_path / "out"
-    trainer = _trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
+    trainer = trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(resilience.TrainingInterrupted) as stopped, trainer.catching_signals():  # as step 9
         trainer.train()
@@ -352,12 +318,12 @@ def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
     ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
-    trainer = _trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
+    trainer = trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
     trainer.train()
     assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
     assert caught == []
 
-    trainer = _trainer_on(
+    trainer = trainer_on(
         fixtures, ds, tmp_path / "out", [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2
     )
     trainer.train()  # no publication follows: the SIGTERM caught in the last evaluation is the caller's to handle
@@ -417,7 +383,7 @@ def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures
     out = tmp_path / "out"
     (out / "checkpoint-0").mkdir(parents=True)  # someone else's, numbered below ours
     (out / "checkpoint-0" / "weights.pt").write_text("not ours")
-    _trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
+    trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-0", "checkpoint-3"]
     assert (out / "checkpoint-0" / "weights.pt").read_text() == "not ours"
 

@@ -325,7 +325,7 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     np.testing.assert_allclose(text_embeds, direct.text_embeds.numpy(), atol=1e-5)
     np.testing.assert_allclose(image_embeds, direct.image_embeds.numpy(), atol=1e-5)
     assert metrics["eval_num_images"] == 5 and metrics["eval_num_captions"] == 7
-    from test_retrieval_direct import ranks_by_sorting  # (that module imports this one)
+    from helpers import ranks_by_sorting
 
     i2t, t2i = ranks_by_sorting(direct.image_embeds.numpy(), direct.text_embeds.numpy(), groups)
     assert metrics["eval_i2t_recall@1"] == pytest.approx(np.mean(i2t <= 1))
