@@ -15,7 +15,7 @@ from helpers import REPO, script_env
 
 def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *args],
+        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *map(str, args)],
         cwd=REPO,
         env=script_env(gaudi),
         timeout=timeout,
