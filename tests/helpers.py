@@ -4,7 +4,7 @@ A script run is, by default, its `main()` called in the test's own process (`run
 examples' tests run theirs: `sys.argv` patched, the run's environment set for its duration, its output captured,
 and everything global it changes put back afterwards (`_in_process`). A run whose process is the subject (its
 exit status and message, a signal, a launcher, what a fresh interpreter reads at start) is a real subprocess
-(`run_script(..., process=True)`, `script_process`, `run_stopped_at`).
+(`run_script(..., process=True)`, `run_stopped_at`, or the test's own `subprocess.Popen`).
 """
 
 from __future__ import annotations
@@ -71,12 +71,6 @@ def script_env(gaudi: bool) -> dict:
     if gaudi:
         env["PATH"] = str(SHIM / "bin") + os.pathsep + env.get("PATH", "")
     return env
-
-
-def script_process(kind: str, args: list, **popen) -> subprocess.Popen:
-    """`python <script> <args>` started as a real process, for a test that watches and signals it."""
-    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
-    return subprocess.Popen(cmd, cwd=REPO, env=script_env(kind == "gaudi"), **popen)
 
 
 def run_script(
