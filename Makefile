@@ -26,7 +26,7 @@ not-in-habana-container:
 bench: not-in-habana-container $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.bench $(BENCH_ARGS)
 
-# One pytest worker per core, at most 4 (each holds the libraries in memory twice: tests/preloaded_python.py).
+# One pytest worker per core, at most 4 (each holds the libraries in memory: the scripts run in its process).
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 # Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), then the tests.
 test: not-in-habana-container $(VENV)/.installed-test

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 
 SCRIPTS = [REPO / "run_bridgetower.py", REPO / "run_bridgetower_cuda.py"]
@@ -36,7 +36,7 @@ def test_the_scripts_never_import_the_tools_or_the_tests(path):
         n
         for n in imported_modules(path)
         if n == "bridgetower_bench.tools"
-        or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "habana_shim"))
+        or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "helpers", "habana_shim"))
     ]
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
@@ -64,10 +64,10 @@ def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a
     with open(tmp_path / "bridgetower_bench" / "attention.py", "a") as f:
         f.write("\nfrom . import tools\n")
     with open(tmp_path / "bridgetower_bench" / "data.py", "a") as f:
-        f.write("\nimport conftest\n")
+        f.write("\nimport helpers\n")
     broken, report = broken_contracts()
     assert len(broken) == 2, report
     assert (
         "bridgetower_bench.attention -> bridgetower_bench.tools" in report
-        and "bridgetower_bench.data -> conftest" in report
+        and "bridgetower_bench.data -> helpers" in report
     )

@@ -20,7 +20,7 @@ from bridgetower_bench.atomic_files import (
     write_atomically,
     write_json_atomically,
 )
-from conftest import dead_pid
+from helpers import dead_pid
 
 
 # ---------------------------------------------------------------------------------------------

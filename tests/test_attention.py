@@ -13,7 +13,7 @@ from transformers.models.bridgetower.modeling_bridgetower import (
 
 from bridgetower_bench.attention import SdpaBridgeTowerSelfAttention, use_attention
 from bridgetower_bench.tools import fixtures as fixture_builders
-from conftest import DEVICES
+from helpers import DEVICES
 
 
 def tiny_model(dropout=0.0, device="cpu"):
@@ -130,8 +130,7 @@ def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
 
 
 def test_gaudi_script_trains_with_sdpa_attention(fixtures, tmp_path):
-    from conftest import CPU_FLAGS, assert_throughput_adds_up, read_json, run_script
-    from test_scripts import base_args
+    from helpers import CPU_FLAGS, assert_throughput_adds_up, base_args, read_json, run_script
 
     out = tmp_path / "run"
     result = run_script(

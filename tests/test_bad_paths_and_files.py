@@ -16,7 +16,7 @@ import datasets
 import pytest
 
 from bridgetower_bench import arguments, images, preflight
-from conftest import REPO, noise_jpeg, script_env
+from helpers import REPO, noise_jpeg, script_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
 
 def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
     """What used to happen: "overwrite_output_dir": "false" was taken as true."""
-    from conftest import run_script
+    from helpers import run_script
 
     config = tmp_path / "run.json"
     config.write_text(
@@ -307,7 +307,7 @@ import datasets
 from types import SimpleNamespace
 from bridgetower_bench import data
 from bridgetower_bench.images import make_image_transform
-from conftest import noise_jpeg
+from helpers import noise_jpeg
 rows = [{"bytes": noise_jpeg(i, (64, 64)), "path": None} for i in range(int(sys.argv[3]))]
 features = datasets.Features({"image": datasets.Image(decode=False)})
 splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=features)}
@@ -404,7 +404,7 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
     from bridgetower_bench.checkpoint_manifest import incomplete_reason
     from bridgetower_bench.run_directory import checkpoints
-    from conftest import run_script
+    from helpers import run_script
 
     out = small_filesystem(11 * 1024) / "out"
     result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
@@ -424,7 +424,7 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
 
 def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_published(fixtures, small_filesystem):
     """Real small filesystem: training (no checkpoints) fits, the final model does not."""
-    from conftest import run_script
+    from helpers import run_script
 
     disk = small_filesystem(1024)
     out = disk / "out"
@@ -516,7 +516,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
 ):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
-    from test_user_input import run_cuda_script
+    from helpers import run_cuda_script
 
     data_file = _csv_data(tmp_path)
     original = preflight.check_splits
@@ -552,7 +552,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         tmp_path / "preflight",
     ]
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
-    status, stderr = run_cuda_script(common, capsys)
+    status, stderr = run_cuda_script(common)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     assert _error_line(stderr).startswith(
@@ -564,7 +564,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     )
 
     monkeypatch.setattr(preflight, "check_splits", original)
-    status, stderr = run_cuda_script(common + ["--drop_bad_rows"], capsys)
+    status, stderr = run_cuda_script(common + ["--drop_bad_rows"])
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
 

@@ -12,9 +12,8 @@ import time
 import pytest
 from PIL import Image
 
-import preloaded_python
 from bridgetower_bench.tools import bench, bench_report
-from conftest import REPO
+from helpers import REPO
 
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
@@ -25,7 +24,7 @@ TINY_RUN = (
 )
 
 
-def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, preloaded_sweep, tmp_path, monkeypatch, capsys):
+def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
     out = tmp_path / "bench"
 
@@ -480,8 +479,7 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
     driver = tmp_path / "sweep_of_one.py"
     driver.write_text(SWEEP_OF_ONE.format(repo=str(bench.REPO)))
     script = stand_in_plan(tmp_path, workers=[7]).script_path
-    # (through the preloaded interpreter: the sweep's imports take seconds; its runs are its own real children)
-    sweep = preloaded_python.Popen(
+    sweep = subprocess.Popen(
         [sys.executable, str(driver), str(script), str(tmp_path / "out")],
         stdout=subprocess.DEVNULL,
         start_new_session=True,

@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from bridgetower_bench import checkpoint_manifest
-from conftest import read_json, run_script
-from test_run_recipe import command
-from test_scripts import load_weights, run_killed_while_publishing
+from helpers import command, load_weights, read_json, run_killed_while_publishing, run_script
 
 
 REQUIRED = checkpoint_manifest.required_files(save_only_model=False, world_size=1)

@@ -11,8 +11,7 @@ import re
 import pytest
 
 from bridgetower_bench import cuda_device as cd
-from conftest import run_script
-from test_scripts import base_args
+from helpers import base_args, run_script
 
 
 SMI_EIGHT_GPUS = "535.104.05\n" * 8  # an 8-GPU VM on the R535 long-term branch
@@ -24,7 +23,10 @@ SMI_NO_DRIVER = (
 
 def test_the_cuda_script_without_a_gpu_or_use_cpu_refuses_in_one_line_before_loading(fixtures, tmp_path):
     out = tmp_path / "run"
-    result = run_script("cuda", base_args(fixtures, out, max_steps=1) + ["--do_train", "--bf16"], check=False)
+    # (a process of its own: the refusal comes before anything loads, from the environment the process starts with)
+    result = run_script(
+        "cuda", base_args(fixtures, out, max_steps=1) + ["--do_train", "--bf16"], check=False, process=True
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import arguments, data
-from conftest import CPU_FLAGS, read_json, run_script
+from helpers import CPU_FLAGS, read_json, run_script
 
 
 def write_images(directory):

@@ -31,7 +31,7 @@ from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
-from conftest import DEVICES, assert_throughput_adds_up, needs_cuda
+from helpers import DEVICES, assert_throughput_adds_up, needs_cuda
 
 
 SIZE = 294  # BridgeTower's image size: the real geometry

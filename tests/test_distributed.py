@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from bridgetower_bench import checkpoint_manifest
-from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+from helpers import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
 
 # Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.

@@ -9,8 +9,7 @@ import torch
 
 from bridgetower_bench import arguments, divergence
 from bridgetower_bench.user_errors import UserInputError
-from conftest import CPU_FLAGS, DEVICES, run_script
-from test_scripts import base_args
+from helpers import CPU_FLAGS, DEVICES, base_args, run_script
 
 
 def strict_json(path):
@@ -38,7 +37,8 @@ def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publis
         "--do_train",
         "--do_eval",
     ]
-    result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False)
+    # (a process of its own: exit status 3 and one last line, no traceback, are what the user sees)
+    result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False, process=True)
     assert result.returncode == divergence.DIVERGED_EXIT_STATUS == 3, result.stderr[-3000:]
     assert last_line(result) == (
         f"Training diverged at step 2 of 6 (loss NaN and gradient norm NaN): stopped, nothing published in {out}; the last "
@@ -179,10 +179,10 @@ def test_watching_a_step_never_waits_for_the_device(device):
 
 
 def test_records_hold_null_where_a_number_is_not_finite(fixtures, tmp_path):
-    from test_reliability import _trainer_on
+    from helpers import trainer_on
 
     out = tmp_path / "out"
-    trainer = _trainer_on(fixtures, None, out)
+    trainer = trainer_on(fixtures, None, out)
     trainer.log({"eval_loss": math.nan, "eval_i2t_mean_rank": math.inf, "epoch": 1.0})
     with trainer.publishing():
         trainer.save_metrics("validation", {"eval_loss": math.nan, "eval_t2i_recall@1": 0.5, "nested": [-math.inf]})

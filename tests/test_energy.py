@@ -406,7 +406,9 @@ class PowerMeter:
 
 def real_training(tmp_path):
     from bridgetower_bench.trainer import WarmupTrainingArguments
-    from test_throughput import ExtendedTrainer, SlowData, SlowModel
+    from helpers import SlowData, SlowModel, extended_trainer_class
+
+    ExtendedTrainer = extended_trainer_class()
 
     args = WarmupTrainingArguments(
         output_dir=str(tmp_path),

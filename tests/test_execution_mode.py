@@ -6,14 +6,14 @@ check lets through goes on to optimum-habana's HPU set-up, which the shim does n
 """
 
 import json
+import subprocess
 import sys
 
 import pytest
 import torch
 
-import preloaded_python
 from bridgetower_bench import execution_mode
-from conftest import REPO, SHIM, script_env
+from helpers import REPO, SHIM, script_env
 
 
 VARIABLE = "PT_HPU_LAZY_MODE"
@@ -21,12 +21,15 @@ VARIABLE = "PT_HPU_LAZY_MODE"
 
 @pytest.fixture(scope="module")
 def datasets_cache(tmp_path_factory):
-    """A data set cache the runs of this module point to: any data set load would create it. One path for all
-    the runs, so that those with the same environment share one preloaded interpreter."""
+    """A data set cache the runs of this module point to: any data set load would create it (none must: the
+    refusals come before the data)."""
     return tmp_path_factory.mktemp("never-loaded") / "datasets-cache"
 
 
 def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False):
+    """A process of its own, not helpers.run_script's in-process run: with --use_habana and no --use_cpu, a run
+    that passes the check builds GaudiTrainingArguments, whose set-up calls optimum-habana's
+    `adapt_transformers_to_gaudi()`, replacing transformers' model code for the rest of the process."""
     env = script_env(gaudi=True)
     env.pop(VARIABLE, None)
     if value is not None:
@@ -64,8 +67,13 @@ def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=F
                 config[name], i = True, i + 1
         (tmp_path / "args.json").write_text(json.dumps(config))
         args = [str(tmp_path / "args.json")]
-    return preloaded_python.run(
-        [sys.executable, str(REPO / "run_bridgetower.py"), *args], cwd=REPO, env=env, timeout=300
+    return subprocess.run(
+        [sys.executable, str(REPO / "run_bridgetower.py"), *args],
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        capture_output=True,
+        text=True,
     )
 
 

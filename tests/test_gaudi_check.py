@@ -9,13 +9,13 @@ results or a crash without training.
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-import preloaded_python
 from bridgetower_bench.tools import gaudi_check as gc
-from conftest import CPU_FLAGS, REPO, SHIM, script_env
+from helpers import CPU_FLAGS, REPO, SHIM, script_env
 
 
 HABANA_ONLY_FLAGS = {
@@ -30,11 +30,13 @@ HABANA_ONLY_FLAGS = {
 def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
     env = script_env(gaudi=with_shim)
     out = tmp_path / "check"
-    result = preloaded_python.run(
+    result = subprocess.run(
         [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
         cwd=REPO,
         env=env,
         timeout=300,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
@@ -68,7 +70,9 @@ def run_on_cpu(step):
             skip = HABANA_ONLY_FLAGS[part]
         else:
             command.append(part)
-    result = preloaded_python.run(command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), timeout=600)
+    result = subprocess.run(
+        command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), timeout=600, capture_output=True, text=True
+    )
     with open(step.log, "w") as log:
         log.write(result.stdout + result.stderr)
     return gc.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import flag_guard, image_cache
-from test_user_input import run_cuda_script
+from helpers import run_cuda_script
 
 
 SCRIPT = "run_bridgetower_cuda.py"
@@ -80,9 +80,9 @@ def spellings(tmp_path, model):
         "json configuration with dashes",
     ],
 )
-def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtures, tmp_path, capsys):
+def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtures, tmp_path):
     args, expected = spellings(tmp_path, fixtures["model"])[case]
-    status, stderr = run_cuda_script(args, capsys)
+    status, stderr = run_cuda_script(args)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == expected

@@ -21,7 +21,7 @@ from bridgetower_bench.image_cache import (
     open_decoded_image_cache,
 )
 from bridgetower_bench.images import make_image_transform
-from conftest import noise_jpeg
+from helpers import noise_jpeg
 
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.

@@ -26,7 +26,7 @@ from bridgetower_bench.images import (
     to_rgb,
 )
 from bridgetower_bench.tools import image_fidelity
-from conftest import encode
+from helpers import encode
 
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.

@@ -8,7 +8,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from bridgetower_bench import cuda_device
-from conftest import REPO
+from helpers import REPO
 
 
 ROUTES = {"requirements-cuda.txt": None, "requirements-cuda12.txt": "cu126"}  # file -> CUDA label of its torch build

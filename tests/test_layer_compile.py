@@ -13,8 +13,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 
 from bridgetower_bench.layer_compile import compile_repeated_layers, repeated_layers
 from bridgetower_bench.tools import fixtures as fixture_builders
-from conftest import assert_throughput_adds_up, read_json, run_script
-from test_scripts import base_args
+from helpers import assert_throughput_adds_up, base_args, read_json, run_script
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ import torch
 
 from bridgetower_bench.tools import cartoons
 from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model
-from conftest import CPU_FLAGS, read_json, run_script
+from helpers import CPU_FLAGS, read_json, run_script
 
 
 IMAGE_SIZE = 84  # 6 x 6 patches of 14 px: a third cheaper per step than 112 px, and learns as well

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 
 GUARD = REPO / "scripts" / "refuse_in_habana_container.sh"

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from bridgetower_bench.tools import make_cuda_script
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture

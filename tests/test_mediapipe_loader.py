@@ -38,7 +38,7 @@ from bridgetower_bench.mediapipe_image_files import (
 )
 from bridgetower_bench.mediapipe_inputs import attach_mediapipe_inputs
 from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
-from conftest import dead_pid, encode
+from helpers import dead_pid, encode
 
 
 SEQ_LEN = 4

@@ -15,9 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import preloaded_python
 from bridgetower_bench import checkpoint_manifest, run_directory
-from conftest import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
+from helpers import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
 
@@ -433,7 +432,7 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
 
     # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
     cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]
-    process = preloaded_python.Popen(
+    process = subprocess.Popen(
         cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     for line in process.stdout:

@@ -11,7 +11,7 @@ import pytest
 
 from bridgetower_bench import preflight, run_directory
 from bridgetower_bench.arguments import check_arguments, parse_arguments
-from test_reliability import embedded, jpeg_bytes
+from helpers import embedded, jpeg_bytes
 
 
 GOOD, OTHER = jpeg_bytes(0), jpeg_bytes(1)

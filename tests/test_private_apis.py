@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Trainer
 
-from conftest import script_env
+from helpers import script_env
 
 
 # Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls

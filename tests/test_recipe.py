@@ -1,12 +1,11 @@
 """Same flags, same training: the CUDA/CPU script takes GaudiTrainingArguments' recipe defaults."""
 
 import json
+import subprocess
 import sys
 
-import preloaded_python
 from bridgetower_bench.trainer import GAUDI_RECIPE_DEFAULTS
-from conftest import CPU_FLAGS, REPO, run_script, script_env
-from test_scripts import base_args, load_weights
+from helpers import CPU_FLAGS, REPO, base_args, load_weights, run_script, script_env
 
 
 # Differing defaults deliberately left to each device (see bridgetower_bench/trainer.py).
@@ -30,7 +29,9 @@ print(json.dumps({name: {"gaudi": gaudi[name], "ours": ours[name]} for name in d
 def test_every_gaudi_default_that_differs_is_decided_and_the_recipe_ones_are_taken(tmp_path):
     program = tmp_path / "defaults.py"
     program.write_text(_DEFAULTS_PROGRAM)
-    result = preloaded_python.run([sys.executable, program], cwd=REPO, env=script_env(gaudi=True), timeout=600)
+    result = subprocess.run(
+        [sys.executable, program], cwd=REPO, env=script_env(gaudi=True), timeout=600, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     differing = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(differing) == set(GAUDI_RECIPE_DEFAULTS) | LEFT_TO_THE_DEVICE, "a default changed upstream: decide it"

@@ -3,16 +3,16 @@ sweep and a real run whose files are searched for fake tokens the runs provably 
 
 import hashlib
 import json
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-import preloaded_python
 from bridgetower_bench import redaction
 from bridgetower_bench.tools import bench, bench_report
-from conftest import REPO, script_env
+from helpers import REPO, script_env
 
 
 # --------------------------------------------------------------------------------------------- the rule
@@ -202,9 +202,7 @@ def _files_containing(root: Path, secrets) -> list[str]:
     return found
 
 
-def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(
-    fixtures, preloaded_sweep, tmp_path, monkeypatch
-):
+def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, tmp_path, monkeypatch):
     overridden, on_command_line, hub, in_env = (
         "hf_FAKEspaceForm0001",
         "hf_FAKEequalsForm0002",
@@ -329,8 +327,13 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
         RECEIVER.format(proof=str(proof), real=str(REPO / "run_bridgetower.py"))
     )  # the Gaudi script, on CPU
 
-    result = preloaded_python.run(
-        [sys.executable, receiver, config], cwd=REPO, env=script_env(gaudi=True), timeout=600
+    result = subprocess.run(
+        [sys.executable, receiver, config],
+        cwd=REPO,
+        env=script_env(gaudi=True),
+        timeout=600,
+        capture_output=True,
+        text=True,
     )
 
     assert result.returncode == 0, result.stderr[-3000:]

@@ -17,37 +17,25 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-import preloaded_python
 from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
-from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    embedded,
+    jpeg_bytes,
+    read_json,
+    run_script,
+    script_env,
+    trainer_on,
+    write_csv,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
-    return noise_jpeg(seed, size, quality=90)
-
-
-def embedded(images, captions) -> datasets.Dataset:
-    features = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
-    rows = {"image": [{"bytes": b, "path": None} for b in images], "caption": captions}
-    return datasets.Dataset.from_dict(rows, features=features)
-
-
-def write_csv(path, rows):
-    """rows: (image file name, image bytes or None to leave the file missing, caption); images beside the csv."""
-    (path.parent / "images").mkdir(parents=True, exist_ok=True)
-    lines = ["image_path,caption"]
-    for name, image, caption in rows:
-        if image is not None:
-            (path.parent / "images" / name).write_bytes(image)
-        lines.append(f"{path.parent / 'images' / name},{caption}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def train_args(fixtures, output_dir, **overrides):
@@ -293,41 +281,6 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert resumed.state.global_step == 6
 
 
-def _trainer_on(fixtures, ds, out, callbacks=(), **overrides):
-    from transformers import BridgeTowerForContrastiveLearning, Trainer
-
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
-
-    options = dict(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        max_steps=2,
-        use_cpu=True,
-        seed=3,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    options.update(overrides)
-    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-    return BridgeTowerTrainer(
-        model=model,
-        args=WarmupTrainingArguments(**options),
-        train_dataset=ds,
-        eval_dataset=ds,
-        data_collator=data.collate_fn,
-        image_mean=(0.5,) * 3,
-        image_std=(0.5,) * 3,
-        callbacks=list(callbacks),
-    )
-
-
 class _SignalDuringLastEvaluation(TrainerCallback):
     def on_prediction_step(self, args, state, control, **kwargs):
         if state.global_step == state.max_steps and not getattr(self, "sent", False):
@@ -340,7 +293,7 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
 
     ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
     out = tmp_path / "out"
-    trainer = _trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
+    trainer = trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(resilience.TrainingInterrupted) as stopped, trainer.catching_signals():  # as step 9
         trainer.train()
@@ -365,12 +318,12 @@ def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
     ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
-    trainer = _trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
+    trainer = trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
     trainer.train()
     assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
     assert caught == []
 
-    trainer = _trainer_on(
+    trainer = trainer_on(
         fixtures, ds, tmp_path / "out", [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2
     )
     trainer.train()  # no publication follows: the SIGTERM caught in the last evaluation is the caller's to handle
@@ -430,7 +383,7 @@ def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures
     out = tmp_path / "out"
     (out / "checkpoint-0").mkdir(parents=True)  # someone else's, numbered below ours
     (out / "checkpoint-0" / "weights.pt").write_text("not ours")
-    _trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
+    trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-0", "checkpoint-3"]
     assert (out / "checkpoint-0" / "weights.pt").read_text() == "not ours"
 
@@ -490,7 +443,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     out = tmp_path / "interrupted"
     cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(out)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(
+        process = subprocess.Popen(
             cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
         )
         for line in process.stdout:

@@ -20,10 +20,8 @@ import sys
 import pytest
 import torch
 
-import preloaded_python
 from bridgetower_bench import checkpoint_manifest
-from conftest import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
-from test_scripts import base_args, load_weights
+from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env
 
 
 STEPS = 9
@@ -128,7 +126,7 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
         + CPU_FLAGS["cuda"]
     )
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(
+        process = subprocess.Popen(
             cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
         )
         for line in process.stdout:

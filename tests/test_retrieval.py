@@ -16,6 +16,7 @@ from bridgetower_bench.retrieval import (
     retrieval_metrics,
     summarise_quality,
 )
+from helpers import tiny_contrastive_model
 
 
 # Four images along the axes of R^4; five unit-length captions whose coordinates are their
@@ -279,33 +280,10 @@ def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
         compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
 
 
-def _tiny_contrastive_model():
-    from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
-
-    config = BridgeTowerConfig(
-        text_config=dict(
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            intermediate_size=64,
-            vocab_size=50,
-            max_position_embeddings=24,
-        ),
-        vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        contrastive_hidden_size=16,
-        logit_scale_init_value=2.6592,
-    )
-    torch.manual_seed(0)
-    return BridgeTowerForContrastiveLearning(config).eval()
-
-
 def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = _tiny_contrastive_model()
+    model = tiny_contrastive_model()
     groups = [0, 0, 1, 2, 2, 3, 4]
     pictures = torch.randn(5, 3, 28, 28)
     rows = [
@@ -347,7 +325,7 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_recalls(tmp_path):
     np.testing.assert_allclose(text_embeds, direct.text_embeds.numpy(), atol=1e-5)
     np.testing.assert_allclose(image_embeds, direct.image_embeds.numpy(), atol=1e-5)
     assert metrics["eval_num_images"] == 5 and metrics["eval_num_captions"] == 7
-    from test_retrieval_direct import ranks_by_sorting  # (that module imports this one)
+    from helpers import ranks_by_sorting
 
     i2t, t2i = ranks_by_sorting(direct.image_embeds.numpy(), direct.text_embeds.numpy(), groups)
     assert metrics["eval_i2t_recall@1"] == pytest.approx(np.mean(i2t <= 1))

@@ -6,37 +6,16 @@ import pytest
 import torch
 
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, make_compute_metrics
-from test_retrieval import _tiny_contrastive_model
+from helpers import ranks_by_sorting, tiny_contrastive_model
 
 
 KS = (1, 2, 3)
 
 
-def ranks_by_sorting(image_embeds, text_embeds, groups):
-    """(image->text rank of each distinct image's best caption, text->image rank of each caption's image), 1-based."""
-    groups = list(groups)
-    distinct = list(dict.fromkeys(groups))
-    image_of = {g: image_embeds[groups.index(g)] for g in distinct}  # rows of one picture embed it alike
-
-    def unit(v):
-        return v / np.linalg.norm(v)
-
-    captions = [unit(t) for t in text_embeds]
-    i2t = []
-    for g in distinct:
-        order = sorted(range(len(captions)), key=lambda c: -float(captions[c] @ unit(image_of[g])))
-        i2t.append(1 + next(position for position, c in enumerate(order) if groups[c] == g))
-    t2i = []
-    for c, caption in enumerate(captions):
-        order = sorted(distinct, key=lambda g: -float(caption @ unit(image_of[g])))
-        t2i.append(1 + order.index(groups[c]))
-    return np.array(i2t), np.array(t2i)
-
-
 def test_trainer_evaluation_recalls_equal_those_sorted_from_the_embeddings(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = _tiny_contrastive_model()
+    model = tiny_contrastive_model()
     groups = [0, 0, 1, 2, 2, 2, 3, 4, 5, 5, 6, 7]
     torch.manual_seed(1)
     pictures = torch.randn(8, 3, 28, 28)

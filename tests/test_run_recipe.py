@@ -17,18 +17,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import preloaded_python
 from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
-from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg, read_json, run_script, script_env
-from test_reliability import write_csv
-from test_scripts import base_args, load_weights, run_killed_while_publishing
-
-
-def command(fixtures, out, kind="cuda", *extra, **overrides):
-    """Train the tiny model: 32 rows in batches of 4 (8 steps an epoch: every step in the first), a checkpoint
-    every 2 steps."""
-    args = {"max_train_samples": 32, "max_steps": 2, **overrides}
-    return base_args(fixtures, out, **args) + ["--do_train", *extra] + CPU_FLAGS[kind]
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    base_args,
+    command,
+    load_weights,
+    noise_jpeg,
+    read_json,
+    run_killed_while_publishing,
+    run_script,
+    script_env,
+    write_csv,
+)
 
 
 def last_line(result) -> str:
@@ -113,7 +116,7 @@ def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_
         fixtures, out, "cuda", "--overwrite_output_dir", **new
     )
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = preloaded_python.Popen(
+        process = subprocess.Popen(
             cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
         )
         for line in process.stdout:
@@ -334,7 +337,14 @@ print(json.dumps(sorted({f.name for cls in classes for f in dataclasses.fields(c
 def test_every_argument_of_both_scripts_is_in_the_recipe_or_listed_as_leaving_the_weights_alone(tmp_path):
     program = tmp_path / "fields.py"
     program.write_text(_FIELDS_PROGRAM)
-    result = preloaded_python.run([sys.executable, program, REPO], cwd=REPO, env=script_env(gaudi=True), timeout=600)
+    result = subprocess.run(
+        [sys.executable, program, REPO],
+        cwd=REPO,
+        env=script_env(gaudi=True),
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     fields = set(json.loads(result.stdout.strip().splitlines()[-1]))
     in_recipe = set(run_recipe.MODEL_ARGUMENTS) | set(run_recipe.DATA_ARGUMENTS) | set(run_recipe.TRAINING_ARGUMENTS)

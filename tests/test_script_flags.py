@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from bridgetower_bench import image_cache
-from conftest import CPU_FLAGS, read_json, run_script
-from test_scripts import base_args, load_weights
+from helpers import CPU_FLAGS, base_args, load_weights, read_json, run_script
 
 
 BATCH = 4

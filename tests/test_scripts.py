@@ -7,64 +7,25 @@ import json
 import math
 import re
 import shutil
-import signal
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from bridgetower_bench import run_directory
-from conftest import (
+from helpers import (
     CPU_FLAGS,
     REPO,
+    SCRIPTS,
     assert_throughput_adds_up,
+    base_args,
+    load_weights,
     read_json,
+    run_killed_while_publishing,
     run_script,
-    run_stopped_at,
 )
 
 
 KINDS = ["gaudi", "cuda"]
-
-
-def base_args(fixtures, output_dir, **overrides):
-    args = {
-        "model_name_or_path": fixtures["model"],
-        "dataset_name": fixtures["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
-        "output_dir": output_dir,
-        "per_device_train_batch_size": 4,
-        "per_device_eval_batch_size": 4,
-        "max_train_samples": 16,
-        "max_eval_samples": 8,
-        "num_train_epochs": 1,
-        "learning_rate": 1e-3,
-        "logging_steps": 1,
-        "save_steps": 2,
-        "report_to": "none",
-        "seed": 7,
-        "throughput_warmup_steps": 1,
-        "dataloader_num_workers": 0,
-    }
-    args.update(overrides)
-    flat = []
-    for key, value in args.items():
-        if value is not None:
-            flat += [f"--{key}", str(value)]
-    return flat
-
-
-def load_weights(directory):
-    return load_file(str(directory / "model.safetensors"))
-
-
-def run_killed_while_publishing(kind, args):
-    """A training run SIGKILLed just before its final publication commits: its checkpoints saved, no model published."""
-    result = run_stopped_at(kind, args, "SIGKILL", run_directory.PUBLISHING_NAME)
-    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -172,7 +133,10 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
         "--sdp_on_bf16",
         "--mediapipe_dataloader",
     ]
-    result = run_script("cuda", base_args(fixtures, tmp_path / "o") + ["--do_train"] + published, check=False)
+    # (a process of its own: the exit status and the one line are what the user sees)
+    result = run_script(
+        "cuda", base_args(fixtures, tmp_path / "o") + ["--do_train"] + published, check=False, process=True
+    )
     assert result.returncode == 2
     error = [line for line in result.stderr.splitlines() if "Gaudi-only" in line]
     assert len(error) == 1
@@ -186,6 +150,22 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
         "--mediapipe_dataloader",
     ):
         assert flag in error[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_flag_the_parser_refuses_ends_the_process_in_one_line_with_status_2(fixtures, tmp_path):
+    """The parser's own error (argparse): usage and one error line, exit status 2, no traceback, nothing written.
+    (One script: both build their parser with the same HfArgumentParser.)"""
+    kind = "cuda"
+    args = base_args(fixtures, tmp_path / "o") + ["--do_train", "--image_pipeline", "nope"] + CPU_FLAGS[kind]
+    result = run_script(kind, args, check=False, process=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"{SCRIPTS[kind]}: error: argument --image_pipeline/--image-pipeline: invalid choice: 'nope' "
+        "(choose from 'upstream', 'fast', 'fast-draft')"
+    )
     assert not (tmp_path / "o").exists()
 
 

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback
 
 from bridgetower_bench.throughput import ThroughputCallback
 from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+from helpers import SlowData, SlowModel, extended_trainer_class
 
 
 class FakeClock:
@@ -95,31 +95,7 @@ def test_window_ends_wait_for_the_device_and_no_other_step_does():
 # --- the same figures from a real transformers Trainer with an artificial per-step delay ----------------
 
 
-class SlowData(Dataset):
-    """Each sample takes `delay` seconds to load: the loader is the bottleneck."""
-
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return {"input_ids": torch.tensor([i % 7]), "pixel_values": torch.full((3, 2, 2), i % 255, dtype=torch.uint8)}
-
-
-class SlowModel(torch.nn.Module):
-    def __init__(self, delay):
-        super().__init__()
-        self.delay = delay
-        self.weight = torch.nn.Parameter(torch.ones(1))
-        self.seen_pixels = []
-
-    def forward(self, input_ids, pixel_values):
-        time.sleep(self.delay)
-        self.seen_pixels.append(pixel_values.detach().clone())
-        return {"loss": (self.weight * pixel_values.float().mean()).sum()}
+ExtendedTrainer = extended_trainer_class()
 
 
 class StepTimes(TrainerCallback):
@@ -128,10 +104,6 @@ class StepTimes(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times[state.global_step] = time.perf_counter()
-
-
-class ExtendedTrainer(TrainerExtensions, Trainer):
-    pass
 
 
 def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):

@@ -9,17 +9,18 @@ import sys
 
 import pytest
 
-import preloaded_python
 from bridgetower_bench.tools import image_bench
-from conftest import REPO, script_env
+from helpers import REPO, script_env
 
 
 def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    return preloaded_python.run(
-        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *args],
+    return subprocess.run(
+        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *map(str, args)],
         cwd=REPO,
         env=script_env(gaudi),
         timeout=timeout,
+        capture_output=True,
+        text=True,
     )
 
 

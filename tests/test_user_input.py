@@ -5,7 +5,6 @@ that cannot be written are skipped."""
 
 import logging
 import re
-import runpy
 import sys
 import zlib
 
@@ -13,9 +12,9 @@ import datasets
 import pytest
 from PIL import Image
 
-from bridgetower_bench import data, flag_guard, preflight, run_directory
+from bridgetower_bench import data, flag_guard, preflight
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from conftest import CPU_FLAGS, REPO, SCRIPTS, noise_jpeg
+from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -26,27 +25,6 @@ def png_header(width: int, height: int) -> bytes:
 
     ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
-
-
-def run_cuda_script(args, capsys) -> tuple[int, str]:
-    """Run the CUDA script in this process, as `python run_bridgetower_cuda.py <args>` would: (exit status, stderr).
-
-    Data files are cached with the other tests' data sets (flag lines only; a .json configuration names none).
-    """
-    argv = [str(REPO / SCRIPTS["cuda"])] + [str(a) for a in args]
-    if len(argv) > 2 and "--cache_dir" not in argv:
-        argv += ["--cache_dir", str(REPO / ".cache" / "hf_datasets")]
-    old_argv = sys.argv
-    sys.argv = argv
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-        status = 0
-    except SystemExit as stop:
-        status = stop.code if isinstance(stop.code, int) else 1
-    finally:
-        sys.argv = old_argv
-        run_directory.release_all()  # what the process's exit does (atexit): a refused run leaves no output_dir
-    return status, capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,9 +170,9 @@ EARLY = [
 
 
 @pytest.mark.parametrize("case", EARLY)
-def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtures, tmp_path, capsys):
+def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtures, tmp_path):
     args, expected = early_refusals(fixtures["model"], tmp_path)[case]
-    status, stderr = run_cuda_script(args, capsys)
+    status, stderr = run_cuda_script(args)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
@@ -241,7 +219,7 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
 
 
-def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path, capsys):
+def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path):
     status, stderr = run_cuda_script(
         [
             "--model_name_or_path",
@@ -262,8 +240,7 @@ def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path, capsys
             "--report_to",
             "none",
             *CPU_FLAGS["cuda"],
-        ],
-        capsys,
+        ]
     )
     assert status == 2
     assert stderr.strip().splitlines()[-1] == (
@@ -317,7 +294,7 @@ def test_unreadable_data_files_are_named_in_one_line(case, tmp_path):
     assert str(refused.value) == expected.format(path)
 
 
-def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path, capsys):
+def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path):
     path = tmp_path / "train.csv"
     path.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
     status, stderr = run_cuda_script(
@@ -332,8 +309,7 @@ def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path, capsys):
             "--report_to",
             "none",
             *CPU_FLAGS["cuda"],
-        ],
-        capsys,
+        ]
     )
     assert status == 2
     assert "Traceback" not in stderr
@@ -468,7 +444,7 @@ def test_pixel_budget_refuses_huge_and_extreme_aspect_images_without_decoding_th
     )
 
 
-def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_path, capsys):
+def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_path):
     rows = ["image_path,caption"]
     for i in range(10):  # every other image is over the budget (the run's train split is 6 of these rows)
         (tmp_path / f"{i}.jpg").write_bytes(noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
@@ -494,7 +470,7 @@ def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_pa
         tmp_path / "preflight",
         *CPU_FLAGS["cuda"],
     ]
-    status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "refused"], capsys)
+    status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "refused"])
     assert status == 2
     assert "Traceback" not in stderr
     error = stderr[stderr.index("run_bridgetower_cuda.py: error: ") :].strip().splitlines()
@@ -505,7 +481,7 @@ def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_pa
         for line in error[1:]
     ), error
     assert not (tmp_path / "refused").exists()
-    status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "dropped", "--drop_bad_rows"], capsys)
+    status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "dropped", "--drop_bad_rows"])
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "dropped" / "train_results.json").exists()
 
@@ -569,7 +545,7 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
     assert "--cache_decoded_images: cannot write the decoded image cache" in caplog.text
 
 
-def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch, capsys):
+def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch):
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     (tmp_path / "train.csv").write_text(
         "image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4))
@@ -598,8 +574,7 @@ def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch, cap
             "--output_dir",
             tmp_path / "out",
             *CPU_FLAGS["cuda"],
-        ],
-        capsys,
+        ]
     )
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "train_results.json").exists()

@@ -1,0 +1,579 @@
+"""What the test modules share besides fixtures: paths, the two scripts' runs, data builders, assertions.
+
+A script run is, by default, its `main()` called in the test's own process (`run_script`), as the Hugging Face
+examples' tests run theirs: `sys.argv` patched, the run's environment set for its duration, its output captured,
+and everything global it changes put back afterwards (`_in_process`). A run whose process is the subject (its
+exit status and message, a signal, a launcher, what a fresh interpreter reads at start) is a real subprocess
+(`run_script(..., process=True)`, `run_stopped_at`, or the test's own `subprocess.Popen`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "tests" / "habana_shim"
+DATASETS_CACHE = Path(os.environ.get("BRIDGETOWER_TEST_DATASETS_CACHE", str(REPO / ".cache" / "hf_datasets")))
+
+SCRIPTS = {"gaudi": "run_bridgetower.py", "cuda": "run_bridgetower_cuda.py"}
+# Flags each script needs to run on CPU. The Gaudi script runs optimum-habana's GaudiTrainer without an HPU.
+CPU_FLAGS = {"gaudi": ["--use_cpu", "--use_lazy_mode", "False"], "cuda": ["--use_cpu"]}
+
+# Tests parametrised over DEVICES also run on a GPU where there is one (`pytest -k cuda` on the benchmark
+# machine, as scripts/h200_benchmark.sh does); CI has none and skips them.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the scripts
+# ---------------------------------------------------------------------------------------------
+
+
+def run_environment() -> dict:
+    """The variables a script run needs, in a process or in this one: offline, the shared data-set cache, no GPU,
+    one intra-op thread (the machines running the tests are small and shared)."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(DATASETS_CACHE),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def script_env(gaudi: bool) -> dict:
+    """Environment for a script subprocess: run_environment(), the repo importable, unbuffered output, and the
+    Habana shim for the Gaudi script (tests/habana_shim/README.md)."""
+    env = {**os.environ, **run_environment(), "PYTHONUNBUFFERED": "1"}
+    paths = [str(REPO)] + ([str(SHIM)] if gaudi else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    if gaudi:
+        env["PATH"] = str(SHIM / "bin") + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def run_script(
+    kind: str, args: list, check: bool = True, timeout: int = 600, process: bool = False, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in the repository: its main() in this process (returncode, stdout, stderr as the
+    process would give them), or with process=True a real subprocess (where the process itself is under test:
+    its exit, what it reads when it starts). `env`: variables to set for the run (None: unset)."""
+    cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
+    if process:
+        variables = _with(script_env(kind == "gaudi"), env or {})
+        result = subprocess.run(cmd, cwd=REPO, env=variables, capture_output=True, text=True, timeout=timeout)
+    else:
+        result = _in_process(kind, cmd, env or {})
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def _with(environ: dict, changes: dict) -> dict:
+    """`environ` with `changes` applied: a value of None unsets the variable."""
+    environ = {**environ, **{k: v for k, v in changes.items() if v is not None}}
+    return {k: v for k, v in environ.items() if changes.get(k, "") is not None}
+
+
+def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess.CompletedProcess:
+    """Run the script in a process of its own, sending it `signame` just before its first rename or removal of a
+    path named `name` in --output_dir (tests/stop_at_rename.py): `.publishing` is the final publication's commit
+    point."""
+    cmd = [sys.executable, str(REPO / "tests" / "stop_at_rename.py"), signame, name, str(REPO / SCRIPTS[kind])]
+    cmd += [str(a) for a in args]
+    return subprocess.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), capture_output=True, text=True, timeout=600)
+
+
+_modules: dict = {}
+# (module, name, optimum-habana's value, the library's own value) for each name that importing optimum.habana
+# replaces in a library module: accelerate's `convert_model` and `TERecipeKwargs` (transformer-engine fp8, with
+# optimum-habana 1.21.2). optimum-habana's stand in during the Gaudi script's runs only, as in its process.
+_GAUDI_PATCHES: list = []
+_PATCHABLE = ("accelerate", "transformers", "torch", "datasets")
+
+
+def _library_names() -> dict:
+    names = {}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".")[0] in _PATCHABLE and module is not None:
+            for name, value in list(getattr(module, "__dict__", {}).items()):
+                names[(module_name, name)] = value
+    return names
+
+
+def script_module(kind: str):
+    """The script imported from disk once per test session, under a private name (not `__main__`: its main()
+    is called by `run_script`)."""
+    if kind not in _modules:
+        if kind == "gaudi":
+            if "optimum.habana" in sys.modules:  # (a test imported it here: keep optimum-habana in a subprocess)
+                raise RuntimeError("optimum.habana was imported before the Gaudi script: its changes cannot be undone")
+            script_module("cuda")  # the libraries both scripts use imported first, as they are before optimum.habana
+            before = _library_names()
+        with _gaudi_imports() if kind == "gaudi" else contextlib.nullcontext():
+            spec = importlib.util.spec_from_file_location(f"_bridgetower_script_{kind}", REPO / SCRIPTS[kind])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        if kind == "gaudi":
+            for (module_name, name), value in _library_names().items():
+                if (module_name, name) in before and before[(module_name, name)] is not value:
+                    _GAUDI_PATCHES.append((sys.modules[module_name], name, value, before[(module_name, name)]))
+            _gaudi_patches(applied=False)
+        _modules[kind] = module
+    return _modules[kind]
+
+
+def _gaudi_patches(applied: bool) -> None:
+    for module, name, gaudi, own in _GAUDI_PATCHES:
+        setattr(module, name, gaudi if applied else own)
+
+
+@contextlib.contextmanager
+def _gaudi_imports():
+    """What script_env(gaudi=True) gives a process, for the span of an import or a run here: `habana_frameworks`
+    importable from the shim, and the shim's `pip` first on PATH (read when optimum.habana is first imported)."""
+    sys.path.insert(0, str(SHIM))
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = str(SHIM / "bin") + os.pathsep + path
+    _gaudi_patches(applied=True)
+    try:
+        yield
+    finally:
+        _gaudi_patches(applied=False)
+        os.environ["PATH"] = path
+        sys.path.remove(str(SHIM))
+        # The shim's modules go with it, so that nothing after the run finds `habana_frameworks` importable.
+        for name in [n for n in sys.modules if n == "habana_frameworks" or n.startswith("habana_frameworks.")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+        _forget_hpu_probes()
+
+
+def _forget_hpu_probes() -> None:
+    """The libraries' cached answers to "is there an HPU?", asked again by the next run."""
+    import accelerate.utils.imports
+    import transformers.utils.import_utils
+
+    for module in (accelerate.utils.imports, transformers.utils.import_utils):
+        for name in ("is_hpu_available", "is_torch_hpu_available"):
+            probe = getattr(module, name, None)
+            if hasattr(probe, "cache_clear"):
+                probe.cache_clear()
+
+
+def _reset_accelerate() -> None:
+    """accelerate's process-wide state, as transformers' own tests reset it between Trainers."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    PartialState._reset_state()
+    GradientState._reset_state()
+
+
+@contextlib.contextmanager
+def _logging_put_back():
+    """Every logger's level, handlers and propagation, and each handler's stream and formatter, as they were. While
+    the run lasts, the root logger has no handler (pytest's own are set aside), so that the script's
+    `logging.basicConfig` writes to this run's capture, as in a fresh process."""
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    saved = {id(lg): (lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
+    handlers = {id(h): (h, vars(h).get("stream"), h.formatter, h.level) for lg in loggers for h in lg.handlers}
+    root = logging.getLogger()
+    root.handlers = []
+    root.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger in list(logging.Logger.manager.loggerDict.values()):
+            if isinstance(logger, logging.Logger) and id(logger) not in saved:  # made by the run
+                logger.handlers, logger.level, logger.propagate = [], logging.NOTSET, True
+        for logger, level, kept, propagate, disabled in saved.values():
+            logger.setLevel(level)
+            logger.handlers, logger.propagate, logger.disabled = kept, propagate, disabled
+        for handler, stream, formatter, level in handlers.values():
+            if stream is not None:
+                handler.stream = stream
+            handler.formatter, handler.level = formatter, level
+
+
+def _library_handlers_to(stream) -> None:
+    """The handlers the libraries (transformers, datasets, optimum, evaluate, ...) create once per process, with the
+    stderr of that moment: to this run's capture, where a fresh process's would write."""
+    for logger in logging.Logger.manager.loggerDict.values():
+        for handler in getattr(logger, "handlers", []):
+            if type(handler) is logging.StreamHandler:
+                handler.stream = stream
+
+
+def _process_warning_filters() -> None:
+    """Python's default warning filters (no -W option), the script's module counting as `__main__`, and warnings
+    printed to stderr as a process prints them (not recorded by pytest)."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__|_bridgetower_script_")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+    warnings.showwarning = warnings._showwarning_orig
+
+
+def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedProcess:
+    """The script's main() with `argv`, in this process, as `python <argv>` would run it: exit status from
+    SystemExit (None: 0), 1 with the traceback on stderr for any other exception. Put back afterwards: sys.argv,
+    sys.path, os.environ, the working directory, signal handlers, logging, warnings filters, torch's threads,
+    determinism flags and random generators (and Python's and numpy's), accelerate's state, the output directory
+    locks the run held (what the process's exit releases)."""
+    import datasets.config
+
+    from bridgetower_bench import run_directory
+
+    if kind == "gaudi" and any(a.startswith("--use_habana") for a in argv) and "--use_cpu" not in argv:
+        # GaudiTrainingArguments would call optimum-habana's adapt_transformers_to_gaudi(), which replaces
+        # transformers' model code for the rest of the process
+        raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True")
+    module = script_module(kind)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    environ, cwd, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    generators = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    cache_paths = {
+        name: getattr(datasets.config, name)
+        for name in ("HF_DATASETS_CACHE", "DOWNLOADED_DATASETS_PATH", "EXTRACTED_DATASETS_PATH")
+    }
+    env = _with({**os.environ, **run_environment()}, changes)
+    _reset_accelerate()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_logging_put_back())
+            stack.enter_context(warnings.catch_warnings())
+            _process_warning_filters()
+            stack.enter_context(contextlib.redirect_stdout(stdout))
+            stack.enter_context(contextlib.redirect_stderr(stderr))
+            os.environ.clear()
+            os.environ.update(env)
+            if kind == "gaudi":
+                stack.enter_context(_gaudi_imports())
+            # what `datasets` reads from HF_DATASETS_CACHE when it is imported
+            cache = Path(env.get("HF_DATASETS_CACHE", DATASETS_CACHE))
+            datasets.config.HF_DATASETS_CACHE = cache
+            datasets.config.DOWNLOADED_DATASETS_PATH = cache / datasets.config.DOWNLOADED_DATASETS_DIR
+            datasets.config.EXTRACTED_DATASETS_PATH = (
+                cache / datasets.config.DOWNLOADED_DATASETS_DIR / datasets.config.EXTRACTED_DATASETS_DIR
+            )
+            torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _library_handlers_to(stderr)
+            os.chdir(REPO)
+            sys.argv = list(argv[1:])
+            try:
+                module.exit_on_user_error(module.main)  # the script's `if __name__ == "__main__":` line
+                returncode = 0
+            except SystemExit as stop:
+                if stop.code is None or isinstance(stop.code, int):
+                    returncode = stop.code or 0
+                else:
+                    print(stop.code, file=sys.stderr)
+                    returncode = 1
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                traceback.print_exc()
+                returncode = 1
+            finally:
+                run_directory.release_all()  # what the process's exit does (atexit)
+    finally:
+        os.chdir(cwd)
+        sys.argv, sys.path[:] = argv_before, path_before
+        os.environ.clear()
+        os.environ.update(environ)
+        for name, value in cache_paths.items():
+            setattr(datasets.config, name, value)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_rng_state(generators[0])
+        np.random.set_state(generators[1])
+        random.setstate(generators[2])
+        _reset_accelerate()
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def run_cuda_script(args) -> tuple[int, str]:
+    """The CUDA script in this process: (exit status, stderr)."""
+    result = run_script("cuda", args, check=False)
+    return result.returncode, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments and results of the scripts' runs
+# ---------------------------------------------------------------------------------------------
+
+
+def base_args(fixtures, output_dir, **overrides):
+    """Flags of a short run of the tiny model on the synthetic data set; overrides set or (None) drop a flag."""
+    args = {
+        "model_name_or_path": fixtures["model"],
+        "dataset_name": fixtures["dataset"],
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": output_dir,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "max_train_samples": 16,
+        "max_eval_samples": 8,
+        "num_train_epochs": 1,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "report_to": "none",
+        "seed": 7,
+        "throughput_warmup_steps": 1,
+        "dataloader_num_workers": 0,
+    }
+    args.update(overrides)
+    flat = []
+    for key, value in args.items():
+        if value is not None:
+            flat += [f"--{key}", str(value)]
+    return flat
+
+
+def command(fixtures, out, kind="cuda", *extra, **overrides):
+    """Train the tiny model: 32 rows in batches of 4 (8 steps an epoch: every step in the first), a checkpoint
+    every 2 steps."""
+    args = {"max_train_samples": 32, "max_steps": 2, **overrides}
+    return base_args(fixtures, out, **args) + ["--do_train", *extra] + CPU_FLAGS[kind]
+
+
+def load_weights(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+def run_killed_while_publishing(kind, args):
+    """A training run SIGKILLed just before its final publication commits: its checkpoints saved, no model published."""
+    from bridgetower_bench import run_directory
+
+    result = run_stopped_at(kind, args, "SIGKILL", run_directory.PUBLISHING_NAME)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+
+
+def read_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_step: int) -> None:
+    """A run's saved throughput is its counted samples over its counted seconds, for the steps the flags imply,
+    and its data-wait shares are the seconds it waited over that same window (more than "samples/s > 0")."""
+    assert metrics["throughput_counted_steps"] == counted_steps
+    assert metrics["throughput_counted_samples"] == counted_steps * samples_per_step
+    seconds = metrics["throughput_counted_seconds"]
+    assert seconds > 0
+    assert metrics["train_samples_per_second"] == pytest.approx(counted_steps * samples_per_step / seconds)
+    waited = metrics["data_wait_seconds_epoch_start"] + metrics["data_wait_seconds_steady"]
+    assert 0 <= waited <= seconds
+    assert metrics["data_wait_fraction"] == pytest.approx(waited / seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Images, data sets, processes
+# ---------------------------------------------------------------------------------------------
+
+
+def encode(img, fmt: str, **options) -> bytes:
+    """A PIL image saved to bytes in `fmt` ("JPEG", "PNG", ...)."""
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def noise_jpeg(seed: int, size=(48, 40), quality: int = 75) -> bytes:
+    """A JPEG of random pixels, `size` = (width, height): the same bytes for the same seed."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return encode(Image.fromarray(pixels), "JPEG", quality=quality)
+
+
+def jpeg_bytes(seed: int, size=(96, 64)) -> bytes:
+    return noise_jpeg(seed, size, quality=90)
+
+
+def embedded(images, captions):
+    """A data set of embedded images ({"bytes", "path"} cells) and their captions."""
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
+    rows = {"image": [{"bytes": b, "path": None} for b in images], "caption": captions}
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def write_csv(path, rows):
+    """rows: (image file name, image bytes or None to leave the file missing, caption); images beside the csv."""
+    (path.parent / "images").mkdir(parents=True, exist_ok=True)
+    lines = ["image_path,caption"]
+    for name, image, caption in rows:
+        if image is not None:
+            (path.parent / "images" / name).write_bytes(image)
+        lines.append(f"{path.parent / 'images' / name},{caption}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_contrastive_model():
+    """A BridgeTowerForContrastiveLearning of one layer each, 28-pixel images, seeded weights, in eval mode."""
+    from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
+
+    config = BridgeTowerConfig(
+        text_config=dict(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            intermediate_size=64,
+            vocab_size=50,
+            max_position_embeddings=24,
+        ),
+        vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        contrastive_hidden_size=16,
+        logit_scale_init_value=2.6592,
+    )
+    torch.manual_seed(0)
+    return BridgeTowerForContrastiveLearning(config).eval()
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (what a killed writer leaves behind)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainers, models and data sets built in the test process
+# ---------------------------------------------------------------------------------------------
+
+
+def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
+    """A TrainerExtensions trainer of the tiny fixture model on `ds`, on the CPU (2 steps of 4 unless overridden)."""
+    from transformers import BridgeTowerForContrastiveLearning, Trainer
+
+    from bridgetower_bench import data
+    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+
+    class BridgeTowerTrainer(TrainerExtensions, Trainer):
+        pass
+
+    options = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        use_cpu=True,
+        seed=3,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+    )
+    options.update(overrides)
+    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
+    return BridgeTowerTrainer(
+        model=model,
+        args=WarmupTrainingArguments(**options),
+        train_dataset=ds,
+        eval_dataset=ds,
+        data_collator=data.collate_fn,
+        image_mean=(0.5,) * 3,
+        image_std=(0.5,) * 3,
+        callbacks=list(callbacks),
+    )
+
+
+class SlowData(torch.utils.data.Dataset):
+    """Each sample takes `delay` seconds to load: the loader is the bottleneck."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return {"input_ids": torch.tensor([i % 7]), "pixel_values": torch.full((3, 2, 2), i % 255, dtype=torch.uint8)}
+
+
+class SlowModel(torch.nn.Module):
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.seen_pixels = []
+
+    def forward(self, input_ids, pixel_values):
+        time.sleep(self.delay)
+        self.seen_pixels.append(pixel_values.detach().clone())
+        return {"loss": (self.weight * pixel_values.float().mean()).sum()}
+
+
+def extended_trainer_class():
+    """transformers' Trainer with the kit's TrainerExtensions, as both scripts' trainers have them."""
+    from transformers import Trainer
+
+    from bridgetower_bench.trainer import TrainerExtensions
+
+    class ExtendedTrainer(TrainerExtensions, Trainer):
+        pass
+
+    return ExtendedTrainer
+
+
+def ranks_by_sorting(image_embeds, text_embeds, groups):
+    """(image->text rank of each distinct image's best caption, text->image rank of each caption's image), 1-based."""
+    groups = list(groups)
+    distinct = list(dict.fromkeys(groups))
+    image_of = {g: image_embeds[groups.index(g)] for g in distinct}  # rows of one picture embed it alike
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
+    captions = [unit(t) for t in text_embeds]
+    i2t = []
+    for g in distinct:
+        order = sorted(range(len(captions)), key=lambda c: -float(captions[c] @ unit(image_of[g])))
+        i2t.append(1 + next(position for position, c in enumerate(order) if groups[c] == g))
+    t2i = []
+    for c, caption in enumerate(captions):
+        order = sorted(distinct, key=lambda g: -float(caption @ unit(image_of[g])))
+        t2i.append(1 + order.index(groups[c]))
+    return np.array(i2t), np.array(t2i)
