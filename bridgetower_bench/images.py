@@ -50,10 +50,8 @@ Every pipeline first turns the image upright by its EXIF orientation tag, as ``d
 
 from __future__ import annotations
 
-import errno
 import io
 import os
-import stat
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -65,6 +63,7 @@ from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationM
 from torchvision.transforms.functional import to_tensor
 
 from .jpeg_headers import JPEG_MAGIC, read_jpeg_header
+from .regular_files import NotARegularFile, read_regular_file
 
 
 try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
@@ -238,45 +237,6 @@ def _read_file(path: str | os.PathLike) -> bytes:
     except OSError as error:
         reason = error.strerror if isinstance(error, NotARegularFile) else error
         raise ValueError(f"cannot read image file {os.fspath(path)!r}: {reason}") from error
-
-
-class NotARegularFile(OSError):
-    """An image path names a directory, FIFO, device or socket: nothing is read from it."""
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "directory"),
-    (stat.S_ISFIFO, "FIFO"),
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISSOCK, "socket"),
-)
-
-
-def not_regular_reason(mode: int) -> str | None:
-    """'not a regular file: <kind>' for a st_mode that is not a regular file's, else None."""
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _FILE_KINDS if test(mode)), "special file")
-    return f"not a regular file: {kind}"
-
-
-def read_regular_file(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file at ``path``; ``NotARegularFile`` (an OSError) for anything else.
-
-    Never blocks and never reads without end: the path is looked at (``os.stat``) before it is opened,
-    so a device or socket is not even opened; it is opened with ``O_NONBLOCK`` (a FIFO swapped in
-    after the look opens at once instead of waiting for a writer) and looked at again through the
-    open descriptor, which is what is read.
-    """
-    reason = not_regular_reason(os.stat(path).st_mode)
-    if reason is None:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as handle:
-            reason = not_regular_reason(os.fstat(fd).st_mode)
-            if reason is None:
-                return handle.read()
-    raise NotARegularFile(errno.EINVAL, reason, os.fspath(path))
 
 
 def _open_pil(data: bytes, label: str) -> Image.Image:

@@ -22,8 +22,9 @@ from typing import Any, Optional
 from PIL import Image
 
 from .atomic_files import remove_abandoned, write_atomically
-from .images import image_source, jpeg_orientation, read_regular_file, to_rgb, upright
+from .images import image_source, jpeg_orientation, to_rgb, upright
 from .jpeg_headers import SOF_BASELINE, read_jpeg_header
+from .regular_files import read_regular_file
 
 
 logger = logging.getLogger(__name__)

@@ -47,7 +47,8 @@ from PIL import Image, UnidentifiedImageError
 
 from .atomic_files import write_json_atomically
 from .data import cache_dir as bench_cache_dir
-from .images import read_regular_file, resize_geometry, upright
+from .images import resize_geometry, upright
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from bridgetower_bench import arguments, images, preflight
+from bridgetower_bench import arguments, images, preflight, regular_files
 from helpers import REPO, noise_jpeg, script_env
 
 
@@ -268,8 +268,8 @@ def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch
     monkeypatch.setattr(
         images.os, "stat", lambda path, *a, **k: regular if str(path) == str(fifo) else real_stat(path, *a, **k)
     )
-    with pytest.raises(images.NotARegularFile, match="not a regular file: FIFO"):
-        images.read_regular_file(fifo)
+    with pytest.raises(regular_files.NotARegularFile, match="not a regular file: FIFO"):
+        regular_files.read_regular_file(fifo)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 
 from ..disk_space import describe_bytes, free_bytes
-from ..images import not_regular_reason
+from ..regular_files import not_regular_reason
 from ..user_errors import UserInputError
 
 
