@@ -147,6 +147,22 @@ BLOG_DATASET = "jmhessel/newyorker_caption_contest"
 BLOG_DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
 DATASET_CONFIG = "matching"
 
+# A run's training figures as train_results.json holds them: in results.csv and copied into each run's row.
+RUN_FIGURES = (
+    "throughput_warmup_steps",
+    "throughput_counted_steps",
+    "throughput_counted_samples",
+    "throughput_steps_per_epoch",
+    "throughput_epoch_starts",
+    "train_samples_per_second",
+    "train_samples_per_second_per_device",
+    "data_wait_fraction",
+    "data_wait_fraction_epoch_start",
+    "data_wait_fraction_steady",
+    "data_wait_seconds_epoch_start",
+    "data_wait_seconds_steady",
+    "train_loss",
+)
 # results.csv columns, in this order; any other keys (all software versions, eval metrics) follow, sorted.
 CSV_COLUMNS = (
     "run_id",
@@ -172,19 +188,7 @@ CSV_COLUMNS = (
     "persistent_workers",
     "prefetch_factor",
     "repeat",
-    "throughput_warmup_steps",
-    "throughput_counted_steps",
-    "throughput_counted_samples",
-    "throughput_steps_per_epoch",
-    "throughput_epoch_starts",
-    "train_samples_per_second",
-    "train_samples_per_second_per_device",
-    "data_wait_fraction",
-    "data_wait_fraction_epoch_start",
-    "data_wait_fraction_steady",
-    "data_wait_seconds_epoch_start",
-    "data_wait_seconds_steady",
-    "train_loss",
+    *RUN_FIGURES,
     "version_torch",
     "version_cuda",
     "version_intel_gaudi",
@@ -215,19 +219,7 @@ TRAIN_KEYS = (
     "per_device_train_batch_size",
     "loader",
     "image_pipeline",
-    "throughput_warmup_steps",
-    "throughput_counted_steps",
-    "throughput_counted_samples",
-    "throughput_steps_per_epoch",
-    "throughput_epoch_starts",
-    "train_samples_per_second",
-    "train_samples_per_second_per_device",
-    "data_wait_fraction",
-    "data_wait_fraction_epoch_start",
-    "data_wait_fraction_steady",
-    "data_wait_seconds_epoch_start",
-    "data_wait_seconds_steady",
-    "train_loss",
+    *RUN_FIGURES,
 )
 
 
