@@ -21,15 +21,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mutmut.stats import status_by_exit_code
+
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "bridgetower_bench"
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation_equivalents.txt"
 
-# mutmut's exit codes (mutmut.stats.status_by_exit_code) as this report counts them
-KILLED_CODES = {1, 3, 36, -24, 24, 152, 255}  # a test failed, pytest failed, or the tests ran past the time limit
-SURVIVED_CODES = {0}  # every test the mutant's function reached passed
-NO_TESTS_CODES = {5, 33}  # no test reached the mutated function: nothing ran against it
+# mutmut's own reading of its exit codes, counted here as: killed (a test failed, or the tests ran past the time
+# limit), survived (every test the mutant's function reached passed), no tests (none reached it), not checked
+REPORTED = {
+    "killed": "killed",
+    "timeout": "killed",
+    "survived": "survived",
+    "no tests": "no tests",
+    "not checked": "not checked",
+}
 
 
 @dataclass(frozen=True)
@@ -54,15 +61,8 @@ class Mutant:
 
     @property
     def status(self) -> str:
-        if self.exit_code is None:
-            return "not checked"
-        if self.exit_code in KILLED_CODES:
-            return "killed"
-        if self.exit_code in SURVIVED_CODES:
-            return "survived"
-        if self.exit_code in NO_TESTS_CODES:
-            return "no tests"
-        return "other"  # skipped, suspicious, interrupted, segfault: mutmut's own `mutmut results` names which
+        # other: skipped, suspicious, interrupted, segfault (mutmut's own `mutmut results` names which)
+        return REPORTED.get(status_by_exit_code[self.exit_code], "other")
 
 
 def read_equivalents(path: Path = EQUIVALENTS) -> list[Equivalent]:

@@ -178,6 +178,15 @@ def test_mutmut_still_writes_the_results_and_diffs_the_mutation_report_reads():
     assert parameters(function)[0] == "mutant_name" and "path" in parameters(function), (
         f"mutmut's get_diff_for_mutant parameters changed: {parameters(function)}"
     )
+    from mutmut.stats import status_by_exit_code
+
+    assert [status_by_exit_code[code] for code in (1, 0, 5, 36, None)] == [
+        "killed",
+        "survived",
+        "no tests",
+        "timeout",
+        "not checked",
+    ], "mutmut.stats.status_by_exit_code reads exit codes differently: check tests/mutation_report.py's REPORTED"
     import mutmut.__main__ as main_module  # (where mutmut writes and reads the .meta files; no CLI runs on import)
 
     assert "exit_code_by_key" in inspect.getsource(main_module), (
