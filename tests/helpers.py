@@ -2,9 +2,11 @@
 
 A script run is, by default, its `main()` called in the test's own process (`run_script`), as the Hugging Face
 examples' tests run theirs: `sys.argv` patched, the run's environment set for its duration, its output captured,
-and everything global it changes put back afterwards (`_in_process`). A run whose process is the subject (its
-exit status and message, a signal, a launcher, what a fresh interpreter reads at start) is a real subprocess
-(`run_script(..., process=True)`, `run_stopped_at`, or the test's own `subprocess.Popen`).
+and everything global it changes put back afterwards (`_as_in_a_process`). A tool (`python -m
+bridgetower_bench.tools.<tool>`) runs here the same way, through runpy (`run_tool`). A run whose process is the
+subject (its exit status and message, a signal, a launcher, what a fresh interpreter reads at start) is a real
+subprocess (`process=True`, `run_stopped_at`, or the test's own `subprocess.Popen`); one such test per way out
+is enough, the variants of each message run here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import random
+import runpy
 import signal
 import subprocess
 import sys
@@ -74,17 +77,25 @@ def script_env(gaudi: bool) -> dict:
 
 
 def run_script(
-    kind: str, args: list, check: bool = True, timeout: int = 600, process: bool = False, env: dict | None = None
+    kind: str,
+    args: list,
+    check: bool = True,
+    timeout: int = 600,
+    process: bool = False,
+    env: dict | None = None,
+    refused: bool = False,
 ) -> subprocess.CompletedProcess:
     """`python <script> <args>` in the repository: its main() in this process (returncode, stdout, stderr as the
     process would give them), or with process=True a real subprocess (where the process itself is under test:
-    its exit, what it reads when it starts). `env`: variables to set for the run (None: unset)."""
+    its exit, what it reads when it starts). `env`: variables to set for the run (None: unset). refused=True: the
+    run must stop before its arguments are built (a refusal of the flags or the environment as given); reaching
+    argument parsing then ends it with REFUSAL_MISSED, so a Gaudi run with --use_habana can run here too."""
     cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
     if process:
         variables = _with(script_env(kind == "gaudi"), env or {})
         result = subprocess.run(cmd, cwd=REPO, env=variables, capture_output=True, text=True, timeout=timeout)
     else:
-        result = _in_process(kind, cmd, env or {})
+        result = _in_process(kind, cmd, env or {}, refused)
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
@@ -240,23 +251,36 @@ def _process_warning_filters() -> None:
     warnings.showwarning = warnings._showwarning_orig
 
 
-def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedProcess:
-    """The script's main() with `argv`, in this process, as `python <argv>` would run it: exit status from
-    SystemExit (None: 0), 1 with the traceback on stderr for any other exception. Put back afterwards: sys.argv,
-    sys.path, os.environ, the working directory, signal handlers, logging, warnings filters, torch's threads,
-    determinism flags and random generators (and Python's and numpy's), accelerate's state, the output directory
-    locks the run held (what the process's exit releases)."""
+REFUSAL_MISSED = "the run got past its refusal to argument parsing"
+
+
+def _refusal_missed(*args, **kwargs):
+    raise AssertionError(REFUSAL_MISSED)
+
+
+@contextlib.contextmanager
+def _replaced(owner, name: str, value):
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+@contextlib.contextmanager
+def _as_in_a_process(changes: dict, cwd, gaudi: bool = False):
+    """This process made to look, for a run here, as a fresh `python` started with the run's environment in `cwd`
+    looks: yields (stdout, stderr), the run's captured output. Put back afterwards: sys.argv, sys.path, os.environ,
+    the working directory, signal handlers, logging, warnings filters, torch's threads, determinism flags and
+    random generators (and Python's and numpy's), accelerate's state, the output directory locks the run held
+    (what the process's exit releases)."""
     import datasets.config
 
     from bridgetower_bench import run_directory
 
-    if kind == "gaudi" and any(a.startswith("--use_habana") for a in argv) and "--use_cpu" not in argv:
-        # GaudiTrainingArguments would call optimum-habana's adapt_transformers_to_gaudi(), which replaces
-        # transformers' model code for the rest of the process
-        raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True")
-    module = script_module(kind)
     stdout, stderr = io.StringIO(), io.StringIO()
-    environ, cwd, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    environ, cwd_before, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     generators = (torch.get_rng_state(), np.random.get_state(), random.getstate())
@@ -275,7 +299,7 @@ def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedPro
             stack.enter_context(contextlib.redirect_stderr(stderr))
             os.environ.clear()
             os.environ.update(env)
-            if kind == "gaudi":
+            if gaudi:
                 stack.enter_context(_gaudi_imports())
             # what `datasets` reads from HF_DATASETS_CACHE when it is imported
             cache = Path(env.get("HF_DATASETS_CACHE", DATASETS_CACHE))
@@ -287,26 +311,13 @@ def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedPro
             torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _library_handlers_to(stderr)
-            os.chdir(REPO)
-            sys.argv = list(argv[1:])
+            os.chdir(cwd)
             try:
-                module.exit_on_user_error(module.main)  # the script's `if __name__ == "__main__":` line
-                returncode = 0
-            except SystemExit as stop:
-                if stop.code is None or isinstance(stop.code, int):
-                    returncode = stop.code or 0
-                else:
-                    print(stop.code, file=sys.stderr)
-                    returncode = 1
-            except KeyboardInterrupt:
-                raise
-            except BaseException:
-                traceback.print_exc()
-                returncode = 1
+                yield stdout, stderr
             finally:
                 run_directory.release_all()  # what the process's exit does (atexit)
     finally:
-        os.chdir(cwd)
+        os.chdir(cwd_before)
         sys.argv, sys.path[:] = argv_before, path_before
         os.environ.clear()
         os.environ.update(environ)
@@ -320,7 +331,72 @@ def _in_process(kind: str, argv: list, changes: dict) -> subprocess.CompletedPro
         np.random.set_state(generators[1])
         random.setstate(generators[2])
         _reset_accelerate()
+
+
+def _exit_status(run) -> int:
+    """run()'s end as `python` reports it: the SystemExit's status (None: 0; a message: printed, 1), 1 with the
+    traceback on stderr for any other exception, 0 when it returns."""
+    try:
+        run()
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _in_process(kind: str, argv: list, changes: dict, refused: bool = False) -> subprocess.CompletedProcess:
+    """The script's main() with `argv`, in this process, as `python <argv>` would run it (_as_in_a_process)."""
+    from bridgetower_bench import arguments
+
+    habana = kind == "gaudi" and any(a.startswith("--use_habana") for a in argv) and "--use_cpu" not in argv
+    if habana and not refused:
+        # GaudiTrainingArguments would call optimum-habana's adapt_transformers_to_gaudi(), which replaces
+        # transformers' model code for the rest of the process
+        raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True or refused=True")
+    module = script_module(kind)
+    with _as_in_a_process(changes, REPO, gaudi=kind == "gaudi") as (stdout, stderr):
+        with _replaced(arguments, "parse_arguments", _refusal_missed) if refused else contextlib.nullcontext():
+            sys.argv = list(argv[1:])
+            # the script's `if __name__ == "__main__":` line
+            returncode = _exit_status(lambda: module.exit_on_user_error(module.main))
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def run_tool(
+    tool: str, args: list, cwd=REPO, process: bool = False, gaudi: bool = False
+) -> subprocess.CompletedProcess:
+    """`python -m bridgetower_bench.tools.<tool> <args>` in `cwd`, with the scripts' run environment (and the
+    Habana shim where `gaudi`): in this process through runpy, as `-m` runs it (its `__main__` block, sys.argv[0]
+    its file), with what it changes put back (_as_in_a_process); or with process=True a subprocess."""
+    module = f"bridgetower_bench.tools.{tool}"
+    argv = [sys.executable, "-m", module, *map(str, args)]
+    if process:
+        return subprocess.run(argv, cwd=cwd, env=script_env(gaudi), capture_output=True, text=True, timeout=600)
+    if gaudi:
+        script_module("gaudi")  # optimum.habana imported through the Gaudi script, its changes undone after
+    with _as_in_a_process({}, cwd, gaudi) as (stdout, stderr):
+        # (a tool the tests imported runs afresh as __main__, as `-m` runs it; runpy warns of that)
+        warnings.filterwarnings("ignore", "'bridgetower_bench.tools.", RuntimeWarning)
+        sys.argv = [module, *argv[3:]]
+        returncode = _exit_status(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+@contextlib.contextmanager
+def optimum_habana():
+    """optimum.habana in this process for the span of the block, as the Gaudi script's runs have it (the shim's
+    habana_frameworks importable, optimum-habana's names in accelerate): imported through the Gaudi script once
+    (script_module), so that what its import changes in other libraries is undone after the block."""
+    script_module("gaudi")
+    with _gaudi_imports():
+        yield importlib.import_module("optimum.habana")
 
 
 def run_cuda_script(args) -> tuple[int, str]:

@@ -16,7 +16,7 @@ import datasets
 import pytest
 
 from bridgetower_bench import arguments, images, preflight, regular_files
-from helpers import REPO, noise_jpeg, script_env
+from helpers import REPO, noise_jpeg, run_tool, script_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,34 +647,37 @@ TOOL_CASES = {
 }
 
 
-def _run_tool(tool, args, cwd):
-    command = [sys.executable, "-m", f"bridgetower_bench.tools.{tool}", *map(str, args)]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={**script_env(False), "OMP_NUM_THREADS": "1"},
-    )
-
-
-@pytest.mark.parametrize("case", sorted(TOOL_CASES))
-def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
+def _tool_case(case, places, tmp_path):
+    """The tool and arguments of TOOL_CASES[case] with the places filled in, and the line it must print."""
     args, expected = TOOL_CASES[case]
     run = tmp_path / "run"
     run.mkdir()
     (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
     fill = {**{k: str(v) for k, v in places.items()}, "run": str(run)}
     tool, *rest = args
-    result = _run_tool(tool, [a.format(**fill) for a in rest], tmp_path)
+    return tool, [a.format(**fill) for a in rest], expected and f"{tool}: error: {expected.format(**fill)}"
+
+
+def _assert_ended_in_one_line(result, line, places):
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines
-    if expected is not None:
-        assert lines[0] == f"{tool}: error: {expected.format(**fill)}"
+    if line is not None:
+        assert lines[0] == line
     assert places["file"].read_text() == "the user's own file"
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
+    """Each tool as `python -m` runs it, here in the test process (helpers.run_tool)."""
+    tool, args, line = _tool_case(case, places, tmp_path)
+    _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path), line, places)
+
+
+def test_a_tools_bad_path_ends_its_process_with_status_2(places, tmp_path):
+    tool, args, line = _tool_case("compare --json <a directory>", places, tmp_path)
+    _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path, process=True), line, places)
 
 
 @pytest.fixture
@@ -714,7 +717,7 @@ def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_onl
     run.mkdir()
     (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
     target = read_only_place / "out"
-    result = _run_tool(tool, [a.format(run=run) for a in args] + [target], tmp_path)
+    result = run_tool(tool, [a.format(run=run) for a in args] + [target], cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     what = "file" if flag == "--json" else "directory"
     assert result.stderr.strip().splitlines() == [
@@ -724,6 +727,6 @@ def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_onl
 
 def test_the_launcher_refuses_a_training_script_that_is_not_a_file_without_a_traceback(tmp_path):
     """launch_gaudi checks its script with argparse (usage, then the error line)."""
-    result = _run_tool("launch_gaudi", ["--dry_run", tmp_path], tmp_path)
+    result = run_tool("launch_gaudi", ["--dry_run", tmp_path], cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].endswith(f"error: training_script {tmp_path}: no such file")

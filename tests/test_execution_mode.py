@@ -1,40 +1,34 @@
 """Habana's execution mode: the Gaudi script refuses a PT_HPU_LAZY_MODE that does not select the mode its flags
 ask for, in one line, before it loads anything; the mode the bridge ran is what the run records.
 
-The refusals run the real Gaudi script with `--use_habana` behind tests/habana_shim (no HPU here): a run the
-check lets through goes on to optimum-habana's HPU set-up, which the shim does not provide, and stops there.
+The refusals run the real Gaudi script's main() with `--use_habana` behind tests/habana_shim (no HPU here), in the
+test process with its argument parsing replaced by a failure (`run_script(..., refused=True)`): past the check,
+GaudiTrainingArguments would set up Habana's bridge, which replaces transformers' model code for good. One refusal
+runs as a process of its own: the exit status, the one line, and nothing loaded in a fresh interpreter.
 """
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from bridgetower_bench import execution_mode
-from helpers import REPO, SHIM, script_env
+from helpers import REFUSAL_MISSED, REPO, SHIM, run_script
 
 
 VARIABLE = "PT_HPU_LAZY_MODE"
 
 
-@pytest.fixture(scope="module")
-def datasets_cache(tmp_path_factory):
-    """A data set cache the runs of this module point to: any data set load would create it (none must: the
-    refusals come before the data)."""
-    return tmp_path_factory.mktemp("never-loaded") / "datasets-cache"
+@pytest.fixture
+def datasets_cache(tmp_path):
+    """A data set cache the runs point to: any data set load would create it (none must: the refusals come before
+    the data)."""
+    return tmp_path / "never-loaded" / "datasets-cache"
 
 
-def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False):
-    """A process of its own, not helpers.run_script's in-process run: with --use_habana and no --use_cpu, a run
-    that passes the check builds GaudiTrainingArguments, whose set-up calls optimum-habana's
-    `adapt_transformers_to_gaudi()`, replacing transformers' model code for the rest of the process."""
-    env = script_env(gaudi=True)
-    env.pop(VARIABLE, None)
-    if value is not None:
-        env[VARIABLE] = value
-    env["HF_DATASETS_CACHE"] = str(datasets_cache)
+def gaudi_args(fixtures, tmp_path, flags, as_json=False):
+    """A short Gaudi run on the fixtures with --use_habana and `flags`, or the same arguments as one .json file."""
     args = [
         "--model_name_or_path",
         str(fixtures["model"]),
@@ -56,25 +50,34 @@ def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=F
         "--use_habana",
         *flags,
     ]
-    if as_json:  # the same arguments as one configuration file
-        config, i = {}, 0
-        while i < len(args):
-            name = args[i][2:]
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                config[name] = {"True": True, "False": False}.get(args[i + 1], args[i + 1])
-                i += 2
-            else:
-                config[name], i = True, i + 1
-        (tmp_path / "args.json").write_text(json.dumps(config))
-        args = [str(tmp_path / "args.json")]
-    return subprocess.run(
-        [sys.executable, str(REPO / "run_bridgetower.py"), *args],
-        cwd=REPO,
-        env=env,
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
+    if not as_json:
+        return args
+    config, i = {}, 0
+    while i < len(args):
+        name = args[i][2:]
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            config[name] = {"True": True, "False": False}.get(args[i + 1], args[i + 1])
+            i += 2
+        else:
+            config[name], i = True, i + 1
+    (tmp_path / "args.json").write_text(json.dumps(config))
+    return [str(tmp_path / "args.json")]
+
+
+def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False, process=False):
+    environment = {VARIABLE: value, "HF_DATASETS_CACHE": str(datasets_cache)}
+    args = gaudi_args(fixtures, tmp_path, flags, as_json)
+    return run_script("gaudi", args, check=False, process=process, env=environment, refused=not process)
+
+
+def assert_refused_before_loading(result, tmp_path, datasets_cache, message):
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("run_bridgetower.py: error: ") and message in lines[-1], lines[-1]
+    assert "Traceback" not in result.stderr
+    # Refused before anything was loaded or written: no data set cache, no output directory, no step-2 logging.
+    assert not datasets_cache.exists() and not (tmp_path / "run").exists()
+    assert "Process rank" not in result.stdout + result.stderr
 
 
 REFUSED = [
@@ -109,13 +112,13 @@ def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(
     fixtures, tmp_path, datasets_cache, flags, value, message
 ):
     result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
-    assert result.returncode == 2, result.stderr[-3000:]
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("run_bridgetower.py: error: ") and message in lines[-1], lines[-1]
-    assert "Traceback" not in result.stderr
-    # Refused before anything was loaded or written: no data set cache, no output directory, no step-2 logging.
-    assert not datasets_cache.exists() and not (tmp_path / "run").exists()
-    assert "Process rank" not in result.stdout + result.stderr
+    assert_refused_before_loading(result, tmp_path, datasets_cache, message)
+
+
+def test_the_refusal_ends_a_fresh_process_in_one_line_before_anything_is_loaded(fixtures, tmp_path, datasets_cache):
+    flags, value, message = REFUSED[0]
+    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=True)
+    assert_refused_before_loading(result, tmp_path, datasets_cache, message)
 
 
 def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datasets_cache):
@@ -124,12 +127,16 @@ def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datase
     assert "needs PT_HPU_LAZY_MODE=1 in the environment, and it is unset" in result.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("flags, value", [([], "1"), (["--use_lazy_mode", "False"], "0")], ids=["lazy-1", "eager-0"])
+@pytest.mark.parametrize(
+    "flags, value",
+    [([], "1"), (["--use_lazy_mode", "False"], "0"), (["--use_lazy_mode", "False", "--torch_compile"], "0")],
+    ids=["lazy-1", "eager-0", "eager+compile-0"],
+)
 def test_the_right_variable_passes_the_check(fixtures, tmp_path, datasets_cache, flags, value):
-    """Past the check the run reaches optimum-habana's HPU set-up, where the shim has no HPU kernels to offer."""
+    """Past the check the run goes on to build its arguments (where GaudiTrainingArguments sets up the HPU)."""
     result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
     assert "PT_HPU_LAZY_MODE" not in result.stderr
-    assert result.returncode == 1 and "No module named 'habana_frameworks.torch.hpex'" in result.stderr
+    assert result.returncode == 1 and REFUSAL_MISSED in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize(

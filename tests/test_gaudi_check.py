@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
-from helpers import CPU_FLAGS, REPO, SHIM, script_env
+from helpers import CPU_FLAGS, REPO, SHIM, run_script, script_env, script_module
 
 
 HABANA_ONLY_FLAGS = {
@@ -61,7 +61,8 @@ def one_gaudi2():
 
 
 def run_on_cpu(step):
-    """Runs the step's real Gaudi-script command on CPU under the shim, Habana-only flags left out."""
+    """Runs the step's real Gaudi-script command on CPU (in this process, helpers.run_script), Habana-only flags
+    left out."""
     command, skip = [], 0
     for part in step.command:
         if skip:
@@ -70,9 +71,9 @@ def run_on_cpu(step):
             skip = HABANA_ONLY_FLAGS[part]
         else:
             command.append(part)
-    result = subprocess.run(
-        command + CPU_FLAGS["gaudi"], cwd=REPO, env=script_env(gaudi=True), timeout=600, capture_output=True, text=True
-    )
+    python, script, *args = command
+    assert (python, script) == (sys.executable, str(gc.GAUDI_SCRIPT)), command
+    result = run_script("gaudi", args + CPU_FLAGS["gaudi"], check=False)
     with open(step.log, "w") as log:
         log.write(result.stdout + result.stderr)
     return gc.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")
@@ -90,6 +91,9 @@ def all_strings(value):
 
 
 def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
+    script_module(
+        "gaudi"
+    )  # optimum.habana imported through the Gaudi script (helpers.script_module), not by the check
     out = tmp_path / "check"
     (out / "fixtures").mkdir(parents=True)
     for built in fixtures.values():  # the session's fixtures, where the check builds its own

@@ -3,16 +3,13 @@ with the parameters the kit's overrides and calls pass. A failure names the libr
 read that library's new code, adapt the override or the call, and update the table of versions checked."""
 
 import inspect
-import json
-import subprocess
-import sys
 
 import datasets
 import pytest
 import torch
 from transformers import Trainer
 
-from helpers import script_env
+from helpers import optimum_habana
 
 
 # Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls
@@ -84,31 +81,22 @@ def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
     assert "self._train_batch_size = " in source, "transformers' Trainer no longer sets self._train_batch_size"
 
 
-PROBE_GAUDI = """
-import inspect, json, sys
-from optimum.habana import GaudiTrainer
-from optimum.habana.distributed import DistributedRunner
-names = json.loads(sys.argv[1])
-runner = DistributedRunner(command_list=["train.py --flag 1"], world_size=1, use_mpi=False, master_port=29500)
-print(json.dumps({
-    "trainer": {n: list(inspect.signature(getattr(GaudiTrainer, n)).parameters) for n in names if hasattr(GaudiTrainer, n)},
-    "runner": {"_commands": getattr(runner, "_commands", None), "_interpreter": getattr(runner, "_interpreter", None)},
-}))
-"""
-
-
 @pytest.fixture(scope="module")
 def gaudi():
     """What optimum-habana (behind the tests' Habana shim) has of the names the kit relies on."""
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE_GAUDI, json.dumps(list(TRAINER_METHODS))],
-        env=script_env(True),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    with optimum_habana():
+        from optimum.habana import GaudiTrainer
+        from optimum.habana.distributed import DistributedRunner
+
+        runner = DistributedRunner(command_list=["train.py --flag 1"], world_size=1, use_mpi=False, master_port=29500)
+        return {
+            "trainer": {
+                name: parameters(getattr(GaudiTrainer, name))
+                for name in TRAINER_METHODS
+                if hasattr(GaudiTrainer, name)
+            },
+            "runner": {name: getattr(runner, name, None) for name in ("_commands", "_interpreter")},
+        }
 
 
 # optimum-habana names the gradient norm `_grad_norm`; both trainers' loops pass it by position, as the kit does

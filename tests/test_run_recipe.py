@@ -6,7 +6,7 @@ is refused naming what differs, a resume takes the newest complete checkpoint of
 evaluation alone into a trained run's directory evaluates that run's model.
 """
 
-import json
+import dataclasses
 import re
 import shutil
 import signal
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
+from bridgetower_bench.trainer import WarmupTrainingArguments
 from helpers import (
     CPU_FLAGS,
     REPO,
@@ -26,10 +27,12 @@ from helpers import (
     command,
     load_weights,
     noise_jpeg,
+    optimum_habana,
     read_json,
     run_killed_while_publishing,
     run_script,
     script_env,
+    script_module,
     write_csv,
 )
 
@@ -321,32 +324,18 @@ def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only
 # Every argument is decided: in the recipe or, on purpose, not
 # ---------------------------------------------------------------------------------------------
 
-_FIELDS_PROGRAM = """
-import dataclasses, json, sys
-sys.path.insert(0, sys.argv[1])
-import run_bridgetower, run_bridgetower_cuda
-from bridgetower_bench.trainer import WarmupTrainingArguments
-from optimum.habana import GaudiTrainingArguments
 
-classes = (run_bridgetower.ModelArguments, run_bridgetower.DataTrainingArguments, run_bridgetower_cuda.DataTrainingArguments,
-           GaudiTrainingArguments, WarmupTrainingArguments)
-print(json.dumps(sorted({f.name for cls in classes for f in dataclasses.fields(cls)})))
-"""
-
-
-def test_every_argument_of_both_scripts_is_in_the_recipe_or_listed_as_leaving_the_weights_alone(tmp_path):
-    program = tmp_path / "fields.py"
-    program.write_text(_FIELDS_PROGRAM)
-    result = subprocess.run(
-        [sys.executable, program, REPO],
-        cwd=REPO,
-        env=script_env(gaudi=True),
-        timeout=600,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    fields = set(json.loads(result.stdout.strip().splitlines()[-1]))
+def test_every_argument_of_both_scripts_is_in_the_recipe_or_listed_as_leaving_the_weights_alone():
+    gaudi, cuda = script_module("gaudi"), script_module("cuda")
+    with optimum_habana() as habana:
+        classes = (
+            gaudi.ModelArguments,
+            gaudi.DataTrainingArguments,
+            cuda.DataTrainingArguments,
+            habana.GaudiTrainingArguments,
+            WarmupTrainingArguments,
+        )
+        fields = {f.name for cls in classes for f in dataclasses.fields(cls)}
     in_recipe = set(run_recipe.MODEL_ARGUMENTS) | set(run_recipe.DATA_ARGUMENTS) | set(run_recipe.TRAINING_ARGUMENTS)
     not_in = set(run_recipe.NOT_IN_THE_RECIPE)
     assert not in_recipe & not_in, "an argument is both in and out of the recipe"

@@ -4,28 +4,16 @@ cache's memory benchmark, and the Gaudi launcher's --dry_run."""
 import json
 import math
 import re
-import subprocess
 import sys
 
 import pytest
 
 from bridgetower_bench.tools import image_bench
-from helpers import REPO, script_env
-
-
-def run_tool(module: str, *args, gaudi: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", f"bridgetower_bench.tools.{module}", *map(str, args)],
-        cwd=REPO,
-        env=script_env(gaudi),
-        timeout=timeout,
-        capture_output=True,
-        text=True,
-    )
+from helpers import run_tool
 
 
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
-    result = run_tool("image_bench", "--images", 2, "--repeat", 1, "--json", tmp_path / "bench.json")
+    result = run_tool("image_bench", ["--images", 2, "--repeat", 1, "--json", tmp_path / "bench.json"])
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["settings"] == {"images": 2, "repeat": 1, "image_size": 294, "threads": 1}
@@ -65,9 +53,9 @@ def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
 
 
 def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
-    result = run_tool(
-        "cache_memory_bench", "--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json"
-    )
+    # a process of its own: the benchmark measures its own and its workers' memory
+    args = ["--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json"]
+    result = run_tool("cache_memory_bench", args, process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "memory.json").read_text())
     small, large = report["rows"]
@@ -96,9 +84,8 @@ def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(
         "--use_habana",
         "--use_lazy_mode",
     ]
-    result = run_tool(
-        "launch_gaudi", "--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args, gaudi=True
-    )
+    args = ["--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args]
+    result = run_tool("launch_gaudi", args, gaudi=True)
     assert result.returncode == 0, result.stderr[-3000:]
     command = result.stdout.strip().splitlines()[-1]
     flags = " ".join(map(str, script_args))
