@@ -9,6 +9,7 @@ runs as a process of its own: the exit status, the one line, and nothing loaded 
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,7 @@ REFUSED = [
         "1",
         "--use_lazy_mode (the default) with --torch_compile: lazy mode and torch.compile exclude each other",
     ),
+    (["--torch_compile_mode", "max-autotune"], "1", "lazy mode and torch.compile exclude each other"),
 ]
 
 
@@ -121,10 +123,26 @@ def test_the_refusal_ends_a_fresh_process_in_one_line_before_anything_is_loaded(
     assert_refused_before_loading(result, tmp_path, datasets_cache, message)
 
 
-def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datasets_cache):
-    result = run_gaudi_script(fixtures, tmp_path, ["--use_lazy_mode", "True"], None, datasets_cache, as_json=True)
-    assert result.returncode == 2
-    assert "needs PT_HPU_LAZY_MODE=1 in the environment, and it is unset" in result.stderr.strip().splitlines()[-1]
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"use_habana": True, "use_lazy_mode": True}, "needs PT_HPU_LAZY_MODE=1 in the environment, and it is unset"),
+        ({"use_habana": True}, "needs PT_HPU_LAZY_MODE=1 in the environment, and it is unset"),  # lazy: the default
+        ({"use_habana": True, "use_lazy_mode": False}, "needs PT_HPU_LAZY_MODE=0 in the environment, and it is unset"),
+        ({}, None),  # no --use_habana: no Habana bridge to set up, nothing to refuse
+    ],
+    ids=["lazy", "lazy-by-default", "eager", "no-habana"],
+)
+def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datasets_cache, config, message):
+    values = json.loads((Path(gaudi_args(fixtures, tmp_path, [], as_json=True)[0])).read_text())
+    values = {k: v for k, v in values.items() if k not in ("use_habana", "use_lazy_mode")} | config
+    (tmp_path / "args.json").write_text(json.dumps(values))
+    environment = {VARIABLE: None, "HF_DATASETS_CACHE": str(datasets_cache)}
+    result = run_script("gaudi", [tmp_path / "args.json"], check=False, env=environment, refused=True)
+    if message is None:
+        assert result.returncode == 1 and REFUSAL_MISSED in result.stderr, result.stderr[-3000:]
+    else:
+        assert_refused_before_loading(result, tmp_path, datasets_cache, message)
 
 
 @pytest.mark.parametrize(
