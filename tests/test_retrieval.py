@@ -1,6 +1,7 @@
 """Retrieval quality metrics: exact recalls on hand-built embeddings, grouping, chunking, glue."""
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -33,6 +34,14 @@ HAND_TEXTS = np.array(
     dtype=np.float32,
 )
 HAND_GROUPS = [0, 0, 1, 2, 3]
+EXPECTED_IMAGE_VALUES = "expected a {'bytes', 'path'} dict, bytes, a path or a PIL image"
+
+
+def whole(message: str) -> str:
+    """pytest.raises' `match` for exactly this message."""
+    return f"^{re.escape(message)}$"
+
+
 # Image -> text, reading the columns: image 0's best caption (#0) is 1st; image 1's caption
 # (#2, 0.8) is behind caption #1 (0.96); images 2 and 3 find theirs first. Ranks 1, 2, 1, 1.
 # Text -> image ranks: 1, 2, 1, 2, 3.
@@ -166,24 +175,36 @@ def test_chunked_equals_unchunked_and_matches_brute_force():
 @pytest.mark.parametrize(
     "images, texts, groups, message",
     [
-        (np.ones((3, 4)), np.ones((2, 4)), [0, 1, 2], "3 rows but text_embeds has 2"),
-        (np.ones((3, 4)), np.ones((3, 5)), [0, 1, 2], "differ in size"),
-        (np.ones((3, 4)), np.ones((3, 4)), [0, 1], "one id per row"),
-        (np.ones(4), np.ones(4), [0], "must be 2-D"),
-        (np.zeros((0, 4)), np.zeros((0, 4)), [], "at least one"),
-        (np.ones((2, 4)), np.array([[1, 1, 1, 1], [1, np.nan, 1, 1]]), [0, 1], "text_embeds has a NaN .* row 1"),
+        (np.ones((3, 4)), np.ones((2, 4)), [0, 1, 2], "image_embeds has 3 rows but text_embeds has 2"),
+        (np.ones((3, 4)), np.ones((3, 5)), [0, 1, 2], "image and text embeddings differ in size: 4 vs 5"),
+        (
+            np.ones((3, 4)),
+            np.ones((3, 4)),
+            [0, 1],
+            "image_group_ids must hold one id per row: got shape (2,) for 3 rows",
+        ),
+        (np.ones(4), np.ones(4), [0], "image_embeds must be 2-D (rows x embedding size), got shape (4,)"),
+        (np.zeros((0, 4)), np.zeros((0, 4)), [], "retrieval metrics need at least one (image, caption) row, got none"),
+        (
+            np.ones((2, 4)),
+            np.array([[1, 1, 1, 1], [1, np.nan, 1, 1]]),
+            [0, 1],
+            "text_embeds has a NaN or infinite value in row 1",
+        ),
     ],
 )
 def test_bad_inputs_are_rejected_with_a_reason(images, texts, groups, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=whole(message)):
         retrieval_metrics(images, texts, groups)
 
 
 def test_bad_ks_and_chunk_size_are_rejected():
-    with pytest.raises(ValueError, match="ks must be positive"):
-        retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 0))
-    with pytest.raises(ValueError, match="chunk_size"):
-        retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, chunk_size=0)
+    for ks in ((1, 0), (), (True,), (1, 2.0)):
+        with pytest.raises(ValueError, match=whole(f"ks must be positive integers, got {ks!r}")):
+            retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=ks)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=whole(f"chunk_size must be a positive integer, got {bad!r}")):
+            retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, chunk_size=bad)
 
 
 # ---------------------------------------------------------------------------- image_group_ids
@@ -240,13 +261,13 @@ def test_image_group_ids_of_an_undecoded_datasets_column():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ([b"x", {"bytes": None, "path": None}], "row 1 is a dict with neither bytes nor a path"),
-        ([b"x", b"y", 3.5], "row 2 has unsupported type float"),
-        ([None], "row 0 has unsupported type NoneType"),
+        ([b"x", {"bytes": None, "path": None}], "image value in row 1 is a dict with neither bytes nor a path"),
+        ([b"x", b"y", 3.5], f"image value in row 2 has unsupported type float; {EXPECTED_IMAGE_VALUES}"),
+        ([None], f"image value in row 0 has unsupported type NoneType; {EXPECTED_IMAGE_VALUES}"),
     ],
 )
 def test_image_group_ids_reject_unusable_values(values, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=whole(message)):
         image_group_ids(values)
 
 
@@ -272,11 +293,21 @@ def test_compute_metrics_reads_text_then_image_embeddings_and_trims_padding():
 def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
     compute_metrics = make_compute_metrics(HAND_GROUPS)
 
-    with pytest.raises(ValueError, match="has 4 rows but the eval split has 5"):
+    not_covered = (
+        "has 4 rows but the eval split has 5 rows; the predictions do not cover the split (a dropped last batch, "
+        "or group ids computed for a different split)"
+    )
+    with pytest.raises(ValueError, match=whole(f"text_embeds {not_covered}")):
         compute_metrics(_EvalPrediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
-    with pytest.raises(ValueError, match="ignore_keys"):
+    with pytest.raises(ValueError, match=whole(f"image_embeds {not_covered}")):
+        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES[:4])))
+    layout = (
+        "retrieval metrics expect predictions = (text_embeds, image_embeds), got {}; evaluate with "
+        "ignore_keys=['logits', 'cross_embeds', 'hidden_states', 'attentions'] and eval_do_concat_batches=True"
+    )
+    with pytest.raises(ValueError, match=whole(layout.format("shape (5, 4)"))):
         compute_metrics(_EvalPrediction(HAND_TEXTS))
-    with pytest.raises(ValueError, match="ignore_keys"):
+    with pytest.raises(ValueError, match=whole(layout.format("a tuple of 3"))):
         compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
 
 
@@ -387,8 +418,12 @@ def test_compute_metrics_scores_a_one_row_split_given_as_a_plain_tuple():
 
 
 def test_an_array_is_no_image_value_and_group_ids_must_be_a_non_empty_list():
-    with pytest.raises(ValueError, match="image value in row 0 has unsupported type ndarray"):
+    with pytest.raises(
+        ValueError, match=whole(f"image value in row 0 has unsupported type ndarray; {EXPECTED_IMAGE_VALUES}")
+    ):
         image_group_ids([np.zeros((2, 2), dtype=np.uint8)])
-    for ids in ([[0, 1], [1, 2]], []):
-        with pytest.raises(ValueError, match="image_group_ids must be a non-empty 1-D sequence"):
+    for ids, shape in (([[0, 1], [1, 2]], "(2, 2)"), ([], "(0,)")):
+        with pytest.raises(
+            ValueError, match=whole(f"image_group_ids must be a non-empty 1-D sequence, got shape {shape}")
+        ):
             make_compute_metrics(ids)
