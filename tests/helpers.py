@@ -26,6 +26,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -259,16 +260,6 @@ def _refusal_missed(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def _replaced(owner, name: str, value):
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, before)
-
-
-@contextlib.contextmanager
 def _as_in_a_process(changes: dict, cwd, gaudi: bool = False):
     """This process made to look, for a run here, as a fresh `python` started with the run's environment in `cwd`
     looks: yields (stdout, stderr), the run's captured output. Put back afterwards: sys.argv, sys.path, os.environ,
@@ -362,7 +353,7 @@ def _in_process(kind: str, argv: list, changes: dict, refused: bool = False) -> 
         raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True or refused=True")
     module = script_module(kind)
     with _as_in_a_process(changes, REPO, gaudi=kind == "gaudi") as (stdout, stderr):
-        with _replaced(arguments, "parse_arguments", _refusal_missed) if refused else contextlib.nullcontext():
+        with mock.patch.object(arguments, "parse_arguments", _refusal_missed) if refused else contextlib.nullcontext():
             sys.argv = list(argv[1:])
             # the script's `if __name__ == "__main__":` line
             returncode = _exit_status(lambda: module.exit_on_user_error(module.main))

@@ -9,7 +9,6 @@ runs as a process of its own: the exit status, the one line, and nothing loaded 
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,46 +27,32 @@ def datasets_cache(tmp_path):
     return tmp_path / "never-loaded" / "datasets-cache"
 
 
-def gaudi_args(fixtures, tmp_path, flags, as_json=False):
-    """A short Gaudi run on the fixtures with --use_habana and `flags`, or the same arguments as one .json file."""
-    args = [
-        "--model_name_or_path",
-        str(fixtures["model"]),
-        "--dataset_name",
-        str(fixtures["dataset"]),
-        "--dataset_config_name",
-        "matching",
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
-        "--output_dir",
-        str(tmp_path / "run"),
-        "--do_train",
-        "--max_steps",
-        "1",
-        "--report_to",
-        "none",
-        "--use_habana",
-        *flags,
-    ]
-    if not as_json:
-        return args
-    config, i = {}, 0
-    while i < len(args):
-        name = args[i][2:]
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            config[name] = {"True": True, "False": False}.get(args[i + 1], args[i + 1])
-            i += 2
-        else:
-            config[name], i = True, i + 1
-    (tmp_path / "args.json").write_text(json.dumps(config))
-    return [str(tmp_path / "args.json")]
+def short_run(fixtures, tmp_path) -> dict:
+    """A short Gaudi run on the fixtures, as a JSON configuration's values (no --use_habana yet)."""
+    return {
+        "model_name_or_path": str(fixtures["model"]),
+        "dataset_name": str(fixtures["dataset"]),
+        "dataset_config_name": "matching",
+        "image_column": "image",
+        "caption_column": "image_description",
+        "output_dir": str(tmp_path / "run"),
+        "do_train": True,
+        "max_steps": 1,
+        "report_to": "none",
+    }
 
 
-def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, as_json=False, process=False):
+def gaudi_args(fixtures, tmp_path, flags):
+    """The short run's flags with --use_habana and `flags`."""
+    args = []
+    for name, value in short_run(fixtures, tmp_path).items():
+        args += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    return [*args, "--use_habana", *flags]
+
+
+def run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=False):
     environment = {VARIABLE: value, "HF_DATASETS_CACHE": str(datasets_cache)}
-    args = gaudi_args(fixtures, tmp_path, flags, as_json)
+    args = gaudi_args(fixtures, tmp_path, flags)
     return run_script("gaudi", args, check=False, process=process, env=environment, refused=not process)
 
 
@@ -134,9 +119,7 @@ def test_the_refusal_ends_a_fresh_process_in_one_line_before_anything_is_loaded(
     ids=["lazy", "lazy-by-default", "eager", "no-habana"],
 )
 def test_a_json_configuration_is_checked_the_same_way(fixtures, tmp_path, datasets_cache, config, message):
-    values = json.loads((Path(gaudi_args(fixtures, tmp_path, [], as_json=True)[0])).read_text())
-    values = {k: v for k, v in values.items() if k not in ("use_habana", "use_lazy_mode")} | config
-    (tmp_path / "args.json").write_text(json.dumps(values))
+    (tmp_path / "args.json").write_text(json.dumps(short_run(fixtures, tmp_path) | config))
     environment = {VARIABLE: None, "HF_DATASETS_CACHE": str(datasets_cache)}
     result = run_script("gaudi", [tmp_path / "args.json"], check=False, env=environment, refused=True)
     if message is None:
