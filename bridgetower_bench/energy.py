@@ -24,7 +24,8 @@ Its `metrics()` are saved with the train metrics:
                                process that saves it (data parallel: every device trains the same share)
 
 The libraries (`nvidia-ml-py`, `habana-pyhlml`) are optional: imported only on their backend, when a run
-trains there; without them the run trains as before and says why energy is not measured.
+trains there; without them the run trains as before and says why energy is not measured. Why these readers and
+not zeus's `ZeusMonitor`: docs/ARCHITECTURE.md, "Written here, though a package exists".
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ class RaplCounter:
     def poll(self) -> None:
         """Add what each counter moved since the last reading; a counter below its last value has wrapped."""
         raw = self._read_raw()
-        for i, (last, now, top) in enumerate(zip(self._last, raw, self.ranges)):
+        for last, now, top in zip(self._last, raw, self.ranges):
             self.total_uj += now - last if now >= last else top - last + now
         self._last = raw
 

@@ -128,6 +128,33 @@ def test_without_nvidia_ml_py_the_run_says_nvml_is_missing(monkeypatch):
     }
 
 
+@pytest.mark.parametrize(
+    "torch_uuid, nvml_uuid",
+    [
+        ("6f1c0d3e-0000-4000-8000-000000000002", "GPU-6f1c0d3e-0000-4000-8000-000000000002"),
+        ("MIG-6f1c0d3e-0000-4000-8000-000000000002", "MIG-6f1c0d3e-0000-4000-8000-000000000002"),
+    ],
+)
+def test_nvml_reads_the_gpu_torch_trains_on_by_its_uuid_not_its_index(monkeypatch, torch_uuid, nvml_uuid):
+    # CUDA_VISIBLE_DEVICES in UUID form renumbers the GPUs for torch: torch's device 1 is not NVML's device 1,
+    # and no integer index can be read from that list. The UUID torch reports is the one name both agree on.
+    asked = []
+    nvml = ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: pytest.fail("the GPU was looked up by index")
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: asked.append(uuid) or "handle"
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: 5_000
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaaaaaa-0000-4000-8000-000000000001,GPU-6f1c0d3e")
+    uuids = {1: torch_uuid}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(uuid=uuids[device.index]))
+
+    counter = energy.NvmlEnergyCounter.open(torch.device("cuda", 1))
+
+    assert asked == [nvml_uuid]
+    assert (counter.handle, counter.reading) == ("handle", 5.0)
+
+
 # --- HLML: power in milliwatts, sampled ------------------------------------------------------------------------
 
 
