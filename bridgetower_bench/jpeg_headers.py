@@ -3,6 +3,8 @@
 What the image paths need to know before they decode: the frame header (coding process, sample precision,
 components: which decoder takes the file), the Adobe APP14 colour transform, and whether an EXIF block is
 there (so that the orientation is read only from the files that have one). The walk costs microseconds.
+Pillow and simplejpeg read these headers too, but neither says which frame header (coding process) a file
+has: docs/ARCHITECTURE.md, "Written here, though a package exists".
 """
 
 from __future__ import annotations
