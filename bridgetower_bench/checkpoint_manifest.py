@@ -50,8 +50,12 @@ def required_files(*, save_only_model: bool, world_size: int, save_on_each_node:
 
 
 def sha256(path: str) -> str:
+    """The file's sha256, read in 1 MiB blocks (hashlib.file_digest is Python 3.11's; Habana's images run 3.10)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _files(checkpoint: str) -> list:
