@@ -231,3 +231,20 @@ def test_gaudi_launcher_refuses_a_hostfile_it_cannot_read_or_use_in_one_line(two
         assert result.returncode == 2, (case, result.stderr)
         assert expected[case] in result.stderr.strip().splitlines()[-1], (case, result.stderr)
         assert "Traceback" not in result.stderr, case
+
+
+def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environment_file(two_nodes):
+    # the stand-in `deepspeed` records what the real one would read: its arguments and the DS_ENV_FILE it is given
+    (two_nodes / "bin" / "deepspeed").write_text(
+        '#!/bin/sh\necho "$@" > started.txt\ncat "$DS_ENV_FILE" > nodes_env.txt\nexit 3\n'
+    )
+    (two_nodes / ".deepspeed_env").write_text("HF_HOME=/shared/hf\n")
+    args = ["--hostfile", "hostfile", "run_bridgetower.py", "--use_habana"]
+    result = run_tool("launch_gaudi", args, cwd=two_nodes, gaudi=True)
+    assert result.returncode == 3, result.stderr[-3000:]  # the launcher's status is the job's
+    assert (two_nodes / "started.txt").read_text().split() == [
+        *("--hostfile", "hostfile", "--master_addr", "gaudi-a", "--no_local_rank", "--master_port", "29500"),
+        *("run_bridgetower.py", "--use_habana"),
+    ]
+    assert (two_nodes / "nodes_env.txt").read_text() == "HF_HOME=/shared/hf\nPT_HPU_LAZY_MODE=1\n"
+    assert "DS_ENV_FILE" not in os.environ
