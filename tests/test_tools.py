@@ -1,8 +1,10 @@
 """The tools that produce the README's figures, run tiny: the image-pipeline micro-benchmark, the decoded-image
 cache's memory benchmark, and the Gaudi launcher's --dry_run."""
 
+import base64
 import json
 import math
+import os
 import re
 import sys
 
@@ -119,3 +121,130 @@ def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsy
         launch_gaudi.parse_args(list(map(str, args)))
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+@pytest.fixture
+def two_nodes(tmp_path, monkeypatch):
+    """A two-node hostfile, with stand-ins for DeepSpeed's launcher and pdsh on PATH (the dry run starts neither)
+    and a home without a `.deepspeed_env`; the working directory is tmp_path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in ("deepspeed", "pdsh"):
+        (bin_dir / program).write_text("#!/bin/sh\nexit 99\n")
+        (bin_dir / program).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    monkeypatch.delenv("DS_ENV_FILE", raising=False)
+    (tmp_path / "run_bridgetower.py").write_text("")
+    (tmp_path / "hostfile").write_text("gaudi-a slots=8\n\ngaudi-b slots=8\n")
+    return tmp_path
+
+
+def launch_on_nodes(directory, *flags, script_args=("--output_dir", "runs/two", "--use_habana", "--use_lazy_mode")):
+    args = ["--hostfile", "hostfile", *flags, "--dry_run", "run_bridgetower.py", *script_args]
+    return run_tool("launch_gaudi", args, cwd=directory, gaudi=True)
+
+
+def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node_gets(two_nodes):
+    result = launch_on_nodes(two_nodes, "--num_nodes", 2, "--world_size", 16)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()[-8:]
+    script = "run_bridgetower.py --output_dir runs/two --use_habana --use_lazy_mode"
+    assert lines[0] == "# on this node: DS_ENV_FILE=<a temporary file: PT_HPU_LAZY_MODE=1>"
+    # optimum-habana's runner: DeepSpeed's launcher, the first host as rank 0's address
+    assert lines[1] == (
+        "PT_HPU_LAZY_MODE=1 deepspeed --hostfile hostfile --master_addr gaudi-a --no_local_rank --master_port 29500 "
+        + script
+    )
+    world = base64.urlsafe_b64encode(json.dumps({"gaudi-a": list(range(8)), "gaudi-b": list(range(8))}).encode())
+    for node, (host, ranks) in enumerate([("gaudi-a", "0-7"), ("gaudi-b", "8-15")]):
+        header, command, processes = lines[2 + 3 * node : 5 + 3 * node]
+        assert header == f"# node {node}: {host}, ranks {ranks}, started by pdsh over ssh"
+        assert "export PT_HPU_LAZY_MODE=1; " in command  # DeepSpeed's launcher would not pass it on its own
+        assert command.endswith(
+            f"; cd {two_nodes}; {sys.executable} -u -m deepspeed.launcher.launch --world_info={world.decode()} "
+            f"--node_rank={node} --master_addr=gaudi-a --master_port=29500 --no_local_rank {script}"
+        ), command
+        first, last = map(int, ranks.split("-"))
+        assert processes == (
+            f"#   its processes: PT_HPU_LAZY_MODE=1 MASTER_ADDR=gaudi-a MASTER_PORT=29500 WORLD_SIZE=16 "
+            f"RANK={first}..{last} LOCAL_RANK=0..7"
+        )
+    assert not (two_nodes / "runs").exists(), "a dry run starts nothing"
+
+
+def test_gaudi_launcher_hands_the_nodes_the_users_deepspeed_env_and_the_eager_mode_asked_for(two_nodes, monkeypatch):
+    (two_nodes / ".deepspeed_env").write_text("HCCL_SOCKET_IFNAME=eth1\n")
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    result = launch_on_nodes(two_nodes, script_args=["--use_habana", "--use_lazy_mode", "False"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DS_ENV_FILE=<a temporary file: HCCL_SOCKET_IFNAME=eth1; PT_HPU_LAZY_MODE=0>" in result.stdout
+    node_commands = [line for line in result.stdout.splitlines() if "deepspeed.launcher.launch" in line]
+    assert len(node_commands) == 2
+    assert all("export HCCL_SOCKET_IFNAME=eth1; export PT_HPU_LAZY_MODE=0; cd " in c for c in node_commands)
+
+
+@pytest.mark.parametrize(
+    "hostfile, flags, message",
+    [
+        (None, ["--num_nodes", 3], "--num_nodes=3: --hostfile hostfile gives 2 nodes"),
+        (None, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
+        (None, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
+        ("gaudi-a slots=8\n# rack 2\n", [], "--hostfile hostfile, line 2: '# rack 2' is not `HOST slots=N`"),
+        ("gaudi-a slots=8\ngaudi-a slots=4\n", [], "--hostfile hostfile, line 2: gaudi-a is already on an earlier"),
+        ("gaudi-a slots=9\n", [], "--hostfile hostfile, line 1: slots=9: a Gaudi node has 1 to 8 HPUs"),
+        ("\n\n", [], "--hostfile hostfile: no `HOST slots=N` line"),
+    ],
+)
+def test_gaudi_launcher_refuses_a_hostfile_or_flags_that_disagree_in_one_line(two_nodes, hostfile, flags, message):
+    if hostfile is not None:
+        (two_nodes / "hostfile").write_text(hostfile)
+    result = launch_on_nodes(two_nodes, *flags)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_gaudi_launcher_refuses_a_hostfile_it_cannot_read_or_use_in_one_line(two_nodes, monkeypatch):
+    (two_nodes / "hostfile").unlink()
+    refusals = {"missing": launch_on_nodes(two_nodes)}
+    (two_nodes / "hostfile").mkdir()
+    refusals["a directory"] = launch_on_nodes(two_nodes)
+    (two_nodes / "hostfile").rmdir()
+    (two_nodes / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
+    (two_nodes / ".deepspeed_env").write_text("PT_HPU_LAZY_MODE=0\n")  # eager on the nodes, lazy asked for here
+    refusals["another mode"] = launch_on_nodes(two_nodes)
+    (two_nodes / ".deepspeed_env").unlink()
+    (two_nodes / "bin" / "pdsh").unlink()
+    refusals["no pdsh"] = launch_on_nodes(two_nodes)
+    (two_nodes / "bin" / "deepspeed").unlink()
+    refusals["no DeepSpeed"] = launch_on_nodes(two_nodes)
+    expected = {
+        "missing": "--hostfile hostfile: No such file or directory",
+        "a directory": "--hostfile hostfile: ",
+        "another mode": "./.deepspeed_env sends PT_HPU_LAZY_MODE=0 to the nodes and this launch runs PT_HPU_LAZY_MODE=1",
+        "no pdsh": "--hostfile needs `pdsh` (what DeepSpeed's launcher reaches the nodes with) on PATH",
+        "no DeepSpeed": "--hostfile needs `deepspeed` (DeepSpeed's launcher) on PATH",
+    }
+    for case, result in refusals.items():
+        assert result.returncode == 2, (case, result.stderr)
+        assert expected[case] in result.stderr.strip().splitlines()[-1], (case, result.stderr)
+        assert "Traceback" not in result.stderr, case
+
+
+def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environment_file(two_nodes):
+    # the stand-in `deepspeed` records what the real one would read: its arguments and the DS_ENV_FILE it is given
+    (two_nodes / "bin" / "deepspeed").write_text(
+        '#!/bin/sh\necho "$@" > started.txt\ncat "$DS_ENV_FILE" > nodes_env.txt\nexit 3\n'
+    )
+    (two_nodes / ".deepspeed_env").write_text("HF_HOME=/shared/hf\n")
+    args = ["--hostfile", "hostfile", "run_bridgetower.py", "--use_habana"]
+    result = run_tool("launch_gaudi", args, cwd=two_nodes, gaudi=True)
+    assert result.returncode == 3, result.stderr[-3000:]  # the launcher's status is the job's
+    assert (two_nodes / "started.txt").read_text().split() == [
+        *("--hostfile", "hostfile", "--master_addr", "gaudi-a", "--no_local_rank", "--master_port", "29500"),
+        *("run_bridgetower.py", "--use_habana"),
+    ]
+    assert (two_nodes / "nodes_env.txt").read_text() == "HF_HOME=/shared/hf\nPT_HPU_LAZY_MODE=1\n"
+    assert "DS_ENV_FILE" not in os.environ

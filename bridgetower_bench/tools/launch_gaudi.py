@@ -7,21 +7,51 @@ Built on optimum-habana's DistributedRunner, which writes the mpirun (or torch.d
 command line for the node's sockets and cores. `--dry_run` prints that command and exits.
 The processes it starts run lazy mode, as upstream's CI: PT_HPU_LAZY_MODE=1 is set for them unless
 the variable is already set (PT_HPU_LAZY_MODE=0 with the script's `--use_lazy_mode False` for eager mode).
+
+Several nodes (docs/RUNS.md, "Several Gaudi nodes"): `--hostfile FILE`, DeepSpeed's format (one `HOST slots=N`
+line per node). optimum-habana's runner then starts the job with DeepSpeed's launcher, which reaches every
+node with pdsh over ssh; DeepSpeed only starts the processes (the script gets no `--deepspeed`
+configuration: training is the same data-parallel run as on one node). DeepSpeed's launcher does not pass
+PT_HPU_LAZY_MODE to the nodes: the launcher hands it to them, with the lines of the user's own
+`.deepspeed_env`, through a DeepSpeed environment file (`DS_ENV_FILE`), so every node runs the same mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
+import re
 import shlex
+import shutil
 import sys
+import tempfile
 
 from ..execution_mode import LAZY_MODE_VARIABLE
+from ..regular_files import read_regular_file
+
+
+HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # a hostfile line, as both DeepSpeed and optimum-habana read it
+# DeepSpeed's launcher passes to the nodes only the variables named with these prefixes (Habana's build adds three
+# PT_HPU_ names, none of them PT_HPU_LAZY_MODE) and the lines of its environment files, `.deepspeed_env` in the home, then
+# the working directory (the name from DS_ENV_FILE when set)
+DEEPSPEED_EXPORTED_PREFIXES = ("MLFLOW", "NCCL", "PYTHON", "MV2", "UCX", "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES")
+DEEPSPEED_EXPORTED_PREFIXES += ("PT_HPU_LAZY_ACC_PAR_MODE", "PT_HPU_ENABLE_WEIGHT_CPU_PERMUTE")
+DEEPSPEED_ENV_FILE = "DS_ENV_FILE"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world_size", type=int, default=1, help="Number of HPUs on this node (1 to 8).")
+    parser.add_argument(
+        "--world_size",
+        type=int,
+        help="Number of HPUs on this node (1 to 8; default 1); with --hostfile, the job's total.",
+    )
+    parser.add_argument(
+        "--hostfile", help="Several nodes: DeepSpeed's hostfile, one `HOST slots=N` line per node (N HPUs on it)."
+    )
+    parser.add_argument("--num_nodes", type=int, help="With --hostfile: how many nodes it must give (checked).")
     parser.add_argument(
         "--use_mpi", action="store_true", help="Start one process per HPU with mpirun (as the published runs)."
     )
@@ -30,11 +60,87 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("training_script", help="The script to run, e.g. run_bridgetower.py.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="The script's own flags.")
     args = parser.parse_args(argv)
-    if not 1 <= args.world_size <= 8:
+    if args.hostfile is not None:
+        args.nodes = check_several_nodes(parser, args)
+    elif args.num_nodes is not None:
+        parser.error("--num_nodes needs --hostfile (the nodes and their HPUs)")
+    args.world_size = 1 if args.world_size is None else args.world_size
+    if not 1 <= args.world_size <= 8 and args.hostfile is None:
         parser.error(f"--world_size={args.world_size}: a Gaudi node has 1 to 8 HPUs")
     if not os.path.isfile(args.training_script):
         parser.error(f"training_script {args.training_script}: no such file")
     return args
+
+
+def hostfile_nodes(parser, path: str) -> dict[str, int]:
+    """The nodes of a DeepSpeed hostfile and their HPUs, in its order (the first node runs rank 0)."""
+    try:
+        text = read_regular_file(path).decode()
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"--hostfile {path}: {getattr(error, 'strerror', None) or error}")
+    nodes = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        entry = HOSTFILE_LINE.fullmatch(line)
+        if entry is None:  # optimum-habana's runner reads every other line so (no comments)
+            parser.error(f"--hostfile {path}, line {number}: {line!r} is not `HOST slots=N`")
+        host, slots = entry[1], int(entry[2])
+        if host in nodes:
+            parser.error(f"--hostfile {path}, line {number}: {host} is already on an earlier line")
+        if not 1 <= slots <= 8:
+            parser.error(f"--hostfile {path}, line {number}: slots={slots}: a Gaudi node has 1 to 8 HPUs")
+        nodes[host] = slots
+    if not nodes:
+        parser.error(f"--hostfile {path}: no `HOST slots=N` line")
+    return nodes
+
+
+def check_several_nodes(parser, args) -> dict[str, int]:
+    """The hostfile's nodes, once the flags agree with it and DeepSpeed's launcher can start them."""
+    nodes = hostfile_nodes(parser, args.hostfile)
+    if args.num_nodes is not None and args.num_nodes != len(nodes):
+        parser.error(f"--num_nodes={args.num_nodes}: --hostfile {args.hostfile} gives {len(nodes)} nodes")
+    if args.world_size is not None and args.world_size != sum(nodes.values()):
+        parser.error(
+            f"--world_size={args.world_size}: --hostfile {args.hostfile} gives {sum(nodes.values())} HPUs "
+            f"({', '.join(f'{host}: {slots}' for host, slots in nodes.items())})"
+        )
+    if args.use_mpi:
+        parser.error("--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher, not mpirun")
+    for program, role in (
+        ("deepspeed", "DeepSpeed's launcher"),
+        ("pdsh", "what DeepSpeed's launcher reaches the nodes with"),
+    ):
+        if shutil.which(program) is None:
+            parser.error(
+                f"--hostfile needs `{program}` ({role}) on PATH: run in Habana's container, with Habana's DeepSpeed "
+                'build installed (docs/RUNS.md, "Several Gaudi nodes")'
+            )
+    args.nodes_environment = nodes_environment(parser, children_mode_variable())
+    return nodes
+
+
+def nodes_environment(parser, mode: str, environ=os.environ) -> list[str]:
+    """The `NAME=value` lines handed to every node through DeepSpeed's environment file: the user's own files
+    (home, then working directory, as DeepSpeed reads them), then PT_HPU_LAZY_MODE; a file that sets another
+    mode is refused."""
+    lines = []
+    name = environ.get(DEEPSPEED_ENV_FILE, ".deepspeed_env")
+    for path in (os.path.join(os.path.expanduser("~"), name), os.path.join(".", name)):
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            for line in f.read().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == LAZY_MODE_VARIABLE and value.strip() != mode:
+                    parser.error(
+                        f"{path} sends {LAZY_MODE_VARIABLE}={value.strip()} to the nodes and this launch runs "
+                        f"{LAZY_MODE_VARIABLE}={mode}: every node must run one mode (set the same value in both)"
+                    )
+                lines.append(line)
+    return [*lines, f"{LAZY_MODE_VARIABLE}={mode}"]
 
 
 def children_mode_variable(environ=os.environ) -> str:
@@ -48,14 +154,62 @@ def main(argv=None) -> int:
     from optimum.habana.distributed import DistributedRunner  # imported late: it needs Habana's software
 
     command = " ".join(shlex.quote(a) for a in [args.training_script, *args.training_script_args])
+    several_nodes = args.hostfile is not None  # optimum-habana starts several nodes only through DeepSpeed
     runner = DistributedRunner(
-        command_list=[command], world_size=args.world_size, use_mpi=args.use_mpi, master_port=args.master_port
+        command_list=[command],
+        world_size=args.world_size,
+        use_mpi=args.use_mpi,
+        master_port=args.master_port,
+        hostfile=args.hostfile,
+        use_deepspeed=several_nodes,
     )
+    if several_nodes:
+        return print_node_commands(args, runner) if args.dry_run else run_on_nodes(args, runner)
     if args.dry_run:
         for line in runner._commands:
             print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + line)
         return 0
     return runner.run() or 0
+
+
+def run_on_nodes(args, runner) -> int:
+    """Start the job: DeepSpeed's launcher reads the nodes' environment from a file named by DS_ENV_FILE (an
+    absolute path takes the place of both of its `.deepspeed_env` files), written for the launch and removed after."""
+    with tempfile.TemporaryDirectory(prefix="launch_gaudi-") as folder:
+        path = os.path.join(folder, "deepspeed_env")
+        with open(path, "w") as f:
+            f.write("".join(f"{line}\n" for line in args.nodes_environment))
+        os.environ[DEEPSPEED_ENV_FILE] = path
+        return runner.run() or 0
+
+
+def print_node_commands(args, runner) -> int:
+    """What `--hostfile` runs: the command on this node, then the one pdsh runs on each node (as DeepSpeed's
+    launcher writes it) and the variables DeepSpeed's per-node launcher gives each of that node's processes."""
+    nodes, cwd = args.nodes, os.path.abspath(".")
+    master_addr = next(iter(nodes))
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")]))}
+    exports = [f"{key}={value}" for key, value in environ.items() if key.startswith(DEEPSPEED_EXPORTED_PREFIXES)]
+    exports += args.nodes_environment
+    world_info = base64.urlsafe_b64encode(json.dumps({h: list(range(n)) for h, n in nodes.items()}).encode()).decode()
+    print(f"# on this node: {DEEPSPEED_ENV_FILE}=<a temporary file: {'; '.join(args.nodes_environment)}>")
+    print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + runner._commands[0])
+    first_rank = 0
+    for node_rank, (host, slots) in enumerate(nodes.items()):
+        print(f"# node {node_rank}: {host}, ranks {first_rank}-{first_rank + slots - 1}, started by pdsh over ssh")
+        print(
+            "".join(f"export {line.strip()}; " for line in exports)
+            + f"cd {shlex.quote(cwd)}; {sys.executable} -u -m deepspeed.launcher.launch --world_info={world_info} "
+            f"--node_rank={node_rank} --master_addr={master_addr} --master_port={args.master_port} --no_local_rank "
+            + runner._commands[0]
+        )
+        print(
+            f"#   its processes: {LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} MASTER_ADDR={master_addr} "
+            f"MASTER_PORT={args.master_port} WORLD_SIZE={sum(nodes.values())} RANK={first_rank}..{first_rank + slots - 1} "
+            f"LOCAL_RANK=0..{slots - 1}"
+        )
+        first_rank += slots
+    return 0
 
 
 if __name__ == "__main__":
