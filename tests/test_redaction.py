@@ -11,7 +11,7 @@ import pytest
 from transformers import HfArgumentParser
 
 from bridgetower_bench import redaction
-from bridgetower_bench.tools import bench, bench_report
+from bridgetower_bench.tools import bench
 from helpers import REPO, run_script
 
 
@@ -288,7 +288,7 @@ def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, mo
     assert rows[0]["error"] == "ValueError: invalid token REDACTED"
     log = (out / rows[0]["log"]).read_text()
     assert "arguments:" in log and "HF_TOKEN: REDACTED" in log
-    bench_report.render_all(out, rows, {"preset": "local", "model": "echo"})
+    bench.render_all(out, rows, {"preset": "local", "model": "echo"})
     assert "invalid token REDACTED" in (out / "table.md").read_text()
     assert _files_containing(out, [token, in_env]) == []
 

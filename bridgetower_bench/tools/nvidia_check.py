@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import published
 from ..atomic_files import write_atomically
 from ..execution_mode import NOT_ON_GAUDI
 from ..redaction import shareable
@@ -60,7 +61,6 @@ from .gaudi_check import (
 
 CUDA_SCRIPT = REPO / "run_bridgetower_cuda.py"
 NO_GPU_EXIT = 2
-PUBLISHED_BATCH = 48
 
 
 @dataclass
@@ -175,15 +175,15 @@ def memory_row(gpus: Gpus) -> Row:
 
     need = published_need()
     smallest = min(gpus.memory_gib)
-    if need.fits(PUBLISHED_BATCH, smallest):
+    if need.fits(published.BATCH, smallest):
         return Row(
             "published batch memory",
             OK,
-            f"per-device batch {PUBLISHED_BATCH} needs about "
-            f"{need.device_gib(PUBLISHED_BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)",
+            f"per-device batch {published.BATCH} needs about "
+            f"{need.device_gib(published.BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)",
         )
     line = gpu_memory.does_not_fit_message(
-        batch=PUBLISHED_BATCH,
+        batch=published.BATCH,
         accumulation=1,
         world_size=gpus.count,
         device_name=gpus.names[gpus.memory_gib.index(smallest)],
@@ -197,14 +197,14 @@ def published_need():
     from .. import gpu_memory
 
     return gpu_memory.memory_need(
-        shape=gpu_memory.PUBLISHED_SHAPE,
-        sequence_length=gpu_memory.PUBLISHED_SEQUENCE,
+        shape=published.SHAPE,
+        sequence_length=published.SEQUENCE,
         bf16=True,
         attention="eager",
         compiled=False,
         gradient_checkpointing=False,
-        parameters=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
-        trained=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
+        parameters=published.TRAINED_PARAMETERS,
+        trained=published.TRAINED_PARAMETERS,
     )
 
 
@@ -314,8 +314,8 @@ def plan_steps(fixtures: dict, large_model: Path, output_dir: Path, max_steps: i
         fixtures["dataset"],
         output_dir / "large-1step" / "run",
         1,
-        batch=PUBLISHED_BATCH,
-        rows=2 * PUBLISHED_BATCH,
+        batch=published.BATCH,
+        rows=2 * published.BATCH,
         evaluate=False,
     )
     return [
@@ -342,7 +342,7 @@ def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
         results = json.loads((step.run_dir / "train_results.json").read_text())
         peak = results.get("peak_gpu_memory_gb")
         row.detail = (
-            f"peak {peak} GiB of tensors at per-device batch {PUBLISHED_BATCH}" if peak is not None else ""
+            f"peak {peak} GiB of tensors at per-device batch {published.BATCH}" if peak is not None else ""
         ) + (f"; {ran.note}" if ran.note else "")
     return row
 
@@ -370,14 +370,14 @@ def memory_plan(sizes_gib: list[float]) -> str:
         f"+{gpu_memory.CUDA_CONTEXT_GIB:.0f} GiB CUDA context"
     ]
     for size in sizes_gib:
-        if need.fits(PUBLISHED_BATCH, size):
+        if need.fits(published.BATCH, size):
             lines.append(
-                f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} fits (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB)"
+                f"{size:g} GiB: per-device batch {published.BATCH} fits (about {need.device_gib(published.BATCH):.1f} GiB)"
             )
             continue
-        smaller = gpu_memory.same_global_batch(PUBLISHED_BATCH, 1, lambda b: need.fits(b, size))
+        smaller = gpu_memory.same_global_batch(published.BATCH, 1, lambda b: need.fits(b, size))
         lines.append(
-            f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} does not fit (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB); "
+            f"{size:g} GiB: per-device batch {published.BATCH} does not fit (about {need.device_gib(published.BATCH):.1f} GiB); "
             + (
                 f"--per_device_train_batch_size {smaller[0]} --gradient_accumulation_steps {smaller[1]} "
                 f"(about {need.device_gib(smaller[0]):.1f} GiB)"
