@@ -12,6 +12,7 @@ from transformers import HfArgumentParser
 
 from bridgetower_bench import redaction
 from bridgetower_bench.tools import bench
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REPO, run_script
 
 
@@ -300,11 +301,7 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     config.write_text(
         json.dumps(
             {
-                "model_name_or_path": str(fixtures["model"]),
-                "dataset_name": str(fixtures["dataset"]),
-                "dataset_config_name": "matching",
-                "image_column": "image",
-                "caption_column": "image_description",
+                **script_arguments(fixtures),
                 "remove_unused_columns": False,
                 "do_train": True,
                 "max_steps": 2,

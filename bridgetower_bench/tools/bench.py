@@ -470,18 +470,11 @@ def describe_shape(shape: str) -> str:
 def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "published") -> list[str]:
     """The local preset: small, in the published run's epoch shape (or one epoch's steady state, see
     `local_shape`), and bound by image loading as the published runs are (see the module docstring)."""
+    from .fixtures import script_flags
+
     facts = local_shape(shape)
     args = [
-        "--model_name_or_path",
-        paths["model"],
-        "--dataset_name",
-        paths["dataset"],
-        "--dataset_config_name",
-        published.DATASET_CONFIG,
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
+        *script_flags(paths),
         "--do_train",
         "--max_train_samples",
         str(facts["train_rows"]),
@@ -524,9 +517,9 @@ def blog_preset_args() -> list[str]:
         "--trust_remote_code",
         "True",
         "--image_column",
-        "image",
+        published.IMAGE_COLUMN,
         "--caption_column",
-        "image_description",
+        published.CAPTION_COLUMN,
         "--remove_unused_columns",
         "False",
         "--do_train",
