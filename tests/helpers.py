@@ -449,6 +449,18 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def all_strings(value):
+    """Every string in a JSON value, however deep (a record's paths and texts, to check what it gives away)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from all_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from all_strings(item)
+    elif isinstance(value, str):
+        yield value
+
+
 def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_step: int) -> None:
     """A run's saved throughput is its counted samples over its counted seconds, for the steps the flags imply,
     and its data-wait shares are the seconds it waited over that same window (more than "samples/s > 0")."""
