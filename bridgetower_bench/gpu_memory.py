@@ -51,6 +51,17 @@ MEASURED_PEAKS = {
     ("eager", False): MeasuredPeak(48, 64.47, "measured on one H200"),
     ("eager", True): MeasuredPeak(48, 54.7, "measured on one H200 with --compile_layers inductor"),
 }
+# The published run as `memory_need` takes it: bf16, eager attention, nothing compiled, every parameter trained.
+PUBLISHED_RUN = dict(
+    shape=published.SHAPE,
+    sequence_length=published.SEQUENCE,
+    bf16=True,
+    attention="eager",
+    compiled=False,
+    gradient_checkpointing=False,
+    parameters=published.TRAINED_PARAMETERS,
+    trained=published.TRAINED_PARAMETERS,
+)
 
 
 class BatchDoesNotFit(UserInputError):

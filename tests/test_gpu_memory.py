@@ -19,17 +19,7 @@ A100_40GB = ("NVIDIA A100-SXM4-40GB", 39.39)
 
 
 def published(**changes):
-    facts = dict(
-        shape=experiment.SHAPE,
-        sequence_length=128,
-        bf16=True,
-        attention="eager",
-        compiled=False,
-        gradient_checkpointing=False,
-        parameters=experiment.TRAINED_PARAMETERS,
-        trained=experiment.TRAINED_PARAMETERS,
-    )
-    return gm.memory_need(**{**facts, **changes})
+    return gm.memory_need(**{**gm.PUBLISHED_RUN, **changes})
 
 
 def test_the_published_parameter_count_is_bridgetower_larges():

@@ -153,7 +153,7 @@ def memory_row(gpus: Gpus) -> Row:
     """Does the published per-device batch fit the smallest visible GPU (known need, estimated)?"""
     from .. import gpu_memory
 
-    need = published_need()
+    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     smallest = min(gpus.memory_gib)
     if need.fits(published.BATCH, smallest):
         return Row(
@@ -171,21 +171,6 @@ def memory_row(gpus: Gpus) -> Row:
         need=need,
     )
     return Row("published batch memory", WARNING, line)
-
-
-def published_need():
-    from .. import gpu_memory
-
-    return gpu_memory.memory_need(
-        shape=published.SHAPE,
-        sequence_length=published.SEQUENCE,
-        bf16=True,
-        attention="eager",
-        compiled=False,
-        gradient_checkpointing=False,
-        parameters=published.TRAINED_PARAMETERS,
-        trained=published.TRAINED_PARAMETERS,
-    )
 
 
 def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> list[Row]:
@@ -297,7 +282,7 @@ def memory_plan(sizes_gib: list[float]) -> str:
     """For GPUs of these sizes: does the published per-device batch fit, else which batch x accumulation does."""
     from .. import gpu_memory
 
-    need = published_need()
+    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     lines = [
         f"BridgeTower Large, 294 px, 128 tokens, bf16: about {need.fixed_gib:.1f} GiB + {need.per_sample_gib:.2f} GiB "
         f"per sample of tensors (estimated from {need.measured.peak_gib} GiB at batch {need.measured.batch}, "
