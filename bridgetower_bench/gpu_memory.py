@@ -28,16 +28,11 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from . import published
 from .user_errors import UserInputError
 
 
 GIB = 2**30
-# BridgeTower Large as published: (hidden size, text layers, vision layers, cross-modal layers, image size, patch size)
-PUBLISHED_SHAPE = (1024, 24, 24, 6, 294, 14)
-PUBLISHED_SEQUENCE = 128
-PUBLISHED_TRAINED_PARAMETERS = (
-    865_612_289  # BridgeTowerForContrastiveLearning without the text pooler (removed by default)
-)
 FIXED_BYTES_TRAINED = 16  # fp32 weight + gradient + AdamW's exp_avg and exp_avg_sq
 FIXED_BYTES_FROZEN = 4  # fp32 weight
 ALLOCATOR_RESERVE = 0.10  # estimate: memory the caching allocator holds beyond the tensors
@@ -56,6 +51,17 @@ MEASURED_PEAKS = {
     ("eager", False): MeasuredPeak(48, 64.47, "measured on one H200"),
     ("eager", True): MeasuredPeak(48, 54.7, "measured on one H200 with --compile_layers inductor"),
 }
+# The published run as `memory_need` takes it: bf16, eager attention, nothing compiled, every parameter trained.
+PUBLISHED_RUN = dict(
+    shape=published.SHAPE,
+    sequence_length=published.SEQUENCE,
+    bf16=True,
+    attention="eager",
+    compiled=False,
+    gradient_checkpointing=False,
+    parameters=published.TRAINED_PARAMETERS,
+    trained=published.TRAINED_PARAMETERS,
+)
 
 
 class BatchDoesNotFit(UserInputError):
@@ -100,13 +106,13 @@ def memory_need(
     measured = MEASURED_PEAKS.get((attention, bool(compiled)))
     if (
         measured is None
-        or tuple(shape) != PUBLISHED_SHAPE
-        or sequence_length != PUBLISHED_SEQUENCE
+        or tuple(shape) != published.SHAPE
+        or sequence_length != published.SEQUENCE
         or not bf16
         or gradient_checkpointing
     ):
         return None
-    published_fixed = fixed_gib(PUBLISHED_TRAINED_PARAMETERS, PUBLISHED_TRAINED_PARAMETERS)
+    published_fixed = fixed_gib(published.TRAINED_PARAMETERS, published.TRAINED_PARAMETERS)
     per_sample = (measured.peak_gib - published_fixed) / measured.batch
     return MemoryNeed(fixed_gib(parameters, trained), per_sample, measured)
 

@@ -118,6 +118,28 @@ def foreign_entries(output_dir: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+class Uncreatable(NamedTuple):
+    """Where a path cannot be created: its nearest existing ancestor, and whether that is not a directory
+    (a file, or a link to nothing) rather than a directory this process may not write into."""
+
+    ancestor: str
+    not_a_directory: bool
+
+
+def uncreatable(path: str) -> Optional[Uncreatable]:
+    """Why `path`, if absent, could not be created, or None when it could: the walk up to its nearest existing
+    ancestor (a link to nothing counts as existing), which must be a directory this process may write into.
+    The one check of the scripts' --output_dir and the tools' output paths (tools/tool_paths.py)."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return Uncreatable(existing, True)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return Uncreatable(existing, False)
+    return None
+
+
 def check_output_dir_path(output_dir: Optional[str]) -> None:
     """--output_dir must be a directory, or a path where one can be created (checked before anything is written)."""
     if not output_dir:
@@ -125,13 +147,11 @@ def check_output_dir_path(output_dir: Optional[str]) -> None:
     path = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserInputError(f"--output_dir={output_dir} is a file, not a directory")
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise UserInputError(f"--output_dir={output_dir} cannot be created: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserInputError(f"--output_dir={output_dir}: {existing} is not writable")
+    where = uncreatable(path)
+    if where and where.not_a_directory:
+        raise UserInputError(f"--output_dir={output_dir} cannot be created: {where.ancestor} is a file")
+    if where:
+        raise UserInputError(f"--output_dir={output_dir}: {where.ancestor} is not writable")
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -293,9 +293,10 @@ stamp "table"
 for log in "$WORK"/logs/*.log; do echo "===== $(basename "$log")"; tail -n 40 "$log"; done > "$OUT/h200_logs.txt"
 python3 - "$WORK" "$OUT" "$SETUP" "$BATCH" "$STEPS" "$WARMUP" "$REPEATS" "$MAX_GPU_GB" <<'EOF'
 import json, os, re, statistics, sys
+from bridgetower_bench import published
 work, out, setup, batch, steps, warmup, repeats, max_gb = *sys.argv[1:4], *map(int, sys.argv[4:8]), float(sys.argv[8])
 TFLOP_PER_SAMPLE, PEAK_TFLOPS = 1.4, 790.0  # docs/PUBLISHED.md, cost model: training cost per sample, measured bf16 peak
-PUBLISHED_PER_H100 = 602.1 / 8  # docs/PUBLISHED.md: H100 node at workers=2, per GPU
+PUBLISHED_PER_H100 = published.THROUGHPUT["H100 GPU"]["workers=2"] / published.DEVICES  # per GPU
 status, setups = {}, {}
 for line in open(os.path.join(work, "status.txt")):
     name, state, _seconds, run_setup = line.split()

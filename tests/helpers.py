@@ -403,12 +403,9 @@ def run_cuda_script(args) -> tuple[int, str]:
 
 def base_args(fixtures, output_dir, **overrides):
     """Flags of a short run of the tiny model on the synthetic data set; overrides set or (None) drop a flag."""
+    from bridgetower_bench.tools.fixtures import script_flags
+
     args = {
-        "model_name_or_path": fixtures["model"],
-        "dataset_name": fixtures["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
         "output_dir": output_dir,
         "per_device_train_batch_size": 4,
         "per_device_eval_batch_size": 4,
@@ -423,12 +420,7 @@ def base_args(fixtures, output_dir, **overrides):
         "throughput_warmup_steps": 1,
         "dataloader_num_workers": 0,
     }
-    args.update(overrides)
-    flat = []
-    for key, value in args.items():
-        if value is not None:
-            flat += [f"--{key}", str(value)]
-    return flat
+    return script_flags(fixtures, **{**args, **overrides})
 
 
 def command(fixtures, out, kind="cuda", *extra, **overrides):
@@ -455,6 +447,18 @@ def run_killed_while_publishing(kind, args):
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def all_strings(value):
+    """Every string in a JSON value, however deep (a record's paths and texts, to check what it gives away)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from all_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from all_strings(item)
+    elif isinstance(value, str):
+        yield value
 
 
 def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_step: int) -> None:

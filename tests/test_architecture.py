@@ -2,7 +2,8 @@
 command-line tools, and no package module imports the tests.
 
 Inside the package, import-linter's contracts (pyproject.toml, `lint-imports`, run by `make test`) state both
-rules; here: that they break when the rules are broken, and the same rules for the two scripts, which are not
+rules, and that no two modules of one package import each other, however indirectly; here: that they break
+when the rules are broken, and the same rules for the two scripts, which are not
 part of a package import-linter can analyse."""
 
 import ast
@@ -41,33 +42,47 @@ def test_the_scripts_never_import_the_tools_or_the_tests(path):
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
-def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a_module_imports_the_tests(tmp_path):
+def package_copy(tmp_path: Path) -> Path:
+    """The package and its contracts copied under tmp_path, to break on purpose."""
     shutil.copytree(
         REPO / "bridgetower_bench", tmp_path / "bridgetower_bench", ignore=shutil.ignore_patterns("__pycache__")
     )
     shutil.copy(REPO / "pyproject.toml", tmp_path)
+    return tmp_path / "bridgetower_bench"
+
+
+def broken_contracts(root: Path) -> tuple[list[str], str]:
+    """lint-imports over the copy under root: the lines naming broken contracts, and its whole report."""
     lint = [
         sys.executable,
         "-c",
         "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()",
         "--no-cache",
     ]
+    result = subprocess.run(lint, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, capture_output=True, text=True)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if line.endswith("BROKEN")], result.stdout
 
-    def broken_contracts():
-        result = subprocess.run(
-            lint, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, capture_output=True, text=True
-        )
-        assert result.returncode in (0, 1), result.stdout + result.stderr
-        return [line for line in result.stdout.splitlines() if line.endswith("BROKEN")], result.stdout
 
-    assert broken_contracts()[0] == []
-    with open(tmp_path / "bridgetower_bench" / "attention.py", "a") as f:
+def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a_module_imports_the_tests(tmp_path):
+    package = package_copy(tmp_path)
+    assert broken_contracts(tmp_path)[0] == []
+    with open(package / "attention.py", "a") as f:
         f.write("\nfrom . import tools\n")
-    with open(tmp_path / "bridgetower_bench" / "data.py", "a") as f:
+    with open(package / "data.py", "a") as f:
         f.write("\nimport helpers\n")
-    broken, report = broken_contracts()
-    assert len(broken) == 2, report
+    broken, report = broken_contracts(tmp_path)
+    assert len(broken) == 3, report  # the runtime importing the tools is also a circle: the tools import the runtime
     assert (
         "bridgetower_bench.attention -> bridgetower_bench.tools" in report
         and "bridgetower_bench.data -> helpers" in report
     )
+
+
+def test_the_import_contracts_break_on_an_import_circle_between_two_tools(tmp_path):
+    package = package_copy(tmp_path)
+    with open(package / "tools" / "cost_report.py", "a") as f:
+        f.write("\nfrom . import bench\n")  # bench imports cost_report
+    broken, report = broken_contracts(tmp_path)
+    assert broken == ["No import circles between the modules (or packages) of one package BROKEN"], report
+    assert "No cycles are allowed in bridgetower_bench.tools." in report

@@ -16,6 +16,7 @@ import datasets
 import pytest
 
 from bridgetower_bench import arguments, images, preflight, regular_files
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REPO, noise_jpeg, run_tool, script_env
 
 
@@ -368,11 +369,7 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
 
 def _train_args(fixtures, output_dir, **extra):
     args = {
-        "model_name_or_path": fixtures["model"],
-        "dataset_name": fixtures["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
+        **script_arguments(fixtures),
         "output_dir": output_dir,
         "do_train": None,
         "per_device_train_batch_size": 2,

@@ -12,6 +12,7 @@ import time
 import pytest
 from PIL import Image
 
+from bridgetower_bench import published
 from bridgetower_bench.tools import bench, bench_report
 from helpers import REPO
 
@@ -190,7 +191,7 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     assert [r["status"] for r in saved] == [r["status"] for r in rows]
     assert not (out / "runs" / status[("upstream", 0)]["run_id"] / "model.safetensors").exists()
 
-    table = bench_report.render_all(out, rows, {"preset": "local", "model": "stand-in"})
+    table = bench.render_all(out, rows, {"preset": "local", "model": "stand-in"})
     assert "| CPU stand-in x1 | failed | failed | failed | 10.0 (x1.00) | failed | failed |" in table
     assert "## Failed runs" in table and "invalid choice" in table
     with Image.open(out / "chart.png") as chart:
@@ -583,7 +584,7 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
 
 def test_vs_published_lines_up_node_per_device_and_speedups():
     text = bench_report.render_vs_published(
-        bench_report.summarise(HAND_MADE), {"preset": "blog", "model": bench.BLOG_MODEL}
+        bench_report.summarise(HAND_MADE), {"preset": "blog", "model": published.MODEL}
     )
 
     header = "| configuration | Gaudi2 x8 (this run) | H100 x1 (this run) | Gaudi2 HPU (published) | H100 GPU (published) | A100 80GB GPU (published) |"

@@ -229,7 +229,7 @@ def sweep(tmp_path, given, env=None):
     )
     out = tmp_path / "out"
     rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
-    bench_report.render_all(out, rows, {"preset": "local", "model": "stand-in", "prices": given})
+    bench.render_all(out, rows, {"preset": "local", "model": "stand-in", "prices": given})
     with open(out / "results.csv") as f:
         table = list(csv.DictReader(f))
     return out, json.loads((out / "results.json").read_text())["runs"], table

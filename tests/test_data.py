@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import arguments, data
+from bridgetower_bench.tools.fixtures import script_flags
 from helpers import CPU_FLAGS, read_json, run_script
 
 
@@ -97,16 +98,7 @@ def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
     result = run_script(
         "cuda",
         [
-            "--model_name_or_path",
-            fixtures["model"],
-            "--dataset_name",
-            fixtures["dataset"],
-            "--dataset_config_name",
-            "matching",
-            "--image_column",
-            "picture",
-            "--caption_column",
-            "image_description",
+            *script_flags(fixtures, image_column="picture"),
             "--output_dir",
             tmp_path / "o",
             "--do_train",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from bridgetower_bench import checkpoint_manifest
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
 
 
@@ -40,11 +41,7 @@ ROWS, STEPS, WARMUP = 16, 4, 1
 
 def args(fixtures, output_dir, per_device_batch):
     values = {
-        "model_name_or_path": fixtures["model"],
-        "dataset_name": fixtures["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
+        **script_arguments(fixtures),
         "output_dir": output_dir,
         "per_device_train_batch_size": per_device_batch,
         "max_train_samples": ROWS,

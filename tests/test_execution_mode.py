@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bridgetower_bench import execution_mode
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REFUSAL_MISSED, REPO, SHIM, run_script
 
 
@@ -30,11 +31,7 @@ def datasets_cache(tmp_path):
 def short_run(fixtures, tmp_path) -> dict:
     """A short Gaudi run on the fixtures, as a JSON configuration's values (no --use_habana yet)."""
     return {
-        "model_name_or_path": str(fixtures["model"]),
-        "dataset_name": str(fixtures["dataset"]),
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
+        **script_arguments(fixtures),
         "output_dir": str(tmp_path / "run"),
         "do_train": True,
         "max_steps": 1,

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
-from helpers import CPU_FLAGS, REPO, SHIM, run_script, script_env, script_module
+from bridgetower_bench.tools import self_check
+from helpers import CPU_FLAGS, REPO, SHIM, all_strings, run_script, script_env, script_module
 
 
 HABANA_ONLY_FLAGS = {
@@ -76,18 +77,7 @@ def run_on_cpu(step):
     result = run_script("gaudi", args + CPU_FLAGS["gaudi"], check=False)
     with open(step.log, "w") as log:
         log.write(result.stdout + result.stderr)
-    return gc.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")
-
-
-def all_strings(value):
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from all_strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from all_strings(item)
-    elif isinstance(value, str):
-        yield value
+    return self_check.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")
 
 
 def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
@@ -170,10 +160,10 @@ def reports(outcomes):
         step.run_dir.mkdir(parents=True)
         if isinstance(outcome, str):
             step.log.write_text(f"Traceback (most recent call last):\n  ...\n{outcome}\nmpirun: one process exited\n")
-            return gc.Ran(1)
+            return self_check.Ran(1)
         (step.run_dir / "train_results.json").write_text(json.dumps(outcome))
         step.log.write_text("done\n")
-        return gc.Ran(0)
+        return self_check.Ran(0)
 
     return runner
 
@@ -263,7 +253,7 @@ def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monk
     step = gc.Step(
         "echo", [sys.executable, "-c", "import os; print(os.environ.get('PT_HPU_LAZY_MODE'))"], tmp_path, log, "torch"
     )
-    assert gc.run_command(step, timeout=60).returncode == 0
+    assert self_check.run_command(step, timeout=60, tool="gaudi_check").returncode == 0
     assert log.read_text().strip() == "1"
 
 
@@ -280,11 +270,16 @@ def test_gaudi_software_and_pins_are_compared_not_installed():
             raise gc.metadata.PackageNotFoundError(name)
         return versions[name]
 
-    assert gc.requirement_row("transformers==4.55.4", installed).result == "warning"
-    assert gc.requirement_row("accelerate==1.10.1", installed).result == "ok"
-    missing = gc.requirement_row("optimum-habana==1.21.2", installed)
+    def row(line):
+        return self_check.requirement_row(line, "requirements-gaudi.txt", installed)
+
+    assert row("transformers==4.55.4").result == "warning"
+    assert row("accelerate==1.10.1").result == "ok"
+    missing = row("optimum-habana==1.21.2")
     assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
-    assert {"optimum-habana==1.21.2", "transformers==4.55.4"} <= set(gc.pinned_requirements())
+    assert {"optimum-habana==1.21.2", "transformers==4.55.4"} <= set(
+        self_check.pinned_requirements(gc.REQUIREMENT_FILES)
+    )
 
 
 def test_the_record_holds_no_credential_even_when_a_step_prints_one(habana_shim, tmp_path, capsys, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bridgetower_bench import gpu_memory as gm
+from bridgetower_bench import published as experiment
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
 
@@ -18,17 +19,7 @@ A100_40GB = ("NVIDIA A100-SXM4-40GB", 39.39)
 
 
 def published(**changes):
-    facts = dict(
-        shape=gm.PUBLISHED_SHAPE,
-        sequence_length=128,
-        bf16=True,
-        attention="eager",
-        compiled=False,
-        gradient_checkpointing=False,
-        parameters=gm.PUBLISHED_TRAINED_PARAMETERS,
-        trained=gm.PUBLISHED_TRAINED_PARAMETERS,
-    )
-    return gm.memory_need(**{**facts, **changes})
+    return gm.memory_need(**{**gm.PUBLISHED_RUN, **changes})
 
 
 def test_the_published_parameter_count_is_bridgetower_larges():
@@ -39,7 +30,7 @@ def test_the_published_parameter_count_is_bridgetower_larges():
     with torch.device("meta"):
         model = BridgeTowerForContrastiveLearning(bridgetower_config(large=True, vocab_size=50265))
     model.bridgetower.text_model.pooler = None  # as the scripts do (--freeze_text_pooler, the default)
-    assert sum(p.numel() for p in model.parameters()) == gm.PUBLISHED_TRAINED_PARAMETERS
+    assert sum(p.numel() for p in model.parameters()) == experiment.TRAINED_PARAMETERS
     config = model.config
     assert (
         config.hidden_size,
@@ -48,7 +39,7 @@ def test_the_published_parameter_count_is_bridgetower_larges():
         config.num_hidden_layers,
         config.vision_config.image_size,
         config.vision_config.patch_size,
-    ) == gm.PUBLISHED_SHAPE
+    ) == experiment.SHAPE
 
 
 def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
@@ -58,7 +49,7 @@ def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
     assert need.per_sample_gib == pytest.approx((64.47 - need.fixed_gib) / 48)
     assert need.tensors_gib(24) == pytest.approx(need.fixed_gib + 24 * need.per_sample_gib)
     assert need.device_gib(48) == pytest.approx(64.47 * 1.1 + 1.0)
-    frozen = published(trained=gm.PUBLISHED_TRAINED_PARAMETERS // 2)
+    frozen = published(trained=experiment.TRAINED_PARAMETERS // 2)
     assert frozen.fixed_gib < need.fixed_gib and frozen.per_sample_gib == need.per_sample_gib
     assert published(compiled=True).tensors_gib(48) == pytest.approx(54.7)
     # No figure for what was not measured: the first step decides.

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from bridgetower_bench.tools import cartoons
-from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model
+from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model, script_arguments
 from helpers import CPU_FLAGS, read_json, run_script
 
 
@@ -59,11 +59,7 @@ def learnable(tmp_path_factory):
 def script_args(learnable, output_dir, *extra) -> list:
     """The CUDA script on CPU; fast image pipeline with decoded images cached, so steps cost only the model."""
     args = {
-        "model_name_or_path": learnable["model"],
-        "dataset_name": learnable["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
+        **script_arguments(learnable),
         "output_dir": output_dir,
         "image_pipeline": "fast",
         "decoded_image_cache_dir": learnable["image_cache"],

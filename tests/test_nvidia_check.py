@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import nvidia_check as nc
-from helpers import REPO, script_env
+from helpers import REPO, all_strings, script_env
 
 
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
@@ -89,17 +89,6 @@ def no_fixture_builds(monkeypatch):
         fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
     )
     monkeypatch.setattr(fixtures, "build_fixture", lambda root, kind, **options: root / "bridgetower-large-random")
-
-
-def all_strings(value):
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from all_strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from all_strings(item)
-    elif isinstance(value, str):
-        yield value
 
 
 def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixture_builds, tmp_path, capsys):

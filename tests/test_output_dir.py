@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from bridgetower_bench import checkpoint_manifest, run_directory
+from bridgetower_bench.tools.fixtures import script_flags
 from helpers import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
@@ -86,16 +87,7 @@ def test_script_refuses_an_output_dir_another_run_holds(fixtures, tmp_path):
         result = run_script(
             "cuda",
             [
-                "--model_name_or_path",
-                fixtures["model"],
-                "--dataset_name",
-                fixtures["dataset"],
-                "--dataset_config_name",
-                "matching",
-                "--image_column",
-                "image",
-                "--caption_column",
-                "image_description",
+                *script_flags(fixtures),
                 "--output_dir",
                 out,
                 "--do_train",
@@ -351,16 +343,7 @@ def test_a_process_that_does_not_save_touches_nothing_not_even_the_saving_proces
 
 def script_command(kind, fixtures, out):
     return [
-        "--model_name_or_path",
-        fixtures["model"],
-        "--dataset_name",
-        fixtures["dataset"],
-        "--dataset_config_name",
-        "matching",
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
+        *script_flags(fixtures),
         "--output_dir",
         out,
         "--do_train",

@@ -293,6 +293,10 @@ def test_output_dir_may_exist_or_be_created_below_existing_folders(tmp_path):
         run_directory.check_output_dir_path(str(tmp_path / "a_file"))
     with pytest.raises(ValueError, match=r"cannot be created: .*a_file is a file$"):
         run_directory.check_output_dir_path(str(tmp_path / "a_file" / "run" / "deeper"))
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")  # a link to nothing cannot be created over, nor below
+    for output_dir in (tmp_path / "link", tmp_path / "link" / "run"):
+        with pytest.raises(ValueError, match=rf"^--output_dir={output_dir} cannot be created: .*link is a file$"):
+            run_directory.check_output_dir_path(str(output_dir))
 
 
 def test_the_outcome_is_cached_in_a_new_nested_folder_and_again_after_a_recheck(tmp_path, monkeypatch, caplog):

@@ -11,7 +11,8 @@ import pytest
 from transformers import HfArgumentParser
 
 from bridgetower_bench import redaction
-from bridgetower_bench.tools import bench, bench_report
+from bridgetower_bench.tools import bench
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REPO, run_script
 
 
@@ -288,7 +289,7 @@ def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, mo
     assert rows[0]["error"] == "ValueError: invalid token REDACTED"
     log = (out / rows[0]["log"]).read_text()
     assert "arguments:" in log and "HF_TOKEN: REDACTED" in log
-    bench_report.render_all(out, rows, {"preset": "local", "model": "echo"})
+    bench.render_all(out, rows, {"preset": "local", "model": "echo"})
     assert "invalid token REDACTED" in (out / "table.md").read_text()
     assert _files_containing(out, [token, in_env]) == []
 
@@ -300,11 +301,7 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     config.write_text(
         json.dumps(
             {
-                "model_name_or_path": str(fixtures["model"]),
-                "dataset_name": str(fixtures["dataset"]),
-                "dataset_config_name": "matching",
-                "image_column": "image",
-                "caption_column": "image_description",
+                **script_arguments(fixtures),
                 "remove_unused_columns": False,
                 "do_train": True,
                 "max_steps": 2,

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
+from bridgetower_bench.tools.fixtures import script_flags
 from helpers import (
     CPU_FLAGS,
     REPO,
@@ -40,11 +41,6 @@ from helpers import (
 
 def train_args(fixtures, output_dir, **overrides):
     args = {
-        "model_name_or_path": fixtures["model"],
-        "dataset_name": fixtures["dataset"],
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
         "output_dir": output_dir,
         "per_device_train_batch_size": 4,
         "max_train_samples": 16,
@@ -55,8 +51,7 @@ def train_args(fixtures, output_dir, **overrides):
         "throughput_warmup_steps": 1,
         "dataloader_num_workers": 0,
     }
-    args.update(overrides)
-    return [item for key, value in args.items() if value is not None for item in (f"--{key}", str(value))]
+    return script_flags(fixtures, **{**args, **overrides})
 
 
 def last_stderr_line(result) -> str:
@@ -616,16 +611,7 @@ def refusal_cases(fixtures, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    newyorker = [
-        "--dataset_name",
-        fixtures["dataset"],
-        "--dataset_config_name",
-        "matching",
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
-    ]
+    newyorker = script_flags(fixtures, model_name_or_path=None)
     return {
         "missing dataset directory": (
             ["--model_name_or_path", model, "--dataset_name", tmp_path / "no-such-dir", *base],

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import (
     CPU_FLAGS,
     REPO,
@@ -81,11 +82,7 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
 def test_json_configuration_file(kind, fixtures, tmp_path):
     out = tmp_path / "run"
     config = {
-        "model_name_or_path": str(fixtures["model"]),
-        "dataset_name": str(fixtures["dataset"]),
-        "dataset_config_name": "matching",
-        "image_column": "image",
-        "caption_column": "image_description",
+        **script_arguments(fixtures),
         "output_dir": str(out),
         "do_eval": True,
         "per_device_eval_batch_size": 4,

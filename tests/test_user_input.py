@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import data, flag_guard, preflight
+from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script
 
@@ -222,16 +223,7 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
 def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path):
     status, stderr = run_cuda_script(
         [
-            "--model_name_or_path",
-            fixtures["model"],
-            "--dataset_name",
-            fixtures["dataset"],
-            "--dataset_config_name",
-            "matching",
-            "--image_column",
-            "image",
-            "--caption_column",
-            "image_description",
+            *script_flags(fixtures),
             "--max_seq_length",
             2,
             "--output_dir",

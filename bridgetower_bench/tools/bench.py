@@ -92,23 +92,23 @@ from typing import Optional
 
 from filelock import FileLock, Timeout
 
-from .. import run_directory
+from .. import published, run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
 from ..mediapipe_availability import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
-from . import tool_paths
+from . import cost_report, tool_paths
 from .bench_report import (
-    BLOG_MODEL,
     FAILED,
     INTERRUPTED,
     OK,
-    PUBLISHED_BATCH,
-    PUBLISHED_DEVICES,
     configuration_label,
-    render_all,
+    render_chart,
+    render_table,
+    render_vs_published,
+    summarise,
 )
 from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
 
@@ -142,10 +142,6 @@ SWEEP_FLAGS = (
 # Loaders whose batches come from PyTorch DataLoader workers, so that persistent workers and the prefetch
 # factor apply (the media pipeline has no such workers).
 WORKER_LOADERS = (TORCH_LOADER, "device_decode")
-
-BLOG_DATASET = "jmhessel/newyorker_caption_contest"
-BLOG_DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
-DATASET_CONFIG = "matching"
 
 # A run's training figures as train_results.json holds them: in results.csv and copied into each run's row.
 RUN_FIGURES = (
@@ -474,18 +470,11 @@ def describe_shape(shape: str) -> str:
 def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "published") -> list[str]:
     """The local preset: small, in the published run's epoch shape (or one epoch's steady state, see
     `local_shape`), and bound by image loading as the published runs are (see the module docstring)."""
+    from .fixtures import script_flags
+
     facts = local_shape(shape)
     args = [
-        "--model_name_or_path",
-        paths["model"],
-        "--dataset_name",
-        paths["dataset"],
-        "--dataset_config_name",
-        DATASET_CONFIG,
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
+        *script_flags(paths),
         "--do_train",
         "--max_train_samples",
         str(facts["train_rows"]),
@@ -518,33 +507,33 @@ def blog_preset_args() -> list[str]:
     write time inside the measured window; no trackers: they would start inside it."""
     return [
         "--model_name_or_path",
-        BLOG_MODEL,
+        published.MODEL,
         "--dataset_name",
-        BLOG_DATASET,
+        published.DATASET,
         "--dataset_config_name",
-        DATASET_CONFIG,
+        published.DATASET_CONFIG,
         "--dataset_revision",
-        BLOG_DATASET_REVISION,
+        published.DATASET_REVISION,
         "--trust_remote_code",
         "True",
         "--image_column",
-        "image",
+        published.IMAGE_COLUMN,
         "--caption_column",
-        "image_description",
+        published.CAPTION_COLUMN,
         "--remove_unused_columns",
         "False",
         "--do_train",
         "--do_eval",
         "--per_device_train_batch_size",
-        str(PUBLISHED_BATCH),
+        str(published.BATCH),
         "--per_device_eval_batch_size",
         "16",
         "--num_train_epochs",
-        "5",
+        str(published.EPOCHS),
         "--learning_rate",
         "1e-5",
         "--throughput_warmup_steps",
-        "3",
+        str(published.WARMUP_STEPS),
         "--logging_steps",
         "10",
         "--save_strategy",
@@ -618,7 +607,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
     script = args.script if args.script != "auto" else ("gaudi" if accelerator == "hpu" else "cuda")
     native = {"gaudi": "hpu", "cuda": "cuda"}[script]
     device = native if accelerator == native else "cpu"  # e.g. the CUDA script on a machine without a GPU
-    nproc = args.nproc if args.nproc is not None else (PUBLISHED_DEVICES if args.preset == "blog" else 1)
+    nproc = args.nproc if args.nproc is not None else (published.DEVICES if args.preset == "blog" else 1)
     if script == "gaudi" and nproc > 1 and device != "hpu":
         raise ValueError(f"--nproc {nproc}: the Gaudi script runs several processes only on HPUs (none here)")
     if device == "cuda" and nproc > 1:
@@ -1256,6 +1245,19 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="Print the commands and exit.")
     add_price_arguments(parser)
     return parser
+
+
+def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
+    """Write the report: table.md, vs_published.md and chart.png (tools/bench_report.py), and where there are
+    prices (`meta["prices"]`) or energy figures their sections and chart_cost.png (tools/cost_report.py);
+    return the table text."""
+    summary = summarise(rows)
+    cost_table, cost_vs_published, _ = cost_report.render(out, summary, meta)
+    table = render_table(summary) + cost_table
+    write_atomically(out / "table.md", table)
+    write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
+    render_chart(summary, out / "chart.png")
+    return table
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

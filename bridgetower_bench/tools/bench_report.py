@@ -1,12 +1,14 @@
 """The benchmark sweep's report: tables, the comparison with the published figures, and the chart.
 
-`render_all(out, rows, meta)` turns the sweep's rows (results.json) into table.md, vs_published.md and
-chart.png (with prices or energy figures, also their sections and chart_cost.png: tools/cost_report.py).
-Cells are the median over repeats of one configuration on one device.
+`summarise(rows)` turns the sweep's rows (results.json) into cells, which `render_table`,
+`render_vs_published` and `render_chart` write as table.md, vs_published.md and chart.png (tools/bench.py's
+`render_all` adds the cost and energy sections of tools/cost_report.py). Cells are the median over repeats
+of one configuration on one device.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import textwrap
@@ -15,27 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..atomic_files import write_atomically
+from .. import published
 from ..mediapipe_availability import TORCH_LOADER
 
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
-
-BLOG_MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
-
-# docs/PUBLISHED.md: the published whole-node (8 devices) throughput, samples/s.
-PUBLISHED_DEVICES = 8
-PUBLISHED_BATCH = 48
-PUBLISHED = {
-    "Gaudi2 HPU": {"workers=0": 601.5, "workers=1": 747.4, "workers=2": 768.7, "workers=2 + mediapipe": 847.7},
-    "H100 GPU": {"workers=0": 336.5, "workers=1": 580.1, "workers=2": 602.1},
-    "A100 80GB GPU": {"workers=0": 227.5, "workers=1": 339.7, "workers=2": 345.4},
-}
-PUBLISHED_CONFIGS = ("workers=0", "workers=1", "workers=2", "workers=2 + mediapipe")
-# Upstream's CI baselines for this example on the optimum-habana 1.21 line, 8 devices, samples/s: the blog's
-# flags plus a pinned data set revision, --trust_remote_code True and --sdp_on_bf16, without --do_predict.
-CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
-CI_EXTRA_FLAGS = "--dataset_revision 3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6 --trust_remote_code True --sdp_on_bf16"
 
 
 def configuration_label(
@@ -414,9 +400,9 @@ def _notes(summary: Summary) -> str:
 
 
 def render_vs_published(summary: Summary, meta: Mapping) -> str:
-    """vs_published.md: our cells beside the published figures (docs/PUBLISHED.md), whole node and per device (published = node / 8)."""
-    rows_order = list(summary.columns) + [c for c in PUBLISHED_CONFIGS if c not in summary.columns]
-    published_devices = list(PUBLISHED)
+    """vs_published.md: our cells beside the published figures (docs/PUBLISHED.md), whole node and per device (published = node / devices)."""
+    rows_order = list(summary.columns) + [c for c in published.CONFIGS if c not in summary.columns]
+    published_devices = list(published.THROUGHPUT)
     ours = summary.devices
 
     def node_value(device, column):
@@ -428,14 +414,14 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         return cell.median_per_device if cell else None
 
     def published_value(device, column, per_device):
-        value = PUBLISHED[device].get(column)
+        value = published.THROUGHPUT[device].get(column)
         if value is None:
-            return "n/a" if column in PUBLISHED_CONFIGS else "-"
-        return _fmt(value / PUBLISHED_DEVICES if per_device else value)
+            return "n/a" if column in published.CONFIGS else "-"
+        return _fmt(value / published.DEVICES if per_device else value)
 
     def published_speedup(device, column):
-        value, base = PUBLISHED[device].get(column), PUBLISHED[device]["workers=0"]
-        return f"x{value / base:.2f}" if value is not None else ("n/a" if column in PUBLISHED_CONFIGS else "-")
+        value, base = published.THROUGHPUT[device].get(column), published.THROUGHPUT[device]["workers=0"]
+        return f"x{value / base:.2f}" if value is not None else ("n/a" if column in published.CONFIGS else "-")
 
     header = ["configuration"] + [f"{d} (this run)" for d in ours] + [f"{d} (published)" for d in published_devices]
     node_rows = [
@@ -459,12 +445,12 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         verdict = (
             "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
         )
-    elif world_sizes == [PUBLISHED_DEVICES]:
+    elif world_sizes == [published.DEVICES]:
         verdict = "The published recipe at the published scale: the numbers compare directly."
     else:
         verdict = (
             f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
-            f"{PUBLISHED_DEVICES}: compare the per-device figures."
+            f"{published.DEVICES}: compare the per-device figures."
         )
     parts = [
         "# This run beside the published figures",
@@ -472,31 +458,32 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         _markdown_table(
             ["", "this run", "published"],
             [
-                ["model", model, f"{BLOG_MODEL} (866 M parameters)"],
+                ["model", model, f"{published.MODEL} ({published.TRAINED_PARAMETERS / 1e6:.0f} M parameters)"],
                 [
                     "devices",
                     ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?",
-                    str(PUBLISHED_DEVICES),
+                    str(published.DEVICES),
                 ],
                 [
                     "per-device batch",
                     ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?",
-                    str(PUBLISHED_BATCH),
+                    str(published.BATCH),
                 ],
                 [
                     "warm-up steps",
                     ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?",
-                    "3",
+                    str(published.WARMUP_STEPS),
                 ],
                 [
                     "optimizer steps per epoch",
                     ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
-                    f"about 26 (about 9.8k rows / {PUBLISHED_BATCH} x {PUBLISHED_DEVICES}, the last batch partial)",
+                    f"about {math.ceil(published.TRAIN_ROWS / (published.BATCH * published.DEVICES))} (about "
+                    f"{published.TRAIN_ROWS / 1000:g}k rows / {published.BATCH} x {published.DEVICES}, the last batch partial)",
                 ],
                 [
                     "epoch starts counted",
                     ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
-                    "4 (5 epochs)",
+                    f"{published.EPOCHS - 1} ({published.EPOCHS} epochs)",
                 ],
             ],
         ),
@@ -507,7 +494,7 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         "",
         _markdown_table(header, node_rows),
         "",
-        f"## Per device, samples/s (published: node / {PUBLISHED_DEVICES})",
+        f"## Per device, samples/s (published: node / {published.DEVICES})",
         "",
         _markdown_table(header, device_rows),
         "",
@@ -517,14 +504,14 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         "",
         "n/a: not published for that device; -: not run (or no run finished).",
         "",
-        f"## Upstream's CI baselines (optimum-habana 1.21 line, {PUBLISHED_DEVICES} devices)",
+        f"## Upstream's CI baselines (optimum-habana 1.21 line, {published.DEVICES} devices)",
         "",
         _markdown_table(
             ["device", "samples/s (node)", "samples/s per device"],
-            [[d, _fmt(v), _fmt(v / PUBLISHED_DEVICES)] for d, v in CI_BASELINES.items()],
+            [[d, _fmt(v), _fmt(v / published.DEVICES)] for d, v in published.CI_BASELINES.items()],
         ),
         "",
-        f"Its command adds `{CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
+        f"Its command adds `{published.CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
     ]
     return "\n".join(parts) + "\n"
 
@@ -594,17 +581,3 @@ def render_chart(summary: Summary, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
-    """Write table.md, vs_published.md and chart.png, and where there are prices (`meta["prices"]`) or energy
-    figures their sections and chart_cost.png (tools/cost_report.py); return the table text."""
-    from . import cost_report  # it builds on this module's summaries
-
-    summary = summarise(rows)
-    cost_table, cost_vs_published, _ = cost_report.render(out, summary, meta)
-    table = render_table(summary) + cost_table
-    write_atomically(out / "table.md", table)
-    write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
-    render_chart(summary, out / "chart.png")
-    return table

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import published
 from ..user_errors import UserInputError
 from . import tool_paths
 from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
@@ -296,7 +297,6 @@ def render_markdown(report: dict) -> str:
             + _speedups(report)
         )
     if report.get("published_costs"):
-        from .cost import PUBLISHED_EXPERIMENT
         from .cost_report import usd
 
         rows = [
@@ -310,14 +310,14 @@ def render_markdown(report: dict) -> str:
             for c in report["published_costs"]
         ]
         sections.append(
-            "## Published figures at these prices (8 devices)\n\n"
+            f"## Published figures at these prices ({published.DEVICES} devices)\n\n"
             + _table(
                 [
                     "device",
                     "configuration",
                     "samples/s",
                     "USD per 1M samples",
-                    f"USD, published run ({PUBLISHED_EXPERIMENT})",
+                    f"USD, published run ({published.EXPERIMENT})",
                 ],
                 rows,
             )

@@ -16,7 +16,7 @@ Arithmetic, for a row measured at S samples/s over D devices (S: the whole run, 
 device-hour:
 
     USD per 1M training samples   = P x D / (S x 3600) x 1e6
-    USD of the published run      = P x D x PUBLISHED_EXPERIMENT_SAMPLES / (S x 3600)
+    USD of the published run      = P x D x published.SAMPLES / (S x 3600)
 
 where the published run is 5 epochs of the `matching` train split at that steady-state speed (no warm-up,
 start-up or evaluation time).
@@ -34,18 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Optional
 
+from .. import published
 from ..user_errors import UserInputError
 
 
-# The published experiment: 5 epochs over the train split of the New Yorker `matching` configuration. The
-# documentation gives that split as "about 9.8k rows" (docs/PUBLISHED.md) and no exact count, so 9,800 is the
-# documented figure, not an exact one: the real count lies within 50 rows of it, half a percent of the cost.
-PUBLISHED_EPOCHS = 5
-PUBLISHED_TRAIN_ROWS = 9_800
-PUBLISHED_EXPERIMENT_SAMPLES = PUBLISHED_EPOCHS * PUBLISHED_TRAIN_ROWS
-PUBLISHED_EXPERIMENT = f"{PUBLISHED_EPOCHS} epochs x about {PUBLISHED_TRAIN_ROWS:,} rows"
-
-# The published devices (bench_report.PUBLISHED, CI_BASELINES) and the names their prices are given under.
+# The published devices (published.THROUGHPUT, CI_BASELINES) and the names their prices are given under.
 PUBLISHED_PRICE_NAMES = {
     "Gaudi2 HPU": "Gaudi2",
     "H100 GPU": "H100",
@@ -108,8 +101,8 @@ class Prices:
         devices = [(kind, name or "") for kind, name in devices]
         for kind, name in devices:
             self.for_device(kind, name)
-        for published in PUBLISHED_PRICE_NAMES:
-            self.for_published(published)
+        for device in PUBLISHED_PRICE_NAMES:
+            self.for_published(device)
         for price in self.entries:
             if any(price in [p for _, p in self._matches(kind, name)] for kind, name in devices):
                 continue
@@ -250,7 +243,7 @@ def usd_per_million_samples(usd_per_device_hour: float, devices: int, samples_pe
 
 
 def usd_published_experiment(
-    usd_per_device_hour: float, devices: int, samples_per_second: float, samples: int = PUBLISHED_EXPERIMENT_SAMPLES
+    usd_per_device_hour: float, devices: int, samples_per_second: float, samples: int = published.SAMPLES
 ) -> float:
     """USD of training the published experiment's samples at `samples_per_second` on `devices`."""
     return usd_per_device_hour * devices * samples / (samples_per_second * 3600)

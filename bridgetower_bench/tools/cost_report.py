@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
+from .. import published
 from ..energy import NOT_MEASURED
-from .bench_report import CI_BASELINES, PUBLISHED, PUBLISHED_CONFIGS, PUBLISHED_DEVICES, Summary, _fmt, _markdown_table
+from .bench_report import Summary, _fmt, _markdown_table
 from .cost import (
-    PUBLISHED_EXPERIMENT,
-    PUBLISHED_EXPERIMENT_SAMPLES,
     PUBLISHED_PRICE_NAMES,
     Price,
     Prices,
@@ -110,8 +109,8 @@ def render_table_sections(summary: Summary, prices: Prices) -> str:
             "",
             "## Cost at the prices given (USD, at the median samples/s)",
             "",
-            f"Per 1M training samples, then the published run ({PUBLISHED_EXPERIMENT} = "
-            f"{PUBLISHED_EXPERIMENT_SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
+            f"Per 1M training samples, then the published run ({published.EXPERIMENT} = "
+            f"{published.SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
             f"start-up or evaluation). Prices: {prices.describe()}.",
             "",
         ]
@@ -165,7 +164,9 @@ def render_table_sections(summary: Summary, prices: Prices) -> str:
 def published_costs(prices: Prices) -> list[dict]:
     """Every priced published figure: the post's configurations and upstream's CI baselines, 8 devices each."""
     found = []
-    for device, figures in list(PUBLISHED.items()) + [(d, {"upstream CI": v}) for d, v in CI_BASELINES.items()]:
+    for device, figures in list(published.THROUGHPUT.items()) + [
+        (d, {"upstream CI": v}) for d, v in published.CI_BASELINES.items()
+    ]:
         price = prices.for_published(device)
         if price is None:
             continue
@@ -176,10 +177,10 @@ def published_costs(prices: Prices) -> list[dict]:
                     "name": PUBLISHED_PRICE_NAMES.get(device, device),
                     "configuration": configuration,
                     "samples_per_second": node,
-                    "per_device": node / PUBLISHED_DEVICES,
+                    "per_device": node / published.DEVICES,
                     "price": price,
-                    "usd_per_1m_samples": usd_per_million_samples(price.usd_per_hour, PUBLISHED_DEVICES, node),
-                    "usd_published_experiment": usd_published_experiment(price.usd_per_hour, PUBLISHED_DEVICES, node),
+                    "usd_per_1m_samples": usd_per_million_samples(price.usd_per_hour, published.DEVICES, node),
+                    "usd_published_experiment": usd_published_experiment(price.usd_per_hour, published.DEVICES, node),
                 }
             )
     return found
@@ -207,7 +208,7 @@ def render_published_costs(prices: Prices) -> str:
             "USD per device-hour",
             "samples/s (node)",
             "USD per 1M samples",
-            f"USD, published run ({PUBLISHED_EXPERIMENT})",
+            f"USD, published run ({published.EXPERIMENT})",
         ],
         rows,
     )
@@ -218,19 +219,19 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
     if not prices:
         return ""
     ours = [d for d in summary.devices if cell_price(summary, d, prices)]
-    published = [d for d in list(PUBLISHED) if prices.for_published(d)]
-    rows_order = list(summary.columns) + [c for c in PUBLISHED_CONFIGS if c not in summary.columns]
-    header = ["configuration"] + [f"{d} (this run)" for d in ours] + [f"{d} (published)" for d in published]
+    priced = [d for d in published.THROUGHPUT if prices.for_published(d)]
+    rows_order = list(summary.columns) + [c for c in published.CONFIGS if c not in summary.columns]
+    header = ["configuration"] + [f"{d} (this run)" for d in ours] + [f"{d} (published)" for d in priced]
 
     def published_cell(device, column, index):
-        node = PUBLISHED[device].get(column)
+        node = published.THROUGHPUT[device].get(column)
         if node is None:
-            return "n/a" if column in PUBLISHED_CONFIGS else "-"
+            return "n/a" if column in published.CONFIGS else "-"
         price = prices.for_published(device).usd_per_hour
         return usd(
             (
-                usd_per_million_samples(price, PUBLISHED_DEVICES, node),
-                usd_published_experiment(price, PUBLISHED_DEVICES, node),
+                usd_per_million_samples(price, published.DEVICES, node),
+                usd_published_experiment(price, published.DEVICES, node),
             )[index]
         )
 
@@ -244,7 +245,7 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
             _markdown_table(
                 header,
                 [
-                    [c] + [our_cell(d, c, index) for d in ours] + [published_cell(d, c, index) for d in published]
+                    [c] + [our_cell(d, c, index) for d in ours] + [published_cell(d, c, index) for d in priced]
                     for c in rows_order
                 ],
             )
@@ -254,13 +255,13 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
         "## Cost at the prices given (USD)",
         "",
         f"Prices: {prices.describe()}. This run: its median samples/s on its own devices; published: the post's "
-        f"whole-node samples/s on {PUBLISHED_DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
+        f"whole-node samples/s on {published.DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
         "",
         "### Per 1M training samples",
         "",
         tables[0],
         "",
-        f"### The published run ({PUBLISHED_EXPERIMENT} = {PUBLISHED_EXPERIMENT_SAMPLES:,} samples)",
+        f"### The published run ({published.EXPERIMENT} = {published.SAMPLES:,} samples)",
         "",
         tables[1],
     ]
@@ -314,7 +315,7 @@ def cost_chart_points(summary: Summary, prices: Prices) -> dict:
                     "x": c["per_device"],
                     "y": c["usd_per_1m_samples"],
                     "label": c["configuration"],
-                    "device": f"{c['name']} x{PUBLISHED_DEVICES} (published)",
+                    "device": f"{c['name']} x{published.DEVICES} (published)",
                     "published": True,
                 }
             )
@@ -342,15 +343,15 @@ def render_cost_chart(summary: Summary, prices: Prices, path: Path) -> bool:
         devices = list(dict.fromkeys(p["device"] for p in points))
         for device in devices:
             mine = [p for p in points if p["device"] == device]
-            published = mine[0]["published"]
+            is_published = mine[0]["published"]
             ax.scatter(
                 [p["x"] for p in mine],
                 [p["y"] for p in mine],
                 color=colours[device],
                 label=device,
-                marker="*" if published else "o",
-                s=140 if published else 45,
-                edgecolors="black" if published else "none",
+                marker="*" if is_published else "o",
+                s=140 if is_published else 45,
+                edgecolors="black" if is_published else "none",
                 zorder=3,
             )
             for p in mine:

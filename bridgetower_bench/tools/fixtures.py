@@ -13,7 +13,8 @@ that cannot reach the Hugging Face Hub.
   Each caption (``image_description``) is derived from what is drawn, so a contrastive model
   can learn to match captions to pictures.
 * ``make_gaudi_config`` writes ``gaudi_config.json`` as ``Habana/clip`` has it.
-* ``ensure_default_fixtures`` builds the three defaults once under a cache directory.
+* ``ensure_default_fixtures`` builds the three defaults once under a cache directory;
+  ``script_flags`` / ``script_arguments`` are the flags of a script run on them.
 
 Command line: ``python -m bridgetower_bench.tools.fixtures --help``.
 """
@@ -27,12 +28,13 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from .. import published
 from ..atomic_files import remove_abandoned, staged_directory
 from . import tool_paths
 from .cartoons import (
@@ -67,7 +69,7 @@ MODEL_DIR_NAME = "tiny-bridgetower"
 LARGE_MODEL_DIR_NAME = "bridgetower-large-random"
 DATASET_DIR_NAME = "newyorker-matching-synthetic"
 GAUDI_CONFIG_DIR_NAME = "gaudi-config-clip"
-DATASET_CONFIG_NAME = "matching"
+DATASET_CONFIG_NAME = published.DATASET_CONFIG  # the published data set's layout
 SPLITS = ("train", "validation", "test")
 
 # Written last into a fixture directory before it is renamed into place: its presence, with
@@ -663,6 +665,27 @@ def ensure_default_fixtures(root=None) -> dict[str, Path]:
         "dataset": build_fixture(root, "dataset", **DEFAULT_DATASET_OPTIONS),
         "gaudi_config": build_fixture(root, "gaudi_config"),
     }
+
+
+def script_arguments(paths: Mapping, **overrides) -> dict[str, str]:
+    """A script run on fixtures (`paths`: "model" and "dataset" directories, as `ensure_default_fixtures`
+    gives them): the model, data set, configuration and columns, by argument name, as the published run
+    names them; `overrides` set an argument, or with None leave it out. The fixtures' command line, one home
+    for the tools and the tests."""
+    arguments = {
+        "model_name_or_path": paths["model"],
+        "dataset_name": paths["dataset"],
+        "dataset_config_name": DATASET_CONFIG_NAME,
+        "image_column": published.IMAGE_COLUMN,
+        "caption_column": published.CAPTION_COLUMN,
+        **overrides,
+    }
+    return {name: str(value) for name, value in arguments.items() if value is not None}
+
+
+def script_flags(paths: Mapping, **overrides) -> list[str]:
+    """`script_arguments` as a script's command-line words."""
+    return [word for name, value in script_arguments(paths, **overrides).items() for word in (f"--{name}", value)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,32 +30,22 @@ Exit status: 0 when every check and step passed (version warnings allowed), 1 wh
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from importlib import metadata
-from pathlib import Path
 from typing import Optional
 
-from ..atomic_files import write_atomically
 from ..execution_mode import LAZY, LAZY_MODE_VARIABLE
-from ..redaction import shareable
-from . import tool_paths
+from . import self_check, tool_paths
+from .self_check import FAILED, OK, REPO, WARNING, Row
 
 
-REPO = Path(__file__).resolve().parents[2]
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
 REQUIREMENT_FILES = ("requirements.txt", "requirements-gaudi.txt")
 LAUNCHER_HPUS = 8
-OK, WARNING, FAILED, SKIPPED = "ok", "warning", "failed", "skipped"
-NOT_ON_GAUDI_EXIT = 2
 # Every step runs lazy mode, as upstream's CI: Habana's bridge reads this when it loads (the HPU probe runs with it too).
 STEP_ENVIRONMENT = {LAZY_MODE_VARIABLE: "1"}
 ENVIRONMENT_KEYS = (
@@ -72,26 +62,6 @@ ENVIRONMENT_KEYS = (
 )
 
 
-# ----------------------------------------------------------------------------------------
-# What was found and what happened
-# ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    """One line of the table: a stack check or a training step."""
-
-    name: str
-    result: str  # ok / warning / failed / skipped
-    detail: str = ""
-    seconds: Optional[float] = None
-    samples_per_second: Optional[float] = None
-    loader: Optional[str] = None
-    execution_mode: Optional[str] = None  # what the step's train_results.json says the bridge ran
-    log: Optional[str] = None  # relative to the output directory
-    command: Optional[list] = None  # paths relative to the output directory
-
-
 @dataclass
 class Hpus:
     count: int
@@ -102,28 +72,17 @@ class Hpus:
     )
 
 
-def ask_child(function: str, devices: str, env: Optional[dict] = None) -> dict | str:
-    """What `function` ("module:name", returning a JSON-able dict or a one-line reason) answers in a child
-    python, so that this process never opens a device its training steps need; or why the query failed."""
-    module, name = function.split(":")
-    code = f"import json; from {module} import {name}; print(json.dumps({name}()))"
-    try:
-        child = subprocess.run(
-            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
-        )
-    except subprocess.TimeoutExpired:
-        return f"the {devices} query did not answer within 600 s"
-    lines = child.stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1])
-    except (IndexError, ValueError):
-        error = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"the {devices} query failed (exit status {child.returncode}): {error}"
+@dataclass
+class Step(self_check.Step):
+    """A Gaudi step: lazy mode asked for, with the variable that selects it."""
+
+    expected_mode: str = LAZY  # (--use_lazy_mode with PT_HPU_LAZY_MODE=1)
+    env: dict = field(default_factory=lambda: dict(STEP_ENVIRONMENT))
 
 
 def probe_hpus() -> Hpus | str:
     """The visible HPUs, or why this is not a Gaudi node (one line), asked in a child process."""
-    answer = ask_child(
+    answer = self_check.ask_child(
         "bridgetower_bench.tools.gaudi_check:hpus_here", "HPU", env=dict(os.environ, **STEP_ENVIRONMENT)
     )
     return answer if isinstance(answer, str) else Hpus(**answer)
@@ -213,36 +172,6 @@ def driver_row() -> Row:
     return Row("Gaudi driver", OK, str(driver))
 
 
-def pinned_requirements(repo: Path = REPO, files: tuple = REQUIREMENT_FILES) -> list[str]:
-    """The requirement lines of `files` (requirements.txt and requirements-gaudi.txt; comments and -r lines left out)."""
-    lines = []
-    for name in files:
-        path = repo / name
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                line = line.split("#", 1)[0].strip()
-                if line and not line.startswith("-"):
-                    lines.append(line)
-    return lines
-
-
-def requirement_row(
-    line: str, installed: Callable[[str], str] = metadata.version, install: str = "requirements-gaudi.txt"
-) -> Row:
-    """One pinned package: installed at a version its pin allows?"""
-    from packaging.requirements import Requirement
-
-    requirement = Requirement(line)
-    pin = str(requirement.specifier) or "any version"
-    try:
-        version = installed(requirement.name)
-    except metadata.PackageNotFoundError:
-        return Row(requirement.name, FAILED, f"not installed (pinned: {pin}); pip install -r {install}")
-    if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
-        return Row(requirement.name, WARNING, f"{version}, pinned: {pin}")
-    return Row(requirement.name, OK, f"{version}" + (f" (pinned: {pin})" if requirement.specifier else ""))
-
-
 def stack_rows(hpus: Hpus) -> list[Row]:
     memory = (hpus.environment or {}).get("device_memory_bytes")
     each = f", {memory / 2**30:.1f} GiB each" if memory else ""
@@ -255,7 +184,10 @@ def stack_rows(hpus: Hpus) -> list[Row]:
     except Exception as error:
         rows.append(Row("torch", FAILED, f"cannot be imported: {type(error).__name__}: {error}"))
     rows.append(media_pipeline_row(hpus))
-    rows += [requirement_row(line) for line in pinned_requirements()]
+    rows += [
+        self_check.requirement_row(line, install="requirements-gaudi.txt")
+        for line in self_check.pinned_requirements(REQUIREMENT_FILES)
+    ]
     return rows
 
 
@@ -270,100 +202,16 @@ def media_pipeline_row(hpus: Hpus) -> Row:
 
 
 # ----------------------------------------------------------------------------------------
-# 2. Training steps
+# 2. Training steps, and the record
 # ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class Step:
-    """One training run of the check: its command, where it writes, and the loader it must use."""
-
-    name: str
-    command: list
-    run_dir: Path  # the script's --output_dir
-    log: Path
-    expected_loader: str
-    needs_hpus: int = 1
-    expected_mode: str = LAZY  # the execution mode the step asks for (--use_lazy_mode with PT_HPU_LAZY_MODE=1)
-    env: dict = field(default_factory=lambda: dict(STEP_ENVIRONMENT))  # set for the step's processes
-
-
-@dataclass
-class Ran:
-    """What a step runner reports: the exit status, and a note to show (e.g. how it ran)."""
-
-    returncode: int
-    note: str = ""
-
-
-def run_command(step: Step, timeout: float, tool: str = "gaudi_check") -> Ran:
-    """The real runner: the step's command as a subprocess, all its output into its log file."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **step.env)
-    with open(step.log, "w") as log:
-        try:
-            return Ran(
-                subprocess.run(
-                    step.command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
-                ).returncode
-            )
-        except subprocess.TimeoutExpired:
-            log.write(f"\n{tool}: timed out after {timeout:.0f} s\n")
-            return Ran(124)
-
-
-def script_flags(fixtures: dict, run_dir: Path, max_steps: int) -> list[str]:
-    """The Gaudi script's flags for a short run on the fixtures: lazy mode, HPU graphs for inference."""
-    return [
-        "--model_name_or_path",
-        str(fixtures["model"]),
-        "--dataset_name",
-        str(fixtures["dataset"]),
-        "--dataset_config_name",
-        "matching",
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
-        "--output_dir",
-        str(run_dir),
-        "--overwrite_output_dir",
-        "--do_train",
-        "--do_eval",
-        "--max_steps",
-        str(max_steps),
-        "--max_train_samples",
-        "64",
-        "--max_eval_samples",
-        "16",
-        "--per_device_train_batch_size",
-        "4",
-        "--per_device_eval_batch_size",
-        "4",
-        "--throughput_warmup_steps",
-        "1",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--dataloader_num_workers",
-        "2",
-        "--use_habana",
-        "--use_lazy_mode",
-        "--use_hpu_graphs_for_inference",
-        "--gaudi_config_name",
-        str(fixtures["gaudi_config"]),
-    ]
-
-
-def plan_steps(fixtures: dict, output_dir: Path, max_steps: int) -> list[Step]:
-    def step(name, expected_loader, extra=(), launcher=(), needs_hpus=1):
+def plan_steps(fixtures: dict, output_dir, args, hpus: Hpus) -> list[Step]:
+    def step(name, expected_loader, extra=(), launcher=(), needs=1):
         run_dir = output_dir / name / "run"
-        command = [*launcher, str(GAUDI_SCRIPT), *script_flags(fixtures, run_dir, max_steps), *extra]
-        if not launcher:
-            command.insert(0, sys.executable)
-        return Step(name, command, run_dir, output_dir / name / "log.txt", expected_loader, needs_hpus)
+        flags = self_check.script_flags(fixtures, run_dir, args.max_steps)
+        command = [*(launcher or [sys.executable]), str(GAUDI_SCRIPT), *flags, *hpu_flags(fixtures), *extra]
+        return Step(name, command, run_dir, output_dir / name / "log.txt", expected_loader, needs)
 
     from ..mediapipe_availability import MEDIAPIPE_LOADER, TORCH_LOADER
 
@@ -378,157 +226,19 @@ def plan_steps(fixtures: dict, output_dir: Path, max_steps: int) -> list[Step]:
     return [
         step("1hpu-pytorch-loader", TORCH_LOADER),
         step("1hpu-media-pipeline", MEDIAPIPE_LOADER, extra=["--mediapipe_dataloader"]),
-        step(f"{LAUNCHER_HPUS}hpu-launcher", TORCH_LOADER, launcher=launcher, needs_hpus=LAUNCHER_HPUS),
+        step(f"{LAUNCHER_HPUS}hpu-launcher", TORCH_LOADER, launcher=launcher, needs=LAUNCHER_HPUS),
     ]
 
 
-def last_error_line(log: Path) -> str:
-    """The line that says what went wrong: the last one naming an error, else the last line."""
-    try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no output"
-    errors = [line for line in lines if re.search(r"error|exception|timed out|killed", line, re.IGNORECASE)]
-    return (errors or lines or ["no output"])[-1][:300]
-
-
-def judge(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
-    """A step's row: failed unless it exited 0, saved its results, and ran the expected loader."""
-    row = Row(
-        step.name,
-        FAILED,
-        seconds=round(seconds, 1),
-        log=relative(step.log, output_dir),
-        command=[f"{name}={value}" for name, value in step.env.items()]
-        + [relative(part, output_dir) for part in step.command],
-    )
-    results_file = step.run_dir / "train_results.json"
-    if ran.returncode != 0:
-        row.detail = f"exit status {ran.returncode}: {last_error_line(step.log)}"
-        return row
-    try:
-        results = json.loads(results_file.read_text())
-    except (OSError, ValueError) as error:
-        row.detail = f"no readable train_results.json ({type(error).__name__})"
-        return row
-    row.loader = results.get("loader")
-    row.samples_per_second = results.get("train_samples_per_second")
-    row.execution_mode = results.get("execution_mode")
-    if row.loader != step.expected_loader:
-        row.detail = f"the {step.expected_loader} loader did not run; the run says: {row.loader}"
-        return row
-    if row.execution_mode != step.expected_mode:
-        row.detail = f"asked for {step.expected_mode} mode, but the bridge ran: {row.execution_mode}"
-        return row
-    row.result, row.detail = OK, ran.note
-    return row
-
-
-def relative(part, output_dir: Path) -> str:
-    """A command-line word for the record: paths relative to the output directory (the fixtures are
-    there too), the repository's own files relative to it, the interpreter as `python`."""
-    text = str(part)
-    if text == sys.executable:
-        return "python"
-    if os.path.isabs(text):
-        for root in (output_dir, REPO):
-            if Path(text).is_relative_to(root):
-                return os.path.relpath(text, root)
-        return "<outside the output directory>"
-    return text
-
-
-def run_steps(
-    steps: list[Step],
-    hpus: Hpus,
-    output_dir: Path,
-    runner: Callable[[Step], Ran],
-    *,
-    devices: str = "HPUs",
-    tool: str = "gaudi_check",
-    judge_step: Callable[[Step, Ran, float, Path], Row] = judge,
-) -> list[Row]:
-    """Each step the devices allow (`hpus.count`, named `devices`), judged by `judge_step`; nvidia_check's too."""
-    rows = []
-    for step in steps:
-        if hpus.count < step.needs_hpus:
-            rows.append(Row(step.name, SKIPPED, f"needs {step.needs_hpus} {devices}, {hpus.count} visible"))
-            continue
-        step.log.parent.mkdir(parents=True, exist_ok=True)
-        (step.run_dir / "train_results.json").unlink(missing_ok=True)  # an earlier check's must not count
-        print(f"{tool}: running {step.name} (log: {step.log})", flush=True)
-        started = time.perf_counter()
-        ran = runner(step)
-        rows.append(judge_step(step, ran, time.perf_counter() - started, output_dir))
-    return rows
-
-
-# ----------------------------------------------------------------------------------------
-# The table and the record
-# ----------------------------------------------------------------------------------------
-
-
-def format_table(rows: list[Row]) -> str:
-    header = ("check / step", "result", "seconds", "samples/s", "loader", "mode", "detail")
-    cells = [header] + [
-        (
-            row.name,
-            row.result,
-            "" if row.seconds is None else f"{row.seconds:.1f}",
-            "" if row.samples_per_second is None else f"{row.samples_per_second:.1f}",
-            short_loader(row.loader),
-            row.execution_mode or "",
-            row.detail,
-        )
-        for row in rows
+def hpu_flags(fixtures: dict) -> list[str]:
+    """The Gaudi script's own flags of each step: lazy mode, HPU graphs for inference."""
+    return [
+        "--use_habana",
+        "--use_lazy_mode",
+        "--use_hpu_graphs_for_inference",
+        "--gaudi_config_name",
+        str(fixtures["gaudi_config"]),
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header) - 1)]
-    return (
-        "\n".join(
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in cells
-        ).rstrip()
-        + "\n"
-    )
-
-
-def short_loader(loader: Optional[str]) -> str:
-    """The table's loader cell: a fallback's reason is left to the detail column."""
-    if not loader:
-        return ""
-    return loader.split(" (", 1)[0] + (" (fallback)" if " (" in loader else "")
-
-
-def record(hpus: Optional[Hpus], stack: list[Row], steps: list[Row], output_dir: Path) -> dict:
-    """The shareable record; paths in error lines are made relative too (the home directory as ~)."""
-    prefixes = [
-        (f"{output_dir}{os.sep}", ""),
-        (str(output_dir), "."),
-        (f"{REPO}{os.sep}", ""),
-        (str(Path.home()), "~"),
-    ]
-
-    def scrub(value):
-        if isinstance(value, str):
-            for prefix, replacement in prefixes:
-                value = value.replace(prefix, replacement)
-            return value
-        if isinstance(value, list):
-            return [scrub(item) for item in value]
-        if isinstance(value, dict):
-            return {key: scrub(item) for key, item in value.items()}
-        return value
-
-    return scrub(
-        {
-            "tool": "python -m bridgetower_bench.tools.gaudi_check",
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "hpus": asdict(hpus) if hpus else None,
-            "environment": environment_record(hpus) if hpus else None,
-            "passed": not any(row.result == FAILED for row in stack + steps),
-            "stack": [asdict(row) for row in stack],
-            "steps": [asdict(row) for row in steps],
-        }
-    )
 
 
 def environment_record(hpus: Hpus) -> dict:
@@ -541,59 +251,23 @@ def environment_record(hpus: Hpus) -> dict:
     return found
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.gaudi_check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--output_dir", type=Path, default=Path("gaudi_check"), help="Where the runs, logs and record go."
-    )
-    parser.add_argument(
-        "--json", type=Path, default=None, help="The record's path (default: <output_dir>/gaudi_check.json)."
-    )
-    parser.add_argument("--max_steps", type=int, default=5, help="Optimizer steps per training run.")
-    parser.add_argument("--timeout", type=float, default=1200, help="Seconds allowed per training run.")
-    args = parser.parse_args(argv)
-    if args.max_steps <= 0:
-        parser.error(f"--max_steps={args.max_steps}: must be positive")
-    if args.timeout <= 0:
-        parser.error(f"--timeout={args.timeout}: must be positive")
-    tool_paths.output_dir("--output_dir", args.output_dir)
-    if args.json is not None:
-        tool_paths.output_file("--json", args.json)
-    return args
+def parse_args(argv=None):
+    parser = self_check.argument_parser("gaudi_check", __doc__, "Optimizer steps per training run.", timeout=1200)
+    return self_check.check_arguments(parser, parser.parse_args(argv))
 
 
-def main(
-    argv=None, *, probe: Callable[[], Hpus | str] = probe_hpus, runner: Optional[Callable[[Step], Ran]] = None
-) -> int:
+def main(argv=None, *, probe: Callable[[], Hpus | str] = probe_hpus, runner: Optional[Callable] = None) -> int:
     """Run the check; returns the exit status. ``probe`` and ``runner`` are replaceable for tests."""
-    args = parse_args(argv)
-    hpus = probe()
-    if isinstance(hpus, str):
-        print(f"gaudi_check: not a Gaudi node: {hpus}; nothing checked.")
-        return NOT_ON_GAUDI_EXIT
-    output_dir = args.output_dir.resolve()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    json_path = (args.json or output_dir / "gaudi_check.json").resolve()
-    if runner is None:
-        runner = lambda step: run_command(step, args.timeout)  # noqa: E731
-
-    stack = stack_rows(hpus)
-    from .fixtures import ensure_default_fixtures
-
-    fixtures = ensure_default_fixtures(output_dir / "fixtures")  # inside the output directory: the record names them
-    steps = run_steps(plan_steps(fixtures, output_dir, args.max_steps), hpus, output_dir, runner)
-    print()
-    print(format_table(stack + steps), end="")
-    # a shareable record: credential values (HF_TOKEN and the like, e.g. echoed in an error line) scrubbed
-    report = shareable(record(hpus, stack, steps, output_dir), args=list(sys.argv[1:] if argv is None else argv))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(json_path, json.dumps(report, indent=2) + "\n")
-    print(f"record: {json_path} ({'passed' if report['passed'] else 'FAILED'}; attach it to a bug report)")
-    return 0 if report["passed"] else 1
+    backend = self_check.Backend(
+        tool="gaudi_check",
+        devices="HPUs",
+        absent="not a Gaudi node",
+        probe=probe,
+        stack_rows=stack_rows,
+        plan_steps=plan_steps,
+        record_facts=lambda hpus: {"hpus": asdict(hpus), "environment": environment_record(hpus)},
+    )
+    return self_check.run_check(backend, parse_args(argv), argv, runner)
 
 
 if __name__ == "__main__":

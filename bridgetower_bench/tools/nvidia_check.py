@@ -28,7 +28,6 @@ NVIDIA GPU, said in one line with the reason (driver, CUDA_VISIBLE_DEVICES, no d
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -36,31 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..atomic_files import write_atomically
-from ..execution_mode import NOT_ON_GAUDI
-from ..redaction import shareable
-from . import gaudi_check, tool_paths
-from .gaudi_check import (
-    FAILED,
-    OK,
-    REPO,
-    WARNING,
-    Ran,
-    Row,
-    Step,
-    format_table,
-    judge,
-    last_error_line,
-    pinned_requirements,
-    record,
-    requirement_row,
-    run_command,
-)
+from .. import published
+from . import self_check, tool_paths
+from .self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
 
 
 CUDA_SCRIPT = REPO / "run_bridgetower_cuda.py"
-NO_GPU_EXIT = 2
-PUBLISHED_BATCH = 48
 
 
 @dataclass
@@ -81,7 +61,7 @@ class Gpus:
 
 def probe_gpus() -> Gpus | str:
     """The visible GPUs, or why there is no usable one (one line), asked in a child process."""
-    answer = gaudi_check.ask_child("bridgetower_bench.tools.nvidia_check:gpus_here", "GPU")
+    answer = self_check.ask_child("bridgetower_bench.tools.nvidia_check:gpus_here", "GPU")
     return answer if isinstance(answer, str) else Gpus(**answer)
 
 
@@ -173,17 +153,17 @@ def memory_row(gpus: Gpus) -> Row:
     """Does the published per-device batch fit the smallest visible GPU (known need, estimated)?"""
     from .. import gpu_memory
 
-    need = published_need()
+    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     smallest = min(gpus.memory_gib)
-    if need.fits(PUBLISHED_BATCH, smallest):
+    if need.fits(published.BATCH, smallest):
         return Row(
             "published batch memory",
             OK,
-            f"per-device batch {PUBLISHED_BATCH} needs about "
-            f"{need.device_gib(PUBLISHED_BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)",
+            f"per-device batch {published.BATCH} needs about "
+            f"{need.device_gib(published.BATCH):.1f} of {smallest:.1f} GiB (estimated; the last step measures it)",
         )
     line = gpu_memory.does_not_fit_message(
-        batch=PUBLISHED_BATCH,
+        batch=published.BATCH,
         accumulation=1,
         world_size=gpus.count,
         device_name=gpus.names[gpus.memory_gib.index(smallest)],
@@ -191,21 +171,6 @@ def memory_row(gpus: Gpus) -> Row:
         need=need,
     )
     return Row("published batch memory", WARNING, line)
-
-
-def published_need():
-    from .. import gpu_memory
-
-    return gpu_memory.memory_need(
-        shape=gpu_memory.PUBLISHED_SHAPE,
-        sequence_length=gpu_memory.PUBLISHED_SEQUENCE,
-        bf16=True,
-        attention="eager",
-        compiled=False,
-        gradient_checkpointing=False,
-        parameters=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
-        trained=gpu_memory.PUBLISHED_TRAINED_PARAMETERS,
-    )
 
 
 def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> list[Row]:
@@ -236,8 +201,8 @@ def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> 
     )
     extra = {} if installed is None else {"installed": installed}
     rows += [
-        requirement_row(line, install=route, **extra)
-        for line in pinned_requirements(files=("requirements.txt", route))
+        self_check.requirement_row(line, install=route, **extra)
+        for line in self_check.pinned_requirements(("requirements.txt", route))
     ]
     return rows
 
@@ -247,77 +212,32 @@ def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> 
 # ----------------------------------------------------------------------------------------
 
 
-def script_flags(
-    model: Path, dataset: Path, run_dir: Path, max_steps: int, batch: int = 4, rows: int = 64, evaluate: bool = True
-) -> list[str]:
-    """The CUDA script's flags for a short bf16 run on the fixtures."""
-    return [
-        "--model_name_or_path",
-        str(model),
-        "--dataset_name",
-        str(dataset),
-        "--dataset_config_name",
-        "matching",
-        "--image_column",
-        "image",
-        "--caption_column",
-        "image_description",
-        "--output_dir",
-        str(run_dir),
-        "--overwrite_output_dir",
-        "--do_train",
-        *(["--do_eval"] if evaluate else []),
-        "--max_steps",
-        str(max_steps),
-        "--max_train_samples",
-        str(rows),
-        "--max_eval_samples",
-        "16",
-        "--per_device_train_batch_size",
-        str(batch),
-        "--per_device_eval_batch_size",
-        "4",
-        "--throughput_warmup_steps",
-        "1" if max_steps > 1 else "0",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--dataloader_num_workers",
-        "2",
-        "--bf16",
-    ]
-
-
-def plan_steps(fixtures: dict, large_model: Path, output_dir: Path, max_steps: int, gpus: int) -> list[Step]:
+def plan_steps(fixtures: dict, output_dir: Path, args, gpus: Gpus) -> list[Step]:
     def step(name, expected_loader, flags, launcher=(), needs=1):
         command = [*(launcher or [sys.executable]), str(CUDA_SCRIPT), *flags]
-        return Step(
-            name,
-            command,
-            output_dir / name / "run",
-            output_dir / name / "log.txt",
-            expected_loader,
-            needs,
-            expected_mode=NOT_ON_GAUDI,
-            env={},
-        )  # no Habana execution mode on a GPU
+        return Step(name, command, output_dir / name / "run", output_dir / name / "log.txt", expected_loader, needs)
 
     def tiny(name):
-        return script_flags(fixtures["model"], fixtures["dataset"], output_dir / name / "run", max_steps)
+        warmup = 1 if args.max_steps > 1 else 0
+        return [*self_check.script_flags(fixtures, output_dir / name / "run", args.max_steps, warmup=warmup), "--bf16"]
 
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
-    large = script_flags(
-        large_model,
-        fixtures["dataset"],
+    from .fixtures import build_fixture
+
+    large_model = (
+        args.large_model.resolve()
+        if args.large_model
+        else build_fixture(output_dir / "fixtures", "model", seed=0, image_size=294, large=True)
+    )
+    large = self_check.script_flags(
+        {**fixtures, "model": large_model},
         output_dir / "large-1step" / "run",
         1,
-        batch=PUBLISHED_BATCH,
-        rows=2 * PUBLISHED_BATCH,
+        batch=published.BATCH,
+        rows=2 * published.BATCH,
         evaluate=False,
-    )
+        warmup=0,
+    ) + ["--bf16"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus.count)]
     return [
         step("1gpu-pytorch-loader", "torch", tiny("1gpu-pytorch-loader")),
         step(
@@ -325,32 +245,32 @@ def plan_steps(fixtures: dict, large_model: Path, output_dir: Path, max_steps: i
             "device_decode",
             tiny("1gpu-device-decode") + ["--image_pipeline", "fast", "--device_decode"],
         ),
-        step(f"{gpus}gpu-torchrun", "torch", tiny(f"{gpus}gpu-torchrun"), launcher=torchrun, needs=gpus),
+        step(
+            f"{gpus.count}gpu-torchrun",
+            "torch",
+            tiny(f"{gpus.count}gpu-torchrun"),
+            launcher=torchrun,
+            needs=gpus.count,
+        ),
         step("large-1step", "torch", large),
     ]
 
 
 def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
-    """gaudi_check's verdict; the Large step also shows its peak memory, and a batch that does not fit is a warning."""
-    row = judge(step, ran, seconds, output_dir)
+    """The shared verdict; the Large step also shows its peak memory, and a batch that does not fit is a warning."""
+    row = self_check.judge(step, ran, seconds, output_dir)
     if step.name != "large-1step":
         return row
-    if ran.returncode == 2 and "does not fit" in last_error_line(step.log):
-        row.result, row.detail = WARNING, last_error_line(step.log).split("error: ", 1)[-1]
+    if ran.returncode == 2 and "does not fit" in self_check.last_error_line(step.log):
+        row.result, row.detail = WARNING, self_check.last_error_line(step.log).split("error: ", 1)[-1]
         return row
     if row.result == OK:
         results = json.loads((step.run_dir / "train_results.json").read_text())
         peak = results.get("peak_gpu_memory_gb")
         row.detail = (
-            f"peak {peak} GiB of tensors at per-device batch {PUBLISHED_BATCH}" if peak is not None else ""
+            f"peak {peak} GiB of tensors at per-device batch {published.BATCH}" if peak is not None else ""
         ) + (f"; {ran.note}" if ran.note else "")
     return row
-
-
-def run_steps(steps: list[Step], gpus: Gpus, output_dir: Path, runner: Callable[[Step], Ran]) -> list[Row]:
-    return gaudi_check.run_steps(
-        steps, gpus, output_dir, runner, devices="GPUs", tool="nvidia_check", judge_step=judge_step
-    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,7 +282,7 @@ def memory_plan(sizes_gib: list[float]) -> str:
     """For GPUs of these sizes: does the published per-device batch fit, else which batch x accumulation does."""
     from .. import gpu_memory
 
-    need = published_need()
+    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     lines = [
         f"BridgeTower Large, 294 px, 128 tokens, bf16: about {need.fixed_gib:.1f} GiB + {need.per_sample_gib:.2f} GiB "
         f"per sample of tensors (estimated from {need.measured.peak_gib} GiB at batch {need.measured.batch}, "
@@ -370,14 +290,14 @@ def memory_plan(sizes_gib: list[float]) -> str:
         f"+{gpu_memory.CUDA_CONTEXT_GIB:.0f} GiB CUDA context"
     ]
     for size in sizes_gib:
-        if need.fits(PUBLISHED_BATCH, size):
+        if need.fits(published.BATCH, size):
             lines.append(
-                f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} fits (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB)"
+                f"{size:g} GiB: per-device batch {published.BATCH} fits (about {need.device_gib(published.BATCH):.1f} GiB)"
             )
             continue
-        smaller = gpu_memory.same_global_batch(PUBLISHED_BATCH, 1, lambda b: need.fits(b, size))
+        smaller = gpu_memory.same_global_batch(published.BATCH, 1, lambda b: need.fits(b, size))
         lines.append(
-            f"{size:g} GiB: per-device batch {PUBLISHED_BATCH} does not fit (about {need.device_gib(PUBLISHED_BATCH):.1f} GiB); "
+            f"{size:g} GiB: per-device batch {published.BATCH} does not fit (about {need.device_gib(published.BATCH):.1f} GiB); "
             + (
                 f"--per_device_train_batch_size {smaller[0]} --gradient_accumulation_steps {smaller[1]} "
                 f"(about {need.device_gib(smaller[0]):.1f} GiB)"
@@ -388,20 +308,10 @@ def memory_plan(sizes_gib: list[float]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.nvidia_check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def parse_args(argv=None):
+    parser = self_check.argument_parser(
+        "nvidia_check", __doc__, "Optimizer steps per run on the tiny fixtures.", timeout=900
     )
-    parser.add_argument(
-        "--output_dir", type=Path, default=Path("nvidia_check"), help="Where the runs, logs and record go."
-    )
-    parser.add_argument(
-        "--json", type=Path, default=None, help="The record's path (default: <output_dir>/nvidia_check.json)."
-    )
-    parser.add_argument("--max_steps", type=int, default=5, help="Optimizer steps per run on the tiny fixtures.")
-    parser.add_argument("--timeout", type=float, default=900, help="Seconds allowed per training run.")
     parser.add_argument(
         "--large_model",
         type=Path,
@@ -416,17 +326,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Only print whether the published per-device batch fits GPUs of these sizes (no GPU needed).",
     )
     args = parser.parse_args(argv)
-    if args.max_steps <= 0:
-        parser.error(f"--max_steps={args.max_steps}: must be positive")
-    if args.timeout <= 0:
-        parser.error(f"--timeout={args.timeout}: must be positive")
     if args.memory and min(args.memory) <= 0:
         parser.error("--memory: sizes must be positive")
-    if not args.memory:  # (--memory writes nothing)
-        tool_paths.output_dir("--output_dir", args.output_dir)
-        if args.json is not None:
-            tool_paths.output_file("--json", args.json)
-    return args
+    return self_check.check_arguments(parser, args, writes=not args.memory)  # (--memory writes nothing)
 
 
 def main(
@@ -441,36 +343,17 @@ def main(
     if args.memory:
         print(memory_plan(args.memory))
         return 0
-    gpus = probe()
-    if isinstance(gpus, str):
-        print(f"nvidia_check: no usable NVIDIA GPU: {gpus}; nothing checked.")
-        return NO_GPU_EXIT
-    output_dir = args.output_dir.resolve()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    json_path = (args.json or output_dir / "nvidia_check.json").resolve()
-    if runner is None:
-        runner = lambda step: run_command(step, args.timeout, tool="nvidia_check")  # noqa: E731
-
-    stack = stack_rows(gpus, installed)
-    from .fixtures import build_fixture, ensure_default_fixtures
-
-    fixtures = ensure_default_fixtures(output_dir / "fixtures")  # inside the output directory: the record names them
-    large = (
-        args.large_model.resolve()
-        if args.large_model
-        else build_fixture(output_dir / "fixtures", "model", seed=0, image_size=294, large=True)
+    backend = self_check.Backend(
+        tool="nvidia_check",
+        devices="GPUs",
+        absent="no usable NVIDIA GPU",
+        probe=probe,
+        stack_rows=lambda gpus: stack_rows(gpus, installed),
+        plan_steps=plan_steps,
+        record_facts=lambda gpus: {"environment": None, "gpus": asdict(gpus)},
+        judge_step=judge_step,
     )
-    steps = run_steps(plan_steps(fixtures, large, output_dir, args.max_steps, gpus.count), gpus, output_dir, runner)
-    print()
-    print(format_table(stack + steps), end="")
-    report = record(None, stack, steps, output_dir)
-    report.pop("hpus", None)
-    report.update(tool="python -m bridgetower_bench.tools.nvidia_check", gpus=asdict(gpus))
-    report = shareable(report, args=list(sys.argv[1:] if argv is None else argv))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(json_path, json.dumps(report, indent=2) + "\n")
-    print(f"record: {json_path} ({'passed' if report['passed'] else 'FAILED'}; attach it to a bug report)")
-    return 0 if report["passed"] else 1
+    return self_check.run_check(backend, args, argv, runner)
 
 
 if __name__ == "__main__":

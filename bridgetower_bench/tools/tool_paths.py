@@ -23,18 +23,17 @@ from collections.abc import Callable
 
 from ..disk_space import describe_bytes, free_bytes
 from ..regular_files import not_regular_reason
+from ..run_directory import uncreatable
 from ..user_errors import UserInputError
 
 
 def _writable_place(flag: str, path: str, what: str) -> None:
     """The nearest existing ancestor of `path` must be a directory this process may write into."""
-    existing = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise UserInputError(f"{flag}={path}: cannot create the {what}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserInputError(f"{flag}={path}: cannot create the {what}: {existing} is not writable")
+    where = uncreatable(path)
+    if where and where.not_a_directory:
+        raise UserInputError(f"{flag}={path}: cannot create the {what}: {where.ancestor} is a file, not a directory")
+    if where:
+        raise UserInputError(f"{flag}={path}: cannot create the {what}: {where.ancestor} is not writable")
 
 
 def output_file(flag: str, path) -> None:
