@@ -554,7 +554,8 @@ def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
     from transformers import BridgeTowerForContrastiveLearning, Trainer
 
     from bridgetower_bench import data
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass

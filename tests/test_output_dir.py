@@ -205,7 +205,8 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
 def _trainer(fixtures, out):
     from transformers import BridgeTowerForContrastiveLearning, Trainer
 
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass

@@ -228,7 +228,8 @@ class _DeleteImagesAfterFirstStep(TrainerCallback):
 def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     from transformers import AutoTokenizer, BridgeTowerForContrastiveLearning, Trainer
 
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
-from bridgetower_bench.trainer import WarmupTrainingArguments
+from bridgetower_bench.arguments import WarmupTrainingArguments
 from helpers import (
     CPU_FLAGS,
     REPO,

@@ -41,7 +41,9 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
         kind, base_args(fixtures, out, max_steps=4) + ["--do_train", "--do_eval", "--do_predict"] + CPU_FLAGS[kind]
     )
     log = result.stdout + result.stderr
-    assert "resuming training at" in log and "Continuing training from global step 2" in log
+    assert "resuming training at" in log
+    # the Trainer's own line: transformers 4.x, then 5.x
+    assert re.search(r"Continuing training from global step 2|Resuming training from checkpoint .* global step 2", log)
     state = read_json(out / "trainer_state.json")
     assert state["global_step"] == 4
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4], "each step trained exactly once"
