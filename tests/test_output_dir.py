@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from bridgetower_bench import checkpoint_manifest, run_directory
-from helpers import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
+from helpers import BOTH_ROUTES, CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
 
@@ -401,6 +401,7 @@ def assert_rerun_only_evaluates(kind, args, out):
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize("at", [run_directory.PUBLISHING_NAME, "model.safetensors"])
 def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(at, fixtures, tmp_path):
     """Killed at the rename onto .publishing: before the commit point (the staged set is discarded; with

@@ -20,12 +20,14 @@ from transformers import TrainerCallback
 from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
 from bridgetower_bench.resilience import ImageLoadError
 from helpers import (
+    BOTH_ROUTES,
     CPU_FLAGS,
     REPO,
     SCRIPTS,
     embedded,
     jpeg_bytes,
     read_json,
+    resumed_at,
     run_script,
     script_env,
     trainer_on,
@@ -426,6 +428,7 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     )
 
 
+@BOTH_ROUTES
 def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(fixtures, tmp_path):
     """Exit status 143 (128 + SIGTERM): the run did not finish, and says so to shells and schedulers.
 
@@ -465,7 +468,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     assert not (out / "model.safetensors").exists(), "an interrupted run saves a checkpoint, not a final model"
 
     resumed = run_script("cuda", command(out))
-    assert f"Continuing training from global step {step}" in resumed.stdout + resumed.stderr
+    assert resumed_at(resumed.stdout + resumed.stderr, step)
     state = read_json(out / "trainer_state.json")
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
     expected, actual = load_file(str(reference / "model.safetensors")), load_file(str(out / "model.safetensors"))
@@ -693,6 +696,7 @@ CASES = [
 ]
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     args, expected = refusal_cases(fixtures, tmp_path)[case]
