@@ -1,9 +1,12 @@
 # Two entry points for a fresh machine (see README.md):
 #   make bench   set up .venv (NVIDIA/CPU stack) and run the benchmark sweep on the embedded default
-#   make test    set up .venv (plus optimum-habana and pytest) and run the test suite, offline, on CPU
+#   make test    set up .venv (plus optimum-habana and pytest) and run the test suite, offline, on CPU; then set up
+#                .venv-current (today's transformers line) and run the CUDA script's end-to-end tests again there
 VENV ?= .venv
+VENV_CURRENT ?= .venv-current
 PYTHON ?= python3
 PY := $(VENV)/bin/python
+PY_CURRENT := $(VENV_CURRENT)/bin/python
 BENCH_ARGS ?=
 
 .PHONY: bench test format coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
@@ -19,6 +22,14 @@ $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
 	$(PY) -m pip install -r requirements-test.txt
 	touch $@
 
+# The current install route (README): today's transformers, accelerate and datasets, in a venv of its own.
+$(VENV_CURRENT)/.installed-test: requirements-cuda-current.txt requirements-test-current.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV_CURRENT)
+	$(PY_CURRENT) -m pip install -q --upgrade pip
+	$(PY_CURRENT) -m pip install -r requirements-test-current.txt
+	$(PY_CURRENT) -m pip install --no-deps -e .
+	touch $@
+
 # Habana's container keeps its own torch: there, make bench and make test refuse and say what to run instead.
 not-in-habana-container:
 	@PYTHON=$(PYTHON) sh scripts/refuse_in_habana_container.sh $(firstword $(MAKECMDGOALS))
@@ -28,12 +39,16 @@ bench: not-in-habana-container $(VENV)/.installed-cuda
 
 # One pytest worker per core, at most 4 (each holds the libraries in memory: the scripts run in its process).
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
-# Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), then the tests.
-test: not-in-habana-container $(VENV)/.installed-test
+# The second pass: the tests marked both_routes, in the files that mark some, on the current route.
+BOTH_ROUTES_TESTS ?= $(shell grep -l BOTH_ROUTES tests/test_*.py)
+# Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), then the tests on the
+# pinned route, then the CUDA script's end-to-end tests on the current route.
+test: not-in-habana-container $(VENV)/.installed-test $(VENV_CURRENT)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY_CURRENT) -m pytest -m both_routes $(PYTEST_ARGS) $(BOTH_ROUTES_TESTS)
 
 # ruff's fixes and formatter on the tree; the two scripts stage by stage, so that the patches still apply.
 format: $(VENV)/.installed-test

@@ -27,7 +27,6 @@ from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.layer_compile import compile_repeated_layers
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
-from bridgetower_bench.trainer import WarmupTrainingArguments as TrainingArguments
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
 
@@ -156,7 +155,7 @@ def main():
     #    Gaudi-only flags are refused; so is a run without a usable GPU, unless --use_cpu asks for the CPU.
     refuse_unsupported_flags(sys.argv)
     refuse_without_gpu(sys.argv)
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, arguments.WarmupTrainingArguments))
     model_args, data_args, training_args = arguments.parse_arguments(parser, sys.argv)
     arguments.check_arguments(data_args, training_args)
 

@@ -6,6 +6,8 @@
   nothing, persistent workers without workers, an --output_dir that cannot be one: run_directory).
 - `check_data_arguments` (from the scripts' DataTrainingArguments) refuses data flags upstream asserted on;
   `check_max_seq_length`, once the model and tokenizer are loaded, a --max_seq_length they cannot take.
+- `WarmupTrainingArguments`: the CUDA script's TrainingArguments, with GaudiTrainingArguments' recipe defaults
+  and the flags both scripts take on every transformers line the kit installs (`--overwrite_output_dir`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ import json
 import os
 import types
 import typing
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from transformers import TrainingArguments
+from transformers.training_args import OptimizerNames
 
 from . import run_directory
+from .attention import ATTENTION_IMPLEMENTATIONS
 from .data import data_file_builder
 from .user_errors import UserInputError
 
@@ -111,6 +118,77 @@ def check_max_seq_length(max_seq_length: int, config, tokenizer=None) -> None:
     usable = positions - 2 if getattr(config.text_config, "pad_token_id", None) is not None else positions
     if max_seq_length > usable:
         raise UserInputError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA script's training arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def _gaudi_default(name: str, default):
+    """A TrainingArguments field (its help and type) with GaudiTrainingArguments' default instead of its own."""
+    return dataclasses.field(default=default, metadata=TrainingArguments.__dataclass_fields__[name].metadata)
+
+
+# GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so
+# that the same flags train the same recipe on both backends. The other differing defaults are left to the
+# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device), `ddp_bucket_cap_mb`
+# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are) and
+# `ddp_find_unused_parameters` (False there; torch's DDP stops with an error when a parameter gets no gradient,
+# as some of BridgeTower's do in this task, so the Trainer's own choice stays: the same gradients either way).
+GAUDI_RECIPE_DEFAULTS = {
+    "adam_epsilon": 1e-6,  # TrainingArguments: 1e-8
+    "optim": "adamw_torch",  # TrainingArguments: adamw_torch_fused with torch >= 2.8 (the same AdamW, other rounding)
+    "logging_nan_inf_filter": False,  # TrainingArguments: True, which reads every step's loss on the host
+}
+
+
+@dataclass
+class WarmupTrainingArguments(TrainingArguments):
+    """TrainingArguments plus what the CUDA/CPU script trains with beyond them, with Gaudi's recipe defaults.
+
+    `throughput_warmup_steps` and `attn_implementation` are GaudiTrainingArguments' own (same names and
+    defaults); `compile_layers` is this script's alone. The fields of ``GAUDI_RECIPE_DEFAULTS`` default to
+    GaudiTrainingArguments' values, so a command means the same training on both scripts.
+    `overwrite_output_dir` left TrainingArguments in transformers 5: declared here where it is gone, so that
+    the flag keeps its meaning on both install routes (run_recipe.plan_run reads it).
+    """
+
+    adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
+    optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
+    logging_nan_inf_filter: bool = _gaudi_default(
+        "logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"]
+    )
+
+    throughput_warmup_steps: int = dataclasses.field(
+        default=0,
+        metadata={"help": "Number of first optimizer steps left out of the throughput figures (as on Gaudi)."},
+    )
+    attn_implementation: str = dataclasses.field(
+        default="eager",
+        metadata={
+            "help": "Text and cross-modal attention: eager (transformers' code, as upstream) or sdpa (the same function in one fused torch call).",
+            "choices": ATTENTION_IMPLEMENTATIONS,
+        },
+    )
+    compile_layers: Optional[str] = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."
+        },
+    )
+    if "overwrite_output_dir" not in TrainingArguments.__dataclass_fields__:  # gone from TrainingArguments in 5.x
+        overwrite_output_dir: bool = dataclasses.field(
+            default=False,
+            metadata={
+                "help": "Train afresh in --output_dir instead of resuming its newest checkpoint or reusing its trained model."
+            },
+        )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compile_layers and self.torch_compile:
+            raise ValueError("--compile_layers and --torch_compile both compile the model: pass one of them")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ A run's recipe is everything that decides the weights it ends with: the model (n
 config, tokenizer, image processor, what is frozen), the data (its source, the `datasets` fingerprint of every
 split loaded, which splits are cut from train, the columns, the image pipeline, how many rows), every
 training argument that changes the weights (`TRAINING_ARGUMENTS`), the number of processes, the seed, and the
-scripts' version. It is written as `recipe.json` with the final model (part of the published set) and into
+scripts' version. An argument this module does not know (one a later transformers or optimum-habana release
+adds) is taken to change the weights: it is in the recipe, and each run names it in a warning until it is
+sorted into one of the lists below. It is written as `recipe.json` with the final model (part of the published set) and into
 every checkpoint before the checkpoint counts (checkpoint_manifest.py).
 
 `plan_run` compares the command's recipe with what --output_dir holds, once the data is loaded (the
@@ -23,6 +25,7 @@ fingerprint is known only then) and before anything is written there or trained:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -40,8 +43,9 @@ logger = logging.getLogger(__name__)
 RECIPE_NAME = "recipe.json"
 
 # ---------------------------------------------------------------------------------------------
-# What changes the weights, and what does not. Every field of the scripts' argument classes is in exactly
-# one of these lists (tests/test_run_recipe.py checks it against the installed transformers and optimum-habana).
+# What changes the weights, and what does not, over both install routes' transformers lines (README). Every field
+# of the scripts' argument classes is in exactly one of these lists (tests/test_run_recipe.py checks it against the
+# installed libraries); a field in none of them is in the recipe (`describe`).
 # ---------------------------------------------------------------------------------------------
 
 MODEL_ARGUMENTS = (
@@ -88,10 +92,12 @@ TRAINING_ARGUMENTS = (
     "length_column_name",
     "average_tokens_across_devices",
     "auto_find_batch_size",
-    # randomness: the order of the rows, dropout, the splits cut from train
+    # randomness and order: the order of the rows, dropout, the splits cut from train
     "seed",
     "data_seed",
     "full_determinism",
+    "train_sampling_strategy",  # (transformers 5: random, sequential, by length)
+    "dataloader_in_order",  # (transformers 5: False hands over batches as workers finish them)
     # the optimizer and the loss
     "optim",
     "optim_args",
@@ -123,6 +129,7 @@ TRAINING_ARGUMENTS = (
     "fsdp_config",
     "fsdp_min_num_params",
     "fsdp_transformer_layer_cls_to_wrap",
+    "parallelism_config",
     "gaudi_config_name",
     "sdp_on_bf16",
     "fp8",
@@ -188,6 +195,11 @@ NOT_IN_THE_RECIPE = (
     "hub_private_repo",
     "hub_always_push",
     "hub_revision",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+    "enable_jit_checkpoint",
     "push_to_hub_model_id",
     "push_to_hub_organization",
     "push_to_hub_token",
@@ -248,6 +260,11 @@ NOT_IN_THE_RECIPE = (
     "torch_empty_cache_steps",
     "gradient_checkpointing",
     "gradient_checkpointing_kwargs",
+    "activation_checkpointing",  # (transformers 5's name for gradient_checkpointing: the same gradients, recomputed)
+    "activation_checkpointing_kwargs",
+    "use_cache",
+    "dataloader_multiprocessing_context",
+    "ddp_static_graph",
     "use_hpu_graphs",
     "use_hpu_graphs_for_training",
     "compile_from_sec_iteration",
@@ -273,6 +290,9 @@ NOT_IN_THE_RECIPE = (
     "profiling_with_stack",
     "fp16_backend",  # (deprecated alias of half_precision_backend, which is in the recipe)
 )
+
+KNOWN_ARGUMENTS = frozenset(MODEL_ARGUMENTS + DATA_ARGUMENTS + TRAINING_ARGUMENTS + NOT_IN_THE_RECIPE)
+_UNKNOWN = "not known to these scripts, so counted in the recipe"
 
 # Entries of a recipe that are not flags, and how a refusal names them.
 _LABELS = {
@@ -333,6 +353,15 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
         for name in names:
             if hasattr(arguments, name):  # (each backend's arguments have only some of them: recorded when present)
                 recipe[name] = _argument(name, getattr(arguments, name))
+    unknown = {  # (a later release's arguments: in the recipe until sorted into the lists above)
+        field.name: _argument(field.name, getattr(arguments, field.name))
+        for arguments in (model_args, data_args, training_args)
+        for field in dataclasses.fields(arguments)
+        if field.init and field.name not in KNOWN_ARGUMENTS
+    }
+    if unknown:
+        logger.warning(f"Arguments {_UNKNOWN}: {', '.join('--' + name for name in sorted(unknown))}")
+        recipe.update(unknown)
     if training_args.load_best_model_at_end:
         for name in BEST_MODEL_ARGUMENTS:
             source = data_args if hasattr(data_args, name) else training_args
@@ -353,7 +382,9 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
 def _name(key: str) -> str:
     if key.startswith("data_fingerprint_"):
         return f"the {key[len('data_fingerprint_') :]} split's data (datasets fingerprint)"
-    return _LABELS.get(key, f"--{key}")
+    if key in _LABELS:
+        return _LABELS[key]
+    return f"--{key}" if key in KNOWN_ARGUMENTS else f"--{key} ({_UNKNOWN})"
 
 
 def _shown(value) -> str:

@@ -43,19 +43,17 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 import accelerate
 import torch
 from torch.utils.data import RandomSampler
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.training_args import OptimizerNames, ParallelMode
+from transformers.training_args import ParallelMode
 
 from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
 from .atomic_files import atomic_path
-from .attention import ATTENTION_IMPLEMENTATIONS
 from .energy import EnergyMeter
 from .images import normalize_on_device
 from .redaction import without_secrets
@@ -65,63 +63,6 @@ from .throughput import ThroughputCallback
 
 
 logger = logging.getLogger(__name__)
-
-
-def _gaudi_default(name: str, default):
-    """A TrainingArguments field (its help and type) with GaudiTrainingArguments' default instead of its own."""
-    return field(default=default, metadata=TrainingArguments.__dataclass_fields__[name].metadata)
-
-
-# GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so
-# that the same flags train the same recipe on both backends. The other differing defaults are left to the
-# device: `half_precision_backend` ("hpu_amp" there: bf16 autocast on each device), `ddp_bucket_cap_mb`
-# (230 MB buckets there, tuned for Habana's collectives: how gradients are grouped, not what they are) and
-# `ddp_find_unused_parameters` (False there; torch's DDP stops with an error when a parameter gets no gradient,
-# as some of BridgeTower's do in this task, so the Trainer's own choice stays: the same gradients either way).
-GAUDI_RECIPE_DEFAULTS = {
-    "adam_epsilon": 1e-6,  # TrainingArguments: 1e-8
-    "optim": "adamw_torch",  # TrainingArguments: adamw_torch_fused with torch >= 2.8 (the same AdamW, other rounding)
-    "logging_nan_inf_filter": False,  # TrainingArguments: True, which reads every step's loss on the host
-}
-
-
-@dataclass
-class WarmupTrainingArguments(TrainingArguments):
-    """TrainingArguments plus what the CUDA/CPU script trains with beyond them, with Gaudi's recipe defaults.
-
-    `throughput_warmup_steps` and `attn_implementation` are GaudiTrainingArguments' own (same names and
-    defaults); `compile_layers` is this script's alone. The fields of ``GAUDI_RECIPE_DEFAULTS`` default to
-    GaudiTrainingArguments' values, so a command means the same training on both scripts.
-    """
-
-    adam_epsilon: float = _gaudi_default("adam_epsilon", GAUDI_RECIPE_DEFAULTS["adam_epsilon"])
-    optim: Union[OptimizerNames, str] = _gaudi_default("optim", GAUDI_RECIPE_DEFAULTS["optim"])
-    logging_nan_inf_filter: bool = _gaudi_default(
-        "logging_nan_inf_filter", GAUDI_RECIPE_DEFAULTS["logging_nan_inf_filter"]
-    )
-
-    throughput_warmup_steps: int = field(
-        default=0,
-        metadata={"help": "Number of first optimizer steps left out of the throughput figures (as on Gaudi)."},
-    )
-    attn_implementation: str = field(
-        default="eager",
-        metadata={
-            "help": "Text and cross-modal attention: eager (transformers' code, as upstream) or sdpa (the same function in one fused torch call).",
-            "choices": ATTENTION_IMPLEMENTATIONS,
-        },
-    )
-    compile_layers: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.compile_layers and self.torch_compile:
-            raise ValueError("--compile_layers and --torch_compile both compile the model: pass one of them")
 
 
 class TrainerExtensions:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import version
 
 import pytest
 from PIL import Image
@@ -66,6 +67,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         )
         assert row["data_wait_seconds_epoch_start"] > 0
         assert row["version_torch"] and row["version_transformers"]
+        assert (row["version_accelerate"], row["version_datasets"]) == (version("accelerate"), version("datasets"))
         # The environment the run names: a CPU run of the CUDA/CPU script, no Habana mode, no driver read.
         assert (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"]) == (
             "cpu",
@@ -89,9 +91,11 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     gib = f"{runs[0]['device_memory_bytes'] / 2**30:.1f} GiB"
     assert (
         f"| {runs[0]['device_name']} x1 | cpu | n/a | False | {runs[0]['version_torch']} | {runs[0]['version_cuda'] or '-'} "
-        f"| - | - | 1 | {gib} |"
+        f"| - | {runs[0]['version_transformers']} | {runs[0]['version_accelerate']} | {runs[0]['version_datasets']} "
+        f"| - | 1 | {gib} |"
     ) in table.split("## Environment (as the runs recorded it)")[1]
     assert "Shape: 2 optimizer steps per epoch; 2 epoch start(s) inside the counted window." in table
+    assert "Not like for like" not in table  # one interpreter ran every row
     assert "## Data wait at epoch starts beside the steady state (median)" in table
     split = table.split("## Data wait at epoch starts beside the steady state (median)")[1].split("##")[0]
     for label in ("workers=0", "workers=1", "workers=1 (persistent)"):
@@ -580,6 +584,32 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
         "after 3 warm-up step(s), over 10 counted step(s); per-device batch 48; median of up to 3 repeat(s)" in table
     )
     assert "| Gaudi2 x8 | 100.0-100.0 (n=1) | 130.0-160.0 (n=3) | 200.0-200.0 (n=1) | 210.0-210.0 (n=1) |" in table
+
+
+def test_rows_that_ran_other_library_versions_are_named_in_the_table():
+    rows = [
+        {
+            **row(100.0, 0),
+            "version_transformers": "4.55.4",
+            "version_accelerate": "1.10.1",
+            "version_datasets": "5.0.1",
+        },
+        {
+            **row(140.0, 1),
+            "version_transformers": "5.24.0",
+            "version_accelerate": "1.16.0",
+            "version_datasets": "5.0.1",
+        },
+        {**row(None, 2, status="failed"), "version_transformers": "6.0.0"},  # (a failed row measured nothing)
+    ]
+    table = bench_report.render_table(bench_report.summarise(rows))
+    assert (
+        "**Not like for like: these runs ran different library versions (transformers 4.55.4 / 5.24.0; "
+        "accelerate 1.10.1 / 1.16.0); see each run's version_* fields.**"
+    ) in table
+    assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.55.4/5.24.0 | 1.10.1/1.16.0 | 5.0.1 | - |" in table
+    same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
+    assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
 
 
 def test_vs_published_lines_up_node_per_device_and_speedups():

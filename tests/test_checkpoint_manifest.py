@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bridgetower_bench import checkpoint_manifest
-from helpers import command, load_weights, read_json, run_killed_while_publishing, run_script
+from helpers import command, load_weights, read_json, resumed_at, run_killed_while_publishing, run_script
 
 
 REQUIRED = checkpoint_manifest.required_files(save_only_model=False, world_size=1)
@@ -116,7 +116,7 @@ def test_a_damaged_checkpoint_is_skipped_and_the_earlier_one_resumed_to_the_unin
     assert (
         f"Not resuming from {out / 'checkpoint-4'}: {name} " + ("is missing" if how == "removed" else "has ") in log
     ), log[-3000:]
-    assert f"resuming training at {out / 'checkpoint-2'}" in log and "Continuing training from global step 2" in log
+    assert f"resuming training at {out / 'checkpoint-2'}" in log and resumed_at(log, 2)
     assert [e["step"] for e in read_json(out / "trainer_state.json")["log_history"] if "loss" in e] == [
         1,
         2,
@@ -138,7 +138,7 @@ def test_with_no_complete_checkpoint_the_run_says_so_and_starts_afresh(runs, fix
     log = resumed.stdout + resumed.stderr
     assert f"{out} holds no complete checkpoint, only incomplete ones (checkpoint-4: optimizer.pt has " in log
     assert "; checkpoint-2: trainer_state.json has " in log and "training starts afresh" in log
-    assert "Continuing training" not in log
+    assert "Continuing training" not in log and "Resuming training from checkpoint" not in log  # (4.x, 5.x)
     expected, actual = load_weights(runs["reference"]), load_weights(out)
     assert all(torch.equal(expected[k], actual[k]) for k in expected)
 

@@ -206,3 +206,42 @@ def test_same_directory_names_in_different_places_stay_apart(tmp_path, capsys):
     compare.main([first, second])
 
     assert f"| metric | {first} | {second} |" in capsys.readouterr().out
+
+
+def test_runs_of_different_library_versions_are_shown_and_said_to_differ(tmp_path, capsys):
+    pinned = _write_run(
+        tmp_path,
+        "pinned",
+        {
+            "train_results.json": {
+                "train_samples_per_second": 600.0,
+                "version_transformers": "4.55.4",
+                "version_accelerate": "1.10.1",
+                "version_datasets": "5.0.1",
+            }
+        },
+    )
+    current = _write_run(
+        tmp_path,
+        "current",
+        {
+            "train_results.json": {
+                "train_samples_per_second": 610.0,
+                "version_transformers": "5.24.0",
+                "version_accelerate": "1.16.0",
+                "version_datasets": "5.0.1",
+            }
+        },
+    )
+    assert compare.main([pinned, current, "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    note = (
+        "Not like for like: these runs ran different library versions (transformers 4.55.4 / 5.24.0; "
+        "accelerate 1.10.1 / 1.16.0); see each run's version_* fields."
+    )
+    assert out.startswith(f"**{note}**")
+    assert "| version_transformers | 4.55.4 | 5.24.0 |" in out and "| version_datasets | 5.0.1 | 5.0.1 |" in out
+    assert json.loads((tmp_path / "c.json").read_text())["versions_note"] == note
+
+    assert compare.main([pinned, pinned]) == 0
+    assert "Not like for like" not in capsys.readouterr().out

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer
 
 from bridgetower_bench import device_decode
+from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.device_decode import (
     ENCODED_IMAGES_KEY,
     DecodeCounts,
@@ -30,7 +31,7 @@ from bridgetower_bench.device_decode import (
 from bridgetower_bench.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
-from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+from bridgetower_bench.trainer import TrainerExtensions
 from helpers import DEVICES, assert_throughput_adds_up, needs_cuda
 
 

@@ -432,7 +432,7 @@ class PowerMeter:
 
 
 def real_training(tmp_path):
-    from bridgetower_bench.trainer import WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
     from helpers import SlowData, SlowModel, extended_trainer_class
 
     ExtendedTrainer = extended_trainer_class()

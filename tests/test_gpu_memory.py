@@ -160,7 +160,8 @@ def oom_trainer(fixtures, out, monkeypatch, fail_at_call):
     from transformers import BridgeTowerForContrastiveLearning, Trainer
 
     from bridgetower_bench import data
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass

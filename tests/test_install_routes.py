@@ -1,14 +1,20 @@
 """The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12
 build from the index its label names, every requirements file the README names exists, and the driver the
-README states for each route is the one the CUDA script's refusal checks."""
+README states for each route is the one the CUDA script's refusal checks. The current route (today's
+transformers line) differs from the pinned one in the Hugging Face libraries only, and the published command,
+--overwrite_output_dir included, means the same on whichever route runs these tests (`make test` runs the
+both_routes tests on each)."""
 
 import re
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from bridgetower_bench import cuda_device
-from helpers import REPO
+from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.tools import bench
+from helpers import BOTH_ROUTES, REPO, run_script
 
 
 ROUTES = {"requirements-cuda.txt": None, "requirements-cuda12.txt": "cu126"}  # file -> CUDA label of its torch build
@@ -69,3 +75,71 @@ def test_the_readme_names_each_route_and_its_driver():
     assert cuda_device.driver_floor("13.0") == "580" and "R580 or newer" in readme
     assert cuda_device.driver_floor("12.6") == "525.60.13" and "525.60.13" in readme
     assert cuda_device.TOOLKIT_DRIVER["13.0"] in readme
+
+
+HUGGING_FACE = {"transformers", "tokenizers", "huggingface-hub", "datasets", "evaluate", "accelerate"}
+
+
+def lines(name):
+    """The requirement lines of one file, normalised (comments, -r and index options left out)."""
+    return {str(Requirement(line)) for line in (REPO / name).read_text().splitlines() if re.match(r"[A-Za-z]", line)}
+
+
+def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libraries_only():
+    current, pinned = (
+        lines("requirements-cuda-current.txt"),
+        lines("requirements.txt") | lines("requirements-cuda.txt"),
+    )
+    differing = {canonicalize_name(Requirement(line).name) for line in current ^ pinned}
+    assert {"transformers", "accelerate", "datasets"} <= differing <= HUGGING_FACE, "only transformers' stack differs"
+    stack = {canonicalize_name(Requirement(line).name): Requirement(line) for line in current}
+    for name in ("transformers", "accelerate", "datasets", "evaluate"):
+        assert exact(stack[name]) >= exact(read("requirements.txt")[2][name]), name  # pinned, and not older
+    assert "optimum-habana" not in stack  # the Gaudi script stays on the pinned route
+    includes, _, test_pins = read("requirements-test-current.txt")
+    assert includes == ["requirements-cuda-current.txt"]
+    assert {str(r) for r in test_pins.values()} <= lines("requirements-test.txt")  # the same pytest
+
+
+@BOTH_ROUTES
+def test_overwrite_output_dir_is_a_flag_of_the_cuda_scripts_arguments_on_this_route(tmp_path):
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(WarmupTrainingArguments)
+    (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
+    (default,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    assert given.overwrite_output_dir is True and default.overwrite_output_dir is False
+
+
+def published_command(fixtures, out):
+    """The published flags as the sweep runs them (`bench --preset blog`: the README's command less the device
+    flags), --overwrite_output_dir included, scaled to the tiny fixtures on the CPU."""
+    args = bench.blog_preset_args()
+    at = args.index("--dataset_revision")
+    del args[at : at + 2]  # (a data set in a local directory has no revisions)
+    scaled = {
+        "--model_name_or_path": fixtures["model"],
+        "--dataset_name": fixtures["dataset"],
+        "--per_device_train_batch_size": 4,
+        "--per_device_eval_batch_size": 4,
+        "--num_train_epochs": 1,
+    }
+    for flag, value in scaled.items():
+        args[args.index(flag) + 1] = str(value)
+    assert "--overwrite_output_dir" in args
+    return args + ["--output_dir", out, "--max_train_samples", "8", "--max_eval_samples", "4", "--use_cpu"]
+
+
+@BOTH_ROUTES
+def test_the_published_command_trains_afresh_with_overwrite_output_dir_and_reuses_the_model_without(
+    fixtures, tmp_path
+):
+    out = tmp_path / "run"
+    command = published_command(fixtures, out)
+    for _ in range(2):  # the second run trains again: --overwrite_output_dir
+        log = run_script("cuda", command)
+        assert "***** Running training *****" in log.stdout + log.stderr
+        assert "not training again" not in log.stdout + log.stderr
+    reuse = run_script("cuda", [a for a in command if a != "--overwrite_output_dir"])
+    assert "holds the model of this recipe, trained as far as asked: not training again" in reuse.stdout + reuse.stderr
+    assert "***** Running training *****" not in reuse.stdout + reuse.stderr

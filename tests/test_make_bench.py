@@ -34,9 +34,9 @@ def fake_hl_smi(tmp_path) -> dict:
     ],
 )
 def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_building_anything(tmp_path, goal, advice):
-    venv = tmp_path / "venv"
+    venv, venv_current = tmp_path / "venv", tmp_path / "venv-current"
     result = subprocess.run(
-        ["make", "-C", str(REPO), goal, f"VENV={venv}"],
+        ["make", "-C", str(REPO), goal, f"VENV={venv}", f"VENV_CURRENT={venv_current}"],
         env=fake_hl_smi(tmp_path),
         capture_output=True,
         text=True,
@@ -45,7 +45,7 @@ def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_buildi
     assert result.returncode != 0
     assert f"make {goal}: this looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
     assert "pip install -r requirements-gaudi.txt" in result.stderr and advice in result.stderr
-    assert not venv.exists(), "no venv (and no PyPI torch) may be installed there"
+    assert not venv.exists() and not venv_current.exists(), "no venv (and no PyPI torch) may be installed there"
 
 
 def test_the_guard_lets_other_machines_through():

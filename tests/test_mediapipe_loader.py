@@ -756,7 +756,8 @@ def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fa
 
     from transformers import Trainer
 
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class MediaPipeTrainer(MediaPipeTrainerMixin, TrainerExtensions, Trainer):
         pass

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from bridgetower_bench import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
-from helpers import CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
+from helpers import BOTH_ROUTES, CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
 
 
@@ -197,7 +197,8 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
 def _trainer(fixtures, out):
     from transformers import BridgeTowerForContrastiveLearning, Trainer
 
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass
@@ -383,6 +384,7 @@ def assert_rerun_only_evaluates(kind, args, out):
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize("at", [run_directory.PUBLISHING_NAME, "model.safetensors"])
 def test_cuda_script_killed_during_the_final_save_reruns_to_a_finished_run(at, fixtures, tmp_path):
     """Killed at the rename onto .publishing: before the commit point (the staged set is discarded; with

@@ -4,7 +4,7 @@ import dataclasses
 
 from transformers import TrainingArguments
 
-from bridgetower_bench.trainer import GAUDI_RECIPE_DEFAULTS, WarmupTrainingArguments
+from bridgetower_bench.arguments import GAUDI_RECIPE_DEFAULTS, WarmupTrainingArguments
 from helpers import CPU_FLAGS, base_args, load_weights, optimum_habana, run_script
 
 

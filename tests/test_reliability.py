@@ -21,12 +21,14 @@ from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, 
 from bridgetower_bench.resilience import ImageLoadError
 from bridgetower_bench.tools.fixtures import script_flags
 from helpers import (
+    BOTH_ROUTES,
     CPU_FLAGS,
     REPO,
     SCRIPTS,
     embedded,
     jpeg_bytes,
     read_json,
+    resumed_at,
     run_script,
     script_env,
     trainer_on,
@@ -223,7 +225,8 @@ class _DeleteImagesAfterFirstStep(TrainerCallback):
 def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     from transformers import AutoTokenizer, BridgeTowerForContrastiveLearning, Trainer
 
-    from bridgetower_bench.trainer import TrainerExtensions, WarmupTrainingArguments
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
     class BridgeTowerTrainer(TrainerExtensions, Trainer):
         pass
@@ -420,6 +423,7 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     )
 
 
+@BOTH_ROUTES
 def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(fixtures, tmp_path):
     """Exit status 143 (128 + SIGTERM): the run did not finish, and says so to shells and schedulers.
 
@@ -459,7 +463,7 @@ def test_sigterm_mid_epoch_then_rerun_matches_an_uninterrupted_run_bit_for_bit(f
     assert not (out / "model.safetensors").exists(), "an interrupted run saves a checkpoint, not a final model"
 
     resumed = run_script("cuda", command(out))
-    assert f"Continuing training from global step {step}" in resumed.stdout + resumed.stderr
+    assert resumed_at(resumed.stdout + resumed.stderr, step)
     state = read_json(out / "trainer_state.json")
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
     expected, actual = load_file(str(reference / "model.safetensors")), load_file(str(out / "model.safetensors"))
@@ -678,6 +682,7 @@ CASES = [
 ]
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     args, expected = refusal_cases(fixtures, tmp_path)[case]

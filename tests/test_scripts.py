@@ -14,6 +14,7 @@ import torch
 
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import (
+    BOTH_ROUTES,
     CPU_FLAGS,
     REPO,
     SCRIPTS,
@@ -21,12 +22,13 @@ from helpers import (
     base_args,
     load_weights,
     read_json,
+    resumed_at,
     run_killed_while_publishing,
     run_script,
 )
 
 
-KINDS = ["gaudi", "cuda"]
+KINDS = ["gaudi", pytest.param("cuda", marks=BOTH_ROUTES)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -42,7 +44,7 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
         kind, base_args(fixtures, out, max_steps=4) + ["--do_train", "--do_eval", "--do_predict"] + CPU_FLAGS[kind]
     )
     log = result.stdout + result.stderr
-    assert "resuming training at" in log and "Continuing training from global step 2" in log
+    assert "resuming training at" in log and resumed_at(log, 2)
     state = read_json(out / "trainer_state.json")
     assert state["global_step"] == 4
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4], "each step trained exactly once"
@@ -118,6 +120,7 @@ def test_help_lists_every_upstream_argument_with_its_default(kind):
                 assert match.group(1) == shown, f"--{name}: default {match.group(1)!r}, upstream {shown!r}"
 
 
+@BOTH_ROUTES
 def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
     published = [
         "--use_habana",
@@ -148,6 +151,7 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@BOTH_ROUTES
 def test_a_flag_the_parser_refuses_ends_the_process_in_one_line_with_status_2(fixtures, tmp_path):
     """The parser's own error (argparse): usage and one error line, exit status 2, no traceback, nothing written.
     (One script: both build their parser with the same HfArgumentParser.)"""

@@ -189,6 +189,8 @@ CSV_COLUMNS = (
     "version_cuda",
     "version_intel_gaudi",
     "version_transformers",
+    "version_accelerate",
+    "version_datasets",
     "wall_seconds",
     "log",
     "output_dir",

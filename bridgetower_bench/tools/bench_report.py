@@ -19,6 +19,7 @@ from typing import Optional
 
 from .. import published
 from ..mediapipe_availability import TORCH_LOADER
+from .stack_versions import versions_note
 
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
@@ -97,6 +98,9 @@ ENVIRONMENT_COLUMNS = (
     ("torch", "version_torch"),
     ("CUDA", "version_cuda"),
     ("Intel Gaudi software", "version_intel_gaudi"),
+    ("transformers", "version_transformers"),
+    ("accelerate", "version_accelerate"),
+    ("datasets", "version_datasets"),
     ("driver", "driver_version"),
     ("devices visible", "device_count"),
     ("memory per device", "device_memory_bytes"),
@@ -177,6 +181,7 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
             "throughput_epoch_starts",
         )
     }
+    notes["versions"] = versions_note(ok_rows)
     repeats = max((r.get("repeat", 1) for r in rows), default=0)
     environments = {d: _environment_cells([r for r in ok_rows if device_label(r) == d]) for d in devices}
     return Summary(
@@ -396,6 +401,8 @@ def _notes(summary: Summary) -> str:
         )
     for device, baseline in summary.baselines.items():
         lines.append(f"(xN): speedup against `{baseline}` on {device}.")
+    if notes.get("versions"):
+        lines.append(f"**{notes['versions']}**")
     return "\n".join(lines)
 
 

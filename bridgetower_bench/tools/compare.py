@@ -11,7 +11,9 @@ quality metric whether the difference between groups is larger than the run-to-r
 
 With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE (tools/cost.py), each run also gets USD per
 1M training samples and the cost of the published run, and the published figures of the priced published
-devices are listed at the same prices. Energy figures the runs recorded (energy_*) are shown beside speed.
+devices are listed at the same prices. Energy figures the runs recorded (energy_*) are shown beside speed,
+and so are the transformers, accelerate and datasets versions each run ran: the report opens with a warning
+when they are not the same in every run (tools/stack_versions.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .. import published
 from ..user_errors import UserInputError
 from . import tool_paths
 from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+from .stack_versions import STACK_KEYS, versions_note
 
 
 RESULT_FILES = ("all_results.json", "train_results.json", "validation_results.json", "test_results.json")
@@ -46,6 +49,7 @@ THROUGHPUT_KEYS = (
     "loader",
     "image_pipeline",
     "device_name",
+    *STACK_KEYS,
     "energy_source",
     "energy_reason",
     "energy_joules_per_sample",
@@ -231,6 +235,7 @@ def build_report(
         "groups": {},
         "comparisons": [],
         "rule": SPREAD_RULE,
+        "versions_note": versions_note(metrics_by_dir.values()),
     }
     if prices:
         from .cost_report import published_costs
@@ -276,7 +281,7 @@ def _speedups(report: dict) -> str:
 def render_markdown(report: dict) -> str:
     """The report as markdown: runs side by side, then group statistics and the verdicts."""
     labels = list(report["runs"])
-    sections = []
+    sections = [f"**{report['versions_note']}**"] if report.get("versions_note") else []
     for title, keys in (("Throughput", report["throughput_keys"]), ("Quality", report["quality_keys"])):
         if keys:
             rows = [[key] + [_format(report["runs"][label]["metrics"][key]) for label in labels] for key in keys]

@@ -23,9 +23,10 @@ from torch.utils.data import Dataset
 from transformers import AutoImageProcessor, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
+from ..arguments import WarmupTrainingArguments
 from ..attention import use_attention
 from ..layer_compile import compile_repeated_layers
-from ..trainer import TrainerExtensions, WarmupTrainingArguments
+from ..trainer import TrainerExtensions
 from . import tool_paths
 from .step_profile import StepProfiler
 
