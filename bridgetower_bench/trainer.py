@@ -169,7 +169,8 @@ class TrainerExtensions:
         self.add_callback(_AfterEachStep(self))  # last: it sees what the other callbacks decided
         self._save_total_limit = self.args.save_total_limit  # the run's; the Trainer's own rotation is off (`train`)
         self._losses = None  # the loss summed since the last logging step, as the Trainer sums it (a device tensor)
-        self._logged_losses = None  # the losses of the logged steps, resumed ones included (the Trainer's sum)
+        self._logged_losses = 0.0  # the losses of the logged steps, resumed ones included (the Trainer's sum)
+        self._resumed_loss_sum = None  # the losses of the steps resumed from, when the checkpoint holds them
         self._last_logged_step = 0
         self._grad_norm = None  # the last optimizer step's gradient norm, before clipping (a device tensor)
         self._checkpoint_being_saved = None  # inside `_save_checkpoint`: its directory
@@ -204,6 +205,12 @@ class TrainerExtensions:
         return sampler
 
     # every optimizer step: divergence, and the loss not yet logged ----------------------------------------
+    def _training_begins(self, state) -> None:
+        """The resumed checkpoint's state is loaded: the losses so far start the sum, as the Trainer's count."""
+        self._last_logged_step = state.global_step
+        self._resumed_loss_sum = TrainingLossSum.saved_in(state)
+        self._logged_losses = self._resumed_loss_sum or 0.0
+
     def _after_step(self, control) -> None:
         """After every optimizer step (and at each epoch's end), once the callbacks decided what follows.
 
@@ -216,7 +223,7 @@ class TrainerExtensions:
             self._stop_if_diverged()
         if control.should_log and self.state.global_step > self._last_logged_step:
             # as the Trainer does at a logging step: the mean over the ranks joins the logged sum
-            self._logged_losses = self._loss_sum_before() + self.accelerator.gather(self._losses).mean().item()
+            self._logged_losses += self.accelerator.gather(self._losses).mean().item()
             self._losses = torch.zeros_like(self._losses)
             self._last_logged_step = self.state.global_step
 
@@ -234,20 +241,9 @@ class TrainerExtensions:
                     callback.training_bar = None
             divergence.report(diverged, self.is_world_process_zero())
 
-    def _loss_sum_callback(self) -> TrainingLossSum:
-        # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
-        return next(callback for callback in self.callback_handler.callbacks if isinstance(callback, TrainingLossSum))
-
-    def _loss_sum_before(self) -> float:
-        """The losses already logged in this train() call, after those of the steps it resumed from (if saved)."""
-        if self._logged_losses is None:
-            self._logged_losses = self._loss_sum_callback().resumed or 0.0
-        return self._logged_losses
-
     def _training_loss_sum(self) -> float:
         """The sum of the losses of every step trained so far, resumed steps included (a host read)."""
-        unlogged = self._losses
-        return self._loss_sum_before() + (float(unlogged.item()) if isinstance(unlogged, torch.Tensor) else 0.0)
+        return self._logged_losses + float(self._losses.item())
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _batch_on_device(self, inputs, training: bool):
@@ -332,7 +328,7 @@ class TrainerExtensions:
         self.stop_on_signal.install()
         self._first_step = None
         self.divergence.reset()
-        self._losses, self._logged_losses, self._grad_norm = torch.zeros((), device=self.args.device), None, None
+        self._losses, self._grad_norm = torch.zeros((), device=self.args.device), None
         # Rotation (--save_total_limit) is this trainer's, over the checkpoints runs wrote, once each manifest is
         # written (`_save_checkpoint`): the Trainer's own, which would delete any checkpoint-N, sees no limit.
         self.args.save_total_limit = None
@@ -549,7 +545,7 @@ class TrainerExtensions:
         The end of a resumed training (`train_loss` in the train metrics, the dict `train()` returns) averages
         every step of the run: the Trainer's sum starts at the resume, the checkpoint's sum adds the steps before.
         """
-        if "train_loss" in logs and self._loss_sum_callback().resumed is not None:
+        if "train_loss" in logs and self._resumed_loss_sum is not None:
             logs["train_loss"] = self._training_loss_sum() / max(self.state.global_step, 0.001)
         return super().log(divergence.finite_or_none(logs), *args, **kwargs)
 
@@ -567,7 +563,10 @@ class TrainerExtensions:
         if self.args.should_save:
             run_directory.record_written(run_dir, [os.path.basename(checkpoint)])
             checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
-        loss_sum = self._loss_sum_callback()
+        # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
+        loss_sum = next(
+            callback for callback in self.callback_handler.callbacks if isinstance(callback, TrainingLossSum)
+        )
         loss_sum.loss_sum = self._training_loss_sum()
         # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
         self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())
@@ -629,32 +628,31 @@ class TrainingLossSum(TrainerCallback, ExportableState):
 
     The Trainer's `train_loss` is its running loss sum over the steps, but a resumed run's sum starts at 0 at
     the resume: the mean would count only the steps after it. The trainer writes the sum into this callback
-    before each checkpoint (`loss_sum`, saved as its state); a resumed training reads it back (`resumed`) and
-    adds it to the sum of the steps it trains, so `train_loss` is the mean over all steps of the run. A
-    checkpoint without it (an earlier version's) resumes as before, with a warning.
+    before each checkpoint (`loss_sum`, saved as its state); a resumed training starts its sum from it
+    (`saved_in`), so `train_loss` is the mean over all steps of the run. A checkpoint without it (an earlier
+    version's) resumes as before, with a warning.
     """
 
     def __init__(self, loss_sum: float = 0.0):
         self.loss_sum = float(loss_sum)
-        self.resumed = None  # the loss sum of the steps this train() call resumed from, when the checkpoint has it
 
     def state(self) -> dict:
         return {"args": {"loss_sum": self.loss_sum}, "attributes": {}}
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        # Called with the resumed checkpoint's state loaded.
-        self.resumed = None
+    @classmethod
+    def saved_in(cls, state) -> Optional[float]:
+        """The loss sum the resumed checkpoint's state holds; None for a fresh start or a checkpoint without it."""
         if state.global_step == 0:
-            return
-        saved = state.stateful_callbacks.get(type(self).__name__)
+            return None
+        saved = state.stateful_callbacks.get(cls.__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         if not isinstance(saved, dict) or "loss_sum" not in saved.get("args", {}):
             logger.warning(
                 "the checkpoint resumed does not hold the loss sum of its steps: train_loss will average "
                 "only the steps trained from now on"
             )
-            return
-        self.resumed = float(saved["args"]["loss_sum"])
+            return None
+        return float(saved["args"]["loss_sum"])
 
 
 class _AfterEachStep(TrainerCallback):
@@ -665,7 +663,7 @@ class _AfterEachStep(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer._last_logged_step = state.global_step  # (the resumed step, as the Trainer counts from it)
+        self.trainer._training_begins(state)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer._after_step(control)
