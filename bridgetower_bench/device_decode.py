@@ -430,9 +430,10 @@ class DeviceDecodeTrainerMixin:
 
         class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer): ...
 
-    ``_prepare_inputs`` replaces the batch's ``EncodedBatch`` with uint8 ``pixel_values`` on
-    ``args.device`` *before* calling ``super()._prepare_inputs``, so ``TrainerExtensions`` normalises them
-    exactly as it normalises the host ``fast`` pipeline's uint8 batches (in either mixing order).
+    ``_batch_on_device`` (what ``TrainerExtensions`` does to a batch in ``training_step`` and
+    ``prediction_step``) first replaces the batch's ``EncodedBatch`` with uint8 ``pixel_values`` on
+    ``args.device``, which ``TrainerExtensions`` then normalises exactly as it normalises the host ``fast``
+    pipeline's uint8 batches.
     Training, evaluation and prediction all decode here. With ``decode_ahead`` (default: on CUDA devices),
     training batches are read and decoded one batch ahead in a helper thread, on a side CUDA stream.
     """
@@ -467,22 +468,21 @@ class DeviceDecodeTrainerMixin:
         logger.log(level, "device decode, %s: %s", when, counts.describe())
         self._decode_unreported[phase] = DecodeCounts()
 
-    def _count(self, counts: DecodeCounts) -> None:
-        phase = "train" if getattr(self.model, "training", False) else "eval"
+    def _count(self, counts: DecodeCounts, phase: str) -> None:
         self._decode_totals[phase].add(counts)
         self._decode_unreported[phase].add(counts)
 
     # batches -> model inputs -----------------------------------------------------------------------------
-    def _prepare_inputs(self, inputs):
+    def _batch_on_device(self, inputs, training: bool):
         item = inputs.get(ENCODED_IMAGES_KEY) if isinstance(inputs, dict) else None
         if item is not None:
             inputs = {key: value for key, value in inputs.items() if key != ENCODED_IMAGES_KEY}
-            inputs["pixel_values"] = self._pixels_of(item)
-        return super()._prepare_inputs(inputs)
+            inputs["pixel_values"] = self._pixels_of(item, "train" if training else "eval")
+        return super()._batch_on_device(inputs, training)
 
-    def _pixels_of(self, item) -> torch.Tensor:
+    def _pixels_of(self, item, phase: str) -> torch.Tensor:
         if isinstance(item, DecodedImages):
-            self._count(item.counts)
+            self._count(item.counts, phase)
             if item.ready is not None:  # decoded on the side stream: make this stream wait for it
                 stream = torch.cuda.current_stream(item.pixels.device)
                 stream.wait_event(item.ready)
@@ -491,7 +491,7 @@ class DeviceDecodeTrainerMixin:
         if isinstance(item, EncodedBatch):
             counts = DecodeCounts()
             pixels = decode_batch(item, self.args.device, item.image_size, self.decode_chunk_size, counts)
-            self._count(counts)
+            self._count(counts, phase)
             return pixels
         raise TypeError(
             f"'{ENCODED_IMAGES_KEY}' holds {type(item).__name__}; expected an EncodedBatch (use collate_encoded)"

@@ -22,8 +22,8 @@ class MediaPipeTrainerMixin:
     """Mixed in front of the script's trainer class: data loaders come from the media pipeline.
 
     ``class MediaPipeTrainer(MediaPipeTrainerMixin, BridgeTowerTrainer)``. Every data set given to
-    the trainer must carry ``attach_mediapipe_inputs``' inputs. The batches follow the trainer's own
-    samplers; on several ranks, where the trainer would let accelerate shard a plain sampler, the
+    the trainer must carry ``attach_mediapipe_inputs``' inputs. Training batches follow the trainer's own
+    sampler, evaluation the data set's order; on several ranks, where the trainer would let accelerate shard a plain sampler, the
     mixin shards the same way itself: training with a DistributedSampler (looping to full batches
     unless --dataloader_drop_last, like GaudiTrainer's padding), evaluation batch-round-robin like
     accelerate (transformers' ShardSampler), so ``gather_for_metrics`` trims the padding.
@@ -37,7 +37,8 @@ class MediaPipeTrainerMixin:
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
-        batch_size = getattr(self, "_train_batch_size", None) or self.args.train_batch_size
+        # (the batch --auto_find_batch_size settled on is the state's by the time the trainer asks for a loader)
+        batch_size = self.state.train_batch_size if self.args.auto_find_batch_size else self.args.train_batch_size
         sampler = self._mediapipe_train_sampler(self.train_dataset, batch_size)
         return self._mediapipe_loader("train", self.train_dataset, sampler, batch_size)
 
@@ -110,11 +111,9 @@ class MediaPipeTrainerMixin:
         return DistributedSamplerWithLoop(dataset, batch_size=batch_size, **shard)
 
     def _mediapipe_eval_sampler(self, dataset, batch_size):
-        sampler = self._get_eval_sampler(dataset)
+        """The data set in order (the Trainer's evaluation order), sharded over the ranks as accelerate would."""
         if self.args.world_size <= 1:
-            return sampler if sampler is not None else SequentialSampler(dataset)
-        if _shuffles(sampler, self.args.world_size):
-            raise ValueError("--mediapipe_dataloader expects a sequential evaluation sampler")
+            return SequentialSampler(dataset)
         return ShardSampler(
             dataset,
             batch_size=batch_size,

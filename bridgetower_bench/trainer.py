@@ -32,13 +32,20 @@ It
   mean over all its steps;
 - resumes an epoch stopped midway in the order that epoch was drawn (`_resumed_epoch_keeps_its_order`).
 - blanks credentials (--hub_token) in the training_args.bin saved with the weights.
+
+It reaches the Trainer through its public extension points (callbacks and their control flags, `train`,
+`training_step`, `prediction_step`, `log`, `save_model`, `push_to_hub`) and two private methods, the same on
+transformers 4.55 (and GaudiTrainer) and 5.x: `_get_train_sampler` and `_save_checkpoint` (docs/ARCHITECTURE.md,
+"Private APIs of other libraries").
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -50,6 +57,7 @@ import torch
 from torch.utils.data import RandomSampler
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.training_args import ParallelMode
 
 from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
@@ -99,7 +107,15 @@ class TrainerExtensions:
         self.add_callback(self.stop_on_signal)
         self.divergence = divergence.DivergenceWatch()
         self.add_callback(TrainingLossSum())
-        self._unlogged_loss = None  # the Trainer's loss summed since its last logging step (a device tensor)
+        self.add_callback(_AfterEachStep(self))  # last: it sees what the other callbacks decided
+        self._save_total_limit = self.args.save_total_limit  # the run's; the Trainer's own rotation is off (`train`)
+        self._losses = None  # the loss summed since the last logging step, as the Trainer sums it (a device tensor)
+        self._logged_losses = 0.0  # the losses of the logged steps, resumed ones included (the Trainer's sum)
+        self._resumed_loss_sum = None  # the losses of the steps resumed from, when the checkpoint holds them
+        self._last_logged_step = 0
+        self._grad_norm = None  # the last optimizer step's gradient norm, before clipping (a device tensor)
+        self._checkpoint_being_saved = None  # inside `_save_checkpoint`: its directory
+        self._holding_pushes = False  # a push waits until the set being saved is published (`save_model`)
         self._staging = None  # inside `publishing()`: where the files being published are saved
         self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
         self._publishing_model = False
@@ -129,24 +145,28 @@ class TrainerExtensions:
             return RandomSampler(sampler.data_source, num_samples=rounded_up, generator=sampler.generator)
         return sampler
 
-    # resuming mid-epoch in that epoch's order ----------------------------------------------------------
-    def _inner_training_loop(self, *args, **kwargs):
-        with _resumed_epoch_keeps_its_order(type(self)):
-            return super()._inner_training_loop(*args, **kwargs)
-
     # every optimizer step: divergence, and the loss not yet logged ----------------------------------------
-    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
-        """Called by the training loop after every optimizer step (and at each epoch's end).
+    def _training_begins(self, state) -> None:
+        """The resumed checkpoint's state is loaded: the losses so far start the sum, as the Trainer's count."""
+        self._last_logged_step = state.global_step
+        self._resumed_loss_sum = TrainingLossSum.saved_in(state)
+        self._logged_losses = self._resumed_loss_sum or 0.0
+
+    def _after_step(self, control) -> None:
+        """After every optimizer step (and at each epoch's end), once the callbacks decided what follows.
 
         The step's loss and gradient norm are recorded on the device (no host wait). Before the Trainer reads
         them anyway, to log, or saves a checkpoint or evaluates, a non-finite step ends the run: no log line,
         checkpoint or evaluation ever holds a diverged model's numbers.
         """
-        self._unlogged_loss = tr_loss
-        self.divergence.observe(self.state.global_step, tr_loss, grad_norm)
-        if self.control.should_log or self.control.should_save or self.control.should_evaluate:
+        self.divergence.observe(self.state.global_step, self._losses, self._grad_norm)
+        if control.should_log or control.should_save or control.should_evaluate:
             self._stop_if_diverged()
-        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+        if control.should_log and self.state.global_step > self._last_logged_step:
+            # as the Trainer does at a logging step: the mean over the ranks joins the logged sum
+            self._logged_losses += self.accelerator.gather(self._losses).mean().item()
+            self._losses = torch.zeros_like(self._losses)
+            self._last_logged_step = self.state.global_step
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
@@ -164,24 +184,22 @@ class TrainerExtensions:
 
     def _training_loss_sum(self) -> float:
         """The sum of the losses of every step trained so far, resumed steps included (a host read)."""
-        unlogged = self._unlogged_loss
-        return self._total_loss_scalar + (float(unlogged.item()) if isinstance(unlogged, torch.Tensor) else 0.0)
-
-    def _load_callback_state(self):
-        super()._load_callback_state()  # (with --restore_callback_states_from_checkpoint: callbacks made anew)
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, TrainingLossSum):
-                callback.trainer = self
+        return self._logged_losses + float(self._losses.item())
 
     # uint8 -> normalised float, on the device ---------------------------------------------------------
-    def _prepare_inputs(self, inputs):
-        inputs = super()._prepare_inputs(inputs)
-        pixel_values = inputs.get("pixel_values")
+    def _batch_on_device(self, inputs, training: bool):
+        """The batch as the model takes it (for a training step or not): uint8 pixels copied to the device, then
+        normalised there."""
+        pixel_values = inputs.get("pixel_values") if isinstance(inputs, dict) else None
         if pixel_values is not None and pixel_values.dtype == torch.uint8:
             if self.image_mean is None or self.image_std is None:
                 raise RuntimeError("uint8 pixel batches need the trainer's image_mean and image_std")
-            inputs["pixel_values"] = normalize_on_device(pixel_values, self.image_mean, self.image_std)
+            pixels = pixel_values.to(self.args.device)
+            inputs = {**inputs, "pixel_values": normalize_on_device(pixels, self.image_mean, self.image_std)}
         return inputs
+
+    def prediction_step(self, model, inputs, *args, **kwargs):
+        return super().prediction_step(model, self._batch_on_device(inputs, training=False), *args, **kwargs)
 
     # data-wait timing: Trainer fetches through get_batch_samples, GaudiTrainer through
     # get_batch_samples_transformers; only the one the base class uses is ever called.
@@ -205,7 +223,18 @@ class TrainerExtensions:
             ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
             if gpu_memory.on_gpu(self.args) and ids is not None:
                 self._memory_need = gpu_memory.check_batch_fits(self.model, int(ids.shape[-1]), self.args)
-        return super().training_step(model, inputs, *args, **kwargs)
+        loss = super().training_step(model, self._batch_on_device(inputs, training=True), *args, **kwargs)
+        # The loss summed as the Trainer sums it (its --logging_nan_inf_filter included): the divergence watch's
+        # and the checkpoints' loss sum
+        if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
+            self._losses = self._losses + self._losses / (1 + self.state.global_step - self._last_logged_step)
+        else:
+            self._losses = self._losses + loss
+        if self.accelerator.sync_gradients and self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            # the last micro-batch of the step: its gradients, before the Trainer clips them, give the step's norm
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        return loss
 
     def _out_of_memory_at_first_step(self, error: BaseException):
         """The one-line error for running out of GPU memory before this call's first optimizer step ended, else None."""
@@ -240,12 +269,13 @@ class TrainerExtensions:
         self.stop_on_signal.install()
         self._first_step = None
         self.divergence.reset()
-        self._unlogged_loss = None
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, TrainingLossSum):
-                callback.trainer = self
+        self._losses, self._grad_norm = torch.zeros((), device=self.args.device), None
+        # Rotation (--save_total_limit) is this trainer's, over the checkpoints runs wrote, once each manifest is
+        # written (`_save_checkpoint`): the Trainer's own, which would delete any checkpoint-N, sees no limit.
+        self.args.save_total_limit = None
         try:
-            result = super().train(*args, **kwargs)
+            with _resumed_epoch_keeps_its_order(type(self)):
+                result = super().train(*args, **kwargs)
             self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
         except ImageLoadError as error:
             self.stop_on_signal.restore()
@@ -259,6 +289,11 @@ class TrainerExtensions:
         except BaseException:
             self.stop_on_signal.restore()
             raise
+        finally:
+            self.args.save_total_limit = self._save_total_limit
+        best = self.state.best_model_checkpoint
+        if self.args.should_save and best is not None and self._save_total_limit == 1:  # as the Trainer ends
+            _delete_checkpoints(self._written_checkpoints(), keep=[best])
         interrupted = self.stop_on_signal.interruption(self.state, self.args.output_dir)
         if interrupted is not None:
             self.stop_on_signal.restore()
@@ -276,10 +311,9 @@ class TrainerExtensions:
         result.metrics.update(describe_run(self.args))
         return result
 
-    def metrics_format(self, metrics: dict) -> dict:
+    def log_metrics(self, split, metrics):
         """The trainer's printed metrics, with the record's facts that do not apply here (None) shown as n/a."""
-        shown = super().metrics_format({key: value for key, value in metrics.items() if value is not None})
-        return {key: shown.get(key, "n/a") for key in metrics}
+        return super().log_metrics(split, {key: "n/a" if value is None else value for key, value in metrics.items()})
 
     # stopping cleanly -----------------------------------------------------------------------------------
     def _checkpoint_after_image_error(self, error: ImageLoadError) -> ImageLoadError:
@@ -356,34 +390,51 @@ class TrainerExtensions:
             torch.distributed.barrier()
         report_and_exit(interrupted, self.is_world_process_zero())
 
-    def save_model(self, output_dir=None, _internal_call: bool = False):
+    def save_model(self, output_dir=None, *args, **kwargs):
         """The final model and its config, published with the rest of the set (see `publishing`), with its recipe.
 
-        Checkpoints (`_internal_call`) are written in place: one counts only once its manifest, written last,
-        matches every file (`_save_checkpoint`).
+        A checkpoint's weights (`_save_checkpoint`) are written in place: one counts only once its manifest,
+        written last, matches every file.
         """
-        if _internal_call:
-            return super().save_model(output_dir, _internal_call=True)
-        if output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir):
-            with run_directory.publication(output_dir, publish=self.args.should_save) as staging:
-                super().save_model(staging, _internal_call=True)
-        else:
-            with self.publishing() as staging:
-                self._publishing_model = True
-                super().save_model(staging, _internal_call=True)  # (True: no push from the staging directory)
-                if self.recipe is not None and self.args.should_save:
-                    run_recipe.write(staging, self.recipe)
-        if self.args.push_to_hub:
+        if self._checkpoint_being_saved is not None:
+            return super().save_model(output_dir, *args, **kwargs)
+        held, self._holding_pushes = self._holding_pushes, True  # no push from a staging directory
+        try:
+            if output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir):
+                with run_directory.publication(output_dir, publish=self.args.should_save) as staging:
+                    super().save_model(staging)
+                    self._save_training_args(staging)
+            else:
+                with self.publishing() as staging:
+                    self._publishing_model = True
+                    super().save_model(staging)
+                    self._save_training_args(staging)
+                    if self.recipe is not None and self.args.should_save:
+                        run_recipe.write(staging, self.recipe)
+        finally:
+            self._holding_pushes = held
+        if self.args.push_to_hub and not held:  # (held: a push saving the model before it uploads)
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
-    def _save(self, output_dir=None, state_dict=None):
-        """As the backend's _save (final model and checkpoints), but the training_args.bin saved next to
-        the weights holds no credential (--hub_token and the like are blanked in the saved copy; the
-        run keeps the real value for pushing)."""
-        super()._save(output_dir, state_dict=state_dict)
+    def push_to_hub(self, *args, **kwargs):
+        if self._holding_pushes:  # saving into a staging directory, or a push that saves the model first
+            return None
+        self._holding_pushes = True
+        try:
+            return super().push_to_hub(*args, **kwargs)
+        finally:
+            self._holding_pushes = False
+
+    def _save_training_args(self, directory: str) -> None:
+        """The training_args.bin the Trainer saved next to the weights, as the run's arguments are: no credential
+        (--hub_token and the like are blanked in the saved copy; the run keeps the real value for pushing), and
+        the run's --save_total_limit (the Trainer's own rotation is off while training)."""
         saved = without_secrets(self.args)
-        path = os.path.join(output_dir if output_dir is not None else self.args.output_dir, "training_args.bin")
-        if saved is not self.args and os.path.exists(path):
+        if saved.save_total_limit != self._save_total_limit:
+            saved = copy.copy(saved)
+            saved.save_total_limit = self._save_total_limit
+        path = os.path.join(directory, "training_args.bin")
+        if saved is not self.args and self.args.should_save and os.path.exists(path):
             with atomic_path(path) as temporary:
                 torch.save(saved, temporary)
 
@@ -430,7 +481,13 @@ class TrainerExtensions:
 
     def log(self, logs, *args, **kwargs):
         """As Trainer.log, with null for a non-finite number (an evaluation of a broken model): the log history
-        goes into trainer_state.json, which must stay JSON."""
+        goes into trainer_state.json, which must stay JSON.
+
+        The end of a resumed training (`train_loss` in the train metrics, the dict `train()` returns) averages
+        every step of the run: the Trainer's sum starts at the resume, the checkpoint's sum adds the steps before.
+        """
+        if "train_loss" in logs and self._resumed_loss_sum is not None:
+            logs["train_loss"] = self._training_loss_sum() / max(self.state.global_step, 0.001)
         return super().log(divergence.finite_or_none(logs), *args, **kwargs)
 
     def _finite_state(self) -> None:
@@ -440,56 +497,66 @@ class TrainerExtensions:
 
     # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
-        """As the backend's, then the recipe and, last, the manifest: the checkpoint counts from then on."""
-        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        """As the backend's, then the recipe and, last, the manifest: the checkpoint counts from then on; then
+        rotation (--save_total_limit) over the checkpoints runs wrote."""
+        run_dir = self.args.output_dir
+        checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:
-            run_directory.record_written(os.path.dirname(checkpoint), [os.path.basename(checkpoint)])
+            run_directory.record_written(run_dir, [os.path.basename(checkpoint)])
             checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, TrainingLossSum):
-                callback.loss_sum = self._training_loss_sum()
-                # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
-                self.state.stateful_callbacks.setdefault(type(callback).__name__, callback.state())
+        # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
+        loss_sum = next(
+            callback for callback in self.callback_handler.callbacks if isinstance(callback, TrainingLossSum)
+        )
+        loss_sum.loss_sum = self._training_loss_sum()
+        # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
+        self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())
         self._finite_state()
-        self._rotation = []  # older checkpoints are rotated away only once this one counts
-        run_dir = os.path.dirname(checkpoint)
         with disk_space.removed_when_disk_full(
             checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir, self.recipe)
         ):
+            self._checkpoint_being_saved = checkpoint
             try:
                 super()._save_checkpoint(model, trial)
             finally:
-                rotation, self._rotation = self._rotation, None
+                self._checkpoint_being_saved = None
             if self.args.world_size > 1 and torch.distributed.is_initialized():
                 torch.distributed.barrier()  # every rank's RNG state is saved
-            if self.args.should_save:
-                if self.recipe is not None:
-                    run_recipe.write(checkpoint, self.recipe)
-                required = checkpoint_manifest.required_files(
-                    save_only_model=self.args.save_only_model,
-                    world_size=self.args.world_size,
-                    save_on_each_node=self.args.save_on_each_node,
-                )
-                if self.recipe is not None:
-                    required.append(run_recipe.RECIPE_NAME)
-                problem = checkpoint_manifest.write(checkpoint, required)
-                if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
-                    logger.warning(f"{checkpoint} does not count for resuming: {problem}")
-                    rotation = []
-        for args, kwargs in rotation:
-            super()._rotate_checkpoints(*args, **kwargs)
+            if not self.args.should_save:
+                return
+            self._save_training_args(checkpoint)
+            if self.recipe is not None:
+                run_recipe.write(checkpoint, self.recipe)
+            required = checkpoint_manifest.required_files(
+                save_only_model=self.args.save_only_model,
+                world_size=self.args.world_size,
+                save_on_each_node=self.args.save_on_each_node,
+            )
+            if self.recipe is not None:
+                required.append(run_recipe.RECIPE_NAME)
+            problem = checkpoint_manifest.write(checkpoint, required)
+            if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
+                logger.warning(f"{checkpoint} does not count for resuming: {problem}")
+                return
+        self._rotate_checkpoints_written()
 
-    def _rotate_checkpoints(self, *args, **kwargs):
-        if getattr(self, "_rotation", None) is not None:  # inside _save_checkpoint: after the manifest
-            self._rotation.append((args, kwargs))
-        else:
-            super()._rotate_checkpoints(*args, **kwargs)
+    def _written_checkpoints(self) -> list[str]:
+        """The checkpoints in output_dir that runs of these scripts wrote, by step."""
+        written = set(run_directory.read_record(self.args.output_dir)["written"])
+        return [path for path in run_directory.checkpoints(self.args.output_dir) if os.path.basename(path) in written]
 
-    def _sorted_checkpoints(self, output_dir=None, *args, **kwargs):
-        """Rotation (save_total_limit) and best-model bookkeeping see only the checkpoints runs of ours wrote."""
-        found = super()._sorted_checkpoints(output_dir, *args, **kwargs)
-        ours = set(run_directory.read_record(output_dir or self.args.output_dir)["written"])
-        return [path for path in found if os.path.basename(path) in ours]
+    def _rotate_checkpoints_written(self) -> None:
+        """--save_total_limit as the Trainer keeps it (the newest, and the best one before it), over ours only."""
+        limit, best = self._save_total_limit, self.state.best_model_checkpoint
+        checkpoints = self._written_checkpoints()
+        if not limit or limit <= 0 or len(checkpoints) <= limit:
+            return
+        best = os.path.join(self.args.output_dir, os.path.basename(best)) if best is not None else None
+        if best in checkpoints[:-1]:  # kept second to last, so that the newest stays to resume from
+            checkpoints.remove(best)
+            checkpoints.insert(len(checkpoints) - 1, best)
+            limit = max(limit, 2)
+        _delete_checkpoints(checkpoints[: len(checkpoints) - limit])
 
     def create_model_card(self, *args, **kwargs):
         if self.is_world_process_zero():
@@ -500,46 +567,64 @@ class TrainerExtensions:
 class TrainingLossSum(TrainerCallback, ExportableState):
     """The sum of every step's training loss, kept in each checkpoint's trainer_state.json.
 
-    The Trainer's `train_loss` is its running loss sum over `global_step`, but a resumed run's sum starts at 0
-    while `global_step` starts at the checkpoint's: the mean would count only the steps after the resume. The
-    trainer writes the sum into this callback before each checkpoint (`loss_sum`, saved as its state); at the
-    start of a resumed training it is added back to the Trainer's sum, so `train_loss` is the mean over all
-    steps of the run. A checkpoint without it (an earlier version's) resumes as before, with a warning.
+    The Trainer's `train_loss` is its running loss sum over the steps, but a resumed run's sum starts at 0 at
+    the resume: the mean would count only the steps after it. The trainer writes the sum into this callback
+    before each checkpoint (`loss_sum`, saved as its state); a resumed training starts its sum from it
+    (`saved_in`), so `train_loss` is the mean over all steps of the run. A checkpoint without it (an earlier
+    version's) resumes as before, with a warning.
     """
 
     def __init__(self, loss_sum: float = 0.0):
         self.loss_sum = float(loss_sum)
-        self.trainer = None  # set by the trainer (not saved)
 
     def state(self) -> dict:
         return {"args": {"loss_sum": self.loss_sum}, "attributes": {}}
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        # Called right after the Trainer set its loss sum to 0, with the resumed checkpoint's state loaded.
-        if state.global_step == 0 or self.trainer is None:
-            return
-        saved = state.stateful_callbacks.get(type(self).__name__)
+    @classmethod
+    def saved_in(cls, state) -> Optional[float]:
+        """The loss sum the resumed checkpoint's state holds; None for a fresh start or a checkpoint without it."""
+        if state.global_step == 0:
+            return None
+        saved = state.stateful_callbacks.get(cls.__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
         if not isinstance(saved, dict) or "loss_sum" not in saved.get("args", {}):
             logger.warning(
                 "the checkpoint resumed does not hold the loss sum of its steps: train_loss will average "
                 "only the steps trained from now on"
             )
-            return
-        self.trainer._total_loss_scalar += float(saved["args"]["loss_sum"])
+            return None
+        return float(saved["args"]["loss_sum"])
+
+
+class _AfterEachStep(TrainerCallback):
+    """The trainer's own callback, added last: at the end of each optimizer step and epoch, what the callbacks
+    decided (log, save, evaluate) is known and not yet done."""
+
+    def __init__(self, trainer: TrainerExtensions):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._training_begins(state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._after_step(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer._after_step(control)
 
 
 @contextmanager
 def _resumed_epoch_keeps_its_order(trainer_class):
     """While training: accelerate's skip_first_batches, as the Trainer calls it, keeping the epoch.
 
-    Resumed mid-epoch, the Trainer sets the epoch on its data loader (the sampler draws epoch e's order from
-    the seed + e), then skips the batches already trained with `skip_first_batches`, which builds a new
-    loader whose epoch counter starts at 0; at its first batch that loader sets the sampler's epoch to 0 again.
-    A run resumed in its second or later epoch then trained on the first epoch's order. Here the new loader
-    takes the epoch of the one it skips in: the same order as an uninterrupted run. Nothing else changes: an
-    uninterrupted run never skips batches. (Swapped only in the modules of this trainer's own classes, only
-    while this trainer trains.)
+    Resumed mid-epoch, transformers 4.55 (and GaudiTrainer) sets the epoch on its data loader (the sampler
+    draws epoch e's order from the seed + e), then skips the batches already trained with
+    `skip_first_batches`, which builds a new loader whose epoch counter starts at 0; at its first batch that
+    loader sets the sampler's epoch to 0 again. A run resumed in its second or later epoch then trained on the
+    first epoch's order. Here the new loader takes the epoch of the one it skips in: the same order as an
+    uninterrupted run. Nothing else changes: an uninterrupted run never skips batches. (Swapped only in the
+    modules of this trainer's own classes, only while this trainer trains. transformers 5.x sets the epoch on
+    the skipping loader itself, after `get_resumed_dataloader`: there the swap changes nothing.)
     """
     original = accelerate.skip_first_batches
 
@@ -558,6 +643,13 @@ def _resumed_epoch_keeps_its_order(trainer_class):
     finally:
         for module in swapped:
             module.skip_first_batches = original
+
+
+def _delete_checkpoints(checkpoints: list[str], keep=()) -> None:
+    for checkpoint in checkpoints:
+        if not any(os.path.exists(kept) and os.path.samefile(checkpoint, kept) for kept in keep):
+            logger.info(f"Deleting older checkpoint [{checkpoint}] due to args.save_total_limit")
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):

@@ -581,16 +581,14 @@ def test_attach_rejects_captions_of_different_lengths(tmp_path):
 
 
 class FakeTrainerBase:
-    """What the mixin uses of transformers' Trainer (4.55 sampler hooks and arguments)."""
+    """What the mixin uses of transformers' Trainer (its training sampler, arguments and state)."""
 
     def __init__(self, args, train_dataset=None, eval_dataset=None):
         self.args, self.train_dataset, self.eval_dataset = args, train_dataset, eval_dataset
+        self.state = SimpleNamespace(train_batch_size=None)
 
     def _get_train_sampler(self, train_dataset=None):
         return RandomSampler(train_dataset or self.train_dataset)
-
-    def _get_eval_sampler(self, eval_dataset):
-        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         return resume_from_checkpoint
@@ -610,6 +608,7 @@ def trainer_args(**overrides):
         dataloader_num_workers=0,
         train_batch_size=3,
         eval_batch_size=3,
+        auto_find_batch_size=False,
         ignore_data_skip=False,
     )
     args.update(overrides)

@@ -12,26 +12,11 @@ from transformers import Trainer
 from helpers import optimum_habana
 
 
-# Trainer methods the kit overrides (bridgetower_bench/trainer.py, device_decode.py) or calls
-# (trainer.py, mediapipe_trainer.py) -> the parameters it relies on, in order
+# Trainer methods the kit overrides (bridgetower_bench/trainer.py) or calls (trainer.py, mediapipe_trainer.py) ->
+# the parameters it relies on, in order. The same on transformers 4.55 (GaudiTrainer's too) and 5.x.
 TRAINER_METHODS = {
     "_get_train_sampler": ["self", "train_dataset"],  # overridden; called by the media-pipeline loader
-    "_get_eval_sampler": ["self", "eval_dataset"],  # called by the media-pipeline loader
-    "_prepare_inputs": ["self", "inputs"],  # overridden (pixel normalisation, device decode)
-    "_save": ["self", "output_dir", "state_dict"],  # overridden (no credential in training_args.bin)
-    "_save_checkpoint": ["self", "model", "trial"],  # overridden (the checkpoint recorded before it is written)
-    "_sorted_checkpoints": ["self", "output_dir", "checkpoint_prefix", "use_mtime"],  # overridden (rotation)
-    "_get_output_dir": ["self", "trial"],  # called by the _save_checkpoint override
-    "save_model": ["self", "output_dir", "_internal_call"],  # overridden; its private parameter passed on
-    "_inner_training_loop": [
-        "self",
-        "batch_size",
-        "args",
-        "resume_from_checkpoint",
-    ],  # overridden (resumed epoch order)
-    "_maybe_log_save_evaluate": ["self", "tr_loss", "grad_norm"],  # overridden (divergence watch)
-    "_load_callback_state": ["self"],  # overridden (the loss sum's callback after a resume)
-    "_rotate_checkpoints": ["self", "use_mtime", "output_dir"],  # overridden (rotation after the manifest)
+    "_save_checkpoint": ["self", "model", "trial"],  # overridden (recipe, manifest, rotation); called (image error)
 }
 
 
@@ -70,15 +55,19 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
     assert "self.iteration" in inspect.getsource(accelerate.data_loader.DataLoaderShard), (
         "accelerate's DataLoaderShard no longer counts its epochs in `iteration`"
     )
-    assert "self._total_loss_scalar" in inspect.getsource(Trainer), (
-        "transformers' Trainer no longer keeps the logged loss sum in _total_loss_scalar"
+
+
+def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_to_save_total_limit():
+    # trainer.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
+    # the Trainer's own rotation and its end-of-training deletion read args.save_total_limit, which the kit
+    # sets to None while training so that only its own rotation, over the checkpoints runs wrote, deletes
+    source = inspect.getsource(Trainer._save_checkpoint)
+    assert "self.save_model(" in source, "Trainer._save_checkpoint no longer saves the weights through save_model"
+    rotation = inspect.getsource(Trainer._rotate_checkpoints) if "_rotate_checkpoints" in source else source  # 4.55
+    assert "self.args.save_total_limit" in rotation, "the Trainer's rotation no longer reads args.save_total_limit"
+    assert "self.args.save_total_limit == 1" in inspect.getsource(Trainer), (
+        "the Trainer's end-of-training deletion no longer reads args.save_total_limit"
     )
-
-
-def test_transformers_trainer_still_keeps_the_batch_size_it_trains_with():
-    # mediapipe_trainer reads self._train_batch_size (what --auto_find_batch_size settled on), else the argument
-    source = inspect.getsource(Trainer)
-    assert "self._train_batch_size = " in source, "transformers' Trainer no longer sets self._train_batch_size"
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +88,8 @@ def gaudi():
         }
 
 
-# optimum-habana names the gradient norm `_grad_norm`; both trainers' loops pass it by position, as the kit does
-GAUDI_PARAMETER_NAMES = {"_grad_norm": "grad_norm"}
-
-
 def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
-    found = {name: [GAUDI_PARAMETER_NAMES.get(p, p) for p in params] for name, params in gaudi["trainer"].items()}
+    found = gaudi["trainer"]
     problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in found]
     problems += [
         f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"

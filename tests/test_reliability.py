@@ -381,9 +381,38 @@ def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures
     out = tmp_path / "out"
     (out / "checkpoint-0").mkdir(parents=True)  # someone else's, numbered below ours
     (out / "checkpoint-0" / "weights.pt").write_text("not ours")
-    trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1).train()
+    trainer = trainer_on(fixtures, ds, out, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1)
+    trainer.train()
     assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-0", "checkpoint-3"]
     assert (out / "checkpoint-0" / "weights.pt").read_text() == "not ours"
+    # the Trainer's own rotation is off while training; the run's limit is what the arguments and their saved copy say
+    assert trainer.args.save_total_limit == 1
+    saved = torch.load(out / "checkpoint-3" / "training_args.bin", weights_only=False)
+    assert saved.save_total_limit == 1
+
+
+def test_with_a_limit_of_one_the_best_checkpoint_is_kept_beside_the_newest_then_alone_at_the_end(fixtures, tmp_path):
+    """As the Trainer rotates: the best checkpoint (lowest eval_loss, here forced to be the first) is kept second to
+    last while training, and once training ends it is the only checkpoint left."""
+    from transformers import AutoTokenizer, TrainerCallback
+
+    class FirstIsBest(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            metrics["eval_loss"] = float(state.global_step)
+
+    class Kept(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            seen.append(sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")))
+
+    seen = []
+    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    out = tmp_path / "out"
+    options = dict(max_steps=3, save_strategy="steps", save_steps=1, eval_strategy="steps", eval_steps=1)
+    best = dict(load_best_model_at_end=True, metric_for_best_model="eval_loss", save_total_limit=1)
+    trainer_on(fixtures, ds, out, callbacks=[FirstIsBest(), Kept()], **options, **best).train()
+    # (on_save: once the checkpoint is saved, its manifest written and the older ones rotated)
+    assert seen == [["checkpoint-1"], ["checkpoint-1", "checkpoint-2"], ["checkpoint-1", "checkpoint-3"]]
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-1"]
 
 
 # ---------------------------------------------------------------------------------------------
