@@ -649,3 +649,18 @@ def _one_line_image_errors():
 def _batch_size(batch) -> int:
     ids = batch.get("input_ids") if isinstance(batch, dict) else None
     return int(ids.shape[0]) if ids is not None else 0
+
+
+class SummedAccumulation:
+    """Gradient accumulation as GaudiTrainer does it, for the CUDA script's Trainer: the micro-batches' losses are
+    summed, not divided by the accumulation steps first. optimum-habana 1.21.2's `training_step` divides only
+    with lazy mode and `--pipelining_fwd_bwd` (a Gaudi-only flag the CUDA script refuses); transformers'
+    divides by `current_gradient_accumulation_steps`, which this step sees as 1. Same gradients, same clipping,
+    same logged loss (the sum of a step's micro-batch losses) on both backends."""
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        steps, self.current_gradient_accumulation_steps = self.current_gradient_accumulation_steps, 1
+        try:
+            return super().training_step(model, inputs, *args, **kwargs)
+        finally:
+            self.current_gradient_accumulation_steps = steps
