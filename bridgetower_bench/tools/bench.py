@@ -100,6 +100,7 @@ from filelock import FileLock, Timeout
 from .. import run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
+from ..habana_software import habana_software_present
 from ..mediapipe_availability import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
@@ -398,15 +399,6 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
-def _habana_installed() -> bool:
-    try:
-        import habana_frameworks.torch  # noqa: F401
-
-        return True
-    except Exception:
-        return False
-
-
 def local_device_name(device: str) -> str:
     """The device name the scripts would record (run_record.device_name), for runs that failed early."""
     try:
@@ -686,7 +678,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
     if args.preset == "local":  # everything is on disk: never wait for the Hub
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     env.update(mode_env(script, device))
-    if script == "gaudi" and device == "cpu" and not _habana_installed():
+    if script == "gaudi" and device == "cpu" and not habana_software_present():
         env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
         env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
 
