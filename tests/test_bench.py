@@ -752,7 +752,14 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
 def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     gpu = plan_for(["--nproc", "2", "--extra-args", "--seed 3"], accelerator="cuda")
     command = gpu.command(gpu.variants[0], tmp_path / "run")
-    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    assert command[:6] == [
+        sys.executable,
+        "-m",
+        "bridgetower_bench.tools.launch_cuda",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
     assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [("torch", "upstream")] * 5 + [
         ("device_decode", "upstream")

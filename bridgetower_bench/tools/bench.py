@@ -360,11 +360,19 @@ class Plan:
 
 
 def launcher(script: str, nproc: int) -> list[str]:
-    """How to start `nproc` training processes: plain python, torchrun (CUDA) or the Gaudi MPI launcher."""
+    """How to start `nproc` training processes: plain python, torchrun through launch_cuda (CUDA) or the Gaudi MPI
+    launcher."""
     if nproc == 1:
         return [sys.executable]
-    if script == "cuda":  # torchrun, run from this interpreter so the same environment is used
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    if script == "cuda":  # torchrun (the kit's launcher over it), run from this interpreter: the same environment
+        return [
+            sys.executable,
+            "-m",
+            "bridgetower_bench.tools.launch_cuda",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+        ]
     return [sys.executable, "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", str(nproc), "--use_mpi"]
 
 
