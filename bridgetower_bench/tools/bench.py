@@ -1300,6 +1300,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    # Building the fixtures tokenizes with tokenizers' threads; each run's fork would then print its warning.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:  # malformed prices are refused first; one that matches no device once the plan knows the device
         prices = prices_from_args(args.price, args.prices)
     except UserInputError as e:
