@@ -325,11 +325,7 @@ class TrainerExtensions:
         self.stop_on_signal.training_done = True
         if not self._catching_signals:
             self._hand_signals_back()
-        steady = self.throughput.metrics()
-        if steady and "train_samples_per_second" in result.metrics:
-            # Keep the trainer's own figure for reference; ours has the same meaning on every backend.
-            result.metrics["trainer_train_samples_per_second"] = result.metrics["train_samples_per_second"]
-        result.metrics.update(steady)
+        result.metrics.update(self.throughput.metrics())  # one samples/s: ours, the same on every backend
         result.metrics["per_device_train_batch_size"] = self.args.per_device_train_batch_size
         result.metrics.update(self.run_facts)
         result.metrics.update(describe_run(self.args))
