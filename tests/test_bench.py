@@ -1012,3 +1012,16 @@ def test_the_blog_preset_without_an_accelerator_is_refused_in_one_line(monkeypat
         "python -m bridgetower_bench.tools.bench: error: --preset blog: no HPU or NVIDIA GPU here (the published run "
         "trains on 8 of them); --device cpu runs the sweep on the CPU on purpose"
     ]
+
+
+def test_the_sweeps_runs_fork_without_the_tokenizers_warning(monkeypatch, capsys):
+    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
+    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
+    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    assert bench.main(["--dry-run", "--workers", "0"]) == 0
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    assert bench.main(["--dry-run", "--workers", "0"]) == 0
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
