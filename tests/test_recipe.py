@@ -57,3 +57,48 @@ def test_both_scripts_end_with_the_same_weights_from_the_same_flags(fixtures, tm
     # both run torch's AdamW on CPU: the same computation; a fused optimizer would differ by rounding only
     assert worst <= 1e-6, f"largest weight difference {worst}"
     assert losses["cuda"] == pytest.approx(losses["gaudi"], rel=1e-6)
+
+
+def test_summed_accumulation_sums_the_micro_batches_where_trainer_averages_them(tmp_path):
+    """SummedAccumulation on a bare Trainer: the gradient of an accumulated step is the sum of its micro-batches'
+    (GaudiTrainer's), and so is the logged loss; transformers' Trainer takes their mean."""
+    import torch
+    from transformers import Trainer, TrainerCallback
+
+    from bridgetower_bench.trainer import SummedAccumulation
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            return {"loss": (self.w * x).sum()}  # d loss / d w = x
+
+    class Gradients(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.seen.append(model.w.grad.item())
+
+    rows = [{"x": torch.tensor([float(i + 1)])} for i in range(4)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=0.0,
+        max_grad_norm=0,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+    )
+    found = {}
+    for name, cls in {"Trainer": Trainer, "summed": type("Summed", (SummedAccumulation, Trainer), {})}.items():
+        gradients = Gradients()
+        loss = cls(model=Scale(), args=args, train_dataset=rows, callbacks=[gradients]).train().metrics["train_loss"]
+        found[name] = (sorted(gradients.seen), loss)
+    # the 4 rows x = 1..4 in two steps of two: the pairs' sums are 10 in all, their means 5
+    assert sum(found["summed"][0]) == 10 and found["summed"][1] == 5.0
+    assert sum(found["Trainer"][0]) == 5 and found["Trainer"][1] == 2.5
