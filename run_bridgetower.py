@@ -15,14 +15,13 @@ from typing import Optional
 
 import datasets
 import transformers
-from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
-from optimum.habana.utils import set_seed
 from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
 from bridgetower_bench import arguments, data, preflight, run_directory, run_recipe
 from bridgetower_bench.attention import use_attention
 from bridgetower_bench.execution_mode import check_lazy_mode_variable
+from bridgetower_bench.habana_software import require_habana_software
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.mediapipe_availability import choose_loader
 from bridgetower_bench.mediapipe_inputs import feed_media_pipeline
@@ -30,6 +29,12 @@ from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
+
+
+# optimum-habana's import ends in a traceback outside Habana's software: one line instead (exit status 2).
+exit_on_user_error(require_habana_software)
+from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments  # noqa: E402
+from optimum.habana.utils import set_seed  # noqa: E402
 
 
 logger = logging.getLogger(__name__)

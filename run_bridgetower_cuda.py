@@ -26,7 +26,7 @@ from bridgetower_bench.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
 from bridgetower_bench.layer_compile import compile_repeated_layers
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
-from bridgetower_bench.trainer import TrainerExtensions
+from bridgetower_bench.trainer import SummedAccumulation, TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
 
@@ -141,8 +141,9 @@ class DataTrainingArguments:
         arguments.check_data_arguments(self.dataset_name, self.train_file, self.validation_file)
 
 
-class BridgeTowerTrainer(TrainerExtensions, Trainer):
-    """The backend's trainer plus device-side normalisation, data-wait timing and steady-state throughput."""
+class BridgeTowerTrainer(TrainerExtensions, SummedAccumulation, Trainer):
+    """The backend's trainer plus device-side normalisation, data-wait timing and steady-state throughput;
+    gradient accumulation sums the micro-batches' losses, as GaudiTrainer does."""
 
 
 class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer):

@@ -218,8 +218,11 @@ class TokenizeCaptions:
 def tokenize_split(
     dataset, tokenizer, *, image_column, caption_column, max_seq_length, num_proc, overwrite_cache, split
 ):
-    """Tokenize one split, keeping only the image column and the token columns."""
-    return dataset.map(
+    """Tokenize one split, keeping only the image column and the token columns.
+
+    The loader workers fork after this: tokenizers, whose threads tokenized the captions, would turn them off in
+    each worker with a warning the user cannot act on. TOKENIZERS_PARALLELISM says so first (unless set)."""
+    tokenized = dataset.map(
         TokenizeCaptions(tokenizer, caption_column, max_seq_length),
         batched=True,
         with_indices=True,
@@ -228,6 +231,8 @@ def tokenize_split(
         load_from_cache_file=not overwrite_cache,
         desc=f"Running tokenizer on {split} dataset",
     )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return tokenized
 
 
 class BatchTransform:

@@ -456,7 +456,8 @@ def resize_and_crop(pixels: torch.Tensor, image_size: int, full_size: tuple[int,
 
     C is 3, 1 (grey: replicated to 3 after the resize) or 4 (RGBX: the 4th channel is
     dropped in the crop). Runs torch's native uint8 antialiased bicubic kernel (the filter
-    upstream applies in float, rounded and clamped to 0..255) with explicit scale factors,
+    upstream applies in float, horizontally then vertically, each pass rounded and clamped to
+    0..255: ``tools/image_fidelity.py`` measures what that changes) with explicit scale factors,
     which fix where every output pixel samples the input independently of the output
     size. That allows
 

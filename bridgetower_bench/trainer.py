@@ -301,11 +301,7 @@ class TrainerExtensions:
         self.stop_on_signal.training_done = True
         if not self._catching_signals:
             self._hand_signals_back()
-        steady = self.throughput.metrics()
-        if steady and "train_samples_per_second" in result.metrics:
-            # Keep the trainer's own figure for reference; ours has the same meaning on every backend.
-            result.metrics["trainer_train_samples_per_second"] = result.metrics["train_samples_per_second"]
-        result.metrics.update(steady)
+        result.metrics.update(self.throughput.metrics())  # one samples/s: ours, the same on every backend
         result.metrics["per_device_train_batch_size"] = self.args.per_device_train_batch_size
         result.metrics.update(self.run_facts)
         result.metrics.update(describe_run(self.args))
@@ -682,3 +678,18 @@ def _one_line_image_errors():
 def _batch_size(batch) -> int:
     ids = batch.get("input_ids") if isinstance(batch, dict) else None
     return int(ids.shape[0]) if ids is not None else 0
+
+
+class SummedAccumulation:
+    """Gradient accumulation as GaudiTrainer does it, for the CUDA script's Trainer: the micro-batches' losses are
+    summed, not divided by the accumulation steps first. optimum-habana 1.21.2's `training_step` divides only
+    with lazy mode and `--pipelining_fwd_bwd` (a Gaudi-only flag the CUDA script refuses); transformers'
+    divides by `current_gradient_accumulation_steps`, which this step sees as 1. Same gradients, same clipping,
+    same logged loss (the sum of a step's micro-batch losses) on both backends."""
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        steps, self.current_gradient_accumulation_steps = self.current_gradient_accumulation_steps, 1
+        try:
+            return super().training_step(model, inputs, *args, **kwargs)
+        finally:
+            self.current_gradient_accumulation_steps = steps

@@ -41,15 +41,22 @@
 # (the self-check then says there is no GPU, exit status 2, and the batch refusals, which need a GPU, are
 # skipped; SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
 # worker counts; CHECK=0 skips the device decode check; PROFILE=0 the profiled ceiling run (its
-# profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). With
-# the project's venv on a CPU machine (WHEELS= skips the wheel install):
-#     PATH=$PWD/.venv/bin:$PATH WHEELS= SMOKE=1 WORKERS=0 bash scripts/h200_benchmark.sh
+# profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). On a
+# CPU machine (WHEELS= skips the wheel install):
+#     WHEELS= SMOKE=1 WORKERS=0 bash scripts/h200_benchmark.sh
+# Python: the kit's environment, .venv/bin/python when there is one (the README's NVIDIA install; no need to
+# activate it), else python3 from PATH; PYTHON=... names another.
 set -uo pipefail
 
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=$PWD/.venv/bin/python; else PYTHON=python3; fi
+fi
 WHEELS=${WHEELS-.whl}
+CARRIED=0
 if [[ -n "$WHEELS" ]] && compgen -G "$WHEELS/*.whl" >/dev/null; then
     SITE=${SITE:-/tmp/site}
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
+    CARRIED=1
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
     export PYTHONPATH=$SITE:$PWD
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -110,7 +117,11 @@ stamp() { echo "[$(date +%H:%M:%S) +${SECONDS}s] $*"; }
 # 0. What is there -----------------------------------------------------------------------------------------
 stamp "preflight"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
-python3 - <<'EOF' || { echo "preflight failed: the carried wheels do not import"; exit 1; }
+preflight_failed() {
+    if [[ "$CARRIED" == 1 ]]; then echo "preflight failed: the carried wheels ($WHEELS) do not import with $PYTHON"
+    else echo "preflight failed: $PYTHON lacks the kit's requirements (README, NVIDIA: the .venv install; or PYTHON=...)"; fi
+}
+"$PYTHON" - <<'EOF' || { preflight_failed; exit 1; }
 import importlib.metadata as md, sys, torch, torchvision, transformers, datasets, accelerate, tokenizers
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| torchvision", torchvision.__version__,
       "| transformers", transformers.__version__, "| datasets", datasets.__version__,
@@ -135,24 +146,24 @@ refusal() {  # refusal NAME COMMAND...: the command's error line and exit status
 }
 if [[ $FIRST_CONTACT == 1 || $FIRST_CONTACT == only ]]; then
     stamp "nvidia_check"
-    timeout --kill-after=10 420 python3 -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
+    timeout --kill-after=10 420 "$PYTHON" -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
         --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 2>&1 | grep -v Warning
     echo "exit status ${PIPESTATUS[0]}" | tee "$OUT/nvidia_check_exit.txt"
     # The refusals train on the self-check's fixtures (or, when it stopped early, build the tiny ones).
     CHECK_FIXTURES=$WORK/nvidia_check/fixtures
-    python3 -m bridgetower_bench.tools.fixtures --out "$CHECK_FIXTURES" > "$WORK/logs/fixtures_check.log" 2>&1
+    "$PYTHON" -m bridgetower_bench.tools.fixtures --out "$CHECK_FIXTURES" > "$WORK/logs/fixtures_check.log" 2>&1
     ONE_STEP=(--dataset_name "$CHECK_FIXTURES/newyorker-matching-synthetic" --dataset_config_name matching
               --image_column image --caption_column image_description --do_train --max_steps 1 --save_strategy no
               --report_to none --remove_unused_columns False --overwrite_output_dir --bf16)
-    CUDA_VISIBLE_DEVICES= refusal no_gpu python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/tiny-bridgetower" \
+    CUDA_VISIBLE_DEVICES= refusal no_gpu "$PYTHON" run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/tiny-bridgetower" \
         "${ONE_STEP[@]}" --per_device_train_batch_size 4 --output_dir "$WORK/refusal_no_gpu"
     if [[ $SMOKE == 1 ]]; then
         stamp "refusals of a batch too big: skipped (smoke mode: no GPU)"
     elif [[ -d $CHECK_FIXTURES/bridgetower-large-random ]]; then
-        refusal batch_estimate python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
+        refusal batch_estimate "$PYTHON" run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
             "${ONE_STEP[@]}" --per_device_train_batch_size "$TOO_BIG_BATCH" --max_train_samples "$TOO_BIG_BATCH" \
             --output_dir "$WORK/refusal_batch"
-        refusal batch_oom python3 run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
+        refusal batch_oom "$PYTHON" run_bridgetower_cuda.py --model_name_or_path "$CHECK_FIXTURES/bridgetower-large-random" \
             "${ONE_STEP[@]}" --attn_implementation sdpa --per_device_train_batch_size "$OOM_BATCH" \
             --max_train_samples "$OOM_BATCH" --output_dir "$WORK/refusal_batch"
     else
@@ -169,12 +180,12 @@ fi
 # 1. Fixtures: the random-weight model and the synthetic data set, built side by side, while the GPU tests
 #    run (nvJPEG against the host fast pipeline; the trainer's decode look-ahead; sdpa against eager) -------
 stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS train rows; GPU tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py tests/test_attention.py -k cuda \
+timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py tests/test_attention.py -k cuda \
     > "$WORK/logs/pytest_cuda.log" 2>&1 &
 pytest_pid=$!
-python3 -m bridgetower_bench.tools.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
+"$PYTHON" -m bridgetower_bench.tools.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
 model_pid=$!
-python3 -m bridgetower_bench.tools.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
+"$PYTHON" -m bridgetower_bench.tools.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
     --validation-rows 16 --test-rows 16 > "$WORK/logs/fixtures_dataset.log" 2>&1
 dataset_rc=$?
 wait "$model_pid"
@@ -197,8 +208,8 @@ mkdir -p "$RUNS"
 # 2. Does nvJPEG + the device resize give the host fast pipeline's pixels, and how fast? ------------------
 if [[ $CHECK == 1 ]]; then
     stamp "device decode check"
-    photo=$(python3 -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
-    timeout 90 python3 -m bridgetower_bench.tools.device_decode_check "$DATA"/matching/train-*.parquet $photo --limit 193 \
+    photo=$("$PYTHON" -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
+    timeout 90 "$PYTHON" -m bridgetower_bench.tools.device_decode_check "$DATA"/matching/train-*.parquet $photo --limit 193 \
         --batch-size "$BATCH" --json "$OUT/device_decode_check.json" 2>&1 | grep -v Warning || echo "device decode check failed"
 fi
 
@@ -227,7 +238,7 @@ run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics lan
     if [[ $rc == 0 && -f "$RUNS/$name/train_results.json" ]]; then
         cp "$RUNS/$name/train_results.json" "$WORK/results/$name.json"
         echo "$name ok $(( SECONDS - started )) $setup" >> "$WORK/status.txt"
-        stamp "$name: done in $(( SECONDS - started ))s: $(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{m['train_samples_per_second']:.1f} samples/s, data wait {m['data_wait_fraction']:.2f}\")" "$WORK/results/$name.json")"
+        stamp "$name: done in $(( SECONDS - started ))s: $("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); print(f\"{m['train_samples_per_second']:.1f} samples/s, data wait {m['data_wait_fraction']:.2f}\")" "$WORK/results/$name.json")"
     else
         echo "$name failed(rc=$rc) $(( SECONDS - started )) $setup" >> "$WORK/status.txt"
         stamp "$name: FAILED (rc=$rc) after $(( SECONDS - started ))s"; tail -n 5 "$WORK/logs/$name.log"
@@ -237,7 +248,7 @@ run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics lan
 }
 
 ceiling() {  # ceiling SETUP REPEAT: the data-free ceiling of one training set-up
-    run "ceiling_$1_r$2" "$1" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
+    run "ceiling_$1_r$2" "$1" "$RUN_TIMEOUT_S" "$PYTHON" -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps "$STEPS" \
         --throughput_warmup_steps "$WARMUP" --logging_steps 10 --save_strategy no --report_to none --seed 42
 }
@@ -245,12 +256,12 @@ matrix_run() {  # matrix_run WORKERS PIPELINE: REPEATS loader runs with the best
     local extra=(--image_pipeline "$2") repeat
     [[ $2 == device ]] && extra=(--image_pipeline fast --device_decode)
     for repeat in $(seq "$REPEATS"); do
-        run "w${1}_$2_r$repeat" "$BEST" "$RUN_TIMEOUT_S" python3 run_bridgetower_cuda.py "${COMMON[@]}" \
+        run "w${1}_$2_r$repeat" "$BEST" "$RUN_TIMEOUT_S" "$PYTHON" run_bridgetower_cuda.py "${COMMON[@]}" \
             --dataloader_num_workers "$1" "${extra[@]}"
     done
 }
 median_ceiling() {  # median_ceiling SETUP: the median samples/s of its ceiling runs, or 0 when any peaked above MAX_GPU_GB
-    python3 - "$WORK/results" "$1" "$MAX_GPU_GB" <<'PY'
+    "$PYTHON" - "$WORK/results" "$1" "$MAX_GPU_GB" <<'PY'
 import glob, json, statistics, sys
 results, setup, max_gb = sys.argv[1], sys.argv[2], float(sys.argv[3])
 runs = [json.load(open(path)) for path in sorted(glob.glob(f"{results}/ceiling_{setup}_r*.json"))]
@@ -267,7 +278,7 @@ BEST=eager BEST_SPS=0
 for setup in $SETUPS; do
     for repeat in $(seq "$REPEATS"); do ceiling "$setup" "$repeat"; done
     sps=$(median_ceiling "$setup")
-    if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$sps" "$BEST_SPS"; then
+    if "$PYTHON" -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$sps" "$BEST_SPS"; then
         BEST=$setup BEST_SPS=$sps
     fi
 done
@@ -278,7 +289,7 @@ stamp "loader matrix with the '$BEST' set-up (ceiling $BEST_SPS samples/s)"
 set -- $WORKERS
 matrix_run "$1" device
 if [[ $PROFILE == 1 ]]; then
-    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" python3 -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
+    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" "$PYTHON" -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps 8 --throughput_warmup_steps 5 \
         --profile_steps 3 --logging_steps 10 --save_strategy no --report_to none --seed 42
 fi
@@ -291,7 +302,7 @@ done
 # 4. The table -------------------------------------------------------------------------------------------
 stamp "table"
 for log in "$WORK"/logs/*.log; do echo "===== $(basename "$log")"; tail -n 40 "$log"; done > "$OUT/h200_logs.txt"
-python3 - "$WORK" "$OUT" "$SETUP" "$BATCH" "$STEPS" "$WARMUP" "$REPEATS" "$MAX_GPU_GB" <<'EOF'
+"$PYTHON" - "$WORK" "$OUT" "$SETUP" "$BATCH" "$STEPS" "$WARMUP" "$REPEATS" "$MAX_GPU_GB" <<'EOF'
 import json, os, re, statistics, sys
 from bridgetower_bench import published
 work, out, setup, batch, steps, warmup, repeats, max_gb = *sys.argv[1:4], *map(int, sys.argv[4:8]), float(sys.argv[8])

@@ -15,6 +15,7 @@ from PIL import Image
 
 from bridgetower_bench import published
 from bridgetower_bench.tools import bench, bench_report
+from bridgetower_bench.user_errors import UserInputError
 from helpers import REPO
 
 
@@ -782,7 +783,14 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
 def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     gpu = plan_for(["--nproc", "2", "--extra-args", "--seed 3"], accelerator="cuda")
     command = gpu.command(gpu.variants[0], tmp_path / "run")
-    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    assert command[:6] == [
+        sys.executable,
+        "-m",
+        "bridgetower_bench.tools.launch_cuda",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
     assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [("torch", "upstream")] * 5 + [
         ("device_decode", "upstream")
@@ -975,3 +983,76 @@ def test_a_diverged_run_shows_its_one_line_not_an_earlier_error():
         ]
     )
     assert bench.last_error_line(log).startswith("Training diverged at step 2 of 6")
+
+
+# The sweep never turns a GPU or Gaudi run into a CPU run unless --device cpu asks ---------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, accelerator, message",
+    [
+        (["--preset", "blog"], "cpu", r"--preset blog: no HPU or NVIDIA GPU here .*; --device cpu runs the sweep"),
+        (["--script", "cuda"], "hpu", r"--script cuda: run_bridgetower_cuda.py does not train on this machine's HPUs"),
+        (["--script", "gaudi"], "cuda", r"--script gaudi: run_bridgetower.py does not train on this machine's GPUs"),
+    ],
+)
+def test_the_sweep_refuses_to_turn_an_accelerator_run_into_a_cpu_run(argv, accelerator, message):
+    with pytest.raises(UserInputError, match=message):
+        plan_for(argv, accelerator)
+    on_purpose = plan_for(argv + ["--device", "cpu", "--nproc", "1"], accelerator)
+    assert on_purpose.device == "cpu" and "--use_cpu" in on_purpose.base_args
+
+
+def test_the_local_preset_runs_on_the_cpu_of_a_machine_without_an_accelerator(tmp_path):
+    plan = plan_for([], accelerator="cpu")
+    assert plan.device == "cpu" and "--use_cpu" in plan.base_args
+    assert "--use_cpu" not in plan_for([], accelerator="cuda").base_args
+
+
+def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypatch):
+    import torch
+
+    from bridgetower_bench import cuda_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/hl-smi" if name == "hl-smi" else None)
+    with pytest.raises(
+        UserInputError, match=r"no usable HPU: a Gaudi driver is here .* run inside Habana's container"
+    ):
+        bench.detect_accelerator()
+
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bench.os.path, "isdir", lambda path: False)
+    monkeypatch.setattr(cuda_device, "driver_libraries", lambda: ["cuda", "nvidia-ml"])
+    monkeypatch.setattr(
+        cuda_device, "ask_driver", lambda: cuda_device.DriverAnswer("nvidia-smi", version="470.82.01", gpus=8)
+    )
+    with pytest.raises(UserInputError, match=r"no usable NVIDIA GPU: the NVIDIA driver is 470.82.01, too old"):
+        bench.detect_accelerator()
+
+    monkeypatch.setattr(cuda_device, "driver_libraries", lambda: [])
+    monkeypatch.setattr(cuda_device, "ask_driver", lambda: None)
+    assert bench.detect_accelerator() == "cpu"
+
+
+def test_the_blog_preset_without_an_accelerator_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    assert bench.main(["--preset", "blog", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "python -m bridgetower_bench.tools.bench: error: --preset blog: no HPU or NVIDIA GPU here (the published run "
+        "trains on 8 of them); --device cpu runs the sweep on the CPU on purpose"
+    ]
+
+
+def test_the_sweeps_runs_fork_without_the_tokenizers_warning(monkeypatch, capsys):
+    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
+    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
+    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    assert bench.main(["--dry-run", "--workers", "0"]) == 0
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    assert bench.main(["--dry-run", "--workers", "0"]) == 0
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"

@@ -321,3 +321,30 @@ def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_pr
 
     compare.main([str(tmp_path / "slow")])
     assert "usd_" not in capsys.readouterr().out
+
+
+def readme_pricing_examples() -> list[tuple[list[str], str]]:
+    """The README's sweep commands with --price, each with the machine its comment says it runs on."""
+    import re
+    import shlex
+
+    text = (bench.REPO / "README.md").read_text().replace("\\\n", " ")
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if "tools.bench" in line and "--price" in line:
+                command, comment = line.split("#", 1)
+                found.append((shlex.split(command)[3:], comment))
+    return found
+
+
+def test_the_readmes_pricing_examples_run_on_the_machine_they_name(monkeypatch, capsys):
+    examples = readme_pricing_examples()
+    assert len(examples) == 2
+    machines = {"without GPU or HPU": "cpu", "NVIDIA": "cuda", "Gaudi": "hpu"}
+    for argv, comment in examples:
+        named = [kind for words, kind in machines.items() if words in comment]
+        assert named, f"the README's example {' '.join(argv)} does not say where it runs: {comment!r}"
+        monkeypatch.setattr(bench, "detect_accelerator", lambda: named[0])
+        assert bench.main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
+        assert f" on {named[0]} x" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import sys
 
 from bridgetower_bench import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, SCRIPTS, read_json, run_script, script_env
+from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, read_json, run_script, script_env
 
 
 # Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.
@@ -181,3 +181,32 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_c
     # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
     # last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
     assert float((exits / "rank1").read_text()) >= (checkpoint / checkpoint_manifest.MANIFEST_NAME).stat().st_mtime
+
+
+# The README's multi-GPU command: tools/launch_cuda.py, torchrun with one-line endings -------------------------
+
+
+def launch_cuda(fixtures, out, *flags):
+    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
+    command += [str(REPO / SCRIPTS["cuda"]), *base_args(fixtures, out), "--do_train", *flags]
+    # script_env hides every GPU (CUDA_VISIBLE_DEVICES empty): the no-GPU refusal on any machine
+    return subprocess.run(command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600)
+
+
+def test_launch_cuda_refuses_a_run_without_a_usable_gpu_once_in_one_line(fixtures, tmp_path):
+    result = launch_cuda(fixtures, tmp_path / "out")
+    assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
+    [line] = result.stderr.splitlines()
+    assert line.startswith("run_bridgetower_cuda.py: error: no usable NVIDIA GPU: ")  # why: as this machine says
+    assert line.endswith("pass --use_cpu to train on the CPU on purpose.") and not (tmp_path / "out").exists()
+
+
+def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(fixtures, tmp_path):
+    result = launch_cuda(fixtures, tmp_path / "out", "--use_cpu", "--learning_rate", "abc")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
+    assert "run_bridgetower_cuda.py: error: argument --learning_rate" in result.stderr  # from each process
+    assert re.fullmatch(
+        r"launch_cuda: run_bridgetower_cuda.py failed in [12] of 2 process\(es\), first in rank [01]: exit status 2",
+        result.stderr.splitlines()[-1],
+    ), result.stderr[-3000:]

@@ -5,7 +5,9 @@ transformers line) differs from the pinned one in the Hugging Face libraries onl
 --overwrite_output_dir included, means the same on whichever route runs these tests (`make test` runs the
 both_routes tests on each)."""
 
+import os
 import re
+import subprocess
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -143,3 +145,40 @@ def test_the_published_command_trains_afresh_with_overwrite_output_dir_and_reuse
     reuse = run_script("cuda", [a for a in command if a != "--overwrite_output_dir"])
     assert "holds the model of this recipe, trained as far as asked: not training again" in reuse.stdout + reuse.stderr
     assert "***** Running training *****" not in reuse.stdout + reuse.stderr
+
+
+def fake_python(path, answer: str):
+    """An interpreter that records how it was called and fails, as one without the kit's requirements would."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho "{answer} $*" >> "$CALLS"\nexit 1\n')
+    path.chmod(0o755)
+
+
+def test_the_gpu_benchmark_runs_the_kits_environment_not_a_bare_python3(tmp_path):
+    # The README's NVIDIA install makes .venv without activating it; `bash scripts/h200_benchmark.sh` from the
+    # repository root must use it (here a stand-in that fails at once, before any device time is spent).
+    root = tmp_path / "kit"
+    fake_python(root / ".venv" / "bin" / "python", "venv")
+    fake_python(tmp_path / "bin" / "python3", "python3")
+    env = {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "CALLS": str(tmp_path / "calls"),
+        "WHEELS": "",
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        "HOME": str(tmp_path),
+    }
+    script = str(REPO / "scripts" / "h200_benchmark.sh")
+    result = subprocess.run(["bash", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"preflight failed: {root}/.venv/bin/python lacks the kit's requirements (README, NVIDIA: the .venv install; "
+        "or PYTHON=...)"
+    )
+    assert (tmp_path / "calls").read_text() == "venv -\n", "only the kit's .venv ran"
+
+    (tmp_path / "calls").unlink()
+    (root / ".venv" / "bin" / "python").unlink()  # no .venv: python3 from PATH, and the same one line
+    result = subprocess.run(["bash", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().splitlines()[-1].startswith("preflight failed: python3 lacks the kit's requirements")
+    assert (tmp_path / "calls").read_text() == "python3 -\n"

@@ -85,6 +85,11 @@ def gaudi():
                 if hasattr(GaudiTrainer, name)
             },
             "runner": {name: getattr(runner, name, None) for name in ("_commands", "_interpreter")},
+            "mpi_variables": getattr(
+                DistributedRunner(command_list=["train.py"], world_size=2, use_mpi=True, master_port=29601),
+                "_model_env_vars",
+                None,
+            ),
         }
 
 
@@ -107,6 +112,10 @@ def test_optimum_habana_distributed_runner_still_holds_the_commands_launch_gaudi
     )
     assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), (
         f"optimum-habana's DistributedRunner._interpreter changed: {runner['_interpreter']!r}"
+    )
+    # ... preceded by runner._model_env_vars, the variables run() exports (MASTER_ADDR, MASTER_PORT with MPI)
+    assert gaudi["mpi_variables"] == {"MASTER_ADDR": "localhost", "MASTER_PORT": 29601}, (
+        f"optimum-habana's DistributedRunner._model_env_vars changed: {gaudi['mpi_variables']!r}"
     )
 
 

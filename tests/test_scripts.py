@@ -221,3 +221,15 @@ def test_mediapipe_request_on_cpu_is_recorded_as_the_torch_loader(fixtures, tmp_
     warnings = [l for l in (result.stdout + result.stderr).splitlines() if "media pipeline cannot run here" in l]
     assert len(warnings) == 1
     assert read_json(out / "train_results.json")["loader"].startswith("torch (media pipeline unavailable: ")
+
+
+def test_loader_workers_forked_after_tokenizing_print_no_tokenizers_warning(fixtures, tmp_path):
+    """The captions are tokenized with tokenizers' threads, then the loader workers fork: tokenizers' four-line
+    warning (once per worker) is nothing a user can act on. A fresh data-set cache, so that the captions are
+    really tokenized in this run."""
+    kind = "cuda"
+    args = base_args(fixtures, tmp_path / "o", max_steps=2, dataloader_num_workers=2) + ["--do_train"]
+    env = {"HF_DATASETS_CACHE": str(tmp_path / "datasets"), "TOKENIZERS_PARALLELISM": None}
+    result = run_script(kind, args + CPU_FLAGS[kind], process=True, env=env)
+    assert "Running tokenizer on train dataset" in result.stderr, "the captions were not tokenized in this run"
+    assert "huggingface/tokenizers" not in result.stdout + result.stderr

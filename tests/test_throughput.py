@@ -135,6 +135,11 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
     expected = 4 * 2 / (steps.times[6] - steps.times[2])
     assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_counted_samples"] == 8
     assert metrics["train_samples_per_second"] == pytest.approx(expected, rel=0.02)
+    # one samples/s figure in what the run prints and saves, not the Trainer's (warm-up included) beside it
+    assert [key for key in metrics if "samples_per_second" in key] == [
+        "train_samples_per_second",
+        "train_samples_per_second_per_device",
+    ]
     # No workers, so loading and computing take turns. accelerate's loader reads one batch ahead: the fetches
     # of counted steps 3-5 load batches 4-6 (2 x 10 ms of sleep each), step 6's finds the end. With the 4
     # counted forwards of 30 ms, at least 60 ms of the window is waiting and 120 ms is not, however slow the machine.

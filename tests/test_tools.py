@@ -6,12 +6,13 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
 from bridgetower_bench.tools import image_bench
-from helpers import run_tool
+from helpers import REPO, run_tool, script_env
 
 
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
@@ -92,7 +93,7 @@ def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(
     command = result.stdout.strip().splitlines()[-1]
     flags = " ".join(map(str, script_args))
     assert re.fullmatch(
-        rf"PT_HPU_LAZY_MODE=1 mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
+        rf"PT_HPU_LAZY_MODE=1 MASTER_ADDR=localhost MASTER_PORT=29500 mpirun -n 8 --bind-to core --map-by socket:PE=\d+ --rank-by slot --report-bindings --allow-run-as-root "
         rf"{re.escape(sys.executable)} run_bridgetower.py {re.escape(flags)}",
         command,
     ), command
@@ -248,3 +249,55 @@ def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environm
     ]
     assert (two_nodes / "nodes_env.txt").read_text() == "HF_HOME=/shared/hf\nPT_HPU_LAZY_MODE=1\n"
     assert "DS_ENV_FILE" not in os.environ
+
+
+# Outside Habana's software: every Gaudi entry point but the self-check says so in one line ------------------
+
+HABANA_MISSING = (
+    "error: Habana's software is missing: Intel Gaudi's PyTorch bridge (habana_frameworks.torch) is not installed "
+    "here; run inside Habana's PyTorch container (README, Gaudi section), or run_bridgetower_cuda.py on NVIDIA GPUs "
+    "or the CPU"
+)
+
+
+@pytest.mark.parametrize("dry_run", [["--dry_run"], []], ids=["dry-run", "launch"])
+def test_gaudi_launcher_without_habanas_software_says_so_in_one_line(dry_run, tmp_path):
+    args = [
+        "--world_size",
+        8,
+        "--use_mpi",
+        "--master_port",
+        29600,
+        *dry_run,
+        "run_bridgetower.py",
+        "--output_dir",
+        tmp_path,
+    ]
+    result = run_tool("launch_gaudi", args)  # no shim: habana_frameworks cannot be found
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"launch_gaudi: {HABANA_MISSING}"]
+
+
+def test_gaudi_launchers_dry_run_shows_the_variables_the_launch_exports(tmp_path):
+    args = ["--world_size", 2, "--use_mpi", "--master_port", 29600, "--dry_run", "run_bridgetower.py", "--seed", 3]
+    command = run_tool("launch_gaudi", args, gaudi=True).stdout.strip().splitlines()[-1]
+    assert command.startswith("PT_HPU_LAZY_MODE=1 MASTER_ADDR=localhost MASTER_PORT=29600 mpirun -n 2 "), command
+    single = run_tool("launch_gaudi", ["--dry_run", "run_bridgetower.py"], gaudi=True).stdout.strip().splitlines()[-1]
+    assert single == f"PT_HPU_LAZY_MODE=1 {sys.executable} run_bridgetower.py", "one HPU: no variables but the mode"
+
+
+def test_the_gaudi_script_without_habanas_software_says_so_in_one_line(tmp_path):
+    env = script_env(
+        gaudi=False
+    )  # the repository importable, the shim not: what a machine without Habana's software has
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_bridgetower.py"), "--output_dir", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"run_bridgetower.py: {HABANA_MISSING}"]
+    assert not (tmp_path / "out").exists()

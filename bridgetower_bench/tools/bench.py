@@ -62,6 +62,11 @@ commands: data set revision pinned, no --do_predict, no trackers (--report_to no
 Habana/clip and --sdp_on_bf16. Gaudi runs on HPUs run lazy mode (--use_lazy_mode) with PT_HPU_LAZY_MODE=1 set for
 them, shown in front of every command the sweep prints or records.
 
+Device. The runs train on this machine's HPUs (the Gaudi script) or NVIDIA GPUs (the CUDA script). Without
+either, the local preset runs on the CPU; anything else is refused in one line (exit status 2) rather than
+benchmarked on the CPU: the blog preset, a --script that does not train on the accelerator here, a Gaudi or
+NVIDIA driver that torch cannot use (saying why). `--device cpu` runs on the CPU on purpose.
+
 `--extra-args` is appended to every run's command line, so it overrides preset values
 (`--extra-args "--max_steps 30"`); a single flag without a space must be written
 `--extra-args=--flag` so that argparse does not take it for one of ours.
@@ -95,6 +100,7 @@ from filelock import FileLock, Timeout
 from .. import published, run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
+from ..habana_software import habana_software_present
 from ..mediapipe_availability import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
 from ..retrieval import summarise_quality
@@ -352,16 +358,29 @@ class Plan:
 
 
 def launcher(script: str, nproc: int) -> list[str]:
-    """How to start `nproc` training processes: plain python, torchrun (CUDA) or the Gaudi MPI launcher."""
+    """How to start `nproc` training processes: plain python, torchrun through launch_cuda (CUDA) or the Gaudi MPI
+    launcher."""
     if nproc == 1:
         return [sys.executable]
-    if script == "cuda":  # torchrun, run from this interpreter so the same environment is used
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    if script == "cuda":  # torchrun (the kit's launcher over it), run from this interpreter: the same environment
+        return [
+            sys.executable,
+            "-m",
+            "bridgetower_bench.tools.launch_cuda",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+        ]
     return [sys.executable, "-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", str(nproc), "--use_mpi"]
 
 
+CPU_ON_PURPOSE = "--device cpu runs the sweep on the CPU on purpose"
+
+
 def detect_accelerator() -> str:
-    """ "hpu" when Habana's PyTorch bridge is importable and sees an HPU, else "cuda" with a GPU, else "cpu"."""
+    """ "hpu" when Habana's PyTorch bridge is importable and sees an HPU, else "cuda" with a GPU, else "cpu" where this
+    machine shows no accelerator. A Gaudi or NVIDIA driver that torch cannot use is refused (UserInputError), so that
+    a broken install is never benchmarked as a CPU."""
     try:
         import habana_frameworks.torch.hpu as hthpu  # only on Gaudi machines
 
@@ -371,16 +390,19 @@ def detect_accelerator() -> str:
         pass
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if shutil.which("hl-smi") or os.path.isdir("/sys/module/habanalabs"):
+        raise UserInputError(
+            "no usable HPU: a Gaudi driver is here (hl-smi or the habanalabs module) but Habana's PyTorch bridge "
+            f"(habana_frameworks.torch) does not import or sees no HPU; run inside Habana's container (README), or {CPU_ON_PURPOSE}"
+        )
+    from ..cuda_device import ask_driver, driver_libraries, why_no_cuda
 
-
-def _habana_installed() -> bool:
-    try:
-        import habana_frameworks.torch  # noqa: F401
-
-        return True
-    except Exception:
-        return False
+    driver = ask_driver()
+    if driver_libraries() or (driver is not None and driver.version):
+        raise UserInputError(f"no usable NVIDIA GPU: {why_no_cuda()}; fix that, or {CPU_ON_PURPOSE}")
+    return "cpu"
 
 
 def local_device_name(device: str) -> str:
@@ -605,10 +627,20 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
     if args.prefetch_factors and any(f < 1 for f in args.prefetch_factors):
         raise ValueError(f"--prefetch-factors {' '.join(map(str, args.prefetch_factors))}: must be 1 or more")
 
-    accelerator = accelerator or detect_accelerator()
+    if args.device != "cpu":
+        accelerator = accelerator or detect_accelerator()
     script = args.script if args.script != "auto" else ("gaudi" if accelerator == "hpu" else "cuda")
     native = {"gaudi": "hpu", "cuda": "cuda"}[script]
-    device = native if accelerator == native else "cpu"  # e.g. the CUDA script on a machine without a GPU
+    device = native if accelerator == native and args.device != "cpu" else "cpu"
+    if device == "cpu" and args.device != "cpu":  # only the local preset, on a machine with no accelerator at all
+        if accelerator != "cpu":
+            raise UserInputError(
+                f"--script {script}: {SCRIPTS[script].name} does not train on this machine's {dict(hpu='HPUs', cuda='GPUs')[accelerator]}; {CPU_ON_PURPOSE}"
+            )
+        if args.preset == "blog":
+            raise UserInputError(
+                f"--preset blog: no HPU or NVIDIA GPU here (the published run trains on {published.DEVICES} of them); {CPU_ON_PURPOSE}"
+            )
     nproc = args.nproc if args.nproc is not None else (published.DEVICES if args.preset == "blog" else 1)
     if script == "gaudi" and nproc > 1 and device != "hpu":
         raise ValueError(f"--nproc {nproc}: the Gaudi script runs several processes only on HPUs (none here)")
@@ -645,7 +677,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
     if args.preset == "local":  # everything is on disk: never wait for the Hub
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     env.update(mode_env(script, device))
-    if script == "gaudi" and device == "cpu" and not _habana_installed():
+    if script == "gaudi" and device == "cpu" and not habana_software_present():
         env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
         env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
 
@@ -1232,6 +1264,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="Local preset: published (default; ~25 steps per epoch, two epoch starts counted) or "
         "within-epoch (10 counted steps inside the first epoch).",
     )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu"),
+        default="auto",
+        help="auto (default): the HPU or NVIDIA GPU here (the local preset runs on the CPU only where the machine "
+        "shows no accelerator; a driver torch cannot use is refused); cpu: train on the CPU on purpose.",
+    )
     parser.add_argument("--nproc", type=int, default=None, help="Devices per run (default: 1; 8 for --preset blog).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument(
@@ -1265,6 +1304,8 @@ def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    # Building the fixtures tokenizes with tokenizers' threads; each run's fork would then print its warning.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:  # malformed prices are refused first; one that matches no device once the plan knows the device
         prices = prices_from_args(args.price, args.prices)
     except UserInputError as e:
@@ -1273,6 +1314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tool_paths.output_dir("--out", args.out)
     try:
         plan = make_plan(args, build_fixtures=not args.dry_run)
+    except UserInputError as e:  # no usable accelerator: one line
+        return _refuse(parser, e)
     except ValueError as e:
         parser.error(str(e))
     try:  # a price naming no device of this sweep and no published one is refused before anything runs

@@ -4,14 +4,18 @@
 
 Two measurements, in 1/255 of a pixel value (images compared before normalisation, in [0, 1] x 255):
 
-1. `fast` against `upstream` (the default pipeline, upstream's pixels), on synthetic line-art cartoons
-   (`bridgetower_bench.tools.cartoons`) saved as JPEGs, at the cartoons' usual size (800 x 650) and as
-   thumbnails smaller than the 294-pixel crop (shrunk to 200 x 150 and 100 x 80). Those are enlarged,
-   and the bicubic filter then overshoots past black and white at sharp edges: upstream keeps the
-   overshoot of embedded images (it resizes float pixels, unclamped), `fast` clamps it to 0..255. Each
-   image is compared as embedded bytes (upstream resizes the float pixels) and as a file path (upstream
-   resizes the uint8 pixels, as `fast` does). Per set: the mean over the images of each image's mean
-   absolute difference, the largest image mean, and the worst pixel.
+1. `fast` against `upstream` (the default pipeline, upstream's pixels), on JPEGs of four kinds: synthetic
+   line-art cartoons (`bridgetower_bench.tools.cartoons`) at their usual size (800 x 650), as thumbnails
+   smaller than the 294-pixel crop (shrunk to 200 x 150 and 100 x 80) and just above it (shrunk to
+   300 x 300 and 400 x 296: then hardly resized); photo-like images (`photo`: a 1/f spectrum, as natural images have, with
+   a few slightly blurred objects); and line drawings (`line_drawing`: 1-2 pixel black strokes on white).
+   Each image is compared as embedded bytes (upstream resizes the float pixels) and as a file path
+   (upstream resizes the uint8 pixels, as `fast` does). Per set: the mean over the images of each image's
+   mean absolute difference, the largest image mean, and the worst pixel. The cause, per set: `fast`
+   against upstream's float filter run as torch's uint8 kernel runs it (`uint8_kernel_pixels`: the
+   horizontal pass, its result rounded and clamped to 0..255, then the vertical pass, rounded and
+   clamped). Near sharp edges the bicubic filter overshoots past black and white: upstream keeps the
+   overshoot of embedded images (float pixels, unclamped), `fast` clamps it after each pass.
 2. Images upstream reads differently from us, by design: an RGBA PNG whose transparent pixels are black
    underneath (as PNG encoders commonly store them), a palette PNG with a transparent entry, and a 16-bit
    grey PNG (black line art on white). Our `upstream` pipeline composites transparency on white, keeps
@@ -38,16 +42,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
 
 from ..atomic_files import write_atomically
-from ..images import make_image_transform
+from ..images import make_image_transform, resize_geometry
 from ..user_errors import UserInputError, exit_on_user_error
 from .cartoons import draw_cartoon, jpeg_bytes
 
 
 NORMAL_SIZE = (800, 650)  # the cartoons' usual size (image_bench's set)
 SMALL_SIZES = ((200, 150), (100, 80))  # smaller than the 294-pixel crop: enlarged
+ABOVE_CROP_SIZES = ((300, 300), (400, 296))  # the shorter side just above the crop: hardly resized
+PHOTO_SIZES = ((800, 600), (300, 300))
 UNNORMALISED = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 
 
@@ -108,6 +114,54 @@ def cartoon_jpegs(size: tuple[int, int], count: int) -> list[bytes]:
     return [jpeg_bytes(cartoon(*NORMAL_SIZE, seed=seed).resize(size, Image.LANCZOS)) for seed in range(count)]
 
 
+def photo(width: int, height: int, seed: int) -> Image.Image:
+    """A photo-like image: colour noise with natural images' 1/f amplitude spectrum (smooth areas, texture at every
+    scale), and a few objects whose edges are slightly blurred, as a lens leaves them."""
+    rng = np.random.default_rng(seed)
+    frequency = np.hypot(np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :])
+    amplitude = 1 / np.maximum(frequency, 1 / max(width, height))
+    shared = rng.standard_normal(frequency.shape) + 1j * rng.standard_normal(frequency.shape)
+    channels = []
+    for _ in range(3):  # colours correlated, as in photographs
+        own = rng.standard_normal(frequency.shape) + 1j * rng.standard_normal(frequency.shape)
+        field = np.fft.irfft2((shared + 0.5 * own) * amplitude, s=(height, width))
+        channels.append(0.5 + 0.18 * (field - field.mean()) / field.std())
+    img = Image.fromarray((np.clip(np.dstack(channels), 0, 1) * 255).astype(np.uint8), "RGB")
+    draw = ImageDraw.Draw(img)
+    for _ in range(6):
+        x, y = rng.integers(0, width), rng.integers(0, height)
+        rx, ry = rng.integers(width // 20, width // 5), rng.integers(height // 20, height // 5)
+        draw.ellipse((x - rx, y - ry, x + rx, y + ry), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return img.filter(ImageFilter.GaussianBlur(0.7))
+
+
+def line_drawing(width: int, height: int, seed: int) -> Image.Image:
+    """Black strokes of 1 or 2 pixels on white paper, drawn at the image's own size (a scan or an export)."""
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    for _ in range(60):
+        x0, x1 = rng.integers(0, width, 2)
+        y0, y1 = rng.integers(0, height, 2)
+        draw.line([(int(x0), int(y0)), (int(x1), int(y1))], fill="black", width=int(rng.integers(1, 3)))
+    return img
+
+
+def image_sets(count: int) -> dict[str, list[bytes]]:
+    """The JPEG sets `fast` is measured on against `upstream`, `count` images each."""
+    sets = {
+        f"cartoons {w}x{h}": cartoon_jpegs((w, h), count) for w, h in (NORMAL_SIZE, *SMALL_SIZES, *ABOVE_CROP_SIZES)
+    }
+    sets.update({f"photos {w}x{h}": [jpeg_bytes(photo(w, h, seed)) for seed in range(count)] for w, h in PHOTO_SIZES})
+    sets.update(
+        {
+            f"line drawings {w}x{h}": [jpeg_bytes(line_drawing(w, h, seed)) for seed in range(count)]
+            for w, h in (NORMAL_SIZE, ABOVE_CROP_SIZES[0])
+        }
+    )
+    return sets
+
+
 def modes_upstream_reads_differently(seed: int = 0) -> dict[str, Image.Image]:
     """An RGBA, a palette-with-transparency and a 16-bit grey image of one cartoon (400 x 300)."""
     img = cartoon(400, 300, seed)
@@ -155,17 +209,34 @@ def summary(differences: list[torch.Tensor]) -> dict[str, float]:
     }
 
 
+def uint8_kernel_pixels(data: bytes, image_size: int) -> torch.Tensor:
+    """Upstream's float filter and geometry run as torch's uint8 kernel runs them: horizontal pass, rounded and
+    clamped to 0..255, then vertical pass, rounded and clamped; cropped. Float in [0, 1]."""
+    from torchvision.io import decode_jpeg
+
+    pixels = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8)).float()[None]
+    height, width = pixels.shape[-2:]
+    new_w, new_h, top, left = resize_geometry(width, height, image_size)
+    bicubic = torch.ops.aten._upsample_bicubic2d_aa
+    pixels = bicubic(pixels, [height, new_w], False, 1.0, new_w / width).round().clamp(0, 255)
+    pixels = bicubic(pixels, [new_h, new_w], False, new_h / height, 1.0).round().clamp(0, 255)
+    return pixels[0, :, top : top + image_size, left : left + image_size] / 255
+
+
 def fast_against_upstream(jpegs: list[bytes], image_size: int, directory: Path) -> dict[str, dict]:
-    """`fast` beside `upstream` for the same values, embedded and as files."""
+    """`fast` beside `upstream` for the same values, embedded and as files; and beside upstream's filter run with
+    the uint8 kernel's rounding and clamping after each pass (what is left once the cause is accounted for)."""
     fast = make_image_transform("fast", image_size, *UNNORMALISED)
     upstream = make_image_transform("upstream", image_size, *UNNORMALISED)
-    embedded, files = [], []
+    embedded, files, explained = [], [], []
     for i, data in enumerate(jpegs):
-        embedded.append(difference_per_255(fast(data), upstream(data)))
-        path = directory / f"cartoon-{i}.jpg"
+        ours = fast(data)
+        embedded.append(difference_per_255(ours, upstream(data)))
+        explained.append(difference_per_255(ours, uint8_kernel_pixels(data, image_size)))
+        path = directory / f"image-{i}.jpg"
         path.write_bytes(data)
         files.append(difference_per_255(fast(str(path)), upstream(str(path))))
-    return {"embedded": summary(embedded), "files": summary(files)}
+    return {"embedded": summary(embedded), "files": summary(files), "vs_uint8_kernel": summary(explained)}
 
 
 def _outcome(route: Callable[[], torch.Tensor], ours: torch.Tensor) -> dict[str, Any]:
@@ -221,11 +292,9 @@ def measure(images: int, image_size: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="image_fidelity_") as temporary:
         directory = Path(temporary)
         sets = {}
-        for size in (NORMAL_SIZE, *SMALL_SIZES):
-            (directory / f"{size[0]}x{size[1]}").mkdir()
-            sets[f"{size[0]}x{size[1]}"] = fast_against_upstream(
-                cartoon_jpegs(size, images), image_size, directory / f"{size[0]}x{size[1]}"
-            )
+        for index, (name, jpegs) in enumerate(image_sets(images).items()):
+            (directory / str(index)).mkdir()
+            sets[name] = fast_against_upstream(jpegs, image_size, directory / str(index))
         modes = modes_against_upstream(image_size, directory)
     return {
         "settings": {"images": images, "image_size": image_size, "units": "1/255 of a pixel value"},
@@ -251,13 +320,14 @@ def environment() -> dict:
 
 def format_report(report: dict) -> str:
     lines = [
-        f"fast against upstream, {report['settings']['images']} cartoon JPEG(s) per size, /255",
-        f"{'size':<9} {'values':<9} {'mean':>6} {'worst image':>11} {'worst pixel':>11}",
+        f"fast against upstream, {report['settings']['images']} JPEG(s) per set, /255 (vs_uint8_kernel: against "
+        "upstream's filter rounded and clamped after each pass, as torch's uint8 kernel runs it)",
+        f"{'set':<25} {'against':<15} {'mean':>6} {'worst image':>11} {'worst pixel':>11}",
     ]
-    for size, routes in report["fast_vs_upstream"].items():
+    for name, routes in report["fast_vs_upstream"].items():
         for route, figures in routes.items():
             lines.append(
-                f"{size:<9} {route:<9} {figures['mean']:>6.3f} {figures['worst_image_mean']:>11.3f} "
+                f"{name:<25} {route:<15} {figures['mean']:>6.3f} {figures['worst_image_mean']:>11.3f} "
                 f"{figures['worst_pixel']:>11.1f}"
             )
     lines += ["", "our upstream pipeline against upstream's, for images upstream reads differently, /255"]

@@ -4,7 +4,9 @@
         run_bridgetower.py --output_dir runs/test --model_name_or_path ... (script flags)
 
 Built on optimum-habana's DistributedRunner, which writes the mpirun (or torch.distributed)
-command line for the node's sockets and cores. `--dry_run` prints that command and exits.
+command line for the node's sockets and cores. `--dry_run` prints that command, preceded by the variables the
+launch exports for it (MASTER_ADDR and MASTER_PORT with --use_mpi), and exits. Without Habana's software it
+stops in one line (exit status 2) before optimum-habana is imported.
 The processes it starts run lazy mode, as upstream's CI: PT_HPU_LAZY_MODE=1 is set for them unless
 the variable is already set (PT_HPU_LAZY_MODE=0 with the script's `--use_lazy_mode False` for eager mode).
 
@@ -29,7 +31,9 @@ import sys
 import tempfile
 
 from ..execution_mode import LAZY_MODE_VARIABLE
+from ..habana_software import require_habana_software
 from ..regular_files import read_regular_file
+from . import tool_paths
 
 
 HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # a hostfile line, as both DeepSpeed and optimum-habana read it
@@ -150,6 +154,7 @@ def children_mode_variable(environ=os.environ) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    require_habana_software()
     os.environ[LAZY_MODE_VARIABLE] = children_mode_variable()  # read by Habana's bridge when each process loads it
     from optimum.habana.distributed import DistributedRunner  # imported late: it needs Habana's software
 
@@ -165,9 +170,11 @@ def main(argv=None) -> int:
     )
     if several_nodes:
         return print_node_commands(args, runner) if args.dry_run else run_on_nodes(args, runner)
-    if args.dry_run:
+    if args.dry_run:  # what run() would start, with the variables it sets for it
+        variables = {LAZY_MODE_VARIABLE: os.environ[LAZY_MODE_VARIABLE], **runner._model_env_vars}
+        shown = " ".join(f"{name}={shlex.quote(str(value))}" for name, value in variables.items())
         for line in runner._commands:
-            print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + line)
+            print(f"{shown} {runner._interpreter}{line}")
         return 0
     return runner.run() or 0
 
@@ -213,4 +220,4 @@ def print_node_commands(args, runner) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    tool_paths.run(main)

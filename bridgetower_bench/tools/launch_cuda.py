@@ -1,0 +1,70 @@
+"""Launch run_bridgetower_cuda.py on several GPUs: torchrun (torch.distributed.run) with one-line endings.
+
+    python -m bridgetower_bench.tools.launch_cuda --nproc_per_node 8 run_bridgetower_cuda.py \\
+        --output_dir runs/test --model_name_or_path ... (script flags)
+
+The options are torchrun's, read by torchrun's own parser (`--nnodes`, `--node_rank`, `--master_addr`,
+`--master_port`, `--standalone`, ...); the launch is torchrun's `run`. Two things differ from `torchrun`:
+- the script's refusals that need nothing loaded (no usable GPU without `--use_cpu`, Gaudi-only flags) are
+  made once, here, before any process starts: the script's one line and exit status 2, as from one process;
+- processes that fail end the launch with one line (how many, and the first one's exit status) instead of
+  torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
+  divergence, 128 + N for signal N): what the script gives in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from ..cuda_device import refuse_without_gpu
+from ..flag_guard import refuse_unsupported_flags
+from ..user_errors import UserInputError
+
+
+PROG = "launch_cuda"
+
+
+def refusal(script_argv: list[str]) -> Optional[str]:
+    """The script's own line for a command it refuses before loading anything, else None."""
+    try:
+        refuse_unsupported_flags(script_argv)
+        refuse_without_gpu(script_argv)
+    except UserInputError as error:
+        return f"{os.path.basename(script_argv[0])}: error: {error}"
+    return None
+
+
+def first_status(failure: ChildFailedError) -> int:
+    """The exit status of the first process that failed (torchrun stops the others), a killed one's as the shell
+    gives it (128 + signal)."""
+    code = failure.get_first_failure()[1].exitcode
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    line = refusal([args.training_script, *args.training_script_args])
+    if line:
+        print(line, file=sys.stderr, flush=True)
+        return 2
+    try:
+        torchrun.run(args)
+    except ChildFailedError as failure:
+        rank, status = failure.get_first_failure()[0], first_status(failure)
+        print(
+            f"{PROG}: {os.path.basename(args.training_script)} failed in {len(failure.failures)} of "
+            f"{args.nproc_per_node} process(es), first in rank {rank}: exit status {status}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
