@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -580,7 +581,19 @@ def places(tmp_path):
     directory.mkdir()
     a_file = tmp_path / "a-file.txt"
     a_file.write_text("the user's own file")
-    return {"dir": directory, "file": a_file, "under_file": a_file / "out", "missing": tmp_path / "missing"}
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+    sweep = tmp_path / "a-sweep"  # an earlier sweep's --out whose results.json is a FIFO
+    sweep.mkdir()
+    os.mkfifo(sweep / "results.json")
+    return {
+        "dir": directory,
+        "file": a_file,
+        "under_file": a_file / "out",
+        "missing": tmp_path / "missing",
+        "fifo": fifo,
+        "sweep": sweep,
+    }
 
 
 TOOL_CASES = {
@@ -643,6 +656,27 @@ TOOL_CASES = {
         "--model_name_or_path={missing}: no such directory",
     ),
     "upstream_diff --upstream <a directory>": (["upstream_diff", "--upstream", "{dir}"], None),
+    # A FIFO is neither waited on nor written through (the write would block until a reader came, or rename over
+    # it); --prices and the sweep's results.json are read without waiting.
+    **{
+        f"{tool} --json <a FIFO>": (
+            [tool, *before, "--json", "{fifo}", *after],
+            "--json={fifo}: not a regular file: FIFO; give the name of a regular file to write",
+        )
+        for tool, before, after in [
+            ("compare", ["{run}"], []),
+            ("image_fidelity", [], []),
+            ("image_bench", [], []),
+            ("cache_memory_bench", [], []),
+            ("device_decode_check", ["{file}"], []),
+            ("nvidia_check", [], ["--output_dir", "{missing}"]),
+            ("gaudi_check", [], ["--output_dir", "{missing}"]),
+        ]
+    },
+    "upstream_diff --upstream <a FIFO>": (["upstream_diff", "--upstream", "{fifo}"], None),
+    "compare --prices <a FIFO>": (["compare", "{run}", "--prices", "{fifo}"], None),
+    "bench --prices <a FIFO>": (["bench", "--dry-run", "--out", "{missing}", "--prices", "{fifo}"], None),
+    "bench --out <a sweep whose results.json is a FIFO>": (["bench", "--dry-run", "--out", "{sweep}"], None),
     "upstream_diff --ours <a missing file>": (["upstream_diff", "--upstream", "{file}", "--ours", "{missing}"], None),
 }
 
@@ -669,7 +703,7 @@ def _assert_ended_in_one_line(result, line, places):
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
-def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
+def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path, within_seconds):
     """Each tool as `python -m` runs it, here in the test process (helpers.run_tool)."""
     tool, args, line = _tool_case(case, places, tmp_path)
     _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path), line, places)
@@ -678,6 +712,33 @@ def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
 def test_a_tools_bad_path_ends_its_process_with_status_2(places, tmp_path):
     tool, args, line = _tool_case("compare --json <a directory>", places, tmp_path)
     _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path, process=True), line, places)
+
+
+def test_a_tool_never_writes_over_a_device_and_a_full_disk_ends_in_one_line(places, small_filesystem, tmp_path):
+    """As root (Habana's container) an atomic --json write once renamed its file over a device node such as
+    /dev/full; a full disk ended in a traceback (write() names no file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    if os.geteuid() == 0:
+        device = tmp_path / "full"
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # what /dev/full is
+        result = run_tool("compare", [str(run), "--json", str(device)], cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            f"compare: error: --json={device}: not a regular file: character device; "
+            "give the name of a regular file to write"
+        ]
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
+    full = small_filesystem(8)
+    with pytest.raises(OSError, match="No space left"):
+        with open(full / "filler", "wb") as filler:
+            filler.write(b"x" * (1 << 20))
+    result = run_tool("compare", [str(run), "--json", str(full / "comparison.json")], cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"compare: error: {full / 'comparison.json'}: No space left on device (0 bytes free there)"
+    ]
+    assert sorted(os.listdir(full)) == ["filler"]
 
 
 @pytest.fixture

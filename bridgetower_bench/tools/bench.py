@@ -97,6 +97,7 @@ from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
 from ..mediapipe_availability import TORCH_LOADER
 from ..redaction import redact_args, scrub, secret_values
+from ..regular_files import read_regular_file
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
 from . import tool_paths
@@ -1042,7 +1043,7 @@ def read_earlier_sweep(out: Path) -> tuple[dict, list[dict], list[Variant]]:
     if not path.exists():
         return {}, [], []
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(read_regular_file(path))
         settings, rows = document.get("bench", {}), document["runs"]
         known = {f.name for f in fields(Variant)}
         variants = [

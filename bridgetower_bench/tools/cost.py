@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Optional
 
+from ..regular_files import read_regular_file
 from ..user_errors import UserInputError
 
 
@@ -165,7 +166,7 @@ def read_prices_file(path: str) -> list[Price]:
     flag = f"--prices {path}"
     file = Path(path)
     try:
-        text = file.read_text()
+        text = read_regular_file(file).decode()  # a FIFO is refused, never waited on
     except FileNotFoundError:
         raise UserInputError(f"{flag}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..atomic_files import write_atomically
 from ..device_decode import ENCODED_IMAGES_KEY, DecodeCounts, EncodedImageTransform, collate_encoded, decode_batch
 from ..images import FastTransform, normalize_on_device
 from ..throughput import synchronize_device
@@ -115,8 +116,7 @@ def main(argv=None) -> None:
     )
     print(json.dumps(result, indent=1))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
+        write_atomically(args.json, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

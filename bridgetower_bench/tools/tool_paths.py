@@ -3,7 +3,8 @@
 Each tool checks the paths it was given right after parsing its arguments, before any work (a benchmark
 that ran for minutes must not fail at the end on its --json path):
 
-- `output_file(flag, path)`: a file to write: not a directory, and its directory exists or can be created
+- `output_file(flag, path)`: a file to write: absent or a regular file (never a directory, device, FIFO
+  or socket, which the tools' atomic writes would rename over), and its directory exists or can be created
   in a writable place;
 - `output_dir(flag, path)`: a directory to write into: a directory or creatable, in a writable place;
 - `input_file(flag, path)` / `input_dir(flag, path)`: must exist as a regular file / a directory.
@@ -41,7 +42,10 @@ def output_file(flag: str, path) -> None:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise UserInputError(f"{flag}={path} is a directory; give a file name to write")
-    if os.path.lexists(path):
+    if os.path.exists(path):
+        reason = not_regular_reason(os.stat(path).st_mode)
+        if reason:
+            raise UserInputError(f"{flag}={path}: {reason}; give the name of a regular file to write")
         if not os.access(path, os.W_OK):
             raise UserInputError(f"{flag}={path} is not writable")
         return
