@@ -6,6 +6,7 @@ every `python -m bridgetower_bench.tools.*` given a bad path."""
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -568,6 +569,53 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     status, stderr = run_cuda_script(common + ["--drop_bad_rows"])
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tmp_path, monkeypatch):
+    """The line once advised passing --drop_bad_rows and rerunning to resume; that rerun was refused as another
+    recipe (--drop_bad_rows false -> true). Each rerun it now advises is run as written."""
+    from transformers.trainer_callback import CallbackHandler
+
+    from helpers import run_cuda_script, run_script
+
+    data_file = _csv_data(tmp_path)
+    out = tmp_path / "out"
+    common = [
+        *["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", out, "--do_train"],
+        *["--per_device_train_batch_size", 4, "--num_train_epochs", 2, "--save_strategy", "no", "--seed", 3],
+        *[
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--dataloader_num_workers",
+            0,
+            "--preflight_cache_dir",
+            tmp_path / "pre",
+        ],
+    ]
+    broken, kept = tmp_path / "images" / "0.jpg", (tmp_path / "images" / "0.jpg").read_bytes()
+    step_end = CallbackHandler.on_step_end
+
+    def break_an_image_after_step_1(self, args, state, control):
+        if state.global_step == 1:
+            broken.write_bytes(b"\0" * len(kept))  # read again in the second epoch at the latest
+        return step_end(self, args, state, control)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CallbackHandler, "on_step_end", break_an_image_after_step_1)
+        status, stderr = run_cuda_script(common)
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    line = _error_line(stderr)
+    advice = re.fullmatch(
+        r".*\(training stopped after step \d+; checkpoint saved in .*checkpoint-\d+\)\. Restore the image and rerun the "
+        r"same command to resume, or rerun with (--drop_bad_rows --overwrite_output_dir) to train afresh without its rows\.",
+        line,
+    )
+    assert advice, line
+
+    rerun = run_script("cuda", common + advice.group(1).split())  # the image still broken: its row left out
+    assert "1 bad row dropped (--drop_bad_rows):" in rerun.stdout + rerun.stderr
+    assert (out / "model.safetensors").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -266,7 +266,7 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert "\n" not in message and "Traceback" not in message
     match = re.fullmatch(
         r"split 'train': cannot read image file '.*/images/\d+\.jpg': .* \(training stopped after step (\d+); "
-        r"checkpoint saved in (.*checkpoint-\d+)\)\. Restore the image, or pass --drop_bad_rows .*",
+        r"checkpoint saved in (.*checkpoint-\d+)\)\. Restore the image and rerun the same command to resume, .*",
         message,
     )
     assert match, message
