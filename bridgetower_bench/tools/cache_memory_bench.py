@@ -85,6 +85,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=2, help="dataloader worker processes")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    tool_paths.positive_counts(parser, args, "--small", "--large", "--workers")
     if args.json:
         tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)

@@ -262,9 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure the pipelines' fallback JPEG decoders (as if not installed)",
     )
     args = parser.parse_args(argv)
-    for flag, value in (("--images", args.images), ("--repeat", args.repeat), ("--image-size", args.image_size)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1; got {value}")
+    tool_paths.positive_counts(parser, args, "--images", "--repeat", "--image-size")
     return args
 
 

@@ -283,9 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    for flag, value in (("--images", args.images), ("--image-size", args.image_size)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1; got {value}")
+    tool_paths.positive_counts(parser, args, "--images", "--image-size")
     if args.json is not None:  # a place it cannot write is refused before the minute of measuring
         tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)

@@ -9,7 +9,8 @@ that ran for minutes must not fail at the end on its --json path):
 - `output_dir(flag, path)`: a directory to write into: a directory or creatable, in a writable place;
 - `input_file(flag, path)` / `input_dir(flag, path)`: must exist as a regular file / a directory.
 
-Each raises a UserInputError naming the flag and the path. `run(main)` runs a tool's main() from its
+Each raises a UserInputError naming the flag and the path. `positive_counts(parser, args, *flags)`: the
+tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error. `run(main)` runs a tool's main() from its
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
 result is the exit status.
@@ -80,6 +81,14 @@ def input_dir(flag: str, path) -> None:
         raise UserInputError(f"{flag}={path}: no such directory")
     if not os.path.isdir(path):
         raise UserInputError(f"{flag}={path} is not a directory")
+
+
+def positive_counts(parser, args, *flags: str) -> None:
+    """parser.error (usage, one error line, exit status 2) for the first of these integer flags below 1."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value < 1:
+            parser.error(f"{flag} must be at least 1; got {value}")
 
 
 def run(main: Callable[[], object]) -> None:
