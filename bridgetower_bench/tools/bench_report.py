@@ -608,3 +608,9 @@ def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
     write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
     render_chart(summary, out / "chart.png")
     return table
+
+
+if __name__ == "__main__":
+    from . import tool_paths
+
+    tool_paths.not_a_command()

@@ -270,3 +270,9 @@ def cost_fields(row: Mapping, prices: Prices) -> dict:
         fields["usd_per_1m_samples"] = usd_per_million_samples(price.usd_per_hour, devices, speed)
         fields["usd_published_experiment"] = usd_published_experiment(price.usd_per_hour, devices, speed)
     return fields
+
+
+if __name__ == "__main__":
+    from . import tool_paths
+
+    tool_paths.not_a_command()

@@ -13,7 +13,8 @@ Each raises a UserInputError naming the flag and the path. `positive_counts(pars
 tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error. `run(main)` runs a tool's main() from its
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
-result is the exit status.
+result is the exit status. `not_a_command()`: the `__main__` block of a module the tools import but that is
+no command (`python -m` on it ends in one line, exit status 2, instead of doing nothing).
 """
 
 from __future__ import annotations
@@ -109,7 +110,20 @@ def run(main: Callable[[], object]) -> None:
     sys.exit(status if isinstance(status, int) else 0)
 
 
+def not_a_command() -> None:
+    """End `python -m` on a module that is no command: one line, exit status 2."""
+    name = sys.modules["__main__"].__spec__.name
+    _fail(
+        name.rpartition(".")[2],
+        f"python -m {name} is not a command: it is a module the tools import (README.md lists the commands)",
+    )
+
+
 def _fail(prog: str, message: str) -> None:
     sys.stdout.flush()
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+if __name__ == "__main__":
+    not_a_command()
