@@ -96,7 +96,7 @@ from .. import run_directory
 from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
 from ..mediapipe_availability import TORCH_LOADER
-from ..redaction import redact_args, scrub, secret_values
+from ..redaction import redact_args, redact_text, scrub, secret_values
 from ..regular_files import read_regular_file
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
@@ -560,7 +560,7 @@ def parse_extra_args(text: str) -> list[str]:
     try:
         extra = shlex.split(text or "")
     except ValueError as e:
-        raise ValueError(f"--extra-args {text!r}: {e}") from None
+        raise ValueError(f"--extra-args {redact_text(text)!r}: {e}") from None
     for arg in extra:
         name = arg.split("=", 1)[0].replace("-", "_")
         if any(name == flag.replace("-", "_") for flag in SWEEP_FLAGS):
