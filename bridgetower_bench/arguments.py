@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from . import run_directory
 from .data import data_file_builder
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 
@@ -146,8 +147,7 @@ def parse_json_arguments(parser, json_file: str) -> tuple:
     """HfArgumentParser.parse_json_file, with one clear line for an unreadable file or unknown keys."""
     path = os.path.abspath(json_file)
     try:
-        with open(path) as f:
-            config = json.load(f)
+        config = json.loads(read_regular_file(path))  # a FIFO is refused, not waited on
     except OSError as error:
         raise UserInputError(f"{path}: cannot read the configuration file ({error.strerror or error})") from None
     except ValueError as error:

@@ -170,6 +170,30 @@ def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtu
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["cuda", "gaudi"])
+def test_a_configuration_or_data_file_that_is_a_fifo_is_refused_without_waiting(kind, tmp_path, within_seconds):
+    """Four readers of a .json configuration (the flag guard, the GPU check, the execution mode, the parser) once
+    opened it as it was: a FIFO blocked the script forever."""
+    from helpers import CPU_FLAGS, run_script
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    result = run_script(kind, [fifo], check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"error: {fifo}: cannot read the configuration file (not a regular file: FIFO)")
+    )
+    data = tmp_path / "train.csv"
+    os.mkfifo(data)
+    args = ["--model_name_or_path", tmp_path, "--train_file", data, "--output_dir", tmp_path / "out", "--do_train"]
+    result = run_script(kind, args + CPU_FLAGS[kind], check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
+        f"error: --train_file={data}: not a regular file: FIFO"
+    ), result.stderr[-3000:]
+
+
 def _special_files(tmp_path):
     """name -> (a path that is not a regular file, the reason a row showing it gets)."""
     fifo = tmp_path / "fifo.jpg"
