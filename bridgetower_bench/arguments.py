@@ -3,7 +3,9 @@
 - `parse_arguments` reads the flags, or a single .json configuration file: an unreadable file, unknown keys
   or a value of the wrong type (`check_json_types`) are refused in one line naming the file and the key.
 - `check_arguments` refuses values no run can use (counts below their minimum, a run that would train
-  nothing, persistent workers without workers, an --output_dir that cannot be one: run_directory).
+  nothing, persistent workers without workers, an --output_dir that cannot be one: run_directory), and
+  numbers no run can use whatever their flag (`check_numbers`: not finite, beyond 64 bits, a seed numpy
+  cannot take).
 - `check_data_arguments` (from the scripts' DataTrainingArguments) refuses data flags upstream asserted on;
   `check_max_seq_length`, once the model and tokenizer are loaded, a --max_seq_length they cannot take.
 - `WarmupTrainingArguments`: the CUDA script's TrainingArguments, with GaudiTrainingArguments' recipe defaults
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import types
 import typing
@@ -27,6 +30,7 @@ from transformers.training_args import OptimizerNames
 from . import run_directory
 from .attention import ATTENTION_IMPLEMENTATIONS
 from .data import data_file_builder
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 
@@ -84,6 +88,27 @@ def check_arguments(data_args, training_args) -> None:
             "(with 0 the main process loads, and there are no workers to keep)"
         )
     run_directory.check_output_dir_path(training_args.output_dir)
+    check_numbers(data_args, training_args)
+
+
+_INT64_MAX = 2**63 - 1
+_SEED_MAX = 2**32 - 1  # numpy's legacy seeding, which transformers' set_seed calls, takes 0 .. 2**32 - 1
+
+
+def check_numbers(*argument_sets) -> None:
+    """Numbers no run can use, whatever the flag or configuration key: a float that is not finite (nan or inf
+    would reach the optimizer or the schedule only after the model loaded), an integer beyond 64 bits, a
+    seed numpy cannot take."""
+    for values in argument_sets:
+        for field in dataclasses.fields(values):
+            value = getattr(values, field.name, None)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserInputError(f"--{field.name}={value}: must be a finite number")
+            if isinstance(value, int) and not isinstance(value, bool):
+                if field.name in ("seed", "data_seed") and not 0 <= value <= _SEED_MAX:
+                    raise UserInputError(f"--{field.name}={value}: a seed must be between 0 and {_SEED_MAX}")
+                if abs(value) > _INT64_MAX:
+                    raise UserInputError(f"--{field.name}={value}: beyond the 64-bit integers a run can use")
 
 
 def check_data_arguments(
@@ -200,8 +225,7 @@ def parse_json_arguments(parser, json_file: str) -> tuple:
     """HfArgumentParser.parse_json_file, with one clear line for an unreadable file or unknown keys."""
     path = os.path.abspath(json_file)
     try:
-        with open(path) as f:
-            config = json.load(f)
+        config = json.loads(read_regular_file(path))  # a FIFO is refused, not waited on
     except OSError as error:
         raise UserInputError(f"{path}: cannot read the configuration file ({error.strerror or error})") from None
     except ValueError as error:

@@ -6,13 +6,17 @@ output directories and caches may sit on a filesystem shared by several nodes, a
 let `remove_abandoned` delete only the leftovers of processes that died on this host, never those of
 a live writer or of another host (whose pids mean nothing here).
 
-- `atomic_path` / `write_atomically` / `write_json_atomically`: one file.
+- `atomic_path` / `write_atomically` / `write_json_atomically`: one file. A path that is there and is not a
+  regular file (a device such as /dev/null, a FIFO, a socket, a directory) is never renamed over:
+  `NotARegularFile` before anything is written; an error of the write that names no file (a full disk)
+  is raised again naming the target.
 - `staged_directory`: a directory built beside its target, then renamed onto it.
 - `remove_abandoned`: the one cleaner of leftovers; `process_alive`: whether a pid is running here.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,6 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, Optional
+
+from .regular_files import NotARegularFile, not_regular_reason
 
 
 PARTIAL_MARK = ".partial-"
@@ -59,16 +65,34 @@ def _remove(path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _refuse_unless_regular(path) -> None:
+    """NotARegularFile when `path` (its symbolic links followed) is there and is not a regular file."""
+    try:
+        reason = not_regular_reason(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if reason:
+        raise NotARegularFile(errno.EINVAL, f"{reason}; only a regular file is replaced", os.fspath(path))
+
+
 @contextmanager
 def atomic_path(path, fsync: bool = False) -> Iterator[str]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one step, on failure it vanishes.
 
+    `path` must be absent or a regular file, checked before the yield and again before the rename.
     `fsync=True` forces the data to disk before the rename, so that a machine crash (not only a killed
     process) cannot leave `path` renamed but empty.
     """
+    _refuse_unless_regular(path)
     temporary = temp_path(path)
     try:
-        yield temporary
+        try:
+            yield temporary
+        except OSError as error:
+            if error.filename is None:  # a write's own error (a full disk) names no file: name the target
+                raise OSError(error.errno, error.strerror or str(error), os.fspath(path)) from error
+            raise
+        _refuse_unless_regular(path)
         if fsync:
             fd = os.open(temporary, os.O_RDONLY)
             try:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 
@@ -256,8 +257,7 @@ def cpu_requested(argv: list[str], environ=None) -> Optional[bool]:
         pass
     try:
         if len(argv) == 2 and argv[1].endswith(".json"):
-            with open(argv[1]) as f:
-                config = json.load(f)
+            config = json.loads(read_regular_file(argv[1]))  # a FIFO is not waited on
             if not isinstance(config, dict):
                 return None
             return any(

@@ -17,6 +17,7 @@ import torch
 from datasets import DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from .regular_files import not_regular_reason
 from .resilience import ImageLoadError, image_label
 from .user_errors import UserInputError
 
@@ -86,7 +87,8 @@ def load_raw_datasets(
         if path is None:
             continue
         if not os.path.isfile(path):
-            raise UserInputError(f"{flag}={path}: no such file")
+            reason = not_regular_reason(os.stat(path).st_mode) if os.path.exists(path) else "no such file"
+            raise UserInputError(f"{flag}={path}: {reason}")
         raw[split] = load_data_file(path, flag, split, cache_dir=cache_dir, token=token)
         # A relative image path that does not exist from the working directory is read relative to its data file.
         column = image_column if image_column is not None else raw[split].column_names[0]

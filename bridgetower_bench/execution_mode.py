@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 
@@ -70,8 +71,7 @@ def _asked_flags(parser, argv: list[str]) -> Optional[dict]:
         ".json"
     ):  # a configuration file: its values go to the dataclasses as they are
         try:
-            with open(argv[1]) as f:
-                values = json.load(f)
+            values = json.loads(read_regular_file(argv[1]))  # a FIFO is not waited on
         except (OSError, ValueError):
             return None  # the arguments' own parsing says what is wrong with the file
         if not isinstance(values, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from .regular_files import read_regular_file
 from .user_errors import UserInputError
 
 
@@ -33,8 +34,7 @@ def hpu_only_flags_in(argv: list[str]) -> list[str]:
     """
     if len(argv) == 2 and argv[1].endswith(".json"):
         try:
-            with open(argv[1]) as f:
-                config = json.load(f)
+            config = json.loads(read_regular_file(argv[1]))  # a FIFO is not waited on
         except (OSError, ValueError):
             return []
         names = list(config) if isinstance(config, dict) else []

@@ -66,6 +66,20 @@ def redact_args(args: Sequence[str]) -> list[str]:
     return redacted
 
 
+# A flag and its value as a shell line writes them: `--flag value`, `--flag=value`, the value quoted or not; a
+# quote left open runs to the end (a line that shlex cannot split still has its credentials found).
+_FLAG_IN_TEXT = re.compile(r"""(--[\w.-]+)(=|\s+)("[^"]*(?:"|$)|'[^']*(?:'|$)|[^\s"'-]\S*)""")
+
+
+def redact_text(text: str) -> str:
+    """A command line as the user typed it (one string, perhaps one shlex cannot split: an unclosed quote)
+    with the value of every credential flag replaced by REDACTED, quotes included."""
+    return _FLAG_IN_TEXT.sub(
+        lambda m: f"{m[1]}{m[2]}{REDACTED}" if is_secret_name(m[1]) else m[0],
+        text,
+    )
+
+
 def without_secrets(arguments):
     """A shallow copy of a dataclass of arguments (e.g. TrainingArguments) with every credential field
     set to None, or `arguments` itself when none is set."""

@@ -54,6 +54,16 @@ class ImageLoadError(UserInputError):
         return last_line.partition(f"{type(self).__name__}: ")[2] or last_line
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second SIGTERM/SIGINT: the run stops where it is (user_errors.exit_on_user_error prints its line).
+
+    A KeyboardInterrupt, so that what handles Ctrl-C (PyTorch's loader workers end quietly) handles it too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class TrainingInterrupted(SystemExit):
     """Training stopped on SIGTERM/SIGINT after saving a checkpoint. Exit status 128 + the signal number."""
 
@@ -85,8 +95,9 @@ class StopOnSignal(TrainerCallback):
     The handlers are installed around `Trainer.train` (`install`, `restore`), before
     the DataLoader workers are forked: workers inherit them, so Ctrl-C in a terminal (which signals
     the whole process group) does not kill a worker under the main process. After a first signal,
-    that signal's previous handler is restored: sending it again acts at once (a second Ctrl-C
-    raises KeyboardInterrupt).
+    sending it again acts at once: the previous handler is restored, or, where that is the process's default
+    (killed without a word by SIGTERM, a KeyboardInterrupt traceback for SIGINT), `StoppedAtOnce` is raised,
+    which the scripts end in one line. A loader worker logs nothing: the main process speaks for the run.
 
     With several processes the ranks must stop at the same step, or the others would wait forever
     in the next gradient all-reduce: every `sync_every_steps` optimizer steps they all-reduce the
@@ -117,7 +128,7 @@ class StopOnSignal(TrainerCallback):
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.received is None:
+        if self.received is None and torch.utils.data.get_worker_info() is None:
             if self.training_done:
                 what = "the run stops once the final results being saved are complete"
             else:
@@ -125,7 +136,9 @@ class StopOnSignal(TrainerCallback):
             logger.warning("%s received: %s (send it again to stop at once).", signal.Signals(signum).name, what)
         self.received = signum
         if signum in self._previous:
-            signal.signal(signum, self._previous[signum])
+            previous = self._previous[signum]
+            defaults = (signal.SIG_DFL, signal.default_int_handler)
+            signal.signal(signum, _stop_at_once if previous in defaults else previous)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._all_ranks_stop(args, state):
@@ -168,6 +181,10 @@ class StopOnSignal(TrainerCallback):
             f"{output_dir}. Rerun the same command (without --overwrite_output_dir) to do the phases that are left."
         )
         return TrainingInterrupted(message, self.received)
+
+
+def _stop_at_once(signum, frame) -> None:
+    raise StoppedAtOnce(signum)
 
 
 def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:

@@ -142,8 +142,10 @@ def uncreatable(path: str) -> Optional[Uncreatable]:
 
 def check_output_dir_path(output_dir: Optional[str]) -> None:
     """--output_dir must be a directory, or a path where one can be created (checked before anything is written)."""
-    if not output_dir:
+    if output_dir is None:
         return
+    if not output_dir.strip():
+        raise UserInputError(f"--output_dir={output_dir!r} is empty: give the directory the run writes into")
     path = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserInputError(f"--output_dir={output_dir} is a file, not a directory")
@@ -375,6 +377,7 @@ def finish_publication(output_dir: str) -> None:
 class PublishedModel(NamedTuple):
     files: list  # the files of its published set (and of everything published since)
     finished: bool  # whether it was trained to its last step (trainer_state.json)
+    missing: list  # the model's files of its set (not the results) no longer there: deleted by hand
 
 
 def published_model(output_dir: str) -> Optional[PublishedModel]:
@@ -388,7 +391,12 @@ def published_model(output_dir: str) -> Optional[PublishedModel]:
         finished = state["global_step"] >= state["max_steps"]
     except (OSError, ValueError, KeyError, TypeError):
         finished = False
-    return PublishedModel(current, finished)
+    missing = [
+        name
+        for name in current
+        if not name.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, name))
+    ]
+    return PublishedModel(current, finished, missing)
 
 
 # ---------------------------------------------------------------------------------------------

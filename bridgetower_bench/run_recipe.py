@@ -424,13 +424,18 @@ class RunPlan(NamedTuple):
     resume_from: Optional[str]  # the checkpoint training resumes from, or None
 
 
-def _published_model(output_dir: str) -> tuple[bool, Optional[dict], bool]:
-    """(whether output_dir holds a published trained model, its recipe, whether it was trained to its last step)."""
+def _published_model(output_dir: str) -> tuple[bool, Optional[dict], bool, list]:
+    """(whether output_dir holds a published trained model, its recipe, whether it was trained to its last step,
+    the files of its set that are missing)."""
     published = run_directory.published_model(output_dir)
     if published is None:
-        return False, None, False
+        return False, None, False, []
     recipe = read(output_dir) if RECIPE_NAME in published.files else None
-    return True, recipe, published.finished
+    return True, recipe, published.finished, published.missing
+
+
+def _lacks(output_dir: str, missing: list) -> str:
+    return f"--output_dir={output_dir}: its trained model lacks {', '.join(missing)} (deleted since it was published)"
 
 
 def _refuse(output_dir: str, what: str, recorded: Optional[dict], recipe: dict):
@@ -451,9 +456,14 @@ def _same_model(output_dir: str, recorded: Optional[dict], model_args) -> bool:
 
 
 def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
-    trained, recorded, _ = _published_model(output_dir)
+    trained, recorded, _, missing = _published_model(output_dir)
     if not trained:
         return RunPlan(recipe, None, None)
+    if missing:
+        raise UserInputError(
+            f"{_lacks(output_dir, missing)}: rerun its training command (it resumes from the newest complete "
+            "checkpoint of its recipe and publishes the model again), or evaluate another model"
+        )
     if not _same_model(output_dir, recorded, model_args):
         base = f"trained from {recorded['model_name_or_path']}" if recorded else "whose base model was not recorded"
         raise UserInputError(
@@ -461,14 +471,20 @@ def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
             f"{model_args.model_name_or_path} names another model, whose results would replace the trained model's: "
             f"choose another --output_dir, or pass --model_name_or_path {output_dir} to evaluate the trained model"
         )
-    logger.warning(
-        f"{output_dir} holds a trained model: evaluating it (not {model_args.model_name_or_path}, the model it "
-        "was trained from)"
-    )
+    if os.path.realpath(os.path.expanduser(model_args.model_name_or_path)) == os.path.realpath(output_dir):
+        logger.warning(f"{output_dir} holds a trained model: evaluating it")
+    else:
+        logger.warning(
+            f"{output_dir} holds a trained model: evaluating it (not {model_args.model_name_or_path}, the model it "
+            "was trained from)"
+        )
     return RunPlan(recipe, output_dir, None)
 
 
 def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
+    if not os.path.isdir(checkpoint):
+        what = "is not a directory" if os.path.exists(checkpoint) else "does not exist"
+        raise UserInputError(f"--resume_from_checkpoint={checkpoint} {what}: give a checkpoint-N directory")
     reason = checkpoint_manifest.incomplete_reason(checkpoint)
     if reason is not None:
         raise UserInputError(
@@ -497,8 +513,8 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
     if training_args.overwrite_output_dir or not os.path.isdir(output_dir):
         return RunPlan(recipe, None, None)
 
-    trained, published, finished = _published_model(output_dir)
-    if trained and finished and published == recipe:
+    trained, published, finished, missing = _published_model(output_dir)
+    if trained and finished and published == recipe and not missing:
         logger.warning(
             f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
             "(--overwrite_output_dir trains it afresh)"
@@ -517,10 +533,22 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
     if checkpoint is not None:
         for name, why in skipped:
             logger.warning(f"Not resuming from {name}: {why}")
+        if missing:
+            logger.warning(f"{_lacks(output_dir, missing)}: publishing it again from its checkpoints")
+        elif trained and published != recipe:  # e.g. published by another version of the scripts
+            logger.warning(
+                f"{output_dir} holds a model of another recipe ({differences(published, recipe)}): this "
+                "recipe's model, resumed from its checkpoint, replaces it when training ends"
+            )
         logger.warning(
             f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir to start over."
         )
         return RunPlan(recipe, None, checkpoint)
+    if missing and published == recipe:
+        raise UserInputError(
+            f"{_lacks(output_dir, missing)}, and no complete checkpoint of its recipe is there to resume: pass "
+            "--overwrite_output_dir to train it afresh"
+        )
     if trained:
         _refuse(output_dir, "a model", published, recipe)
     if others:

@@ -329,9 +329,11 @@ class TrainerExtensions:
             )
         self._save_checkpoint(self.model, trial=None)
         checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}")
+        # Not "--drop_bad_rows and resume": a checkpoint resumed on other rows is another recipe (run_recipe.py)
         return ImageLoadError(
-            f"{error.reason} (training stopped after step {step}; checkpoint saved in {checkpoint}). Restore the image, "
-            "or pass --drop_bad_rows to leave its rows out, and rerun the same command to resume."
+            f"{error.reason} (training stopped after step {step}; checkpoint saved in {checkpoint}). Restore the image "
+            "and rerun the same command to resume, or rerun with --drop_bad_rows --overwrite_output_dir to train "
+            "afresh without its rows."
         )
 
     def evaluate(self, *args, **kwargs):

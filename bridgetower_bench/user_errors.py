@@ -2,8 +2,10 @@
 
 Code that refuses a flag, file, row or column raises `UserInputError` with a message naming it.
 `exit_on_user_error(main)` runs a script's main(): a UserInputError ends the process with
-`<script>: error: <message>` on stderr and exit status 2. Every other exception is a bug or an
-environment failure and keeps its traceback.
+`<script>: error: <message>` on stderr and exit status 2. A run stopped at once by SIGINT or SIGTERM (a
+Ctrl-C before or after training, a second signal during it: `KeyboardInterrupt`) ends in one line too, exit
+status 128 + the signal; once a run ends on a signal, further signals are ignored while it exits. Every
+other exception is a bug or an environment failure and keeps its traceback.
 
 UserInputError is a ValueError, so callers that catch ValueError (and tests) keep working.
 """
@@ -11,6 +13,7 @@ UserInputError is a ValueError, so callers that catch ValueError (and tests) kee
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -27,3 +30,25 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
         sys.stderr.flush()
         print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except KeyboardInterrupt as error:
+        signum = getattr(error, "signum", signal.SIGINT)  # resilience.StoppedAtOnce names a second SIGTERM
+        _ignore_stop_signals()
+        sys.stderr.flush()
+        print(
+            f"Stopped at once by {signal.Signals(signum).name}: what was being saved is incomplete and is never "
+            "used. Rerun the same command (without --overwrite_output_dir) to go on from the newest complete "
+            "checkpoint.",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(128 + signum)
+    except SystemExit as exiting:
+        if exiting.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # stopped by a signal, its line printed
+            _ignore_stop_signals()
+        raise
+
+
+def _ignore_stop_signals() -> None:
+    """The run is ending on a signal: one more (a Ctrl-C pressed twice) must not interrupt its exit."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)

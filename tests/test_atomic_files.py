@@ -1,8 +1,10 @@
 """atomic_files: complete files or none, and the one cleaner of what killed writers left."""
 
+import errno
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -71,6 +73,53 @@ def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypa
     write_atomically(path, b"\xff\xd8 jpeg", fsync=fsync)
     written = path.stat().st_ino
     assert events == ([("fsync", written)] if fsync else []) + [("rename", written)]
+
+
+def _special_nodes(tmp_path):
+    """A FIFO, a socket, a directory and (as root, who may make one) a character device like /dev/null."""
+    nodes = {"FIFO": tmp_path / "fifo", "socket": tmp_path / "socket", "directory": tmp_path / "directory"}
+    os.mkfifo(nodes["FIFO"])
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(nodes["socket"]))
+    nodes["directory"].mkdir()
+    if os.geteuid() == 0:
+        nodes["character device"] = tmp_path / "null"
+        os.mknod(nodes["character device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    nodes["link to a FIFO"] = tmp_path / "link"
+    nodes["link to a FIFO"].symlink_to(nodes["FIFO"])
+    return nodes, listener
+
+
+def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
+    nodes, listener = _special_nodes(tmp_path)
+    with listener:
+        for kind, path in nodes.items():
+            before = os.lstat(path)
+            with pytest.raises(atomic_files.NotARegularFile, match="not a regular file") as refused:
+                write_atomically(path, "{}")
+            assert refused.value.filename == str(path), kind
+            after = os.lstat(path)
+            assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), kind
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in nodes.values())  # no temporary left
+
+
+def test_a_node_swapped_in_while_writing_is_not_renamed_over(tmp_path):
+    path = tmp_path / "results.json"
+    with pytest.raises(atomic_files.NotARegularFile, match="FIFO"):
+        with atomic_path(path) as temporary:
+            Path(temporary).write_text("{}")
+            os.mkfifo(path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode) and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_a_write_error_that_names_no_file_is_raised_naming_the_target(tmp_path):
+    """A full disk reaches write() as ENOSPC without a file name: the error names the file being written."""
+    path = tmp_path / "comparison.json"
+    with pytest.raises(OSError) as failed:
+        with atomic_path(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(path))
+    assert os.listdir(tmp_path) == []
 
 
 def test_temporary_names_record_host_and_pid_whatever_the_host_name(monkeypatch):

@@ -6,8 +6,10 @@ every `python -m bridgetower_bench.tools.*` given a bad path."""
 import errno
 import json
 import os
+import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +72,9 @@ def _script_parser():
     from transformers import HfArgumentParser
 
     names = runpy.run_path(str(REPO / "run_bridgetower_cuda.py"), run_name="arguments_only")
-    return HfArgumentParser((names["ModelArguments"], names["DataTrainingArguments"], names["TrainingArguments"]))
+    return HfArgumentParser(
+        (names["ModelArguments"], names["DataTrainingArguments"], names["arguments"].WarmupTrainingArguments)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +171,30 @@ def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtu
 # ---------------------------------------------------------------------------------------------
 # Only regular files are read as images
 # ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["cuda", "gaudi"])
+def test_a_configuration_or_data_file_that_is_a_fifo_is_refused_without_waiting(kind, tmp_path, within_seconds):
+    """Four readers of a .json configuration (the flag guard, the GPU check, the execution mode, the parser) once
+    opened it as it was: a FIFO blocked the script forever."""
+    from helpers import CPU_FLAGS, run_script
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    result = run_script(kind, [fifo], check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"error: {fifo}: cannot read the configuration file (not a regular file: FIFO)")
+    )
+    data = tmp_path / "train.csv"
+    os.mkfifo(data)
+    args = ["--model_name_or_path", tmp_path, "--train_file", data, "--output_dir", tmp_path / "out", "--do_train"]
+    result = run_script(kind, args + CPU_FLAGS[kind], check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
+        f"error: --train_file={data}: not a regular file: FIFO"
+    ), result.stderr[-3000:]
 
 
 def _special_files(tmp_path):
@@ -566,6 +594,53 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tmp_path, monkeypatch):
+    """The line once advised passing --drop_bad_rows and rerunning to resume; that rerun was refused as another
+    recipe (--drop_bad_rows false -> true). Each rerun it now advises is run as written."""
+    from transformers.trainer_callback import CallbackHandler
+
+    from helpers import run_cuda_script, run_script
+
+    data_file = _csv_data(tmp_path)
+    out = tmp_path / "out"
+    common = [
+        *["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", out, "--do_train"],
+        *["--per_device_train_batch_size", 4, "--num_train_epochs", 2, "--save_strategy", "no", "--seed", 3],
+        *[
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--dataloader_num_workers",
+            0,
+            "--preflight_cache_dir",
+            tmp_path / "pre",
+        ],
+    ]
+    broken, kept = tmp_path / "images" / "0.jpg", (tmp_path / "images" / "0.jpg").read_bytes()
+    step_end = CallbackHandler.on_step_end
+
+    def break_an_image_after_step_1(self, args, state, control):
+        if state.global_step == 1:
+            broken.write_bytes(b"\0" * len(kept))  # read again in the second epoch at the latest
+        return step_end(self, args, state, control)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CallbackHandler, "on_step_end", break_an_image_after_step_1)
+        status, stderr = run_cuda_script(common)
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    line = _error_line(stderr)
+    advice = re.fullmatch(
+        r".*\(training stopped after step \d+; checkpoint saved in .*checkpoint-\d+\)\. Restore the image and rerun the "
+        r"same command to resume, or rerun with (--drop_bad_rows --overwrite_output_dir) to train afresh without its rows\.",
+        line,
+    )
+    assert advice, line
+
+    rerun = run_script("cuda", common + advice.group(1).split())  # the image still broken: its row left out
+    assert "1 bad row dropped (--drop_bad_rows):" in rerun.stdout + rerun.stderr
+    assert (out / "model.safetensors").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # The tools: a bad path ends in one line, exit status 2
 # ---------------------------------------------------------------------------------------------
@@ -577,7 +652,23 @@ def places(tmp_path):
     directory.mkdir()
     a_file = tmp_path / "a-file.txt"
     a_file.write_text("the user's own file")
-    return {"dir": directory, "file": a_file, "under_file": a_file / "out", "missing": tmp_path / "missing"}
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+    sweep = tmp_path / "a-sweep"  # an earlier sweep's --out whose results.json is a FIFO
+    sweep.mkdir()
+    os.mkfifo(sweep / "results.json")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "truncated.jpg").write_bytes(noise_jpeg(1)[:300])
+    return {
+        "empty_jpeg": tmp_path / "empty.jpg",
+        "truncated_jpeg": tmp_path / "truncated.jpg",
+        "dir": directory,
+        "file": a_file,
+        "under_file": a_file / "out",
+        "missing": tmp_path / "missing",
+        "fifo": fifo,
+        "sweep": sweep,
+    }
 
 
 TOOL_CASES = {
@@ -640,6 +731,36 @@ TOOL_CASES = {
         "--model_name_or_path={missing}: no such directory",
     ),
     "upstream_diff --upstream <a directory>": (["upstream_diff", "--upstream", "{dir}"], None),
+    # A FIFO is neither waited on nor written through (the write would block until a reader came, or rename over
+    # it); --prices and the sweep's results.json are read without waiting.
+    **{
+        f"{tool} --json <a FIFO>": (
+            [tool, *before, "--json", "{fifo}", *after],
+            "--json={fifo}: not a regular file: FIFO; give the name of a regular file to write",
+        )
+        for tool, before, after in [
+            ("compare", ["{run}"], []),
+            ("image_fidelity", [], []),
+            ("image_bench", [], []),
+            ("cache_memory_bench", [], []),
+            ("device_decode_check", ["{file}"], []),
+            ("nvidia_check", [], ["--output_dir", "{missing}"]),
+            ("gaudi_check", [], ["--output_dir", "{missing}"]),
+        ]
+    },
+    # an image the tool cannot decode is named (the check decodes on the host first)
+    "device_decode_check <an empty JPEG>": (
+        ["device_decode_check", "--device", "cpu", "{empty_jpeg}"],
+        "images: cannot decode image from '{empty_jpeg}': cannot identify image file ...",
+    ),
+    "device_decode_check <a truncated JPEG>": (
+        ["device_decode_check", "--device", "cpu", "{truncated_jpeg}"],
+        "images: cannot decode image from '{truncated_jpeg}': ...",
+    ),
+    "upstream_diff --upstream <a FIFO>": (["upstream_diff", "--upstream", "{fifo}"], None),
+    "compare --prices <a FIFO>": (["compare", "{run}", "--prices", "{fifo}"], None),
+    "bench --prices <a FIFO>": (["bench", "--dry-run", "--out", "{missing}", "--prices", "{fifo}"], None),
+    "bench --out <a sweep whose results.json is a FIFO>": (["bench", "--dry-run", "--out", "{sweep}"], None),
     "upstream_diff --ours <a missing file>": (["upstream_diff", "--upstream", "{file}", "--ours", "{missing}"], None),
 }
 
@@ -661,12 +782,12 @@ def _assert_ended_in_one_line(result, line, places):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     if line is not None:
-        assert lines[0] == line
+        assert lines[0].startswith(line[:-3]) if line.endswith("...") else lines[0] == line, (lines[0], line)
     assert places["file"].read_text() == "the user's own file"
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
-def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
+def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path, within_seconds):
     """Each tool as `python -m` runs it, here in the test process (helpers.run_tool)."""
     tool, args, line = _tool_case(case, places, tmp_path)
     _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path), line, places)
@@ -675,6 +796,69 @@ def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path):
 def test_a_tools_bad_path_ends_its_process_with_status_2(places, tmp_path):
     tool, args, line = _tool_case("compare --json <a directory>", places, tmp_path)
     _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path, process=True), line, places)
+
+
+def test_a_tool_never_writes_over_a_device_and_a_full_disk_ends_in_one_line(places, small_filesystem, tmp_path):
+    """As root (Habana's container) an atomic --json write once renamed its file over a device node such as
+    /dev/full; a full disk ended in a traceback (write() names no file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    if os.geteuid() == 0:
+        device = tmp_path / "full"
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # what /dev/full is
+        result = run_tool("compare", [str(run), "--json", str(device)], cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            f"compare: error: --json={device}: not a regular file: character device; "
+            "give the name of a regular file to write"
+        ]
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
+    full = small_filesystem(8)
+    with pytest.raises(OSError, match="No space left"):
+        with open(full / "filler", "wb") as filler:
+            filler.write(b"x" * (1 << 20))
+    result = run_tool("compare", [str(run), "--json", str(full / "comparison.json")], cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"compare: error: {full / 'comparison.json'}: No space left on device (0 bytes free there)"
+    ]
+    assert sorted(os.listdir(full)) == ["filler"]
+
+
+@pytest.mark.parametrize(
+    "tool, args",
+    [
+        ("cache_memory_bench", ["--workers", "0"]),  # once a traceback inside datasets, after the --json check
+        ("cache_memory_bench", ["--small", "0"]),
+        ("device_decode_check", ["{file}", "--batch-size", "0"]),
+        ("device_decode_check", ["{file}", "--limit", "0"]),
+        ("image_bench", ["--repeat", "0"]),
+        ("image_fidelity", ["--images", "-1"]),
+    ],
+)
+def test_a_tools_count_below_one_is_refused_by_its_parser(tool, args, places, tmp_path):
+    args = [a.format(file=places["file"]) for a in args]
+    result = run_tool(tool, args, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].endswith(f"error: {args[-2]} must be at least 1; got {args[-1]}")
+
+
+def _tool_modules():
+    return sorted(path.stem for path in (REPO / "bridgetower_bench" / "tools").glob("*.py") if path.stem != "__init__")
+
+
+@pytest.mark.parametrize("module", _tool_modules())
+def test_python_m_on_a_module_under_tools_runs_a_command_or_says_it_is_none(module, tmp_path):
+    """Six library modules once took `python -m` with any arguments, printed nothing and exited 0."""
+    source = (REPO / "bridgetower_bench" / "tools" / f"{module}.py").read_text()
+    assert 'if __name__ == "__main__":' in source, f"{module}: `python -m` on it would do nothing"
+    if "def main(" in source:
+        return
+    result = run_tool(module, ["--anything"], cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"{module}: error: python -m bridgetower_bench.tools.{module} is not a command: it is a module the tools "
+        "import (README.md lists the commands)"
+    ]
 
 
 @pytest.fixture

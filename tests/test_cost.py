@@ -4,6 +4,7 @@ energy columns as the runs record them."""
 
 import csv
 import json
+import os
 
 import pytest
 from PIL import Image
@@ -83,6 +84,7 @@ def test_prices_files_json_and_csv(tmp_path):
     (tmp_path / "cols.csv").write_text("name,price\nH100,2\n")
     (tmp_path / "one-col.csv").write_text("device,price\nH100,2\n")
     (tmp_path / "dir.json").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "list.json").write_text("[2.5]")
     (tmp_path / "bool.json").write_text('{"H100": true}')
     (tmp_path / "short.csv").write_text("device,usd_per_hour\nH100\n")
@@ -91,7 +93,8 @@ def test_prices_files_json_and_csv(tmp_path):
         ("bad.csv", r"--prices .*bad.csv line 3: a price must be 0 or more, got -2"),
         ("cols.csv", r"expected the columns device,usd_per_hour \(found: name,price\)"),
         ("one-col.csv", r"expected the columns device,usd_per_hour \(found: device,price\)"),
-        ("dir.json", r"dir.json: cannot be read \(Is a directory\)"),
+        ("dir.json", r"dir.json: cannot be read \(not a regular file: directory\)"),
+        ("fifo.json", r"fifo.json: cannot be read \(not a regular file: FIFO\)"),  # read without waiting
         ("list.json", r'expected a JSON object \{"DEVICE": USD_PER_HOUR, ...\}, found list'),
         ("p.txt", "expected a .json or .csv file"),
         ("missing.json", "no such file"),

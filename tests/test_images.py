@@ -711,5 +711,8 @@ def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_wr
     }
     assert "line drawings 300x300     vs_uint8_kernel" in capsys.readouterr().out
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(image_fidelity.UserInputError, match="--json .*a-file/fidelity.json: cannot write there"):
+    with pytest.raises(
+        image_fidelity.tool_paths.UserInputError,
+        match="--json=.*a-file/fidelity.json: cannot create the file: .*a-file is a file",
+    ):
         image_fidelity.main(["--images", "1", "--json", str(tmp_path / "a-file" / "fidelity.json")])

@@ -95,6 +95,30 @@ def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
     assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
 
 
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("--token hf_abcdef --seed 'x", "--token REDACTED --seed 'x"),  # an unclosed quote: shlex cannot split it
+        ("--seed 1 --hub_token='hf abc' --x", "--seed 1 --hub_token=REDACTED --x"),
+        ('--token "hf_abc def', "--token REDACTED"),  # the open quote runs to the end
+        (
+            "--password=p@ss --tokenizer_name tok --max_seq_length 40",
+            "--password=REDACTED --tokenizer_name tok --max_seq_length 40",
+        ),
+        ("--use_auth_token --seed 3", "--use_auth_token --seed 3"),
+    ],
+)
+def test_a_command_line_as_typed_is_redacted_quotes_and_all(text, shown):
+    assert redaction.redact_text(text) == shown
+
+
+def test_a_sweep_refusing_extra_args_it_cannot_split_does_not_print_their_token(tmp_path):
+    """The refusal once echoed the text whole, token included, when its quotes did not close."""
+    with pytest.raises(ValueError) as refused:
+        bench.parse_extra_args("--token 'hf_abcdef --seed 1")
+    assert str(refused.value) == "--extra-args '--token REDACTED': No closing quotation"
+
+
 def test_a_json_configuration_is_copied_redacted_and_left_untouched():
     config = {"token": "hf_A", "model_name_or_path": "m", "nested": [{"wandb_api_key": "k123"}], "hub_token": None}
     before = json.dumps(config)

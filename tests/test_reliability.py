@@ -9,6 +9,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import datasets
@@ -264,7 +265,7 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     assert "\n" not in message and "Traceback" not in message
     match = re.fullmatch(
         r"split 'train': cannot read image file '.*/images/\d+\.jpg': .* \(training stopped after step (\d+); "
-        r"checkpoint saved in (.*checkpoint-\d+)\)\. Restore the image, or pass --drop_bad_rows .*",
+        r"checkpoint saved in (.*checkpoint-\d+)\)\. Restore the image and rerun the same command to resume, .*",
         message,
     )
     assert match, message
@@ -441,7 +442,9 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
         stop.on_step_end(args, state, control)
         assert not control.should_training_stop
         os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is before, "a second Ctrl-C must interrupt at once"
+        with pytest.raises(resilience.StoppedAtOnce) as at_once:  # a second Ctrl-C interrupts at once
+            os.kill(os.getpid(), signal.SIGINT)
+        assert at_once.value.signum == signal.SIGINT and isinstance(at_once.value, KeyboardInterrupt)
         stop.on_step_end(args, state, control)
     assert control.should_save and control.should_training_stop
     assert signal.getsignal(signal.SIGINT) is before
@@ -450,6 +453,47 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     assert interrupted.message.startswith(
         "Training stopped by SIGINT at step 3 of 10; checkpoint saved in out/checkpoint-3."
     )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_sent_twice_ends_the_run_in_one_line(signum, fixtures, tmp_path):
+    """Ctrl-C pressed twice (SIGINT to the whole process group, loader workers included) once ended in a
+    KeyboardInterrupt traceback; a second SIGTERM (to the run's process, as the bit-for-bit test sends it) killed
+    the run without a word. Whether the second signal arrives during the step (the run stops at once) or after the
+    checkpoint (the run is exiting), the run ends in the kit's line."""
+    send = (lambda pid: os.killpg(pid, signum)) if signum == signal.SIGINT else (lambda pid: os.kill(pid, signum))
+    out = tmp_path / "out"
+    command = train_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
+    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"]), *command, "--do_train", *CPU_FLAGS["cuda"]]
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=script_env(False),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        for line in process.stdout:
+            if "'loss'" in line:  # training
+                send(process.pid)
+                time.sleep(0.05)
+                send(process.pid)
+                break
+        stdout, _ = process.communicate(timeout=300)
+    text = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 128 + signum and "Traceback" not in text, text[-3000:]
+    name = signal.Signals(signum).name
+    ended = re.findall(
+        rf"(?:Stopped at once by {name}: what was being saved is incomplete and is never used\. Rerun the same "
+        r"command \(without --overwrite_output_dir\) to go on from the newest complete checkpoint\."
+        rf"|Training stopped by {name} at step \d+ of 400; checkpoint saved in .*)$",  # (a progress bar may stand before it)
+        text,
+        re.MULTILINE,
+    )
+    assert len(ended) == 1, (stdout[-2000:], text[-3000:])
+    assert (stdout + text).count(f"{name} received") == 1, "the loader workers say nothing"
 
 
 @BOTH_ROUTES

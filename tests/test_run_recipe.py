@@ -7,11 +7,13 @@ evaluation alone into a trained run's directory evaluates that run's model.
 """
 
 import dataclasses
+import json
 import re
 import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -190,7 +192,9 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(
         out / "all_results.json"
     )
-    run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
+    itself = run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
+    assert f"{out} holds a trained model: evaluating it\n" in itself.stdout + itself.stderr
+    assert "the model it was trained from" not in itself.stdout + itself.stderr
     assert read_json(out / "validation_results.json")["eval_loss"] == trained
 
     other = tmp_path / "other-model"
@@ -305,6 +309,61 @@ def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_
         plan(out, resume_from_checkpoint=str(out / "checkpoint-8"))
     with pytest.raises(ValueError, match=r"^--resume_from_checkpoint=.*checkpoint-6 is incomplete \(it has no "):
         plan(out, resume_from_checkpoint=str(out / "checkpoint-6"))
+
+
+def publish(out, recipe, step=6):
+    """A trained model published in out as a run publishes it (recipe.json in its set), trained to its last step."""
+    with run_directory.publication(str(out)) as staging:
+        for name in ("model.safetensors", "config.json", "train_results.json"):
+            (Path(staging) / name).write_text(name)
+        (Path(staging) / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": step}))
+        run_recipe.write(staging, recipe)
+
+
+def test_a_published_model_missing_a_file_is_published_again_from_its_checkpoint_or_refused_in_one_line(
+    tmp_path, caplog
+):
+    """A finished run whose model.safetensors was deleted, rerun with its command, once died in transformers'
+    OSError though a complete checkpoint of its recipe was there."""
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    publish(out, recipe)
+    assert plan(out) == (recipe, str(out), None)  # intact: reused
+    (out / "model.safetensors").unlink()
+    lacks = f"--output_dir={out}: its trained model lacks model.safetensors (deleted since it was published)"
+    with pytest.raises(ValueError) as refused:
+        plan(out)
+    assert str(refused.value) == (
+        f"{lacks}, and no complete checkpoint of its recipe is there to resume: pass --overwrite_output_dir to "
+        "train it afresh"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(lacks)}: rerun its training command"):
+        plan(out, do_train=False)  # evaluation alone: not the base model's weights in its place
+    save_checkpoint(out, 6, recipe)
+    with caplog.at_level("WARNING", logger="bridgetower_bench"):
+        assert plan(out) == (recipe, None, str(out / "checkpoint-6"))
+    assert f"{lacks}: publishing it again from its checkpoints" in caplog.text
+
+
+def test_a_model_of_another_version_replaced_by_a_resumed_checkpoint_is_said_so(tmp_path, caplog):
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    publish(out, {**recipe, "scripts_version": "0.0.9"})
+    save_checkpoint(out, 4, recipe)
+    with caplog.at_level("WARNING", logger="bridgetower_bench"):
+        assert plan(out) == (recipe, None, str(out / "checkpoint-4"))
+    assert (
+        f"{out} holds a model of another recipe (the scripts' version 0.0.9 → {recipe['scripts_version']}): this "
+        "recipe's model, resumed from its checkpoint, replaces it when training ends"
+    ) in caplog.text
+
+
+def test_resuming_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for path, what in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "a-file", "is not a directory")):
+        with pytest.raises(ValueError) as refused:
+            plan(tmp_path / "run", resume_from_checkpoint=str(path))
+        assert str(refused.value) == f"--resume_from_checkpoint={path} {what}: give a checkpoint-N directory"
 
 
 def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only_are_named(tmp_path, caplog):

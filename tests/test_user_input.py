@@ -3,6 +3,7 @@ nothing is written by a refused run; the input the user gave is read as given (i
 the image column only, one empty cell costs one row); no image's size decides the run's memory; caches
 that cannot be written are skipped."""
 
+import json
 import logging
 import re
 import sys
@@ -56,7 +57,63 @@ def early_refusals(model, tmp_path):
     a_file = tmp_path / "results.txt"
     a_file.write_text("the user's own file")
     script = "run_bridgetower_cuda.py: error: "
+    configured = {  # one value changed in a JSON configuration of the same run
+        "model_name_or_path": str(model),
+        "train_file": str(good),
+        "do_train": True,
+        "report_to": "none",
+        "use_cpu": True,
+        "output_dir": str(out),
+    }
+
+    def configuration(name, text):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(configured)[:-1] + f", {text}}}")
+        return [path]
+
     return {
+        # numbers no run can use, refused at step 1 whatever the flag (torch or numpy once ended them in a traceback
+        # after the model loaded)
+        "learning_rate nan": (
+            [*common, "--output_dir", out, "--learning_rate", "nan"],
+            f"{script}--learning_rate=nan: must be a finite number",
+        ),
+        "max_grad_norm inf": (
+            [*common, "--output_dir", out, "--max_grad_norm", "inf"],
+            f"{script}--max_grad_norm=inf: must be a finite number",
+        ),
+        "seed -1": (
+            [*common, "--output_dir", out, "--seed", -1],
+            f"{script}--seed=-1: a seed must be between 0 and 4294967295",
+        ),
+        "seed 2**32": (
+            [*common, "--output_dir", out, "--seed", 2**32],
+            f"{script}--seed=4294967296: a seed must be between 0 and 4294967295",
+        ),
+        "max_train_samples beyond 64 bits": (
+            [*common, "--output_dir", out, "--max_train_samples", 10**30],
+            f"{script}--max_train_samples={10**30}: beyond the 64-bit integers a run can use",
+        ),
+        "output_dir empty": (
+            [*common, "--output_dir", ""],
+            f"{script}--output_dir='' is empty: give the directory the run writes into",
+        ),
+        "json learning_rate NaN": (
+            configuration("nan", '"learning_rate": NaN'),
+            f"{script}--learning_rate=nan: must be a finite number",
+        ),
+        "json seed 10**30": (
+            configuration("seed", f'"seed": {10**30}'),
+            f"{script}--seed={10**30}: a seed must be between 0 and 4294967295",
+        ),
+        "json seed 1e30": (
+            configuration("seed-float", '"seed": 1e30'),
+            f'{script}{tmp_path / "seed-float.json"}: "seed" is 1e+30 (a number), expected an integer',
+        ),
+        "json output_dir empty": (
+            configuration("empty", '"output_dir": ""'),
+            f"{script}--output_dir='' is empty: give the directory the run writes into",
+        ),
         "malformed json configuration": (
             [malformed],
             f"{script}{malformed}: not valid JSON (Expecting value: line 1 column 24 (char 23))",
@@ -150,6 +207,16 @@ def early_refusals(model, tmp_path):
 
 
 EARLY = [
+    "learning_rate nan",
+    "max_grad_norm inf",
+    "seed -1",
+    "seed 2**32",
+    "max_train_samples beyond 64 bits",
+    "output_dir empty",
+    "json learning_rate NaN",
+    "json seed 10**30",
+    "json seed 1e30",
+    "json output_dir empty",
     "malformed json configuration",
     "json configuration holding a list",
     "json configuration holding a number",

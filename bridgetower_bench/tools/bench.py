@@ -102,7 +102,8 @@ from ..atomic_files import atomic_path, write_atomically, write_json_atomically
 from ..execution_mode import LAZY_MODE_VARIABLE
 from ..habana_software import habana_software_present
 from ..mediapipe_availability import TORCH_LOADER
-from ..redaction import redact_args, scrub, secret_values
+from ..redaction import redact_args, redact_text, scrub, secret_values
+from ..regular_files import read_regular_file
 from ..retrieval import summarise_quality
 from ..user_errors import UserInputError
 from . import cost_report, tool_paths
@@ -572,7 +573,7 @@ def parse_extra_args(text: str) -> list[str]:
     try:
         extra = shlex.split(text or "")
     except ValueError as e:
-        raise ValueError(f"--extra-args {text!r}: {e}") from None
+        raise ValueError(f"--extra-args {redact_text(text)!r}: {e}") from None
     for arg in extra:
         name = arg.split("=", 1)[0].replace("-", "_")
         if any(name == flag.replace("-", "_") for flag in SWEEP_FLAGS):
@@ -1065,7 +1066,7 @@ def read_earlier_sweep(out: Path) -> tuple[dict, list[dict], list[Variant]]:
     if not path.exists():
         return {}, [], []
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(read_regular_file(path))
         settings, rows = document.get("bench", {}), document["runs"]
         known = {f.name for f in fields(Variant)}
         variants = [

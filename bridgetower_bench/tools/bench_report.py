@@ -588,3 +588,9 @@ def render_chart(summary: Summary, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    from . import tool_paths
+
+    tool_paths.not_a_command()

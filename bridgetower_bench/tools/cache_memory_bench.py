@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..atomic_files import write_atomically
 from ..image_cache import open_decoded_image_cache
 from . import tool_paths
 from .cartoons import draw_cartoon, jpeg_bytes
@@ -84,6 +85,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=2, help="dataloader worker processes")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    tool_paths.positive_counts(parser, args, "--small", "--large", "--workers")
     if args.json:
         tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
@@ -101,8 +103,7 @@ def main(argv=None) -> dict:
     )
     result = {"rows": rows, "worker_private_growth_mib": round(growth, 1)}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_atomically(args.json, json.dumps(result, indent=1))
     return result
 
 

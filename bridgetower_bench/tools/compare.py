@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import published
+from ..atomic_files import write_atomically
 from ..user_errors import UserInputError
 from . import tool_paths
 from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
@@ -390,8 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     sys.stdout.write(render_markdown(report))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(relative_dirs(report, Path(args.json).resolve().parent), indent=2) + "\n"
+        write_atomically(
+            args.json, json.dumps(relative_dirs(report, Path(args.json).resolve().parent), indent=2) + "\n"
         )
     return 0
 

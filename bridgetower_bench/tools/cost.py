@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 from .. import published
+from ..regular_files import read_regular_file
 from ..user_errors import UserInputError
 
 
@@ -158,7 +159,7 @@ def read_prices_file(path: str) -> list[Price]:
     flag = f"--prices {path}"
     file = Path(path)
     try:
-        text = file.read_text()
+        text = read_regular_file(file).decode()  # a FIFO is refused, never waited on
     except FileNotFoundError:
         raise UserInputError(f"{flag}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -262,3 +263,9 @@ def cost_fields(row: Mapping, prices: Prices) -> dict:
         fields["usd_per_1m_samples"] = usd_per_million_samples(price.usd_per_hour, devices, speed)
         fields["usd_published_experiment"] = usd_published_experiment(price.usd_per_hour, devices, speed)
     return fields
+
+
+if __name__ == "__main__":
+    from . import tool_paths
+
+    tool_paths.not_a_command()

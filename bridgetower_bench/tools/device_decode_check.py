@@ -15,9 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
+from ..atomic_files import write_atomically
 from ..device_decode import ENCODED_IMAGES_KEY, DecodeCounts, EncodedImageTransform, collate_encoded, decode_batch
 from ..images import FastTransform, normalize_on_device
 from ..throughput import synchronize_device
+from ..user_errors import UserInputError
 from . import tool_paths
 from .fixtures import CLIP_MEAN, CLIP_STD
 
@@ -51,7 +53,10 @@ def compare_with_host(
     device = torch.device(device)
     encode, host = EncodedImageTransform(image_size), FastTransform(image_size)
     started = time.perf_counter()
-    expected = torch.stack([host(v) for v in values])
+    try:
+        expected = torch.stack([host(v) for v in values])
+    except ValueError as error:  # an image the host cannot decode (empty, truncated), named by images.py
+        raise UserInputError(f"images: {error}") from None
     host_seconds = time.perf_counter() - started
     batches = [
         collate_encoded(
@@ -99,6 +104,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    tool_paths.positive_counts(parser, args, "--limit", "--image-size", "--batch-size")
     for path in args.images:
         tool_paths.input_file("images", path)
     if args.json:
@@ -115,8 +121,7 @@ def main(argv=None) -> None:
     )
     print(json.dumps(result, indent=1))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
+        write_atomically(args.json, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

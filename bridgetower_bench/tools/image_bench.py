@@ -36,6 +36,7 @@ from PIL import Image
 from torchvision.io import decode_jpeg
 
 from .. import images
+from ..atomic_files import write_atomically
 from ..image_cache import open_decoded_image_cache
 from ..images import jpeg_decoder, make_image_transform
 from . import tool_paths
@@ -261,9 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure the pipelines' fallback JPEG decoders (as if not installed)",
     )
     args = parser.parse_args(argv)
-    for flag, value in (("--images", args.images), ("--repeat", args.repeat), ("--image-size", args.image_size)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1; got {value}")
+    tool_paths.positive_counts(parser, args, "--images", "--repeat", "--image-size")
     return args
 
 
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_table(results))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_atomically(args.json, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
     return report
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from ..atomic_files import write_atomically
 from ..images import make_image_transform, resize_geometry
-from ..user_errors import UserInputError, exit_on_user_error
+from . import tool_paths
 from .cartoons import draw_cartoon, jpeg_bytes
 
 
@@ -354,29 +353,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    for flag, value in (("--images", args.images), ("--image-size", args.image_size)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1; got {value}")
+    tool_paths.positive_counts(parser, args, "--images", "--image-size")
     if args.json is not None:  # a place it cannot write is refused before the minute of measuring
-        if any(folder.exists() and not folder.is_dir() for folder in args.json.parents):
-            raise UserInputError(f"--json {args.json}: cannot write there (a folder on its path is a file)")
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            if args.json.is_dir() or not os.access(args.json.parent, os.W_OK):
-                raise OSError("not a writable file path")
-        except OSError as error:
-            raise UserInputError(f"--json {args.json}: cannot write there ({error.strerror or error})") from None
+        tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
     report = measure(args.images, args.image_size)
     print(format_report(report))
     if args.json is not None:
-        try:
-            write_atomically(args.json, json.dumps(report, indent=2) + "\n")
-        except OSError as error:
-            raise UserInputError(f"--json {args.json}: cannot write there ({error.strerror or error})") from None
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.json, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
     return report
 
 
 if __name__ == "__main__":
-    exit_on_user_error(main)
+    tool_paths.run(main)

@@ -94,3 +94,9 @@ def _device_sort_key(averages) -> str:
         if averages and hasattr(averages[0], "self_device_time_total")
         else "self_cuda_time_total"
     )
+
+
+if __name__ == "__main__":
+    from . import tool_paths
+
+    tool_paths.not_a_command()

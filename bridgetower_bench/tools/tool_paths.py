@@ -3,15 +3,18 @@
 Each tool checks the paths it was given right after parsing its arguments, before any work (a benchmark
 that ran for minutes must not fail at the end on its --json path):
 
-- `output_file(flag, path)`: a file to write: not a directory, and its directory exists or can be created
+- `output_file(flag, path)`: a file to write: absent or a regular file (never a directory, device, FIFO
+  or socket, which the tools' atomic writes would rename over), and its directory exists or can be created
   in a writable place;
 - `output_dir(flag, path)`: a directory to write into: a directory or creatable, in a writable place;
 - `input_file(flag, path)` / `input_dir(flag, path)`: must exist as a regular file / a directory.
 
-Each raises a UserInputError naming the flag and the path. `run(main)` runs a tool's main() from its
+Each raises a UserInputError naming the flag and the path. `positive_counts(parser, args, *flags)`: the
+tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error. `run(main)` runs a tool's main() from its
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
-result is the exit status.
+result is the exit status. `not_a_command()`: the `__main__` block of a module the tools import but that is
+no command (`python -m` on it ends in one line, exit status 2, instead of doing nothing).
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ def output_file(flag: str, path) -> None:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise UserInputError(f"{flag}={path} is a directory; give a file name to write")
-    if os.path.lexists(path):
+    if os.path.exists(path):
+        reason = not_regular_reason(os.stat(path).st_mode)
+        if reason:
+            raise UserInputError(f"{flag}={path}: {reason}; give the name of a regular file to write")
         if not os.access(path, os.W_OK):
             raise UserInputError(f"{flag}={path} is not writable")
         return
@@ -77,6 +83,14 @@ def input_dir(flag: str, path) -> None:
         raise UserInputError(f"{flag}={path} is not a directory")
 
 
+def positive_counts(parser, args, *flags: str) -> None:
+    """parser.error (usage, one error line, exit status 2) for the first of these integer flags below 1."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value < 1:
+            parser.error(f"{flag} must be at least 1; got {value}")
+
+
 def run(main: Callable[[], object]) -> None:
     """Run a tool's main() and exit with its status (an int result; 0 otherwise), bad paths in one line."""
     spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
@@ -95,7 +109,20 @@ def run(main: Callable[[], object]) -> None:
     sys.exit(status if isinstance(status, int) else 0)
 
 
+def not_a_command() -> None:
+    """End `python -m` on a module that is no command: one line, exit status 2."""
+    name = sys.modules["__main__"].__spec__.name
+    _fail(
+        name.rpartition(".")[2],
+        f"python -m {name} is not a command: it is a module the tools import (README.md lists the commands)",
+    )
+
+
 def _fail(prog: str, message: str) -> None:
     sys.stdout.flush()
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+if __name__ == "__main__":
+    not_a_command()

@@ -25,6 +25,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from ..regular_files import read_regular_file
 from . import tool_paths
 
 
@@ -66,9 +67,13 @@ def fetch_upstream(url: str = UPSTREAM_URL, sha256: str = UPSTREAM_SHA256, timeo
 
 def read_source(path: str | Path, flag: str) -> str:
     try:
-        return Path(path).read_bytes().decode("utf-8")  # newlines kept as they are: the hash is the file's
+        return read_regular_file(path).decode(
+            "utf-8"
+        )  # a FIFO refused, not waited on; newlines kept as they are: the hash is the file's
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"{flag} {str(path)!r}: cannot read it ({error})") from error
+        raise ValueError(
+            f"{flag} {str(path)!r}: cannot read it ({getattr(error, 'strerror', None) or error})"
+        ) from error
 
 
 def parse_source(source: str, label: str) -> ast.Module:
