@@ -66,12 +66,12 @@ coverage: not-in-habana-container $(VENV)/.installed-test
 # time into the runtime package and runs the tests that reached the mutated function; tests/mutation_report.py then
 # counts, per module, what was killed, what survived as a recorded equivalent (tests/mutation_equivalents.txt), and
 # shows every other survivor with its diff (exit status 1 if there is one).
-# MODULES="throughput images": only these modules' mutants, against the test files that import them
+# MODULES="measurement.throughput images.images": only these modules' mutants, against the test files that import them
 # (MUTATE_TESTS="tests/test_x.py ..." names others). Without MODULES: every module, against the whole suite.
 # MUTATE_ARGS: more options of `mutmut run`, e.g. --max-children 1. Results are kept in mutants/ (git-ignored).
 MODULES ?=
 MUTATE_TESTS ?= $(sort $(foreach m,$(MODULES),\
-  $(shell grep -lE '^\s*(from|import) bridgetower_bench(\.$(m)\b| import .*\b$(m)\b)' tests/test_*.py)))
+  $(shell grep -lE '^\s*(from|import) bridgetower_bench(\.$(m)\b|$(if $(suffix $(m)),\.$(basename $(m)),) import .*\b$(lastword $(subst ., ,$(m)))\b)' tests/test_*.py)))
 MUTATE_ARGS ?=
 mutate: not-in-habana-container $(VENV)/.installed-test
 	@for m in $(MODULES); do test -f bridgetower_bench/$$(echo $$m | tr . /).py || \

@@ -18,14 +18,15 @@ import transformers
 from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench import arguments, data, preflight, run_directory, run_recipe
-from bridgetower_bench.attention import use_attention
-from bridgetower_bench.execution_mode import check_lazy_mode_variable
-from bridgetower_bench.habana_software import require_habana_software
-from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
-from bridgetower_bench.mediapipe_availability import choose_loader
-from bridgetower_bench.mediapipe_inputs import feed_media_pipeline
-from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
+from bridgetower_bench import arguments, data, preflight
+from bridgetower_bench.guards.execution_mode import check_lazy_mode_variable
+from bridgetower_bench.guards.habana_software import require_habana_software
+from bridgetower_bench.images.images import IMAGE_PIPELINES, make_image_transform
+from bridgetower_bench.mediapipe.availability import choose_loader
+from bridgetower_bench.mediapipe.inputs import feed_media_pipeline
+from bridgetower_bench.mediapipe.trainer import MediaPipeTrainerMixin
+from bridgetower_bench.modeling.attention import use_attention
+from bridgetower_bench.output_dir import run_directory, run_recipe
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error

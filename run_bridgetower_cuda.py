@@ -18,13 +18,14 @@ import transformers
 from transformers import AutoImageProcessor, AutoTokenizer, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench import arguments, data, preflight, run_directory, run_recipe
-from bridgetower_bench.attention import use_attention
-from bridgetower_bench.cuda_device import refuse_without_gpu
-from bridgetower_bench.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
-from bridgetower_bench.flag_guard import refuse_unsupported_flags
-from bridgetower_bench.images import IMAGE_PIPELINES, make_image_transform
-from bridgetower_bench.layer_compile import compile_repeated_layers
+from bridgetower_bench import arguments, data, preflight
+from bridgetower_bench.guards.cuda_device import refuse_without_gpu
+from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
+from bridgetower_bench.images.device_decode import DeviceDecodeTrainerMixin, EncodedImageTransform, collate_encoded
+from bridgetower_bench.images.images import IMAGE_PIPELINES, make_image_transform
+from bridgetower_bench.modeling.attention import use_attention
+from bridgetower_bench.modeling.layer_compile import compile_repeated_layers
+from bridgetower_bench.output_dir import run_directory, run_recipe
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import SummedAccumulation, TrainerExtensions
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error

@@ -27,11 +27,11 @@ from typing import Any, Optional, Union
 from transformers import TrainingArguments
 from transformers.training_args import OptimizerNames
 
-from . import run_directory
-from .attention import ATTENTION_IMPLEMENTATIONS
-from .data import data_file_builder
-from .regular_files import read_regular_file
-from .user_errors import UserInputError
+from bridgetower_bench.data import data_file_builder
+from bridgetower_bench.modeling.attention import ATTENTION_IMPLEMENTATIONS
+from bridgetower_bench.output_dir import run_directory
+from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.user_errors import UserInputError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,15 +100,16 @@ def check_numbers(*argument_sets) -> None:
     would reach the optimizer or the schedule only after the model loaded), an integer beyond 64 bits, a
     seed numpy cannot take."""
     for values in argument_sets:
-        for field in dataclasses.fields(values):
-            value = getattr(values, field.name, None)
+        for name, value in vars(values).items():
+            if name.startswith("_"):  # (set by the arguments class itself, not a flag)
+                continue
             if isinstance(value, float) and not math.isfinite(value):
-                raise UserInputError(f"--{field.name}={value}: must be a finite number")
+                raise UserInputError(f"--{name}={value}: must be a finite number")
             if isinstance(value, int) and not isinstance(value, bool):
-                if field.name in ("seed", "data_seed") and not 0 <= value <= _SEED_MAX:
-                    raise UserInputError(f"--{field.name}={value}: a seed must be between 0 and {_SEED_MAX}")
+                if name in ("seed", "data_seed") and not 0 <= value <= _SEED_MAX:
+                    raise UserInputError(f"--{name}={value}: a seed must be between 0 and {_SEED_MAX}")
                 if abs(value) > _INT64_MAX:
-                    raise UserInputError(f"--{field.name}={value}: beyond the 64-bit integers a run can use")
+                    raise UserInputError(f"--{name}={value}: beyond the 64-bit integers a run can use")
 
 
 def check_data_arguments(

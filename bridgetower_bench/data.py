@@ -17,9 +17,9 @@ import torch
 from datasets import DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
-from .regular_files import not_regular_reason
-from .resilience import ImageLoadError, image_label
-from .user_errors import UserInputError
+from bridgetower_bench.guards.resilience import ImageLoadError, image_label
+from bridgetower_bench.regular_files import not_regular_reason
+from bridgetower_bench.user_errors import UserInputError
 
 
 logger = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def decoded_image_cache(splits: dict, image_column: str, data_args, image_size: 
     A cache directory that cannot be written is not fatal: the run warns and decodes every image at every
     step with `image_transform`, as without the flag.
     """
-    from .image_cache import open_decoded_image_cache
+    from bridgetower_bench.images.image_cache import open_decoded_image_cache
 
     directory = cache_dir("decoded_images", data_args.decoded_image_cache_dir)
     combined = datasets.concatenate_datasets([d.select_columns([image_column]) for d in splits.values()])

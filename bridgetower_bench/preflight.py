@@ -45,11 +45,11 @@ import datasets
 import PIL
 from PIL import Image, UnidentifiedImageError
 
-from .atomic_files import write_json_atomically
-from .data import cache_dir as bench_cache_dir
-from .images import resize_geometry, upright
-from .regular_files import read_regular_file
-from .user_errors import UserInputError
+from bridgetower_bench.data import cache_dir as bench_cache_dir
+from bridgetower_bench.images.images import resize_geometry, upright
+from bridgetower_bench.output_dir.atomic_files import write_json_atomically
+from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.user_errors import UserInputError
 
 
 logger = logging.getLogger(__name__)

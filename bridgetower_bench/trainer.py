@@ -60,14 +60,15 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.training_args import ParallelMode
 
-from . import checkpoint_manifest, disk_space, divergence, gpu_memory, run_directory, run_recipe
-from .atomic_files import atomic_path
-from .energy import EnergyMeter
-from .images import normalize_on_device
-from .redaction import without_secrets
-from .resilience import ImageLoadError, StopOnSignal, report_and_exit
-from .run_record import describe_run
-from .throughput import ThroughputCallback
+from bridgetower_bench.guards import divergence, gpu_memory
+from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal, report_and_exit
+from bridgetower_bench.images.images import normalize_on_device
+from bridgetower_bench.measurement.energy import EnergyMeter
+from bridgetower_bench.measurement.run_record import describe_run
+from bridgetower_bench.measurement.throughput import ThroughputCallback
+from bridgetower_bench.output_dir import checkpoint_manifest, disk_space, run_directory, run_recipe
+from bridgetower_bench.output_dir.atomic_files import atomic_path
+from bridgetower_bench.redaction import without_secrets
 
 
 logger = logging.getLogger(__name__)

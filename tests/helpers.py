@@ -292,7 +292,7 @@ def _as_in_a_process(changes: dict, cwd, gaudi: bool = False):
     (what the process's exit releases)."""
     import datasets.config
 
-    from bridgetower_bench import run_directory
+    from bridgetower_bench.output_dir import run_directory
 
     stdout, stderr = io.StringIO(), io.StringIO()
     environ, cwd_before, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
@@ -462,7 +462,7 @@ def load_weights(directory):
 
 def run_killed_while_publishing(kind, args):
     """A training run SIGKILLed just before its final publication commits: its checkpoints saved, no model published."""
-    from bridgetower_bench import run_directory
+    from bridgetower_bench.output_dir import run_directory
 
     result = run_stopped_at(kind, args, "SIGKILL", run_directory.PUBLISHING_NAME)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]

@@ -3,7 +3,7 @@ how many the tests killed, how many survived, and how many of the survivors are 
 survivor is printed with its diff and a ready entry for `tests/mutation_equivalents.txt`.
 
     python tests/mutation_report.py                      # every module that has results in mutants/
-    python tests/mutation_report.py throughput images    # these modules only (names as in `make mutate MODULES=`)
+    python tests/mutation_report.py measurement.throughput images.images    # these modules only (names as in `make mutate MODULES=`)
 
 A recorded equivalent matches a surviving mutant by its module and the text of the lines the mutant's diff removes
 and adds (stripped), not by mutmut's mutant number, which changes whenever the function does. Exit status 1 when

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bridgetower_bench import atomic_files
-from bridgetower_bench.atomic_files import (
+from bridgetower_bench.output_dir import atomic_files
+from bridgetower_bench.output_dir.atomic_files import (
     atomic_path,
     parse_temp_name,
     remove_abandoned,

@@ -11,7 +11,7 @@ from transformers.models.bridgetower.modeling_bridgetower import (
     BridgeTowerSelfAttention,
 )
 
-from bridgetower_bench.attention import SdpaBridgeTowerSelfAttention, use_attention
+from bridgetower_bench.modeling.attention import SdpaBridgeTowerSelfAttention, use_attention
 from bridgetower_bench.tools import fixtures as fixture_builders
 from helpers import DEVICES
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from bridgetower_bench import arguments, images, preflight, regular_files
+from bridgetower_bench import arguments, preflight, regular_files
+from bridgetower_bench.images import images
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REPO, noise_jpeg, run_tool, script_env
 
@@ -335,7 +336,7 @@ logging.basicConfig(level=logging.WARNING)
 import datasets
 from types import SimpleNamespace
 from bridgetower_bench import data
-from bridgetower_bench.images import make_image_transform
+from bridgetower_bench.images.images import make_image_transform
 from helpers import noise_jpeg
 rows = [{"bytes": noise_jpeg(i, (64, 64)), "path": None} for i in range(int(sys.argv[3]))]
 features = datasets.Features({"image": datasets.Image(decode=False)})
@@ -371,7 +372,8 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     leaves no file; nothing was written through the mapping first."""
     from types import SimpleNamespace
 
-    from bridgetower_bench import data, image_cache
+    from bridgetower_bench import data
+    from bridgetower_bench.images import image_cache
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -427,8 +429,8 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
     fixtures, small_filesystem
 ):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
-    from bridgetower_bench.checkpoint_manifest import incomplete_reason
-    from bridgetower_bench.run_directory import checkpoints
+    from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
+    from bridgetower_bench.output_dir.run_directory import checkpoints
     from helpers import run_script
 
     out = small_filesystem(11 * 1024) / "out"
@@ -468,7 +470,7 @@ def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_publis
 def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, monkeypatch):
     """Simulated (runs everywhere): OSError ENOSPC/EDQUOT, safetensors' text, torch.save's errno-less failure on a
     filesystem left with almost nothing free; other failures pass through unchanged."""
-    from bridgetower_bench import disk_space
+    from bridgetower_bench.output_dir import disk_space
 
     assert disk_space.is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
     assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
@@ -844,20 +846,22 @@ def test_a_tools_count_below_one_is_refused_by_its_parser(tool, args, places, tm
 
 
 def _tool_modules():
-    return sorted(path.stem for path in (REPO / "bridgetower_bench" / "tools").glob("*.py") if path.stem != "__init__")
+    tools = REPO / "bridgetower_bench" / "tools"
+    paths = (path.relative_to(tools).with_suffix("") for path in tools.rglob("*.py") if path.stem != "__init__")
+    return sorted(".".join(path.parts) for path in paths)
 
 
 @pytest.mark.parametrize("module", _tool_modules())
 def test_python_m_on_a_module_under_tools_runs_a_command_or_says_it_is_none(module, tmp_path):
     """Six library modules once took `python -m` with any arguments, printed nothing and exited 0."""
-    source = (REPO / "bridgetower_bench" / "tools" / f"{module}.py").read_text()
+    source = (REPO / "bridgetower_bench" / "tools" / f"{module.replace('.', '/')}.py").read_text()
     assert 'if __name__ == "__main__":' in source, f"{module}: `python -m` on it would do nothing"
     if "def main(" in source:
         return
     result = run_tool(module, ["--anything"], cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"{module}: error: python -m bridgetower_bench.tools.{module} is not a command: it is a module the tools "
-        "import (README.md lists the commands)"
+        f"{module.rpartition('.')[2]}: error: python -m bridgetower_bench.tools.{module} is not a command: it is a "
+        "module the tools import (README.md lists the commands)"
     ]
 
 

@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import published
-from bridgetower_bench.tools import bench, bench_report
+from bridgetower_bench.tools import bench
+from bridgetower_bench.tools.sweep import bench_report
 from bridgetower_bench.user_errors import UserInputError
 from helpers import REPO
 
@@ -401,7 +402,7 @@ def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_o
 HOLD_RUN_DIRECTORY = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from bridgetower_bench import run_directory
+from bridgetower_bench.output_dir import run_directory
 run_directory.claim(sys.argv[1])
 print("held", flush=True)
 time.sleep(60)
@@ -1012,7 +1013,7 @@ def test_the_local_preset_runs_on_the_cpu_of_a_machine_without_an_accelerator(tm
 def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypatch):
     import torch
 
-    from bridgetower_bench import cuda_device
+    from bridgetower_bench.guards import cuda_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/hl-smi" if name == "hl-smi" else None)

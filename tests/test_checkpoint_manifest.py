@@ -1,6 +1,6 @@
 """Checkpoints are complete or skipped: a checkpoint counts only when every file it should hold is there as saved.
 
-The trainer lists each file of a checkpoint with its size and sha256, last (bridgetower_bench/checkpoint_manifest.py).
+The trainer lists each file of a checkpoint with its size and sha256, last (bridgetower_bench/output_dir/checkpoint_manifest.py).
 A resume passes over a checkpoint with a file missing, cut short or changed, names it and why, and resumes from
 the newest complete one, to the weights of an uninterrupted run.
 """
@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from bridgetower_bench import checkpoint_manifest
+from bridgetower_bench.output_dir import checkpoint_manifest
 from helpers import command, load_weights, read_json, resumed_at, run_killed_while_publishing, run_script
 
 

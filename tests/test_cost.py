@@ -9,7 +9,8 @@ import os
 import pytest
 from PIL import Image
 
-from bridgetower_bench.tools import bench, bench_report, compare, cost, cost_report
+from bridgetower_bench.tools import bench, compare
+from bridgetower_bench.tools.sweep import bench_report, cost, cost_report
 from bridgetower_bench.user_errors import UserInputError
 
 

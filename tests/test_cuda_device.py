@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bridgetower_bench import cuda_device as cd
+from bridgetower_bench.guards import cuda_device as cd
 from helpers import base_args, run_script
 
 

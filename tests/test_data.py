@@ -299,7 +299,7 @@ def test_split_off_test_rows_are_drawn_with_the_seed_not_taken_from_the_end():
 
 
 def test_image_load_error_names_the_split_and_the_image_once():
-    from bridgetower_bench.resilience import ImageLoadError
+    from bridgetower_bench.guards.resilience import ImageLoadError
 
     def batch_of(path):
         return {"image": [path], "input_ids": [[0, 2]], "attention_mask": [[1, 1]]}

@@ -1,4 +1,4 @@
-"""Device-side JPEG decoding (bridgetower_bench.device_decode), run on CPU.
+"""Device-side JPEG decoding (bridgetower_bench.images.device_decode), run on CPU.
 
 On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the same code as on a GPU:
 the same routing of images (device path or host fallback), chunking, resize and crop, the same trainer
@@ -17,9 +17,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 from transformers import Trainer
 
-from bridgetower_bench import device_decode
 from bridgetower_bench.arguments import WarmupTrainingArguments
-from bridgetower_bench.device_decode import (
+from bridgetower_bench.images import device_decode
+from bridgetower_bench.images.device_decode import (
     ENCODED_IMAGES_KEY,
     DecodeCounts,
     DeviceDecodeTrainerMixin,
@@ -28,7 +28,7 @@ from bridgetower_bench.device_decode import (
     decode_batch,
     device_decoder_declines,
 )
-from bridgetower_bench.images import FastTransform, normalize_on_device
+from bridgetower_bench.images.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.trainer import TrainerExtensions
@@ -192,7 +192,7 @@ def test_an_image_the_decoder_rejects_is_retried_alone_then_decoded_on_the_host(
 
 
 def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load_error(monkeypatch):
-    from bridgetower_bench.resilience import ImageLoadError
+    from bridgetower_bench.guards.resilience import ImageLoadError
 
     good = jpeg_bytes(cartoon(320, 280))
     corrupt = good[:600] + bytes(64)  # a sound header, then nothing decodable
@@ -389,7 +389,7 @@ def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_f
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from bridgetower_bench.device_decode import DecodeAhead
+    from bridgetower_bench.images.device_decode import DecodeAhead
 
     readers = []
 
@@ -417,7 +417,7 @@ def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_f
 def test_decode_ahead_close_waits_for_the_batch_read_ahead():
     from concurrent.futures import ThreadPoolExecutor
 
-    from bridgetower_bench.device_decode import DecodeAhead
+    from bridgetower_bench.images.device_decode import DecodeAhead
 
     helper = ThreadPoolExecutor(max_workers=1)
     ahead = DecodeAhead(iter([{"index": i} for i in range(5)]), helper, decode=lambda encoded: encoded)

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from bridgetower_bench import checkpoint_manifest
+from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, read_json, run_script, script_env
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from bridgetower_bench import arguments, divergence
+from bridgetower_bench import arguments
+from bridgetower_bench.guards import divergence
 from bridgetower_bench.user_errors import UserInputError
 from helpers import CPU_FLAGS, DEVICES, base_args, run_script
 

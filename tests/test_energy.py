@@ -8,9 +8,15 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-from bridgetower_bench import energy
-from bridgetower_bench.energy import EnergyMeter, HlmlPowerSampler, NotMeasured, RaplCounter, integrate_power
-from bridgetower_bench.throughput import ThroughputCallback
+from bridgetower_bench.measurement import energy
+from bridgetower_bench.measurement.energy import (
+    EnergyMeter,
+    HlmlPowerSampler,
+    NotMeasured,
+    RaplCounter,
+    integrate_power,
+)
+from bridgetower_bench.measurement.throughput import ThroughputCallback
 
 
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
@@ -392,7 +398,7 @@ def test_the_power_sampler_never_keeps_a_dying_run_alive():
     import subprocess
 
     code = (
-        "from bridgetower_bench.energy import HlmlPowerSampler\n"
+        "from bridgetower_bench.measurement.energy import HlmlPowerSampler\n"
         "sampler = HlmlPowerSampler(lambda: 1000, interval=0.01)\n"
         "sampler.start()\n"
         "raise SystemExit(3)  # a run that dies inside the window, stop() never called\n"

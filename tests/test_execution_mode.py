@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from bridgetower_bench import execution_mode
+from bridgetower_bench.guards import execution_mode
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import REFUSAL_MISSED, REPO, SHIM, run_script
 
@@ -199,7 +199,7 @@ def test_the_cuda_script_carries_no_habana_mode_check():
 
 
 def test_the_environment_record_off_gaudi(monkeypatch):
-    from bridgetower_bench import run_record
+    from bridgetower_bench.measurement import run_record
 
     monkeypatch.setenv("PATH", "")  # neither nvidia-smi nor hl-smi found
     record = run_record.environment(torch.device("cpu"))
@@ -216,6 +216,6 @@ def test_the_nvidia_driver_is_read_from_nvidia_smi_without_a_device(tmp_path, mo
     )
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    from bridgetower_bench import run_record
+    from bridgetower_bench.measurement import run_record
 
     assert run_record.nvidia_driver_version() == "580.82.07"

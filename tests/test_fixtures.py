@@ -15,7 +15,7 @@ from datasets import Features, List, Value, load_dataset
 from datasets import Image as ImageFeature
 from PIL import Image
 
-from bridgetower_bench.atomic_files import process_alive
+from bridgetower_bench.output_dir.atomic_files import process_alive
 from bridgetower_bench.tools import cartoons, fixtures
 from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
 from bridgetower_bench.tools.fixtures import (

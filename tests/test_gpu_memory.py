@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from bridgetower_bench import gpu_memory as gm
 from bridgetower_bench import published as experiment
+from bridgetower_bench.guards import gpu_memory as gm
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 
 

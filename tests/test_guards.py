@@ -8,7 +8,8 @@ import PIL
 import pytest
 from PIL import Image
 
-from bridgetower_bench import flag_guard, image_cache
+from bridgetower_bench.guards import flag_guard
+from bridgetower_bench.images import image_cache
 from helpers import run_cuda_script
 
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 from PIL import Image
 
-from bridgetower_bench import image_cache, images
-from bridgetower_bench.image_cache import (
+from bridgetower_bench.images import image_cache, images
+from bridgetower_bench.images.image_cache import (
     MANIFEST_FILE,
     PIXELS_FILE,
     DecodedImageCache,
     decoded_image_cache_dir,
     open_decoded_image_cache,
 )
-from bridgetower_bench.images import make_image_transform
+from bridgetower_bench.images.images import make_image_transform
 from helpers import noise_jpeg
 
 
@@ -302,7 +302,7 @@ def test_a_serial_build_leaves_the_process_thread_count_alone(image_values, tmp_
 
 def test_the_first_fallback_decode_warns_once(image_values, tmp_path, caplog):
     cache = open_cache(image_values, tmp_path)
-    with caplog.at_level("WARNING", logger="bridgetower_bench.image_cache"):
+    with caplog.at_level("WARNING", logger="bridgetower_bench.images.image_cache"):
         cache({"bytes": jpeg(98), "path": None})
         assert [r.getMessage() for r in caplog.records if "not in the decoded image cache" in r.getMessage()] != []
         caplog.clear()

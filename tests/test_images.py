@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
-from bridgetower_bench import images
-from bridgetower_bench.images import (
+from bridgetower_bench.images import images
+from bridgetower_bench.images.images import (
     IMAGE_PIPELINES,
     FastTransform,
     decoded_scale_eighths,

@@ -13,8 +13,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from bridgetower_bench import cuda_device
 from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.guards import cuda_device
 from bridgetower_bench.tools import bench
 from helpers import BOTH_ROUTES, REPO, run_script
 

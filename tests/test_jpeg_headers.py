@@ -5,7 +5,7 @@ import io
 import pytest
 from PIL import Image
 
-from bridgetower_bench.jpeg_headers import read_jpeg_header
+from bridgetower_bench.images.jpeg_headers import read_jpeg_header
 
 
 def jpeg(mode="RGB", size=(24, 16), **save):

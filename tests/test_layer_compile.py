@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from bridgetower_bench.layer_compile import compile_repeated_layers, repeated_layers
+from bridgetower_bench.modeling.layer_compile import compile_repeated_layers, repeated_layers
 from bridgetower_bench.tools import fixtures as fixture_builders
 from helpers import assert_throughput_adds_up, base_args, read_json, run_script
 

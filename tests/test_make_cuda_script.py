@@ -95,7 +95,9 @@ def test_a_patch_that_needs_fuzz_is_refused_by_name(copy):
     patch = copy / "patches" / "05-compile-layers.patch"
     patch.write_text(
         patch.read_text().replace(
-            " from bridgetower_bench.device_decode import", " from bridgetower_bench.device_decode_elsewhere import", 1
+            " from bridgetower_bench.images.device_decode import",
+            " from bridgetower_bench.device_decode_elsewhere import",
+            1,
         )
     )
     with pytest.raises(SystemExit, match="patches/05-compile-layers.patch does not apply"):

@@ -25,19 +25,19 @@ import torch
 from PIL import Image
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
-from bridgetower_bench.images import to_rgb
-from bridgetower_bench.jpeg_headers import read_jpeg_header
-from bridgetower_bench.mediapipe_availability import choose_loader, mediapipe_unavailable_reason
-from bridgetower_bench.mediapipe_dataloader import MediaPipeDataLoader, SamplerBatchReader
-from bridgetower_bench.mediapipe_image_files import (
+from bridgetower_bench.images.images import to_rgb
+from bridgetower_bench.images.jpeg_headers import read_jpeg_header
+from bridgetower_bench.mediapipe.availability import choose_loader, mediapipe_unavailable_reason
+from bridgetower_bench.mediapipe.dataloader import MediaPipeDataLoader, SamplerBatchReader
+from bridgetower_bench.mediapipe.image_files import (
     _MANIFEST_VERSION,
     MANIFEST_NAME,
     _ImageStore,
     is_decoder_ready_jpeg,
     materialise_images,
 )
-from bridgetower_bench.mediapipe_inputs import attach_mediapipe_inputs
-from bridgetower_bench.mediapipe_trainer import MediaPipeTrainerMixin
+from bridgetower_bench.mediapipe.inputs import attach_mediapipe_inputs
+from bridgetower_bench.mediapipe.trainer import MediaPipeTrainerMixin
 from helpers import dead_pid, encode
 
 

@@ -10,22 +10,28 @@ import mutation_report
 
 
 DIFFS = {
-    "bridgetower_bench.throughput.x_rate__mutmut_1": ["-    return steps / seconds", "+    return steps * seconds"],
-    "bridgetower_bench.throughput.x_rate__mutmut_2": ["-    if seconds <= 0:", "+    if seconds < 0:"],
-    "bridgetower_bench.throughput.x_rate__mutmut_3": ["-    chunk = 1024", "+    chunk = 1025"],
-    "bridgetower_bench.throughput.x_fmt__mutmut_1": ['-    return f"{x:.2f}"', '+    return f"XX{x:.2f}XX"'],
-    "bridgetower_bench.throughput.x_fmt__mutmut_2": ["-    return round(x, 2)", "+    return round(x, 3)"],
-    "bridgetower_bench.throughput.x_fmt__mutmut_3": ["-    flush=True,", "+    flush=False,"],
+    "bridgetower_bench.measurement.throughput.x_rate__mutmut_1": [
+        "-    return steps / seconds",
+        "+    return steps * seconds",
+    ],
+    "bridgetower_bench.measurement.throughput.x_rate__mutmut_2": ["-    if seconds <= 0:", "+    if seconds < 0:"],
+    "bridgetower_bench.measurement.throughput.x_rate__mutmut_3": ["-    chunk = 1024", "+    chunk = 1025"],
+    "bridgetower_bench.measurement.throughput.x_fmt__mutmut_1": [
+        '-    return f"{x:.2f}"',
+        '+    return f"XX{x:.2f}XX"',
+    ],
+    "bridgetower_bench.measurement.throughput.x_fmt__mutmut_2": ["-    return round(x, 2)", "+    return round(x, 3)"],
+    "bridgetower_bench.measurement.throughput.x_fmt__mutmut_3": ["-    flush=True,", "+    flush=False,"],
     "bridgetower_bench.metrics.timing.x_lap__mutmut_1": ["-    return a - b", "+    return a + b"],
 }
 EXIT_CODES = {
     "throughput": {
-        "bridgetower_bench.throughput.x_rate__mutmut_1": 1,  # killed
-        "bridgetower_bench.throughput.x_rate__mutmut_2": 0,  # survived, not explained
-        "bridgetower_bench.throughput.x_rate__mutmut_3": 0,  # survived, a recorded equivalent
-        "bridgetower_bench.throughput.x_fmt__mutmut_1": 36,  # past the time limit: killed
-        "bridgetower_bench.throughput.x_fmt__mutmut_2": 33,  # no test reached it, a recorded equivalent
-        "bridgetower_bench.throughput.x_fmt__mutmut_3": 1,  # killed although recorded as equivalent
+        "bridgetower_bench.measurement.throughput.x_rate__mutmut_1": 1,  # killed
+        "bridgetower_bench.measurement.throughput.x_rate__mutmut_2": 0,  # survived, not explained
+        "bridgetower_bench.measurement.throughput.x_rate__mutmut_3": 0,  # survived, a recorded equivalent
+        "bridgetower_bench.measurement.throughput.x_fmt__mutmut_1": 36,  # past the time limit: killed
+        "bridgetower_bench.measurement.throughput.x_fmt__mutmut_2": 33,  # no test reached it, a recorded equivalent
+        "bridgetower_bench.measurement.throughput.x_fmt__mutmut_3": 1,  # killed although recorded as equivalent
     },
     "metrics/timing": {"bridgetower_bench.metrics.timing.x_lap__mutmut_1": None},  # not run yet
 }
@@ -85,7 +91,7 @@ def test_counts_per_module_with_equivalents_matched_by_the_changed_lines(results
 
 def test_an_unexplained_survivor_is_shown_with_its_diff_and_a_ready_entry(results, tmp_path):
     status, output = run_report(results, tmp_path, EQUIVALENTS, modules=["throughput"])
-    assert "survived: bridgetower_bench.throughput.x_rate__mutmut_2" in output
+    assert "survived: bridgetower_bench.measurement.throughput.x_rate__mutmut_2" in output
     assert "+    if seconds < 0:" in output
     assert "    throughput\n    - if seconds <= 0:\n    + if seconds < 0:\n    reason: " in output
     assert "x_rate__mutmut_3" not in output  # the recorded equivalent is only counted
@@ -103,7 +109,10 @@ def test_the_ready_entry_once_recorded_explains_the_survivor(results, tmp_path):
 def test_stale_entries_are_reported(results, tmp_path):
     gone = "throughput\n- return 1\n+ return 2\nreason: no such mutant any more\n"
     status, output = run_report(results, tmp_path, EQUIVALENTS + "\n" + gone, modules=["throughput"])
-    assert "killed although recorded as equivalent (line 12): bridgetower_bench.throughput.x_fmt__mutmut_3" in output
+    assert (
+        "killed although recorded as equivalent (line 12): bridgetower_bench.measurement.throughput.x_fmt__mutmut_3"
+        in output
+    )
     assert "no mutant makes this change (line 17):\nthroughput\n- return 1\n+ return 2" in output
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridgetower_bench import checkpoint_manifest, run_directory
+from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
 from helpers import BOTH_ROUTES, CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
 from stop_at_rename import stop_at
@@ -24,7 +24,7 @@ from stop_at_rename import stop_at
 def hold_lock_in_another_process(output_dir):
     """A second process that claims output_dir and keeps it until killed."""
     code = (
-        "import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1]); "
+        "import sys; from bridgetower_bench.output_dir import run_directory; run_directory.claim(sys.argv[1]); "
         "print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
@@ -66,7 +66,7 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_
             [
                 sys.executable,
                 "-c",
-                "import sys; from bridgetower_bench import run_directory; run_directory.claim(sys.argv[1])",
+                "import sys; from bridgetower_bench.output_dir import run_directory; run_directory.claim(sys.argv[1])",
                 str(out),
             ],
             cwd=REPO,

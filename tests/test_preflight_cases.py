@@ -9,8 +9,9 @@ import time
 import datasets
 import pytest
 
-from bridgetower_bench import preflight, run_directory
+from bridgetower_bench import preflight
 from bridgetower_bench.arguments import check_arguments, parse_arguments
+from bridgetower_bench.output_dir import run_directory
 from helpers import embedded, jpeg_bytes
 
 

@@ -18,8 +18,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from bridgetower_bench import checkpoint_manifest, data, preflight, resilience, run_directory
-from bridgetower_bench.resilience import ImageLoadError
+from bridgetower_bench import data, preflight
+from bridgetower_bench.guards import resilience
+from bridgetower_bench.guards.resilience import ImageLoadError
+from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
 from helpers import (
     BOTH_ROUTES,
@@ -174,7 +176,7 @@ def test_caption_column_of_numbers_is_refused_as_a_whole():
 
 
 def path_dataset(directory, n_rows, tokenizer, image_size=294):
-    from bridgetower_bench.images import make_image_transform
+    from bridgetower_bench.images.images import make_image_transform
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -807,7 +809,7 @@ def test_the_first_signal_says_what_happens_next(caplog):
     ):
         caplog.clear()
         stop = resilience.StopOnSignal()
-        with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), catching(stop):
+        with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
             step = 10 if last_step_done else 4
             stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
             os.kill(os.getpid(), signal.SIGINT)
@@ -882,7 +884,7 @@ def test_ranks_can_agree_at_every_step(monkeypatch, every):
 def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(caplog):
     stop = resilience.StopOnSignal()
     stop.training_done = True  # what the trainer sets once a first train() call finished
-    with caplog.at_level("WARNING", logger="bridgetower_bench.resilience"), catching(stop):
+    with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
         os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
     assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
 

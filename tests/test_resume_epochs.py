@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from bridgetower_bench import checkpoint_manifest
+from bridgetower_bench.output_dir import checkpoint_manifest
 from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, resumed_at, run_script, script_env
 
 

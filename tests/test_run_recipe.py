@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bridgetower_bench import checkpoint_manifest, run_directory, run_recipe
 from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.output_dir import checkpoint_manifest, run_directory, run_recipe
 from helpers import (
     BOTH_ROUTES,
     CPU_FLAGS,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridgetower_bench import image_cache
+from bridgetower_bench.images import image_cache
 from helpers import CPU_FLAGS, base_args, load_weights, read_json, run_script
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
-from bridgetower_bench.throughput import ThroughputCallback
+from bridgetower_bench.measurement.throughput import ThroughputCallback
 from bridgetower_bench.trainer import TrainerExtensions
 from helpers import SlowData, SlowModel, extended_trainer_class
 

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from bridgetower_bench import throughput
+from bridgetower_bench.measurement import throughput
 
 
 CPU = types.SimpleNamespace(device=torch.device("cpu"))
@@ -108,7 +108,7 @@ def test_the_steps_per_epoch_are_reported_only_when_the_loader_has_a_length():
 
 
 def test_a_warm_up_covering_every_step_says_so(caplog):
-    with caplog.at_level("WARNING", logger="bridgetower_bench.throughput"):
+    with caplog.at_level("WARNING", logger="bridgetower_bench.measurement.throughput"):
         metrics = run_two_epochs(fetches_per_step=1, warmup=4)
     assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_warmup_steps"] == 0
     assert caplog.messages == [

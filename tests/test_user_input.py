@@ -13,7 +13,8 @@ import datasets
 import pytest
 from PIL import Image
 
-from bridgetower_bench import data, flag_guard, preflight
+from bridgetower_bench import data, preflight
+from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script

@@ -97,17 +97,18 @@ from typing import Optional
 
 from filelock import FileLock, Timeout
 
-from .. import published, run_directory
-from ..atomic_files import atomic_path, write_atomically, write_json_atomically
-from ..execution_mode import LAZY_MODE_VARIABLE
-from ..habana_software import habana_software_present
-from ..mediapipe_availability import TORCH_LOADER
-from ..redaction import redact_args, redact_text, scrub, secret_values
-from ..regular_files import read_regular_file
-from ..retrieval import summarise_quality
-from ..user_errors import UserInputError
-from . import cost_report, tool_paths
-from .bench_report import (
+from bridgetower_bench import published
+from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
+from bridgetower_bench.guards.habana_software import habana_software_present
+from bridgetower_bench.mediapipe.availability import TORCH_LOADER
+from bridgetower_bench.output_dir import run_directory
+from bridgetower_bench.output_dir.atomic_files import atomic_path, write_atomically, write_json_atomically
+from bridgetower_bench.redaction import redact_args, redact_text, scrub, secret_values
+from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.retrieval import summarise_quality
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.sweep import cost_report
+from bridgetower_bench.tools.sweep.bench_report import (
     FAILED,
     INTERRUPTED,
     OK,
@@ -117,7 +118,15 @@ from .bench_report import (
     render_vs_published,
     summarise,
 )
-from .cost import COST_COLUMNS, Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+from bridgetower_bench.tools.sweep.cost import (
+    COST_COLUMNS,
+    Prices,
+    add_price_arguments,
+    cost_fields,
+    prices_from_args,
+    refuse,
+)
+from bridgetower_bench.user_errors import UserInputError
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,7 +407,7 @@ def detect_accelerator() -> str:
             "no usable HPU: a Gaudi driver is here (hl-smi or the habanalabs module) but Habana's PyTorch bridge "
             f"(habana_frameworks.torch) does not import or sees no HPU; run inside Habana's container (README), or {CPU_ON_PURPOSE}"
         )
-    from ..cuda_device import ask_driver, driver_libraries, why_no_cuda
+    from bridgetower_bench.guards.cuda_device import ask_driver, driver_libraries, why_no_cuda
 
     driver = ask_driver()
     if driver_libraries() or (driver is not None and driver.version):
@@ -411,7 +420,7 @@ def local_device_name(device: str) -> str:
     try:
         import torch
 
-        from ..run_record import device_name
+        from bridgetower_bench.measurement.run_record import device_name
 
         return device_name(torch.device({"hpu": "hpu", "cuda": "cuda:0"}.get(device, "cpu")))
     except Exception:
@@ -439,7 +448,7 @@ def mode_env(script: str, device: str) -> dict:
 
 def fixture_paths(build: bool) -> dict:
     """The local preset's model, data set and Gaudi config; built (once, cached) unless `build` is False."""
-    from . import fixtures
+    from bridgetower_bench.tools import fixtures
 
     if build:
         return {k: str(v) for k, v in fixtures.ensure_default_fixtures().items()}
@@ -461,7 +470,7 @@ SHAPES = ("published", "within-epoch")
 
 
 def local_train_rows() -> int:
-    from . import fixtures
+    from bridgetower_bench.tools import fixtures
 
     return int(fixtures.DEFAULT_DATASET_OPTIONS["train_rows"])
 
@@ -495,7 +504,7 @@ def describe_shape(shape: str) -> str:
 def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "published") -> list[str]:
     """The local preset: small, in the published run's epoch shape (or one epoch's steady state, see
     `local_shape`), and bound by image loading as the published runs are (see the module docstring)."""
-    from .fixtures import script_flags
+    from bridgetower_bench.tools.fixtures import script_flags
 
     facts = local_shape(shape)
     args = [

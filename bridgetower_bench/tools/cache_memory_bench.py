@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..atomic_files import write_atomically
-from ..image_cache import open_decoded_image_cache
-from . import tool_paths
-from .cartoons import draw_cartoon, jpeg_bytes
+from bridgetower_bench.images.image_cache import open_decoded_image_cache
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 
 
 def _status_kib(field: str, source: str = "status") -> int:

@@ -456,6 +456,6 @@ def sample_image_size(rng: np.random.Generator, side_range: tuple[int, int] = IM
 
 
 if __name__ == "__main__":
-    from . import tool_paths
+    from bridgetower_bench.tools import tool_paths
 
     tool_paths.not_a_command()

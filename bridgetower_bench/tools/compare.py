@@ -29,12 +29,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import published
-from ..atomic_files import write_atomically
-from ..user_errors import UserInputError
-from . import tool_paths
-from .cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
-from .stack_versions import STACK_KEYS, versions_note
+from bridgetower_bench import published
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.sweep.cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
+from bridgetower_bench.tools.sweep.stack_versions import STACK_KEYS, versions_note
+from bridgetower_bench.user_errors import UserInputError
 
 
 RESULT_FILES = ("all_results.json", "train_results.json", "validation_results.json", "test_results.json")
@@ -239,7 +239,7 @@ def build_report(
         "versions_note": versions_note(metrics_by_dir.values()),
     }
     if prices:
-        from .cost_report import published_costs
+        from bridgetower_bench.tools.sweep.cost_report import published_costs
 
         report["prices"] = [{"device": p.device, "usd_per_device_hour": p.usd_per_hour} for p in prices.entries]
         report["published_costs"] = [
@@ -303,7 +303,7 @@ def render_markdown(report: dict) -> str:
             + _speedups(report)
         )
     if report.get("published_costs"):
-        from .cost_report import usd
+        from bridgetower_bench.tools.sweep.cost_report import usd
 
         rows = [
             [

@@ -15,13 +15,19 @@ from collections.abc import Sequence
 
 import torch
 
-from ..atomic_files import write_atomically
-from ..device_decode import ENCODED_IMAGES_KEY, DecodeCounts, EncodedImageTransform, collate_encoded, decode_batch
-from ..images import FastTransform, normalize_on_device
-from ..throughput import synchronize_device
-from ..user_errors import UserInputError
-from . import tool_paths
-from .fixtures import CLIP_MEAN, CLIP_STD
+from bridgetower_bench.images.device_decode import (
+    ENCODED_IMAGES_KEY,
+    DecodeCounts,
+    EncodedImageTransform,
+    collate_encoded,
+    decode_batch,
+)
+from bridgetower_bench.images.images import FastTransform, normalize_on_device
+from bridgetower_bench.measurement.throughput import synchronize_device
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
+from bridgetower_bench.user_errors import UserInputError
 
 
 def _image_values(paths: Sequence[str], column: str, limit: int) -> list:

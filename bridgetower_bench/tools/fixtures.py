@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .. import published
-from ..atomic_files import remove_abandoned, staged_directory
-from . import tool_paths
-from .cartoons import (
+from bridgetower_bench import published
+from bridgetower_bench.output_dir.atomic_files import remove_abandoned, staged_directory
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.cartoons import (
     IMAGE_SIDE_RANGE,
     MIN_IMAGE_SIDE,
     SETTING_PREPOSITIONS,

@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Optional
 
-from ..execution_mode import LAZY, LAZY_MODE_VARIABLE
-from . import self_check, tool_paths
-from .self_check import FAILED, OK, REPO, WARNING, Row
+from bridgetower_bench.guards.execution_mode import LAZY, LAZY_MODE_VARIABLE
+from bridgetower_bench.tools import self_check, tool_paths
+from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Row
 
 
 GAUDI_SCRIPT = REPO / "run_bridgetower.py"
@@ -68,7 +68,7 @@ class Hpus:
     name: str
     media_pipeline: Optional[str] = None  # why --mediapipe_dataloader cannot start, None when it can
     environment: Optional[dict] = (
-        None  # bridgetower_bench.run_record.environment of the first HPU, as the probe saw it
+        None  # bridgetower_bench.measurement.run_record.environment of the first HPU, as the probe saw it
     )
 
 
@@ -102,8 +102,8 @@ def hpus_here() -> dict | str:
         count, name = int(hpu.device_count()), str(hpu.get_device_name())
     except Exception as error:  # the Habana runtime raises assorted types when no device is usable
         return f"cannot query the HPUs: {type(error).__name__}: {error}"
-    from ..mediapipe_availability import mediapipe_unavailable_reason
-    from ..run_record import environment
+    from bridgetower_bench.measurement.run_record import environment
+    from bridgetower_bench.mediapipe.availability import mediapipe_unavailable_reason
 
     try:
         import torch
@@ -213,7 +213,7 @@ def plan_steps(fixtures: dict, output_dir, args, hpus: Hpus) -> list[Step]:
         command = [*(launcher or [sys.executable]), str(GAUDI_SCRIPT), *flags, *hpu_flags(fixtures), *extra]
         return Step(name, command, run_dir, output_dir / name / "log.txt", expected_loader, needs)
 
-    from ..mediapipe_availability import MEDIAPIPE_LOADER, TORCH_LOADER
+    from bridgetower_bench.mediapipe.availability import MEDIAPIPE_LOADER, TORCH_LOADER
 
     launcher = [
         sys.executable,

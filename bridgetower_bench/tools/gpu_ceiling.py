@@ -23,12 +23,12 @@ from torch.utils.data import Dataset
 from transformers import AutoImageProcessor, HfArgumentParser, Trainer, set_seed
 from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForContrastiveLearning
 
-from ..arguments import WarmupTrainingArguments
-from ..attention import use_attention
-from ..layer_compile import compile_repeated_layers
-from ..trainer import TrainerExtensions
-from . import tool_paths
-from .step_profile import StepProfiler
+from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.modeling.attention import use_attention
+from bridgetower_bench.modeling.layer_compile import compile_repeated_layers
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.step_profile import StepProfiler
+from bridgetower_bench.trainer import TrainerExtensions
 
 
 logger = logging.getLogger(__name__)

@@ -35,11 +35,11 @@ import torch
 from PIL import Image
 from torchvision.io import decode_jpeg
 
-from .. import images
-from ..atomic_files import write_atomically
-from ..image_cache import open_decoded_image_cache
-from ..images import jpeg_decoder, make_image_transform
-from . import tool_paths
+from bridgetower_bench.images import images
+from bridgetower_bench.images.image_cache import open_decoded_image_cache
+from bridgetower_bench.images.images import jpeg_decoder, make_image_transform
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools import tool_paths
 
 
 CARTOON_SIZE = (800, 650)
@@ -61,7 +61,7 @@ TARGETS = {
 
 def cartoon_jpegs(n_images: int, seed: int = 0) -> list[bytes]:
     """``n_images`` synthetic line-art cartoons as JPEG bytes."""
-    from .cartoons import draw_cartoon, jpeg_bytes
+    from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 
     rng = np.random.default_rng(seed)
     return [jpeg_bytes(draw_cartoon(rng, *CARTOON_SIZE)[0]) for _ in range(n_images)]

@@ -43,10 +43,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFilter
 
-from ..atomic_files import write_atomically
-from ..images import make_image_transform, resize_geometry
-from . import tool_paths
-from .cartoons import draw_cartoon, jpeg_bytes
+from bridgetower_bench.images.images import make_image_transform, resize_geometry
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 
 
 NORMAL_SIZE = (800, 650)  # the cartoons' usual size (image_bench's set)
@@ -307,7 +307,7 @@ def environment() -> dict:
     import PIL
     import torchvision
 
-    from ..images import jpeg_decoder
+    from bridgetower_bench.images.images import jpeg_decoder
 
     return {
         "torch": torch.__version__,

@@ -21,9 +21,9 @@ from typing import Optional
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..cuda_device import refuse_without_gpu
-from ..flag_guard import refuse_unsupported_flags
-from ..user_errors import UserInputError
+from bridgetower_bench.guards.cuda_device import refuse_without_gpu
+from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
+from bridgetower_bench.user_errors import UserInputError
 
 
 PROG = "launch_cuda"

@@ -30,10 +30,10 @@ import shutil
 import sys
 import tempfile
 
-from ..execution_mode import LAZY_MODE_VARIABLE
-from ..habana_software import require_habana_software
-from ..regular_files import read_regular_file
-from . import tool_paths
+from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
+from bridgetower_bench.guards.habana_software import require_habana_software
+from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.tools import tool_paths
 
 
 HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # a hostfile line, as both DeepSpeed and optimum-habana read it

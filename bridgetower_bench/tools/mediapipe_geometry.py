@@ -4,7 +4,7 @@
 
 With ``--mediapipe_dataloader`` the HPU decoder is asked for the centred square of side
 min(width, height), resized to S x S (``CENTER_CROP`` with ``resize=[S, S]``, see
-``bridgetower_bench.mediapipe_graph``). Upstream's PyTorch path resizes the shorter side to S
+``bridgetower_bench.mediapipe.graph``). Upstream's PyTorch path resizes the shorter side to S
 (longer side truncated to an integer) and then crops the centre S x S. The two take nearly the
 same region but sample it at slightly different positions and scales.
 
@@ -28,7 +28,7 @@ import torch
 from torchvision.transforms import InterpolationMode, Resize
 from torchvision.transforms.functional import to_tensor
 
-from ..images import load_image, make_image_transform
+from bridgetower_bench.images.images import load_image, make_image_transform
 
 
 UNNORMALISED = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # mean, std that leave pixels on the 0..1 scale
@@ -73,7 +73,7 @@ def fixture_images(limit: int) -> list:
     """Up to ``limit`` distinct images of the embedded fixture data set (all splits, in order)."""
     import datasets
 
-    from .fixtures import DATASET_CONFIG_NAME, SPLITS, ensure_default_fixtures
+    from bridgetower_bench.tools.fixtures import DATASET_CONFIG_NAME, SPLITS, ensure_default_fixtures
 
     path = str(ensure_default_fixtures()["dataset"])
     distinct = {}

@@ -8,7 +8,7 @@ The counterpart of ``gaudi_check`` (same table, same record, same exit statuses)
 1. The stack, read only (nothing is ever installed): torch and the CUDA version it is built for, the
    driver (NVML or nvidia-smi) against the one that build needs, the visible GPUs and their memory,
    bf16 support, whether the published per-device batch (48, BridgeTower Large) fits each GPU
-   (``bridgetower_bench.gpu_memory``: the measured peak, or the batch and gradient accumulation that keep
+   (``bridgetower_bench.guards.gpu_memory``: the measured peak, or the batch and gradient accumulation that keep
    the global batch), JPEG decoding on the GPU (``torchvision.io.decode_jpeg`` on the device, against the
    host's pixels), and every package requirements.txt and the install route's file pin
    (requirements-cuda.txt, or requirements-cuda12.txt for a torch built for CUDA 12).
@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .. import published
-from . import self_check, tool_paths
-from .self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
+from bridgetower_bench import published
+from bridgetower_bench.tools import self_check, tool_paths
+from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
 
 
 CUDA_SCRIPT = REPO / "run_bridgetower_cuda.py"
@@ -71,7 +71,7 @@ def gpus_here() -> dict | str:
         import torch
     except Exception as error:
         return f"torch cannot be imported: {type(error).__name__}: {error}"
-    from ..cuda_device import ask_driver, why_no_cuda
+    from bridgetower_bench.guards.cuda_device import ask_driver, why_no_cuda
 
     reason = why_no_cuda()
     if reason:
@@ -121,13 +121,13 @@ def jpeg_on_gpu() -> str:
 
 def route_file(cuda: str) -> str:
     """The requirements file of the install route a torch built for CUDA `cuda` comes from."""
-    from ..cuda_device import CUDA12_REQUIREMENTS
+    from bridgetower_bench.guards.cuda_device import CUDA12_REQUIREMENTS
 
     return CUDA12_REQUIREMENTS if cuda.split(".")[0] == "12" else "requirements-cuda.txt"
 
 
 def driver_row(gpus: Gpus) -> Row:
-    from ..cuda_device import driver_needs, driver_too_old
+    from bridgetower_bench.guards.cuda_device import driver_needs, driver_too_old
 
     needs = driver_needs(gpus.torch, gpus.cuda)
     if not gpus.driver:
@@ -151,7 +151,7 @@ def gpus_row(gpus: Gpus) -> Row:
 
 def memory_row(gpus: Gpus) -> Row:
     """Does the published per-device batch fit the smallest visible GPU (known need, estimated)?"""
-    from .. import gpu_memory
+    from bridgetower_bench.guards import gpu_memory
 
     need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     smallest = min(gpus.memory_gib)
@@ -221,7 +221,7 @@ def plan_steps(fixtures: dict, output_dir: Path, args, gpus: Gpus) -> list[Step]
         warmup = 1 if args.max_steps > 1 else 0
         return [*self_check.script_flags(fixtures, output_dir / name / "run", args.max_steps, warmup=warmup), "--bf16"]
 
-    from .fixtures import build_fixture
+    from bridgetower_bench.tools.fixtures import build_fixture
 
     large_model = (
         args.large_model.resolve()
@@ -280,7 +280,7 @@ def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
 
 def memory_plan(sizes_gib: list[float]) -> str:
     """For GPUs of these sizes: does the published per-device batch fit, else which batch x accumulation does."""
-    from .. import gpu_memory
+    from bridgetower_bench.guards import gpu_memory
 
     need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
     lines = [

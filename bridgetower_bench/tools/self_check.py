@@ -24,10 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from ..atomic_files import write_atomically
-from ..execution_mode import NOT_ON_GAUDI
-from ..redaction import shareable
-from . import tool_paths
+from bridgetower_bench.guards.execution_mode import NOT_ON_GAUDI
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.redaction import shareable
+from bridgetower_bench.tools import tool_paths
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def script_flags(
     warmup: int = 1,
 ) -> list[str]:
     """A script's flags for a short run on the fixtures, the same for both checks."""
-    from .fixtures import script_flags as fixture_flags
+    from bridgetower_bench.tools.fixtures import script_flags as fixture_flags
 
     return [
         *fixture_flags(fixtures),
@@ -392,7 +392,7 @@ def run_check(backend: Backend, args: argparse.Namespace, argv, runner: Optional
         runner = lambda step: run_command(step, args.timeout, backend.tool)  # noqa: E731
 
     stack = backend.stack_rows(devices)
-    from .fixtures import ensure_default_fixtures
+    from bridgetower_bench.tools.fixtures import ensure_default_fixtures
 
     fixtures = ensure_default_fixtures(output_dir / "fixtures")  # inside the output directory: the record names them
     steps = run_steps(
@@ -407,3 +407,9 @@ def run_check(backend: Backend, args: argparse.Namespace, argv, runner: Optional
     write_atomically(json_path, json.dumps(report, indent=2) + "\n")
     print(f"record: {json_path} ({'passed' if report['passed'] else 'FAILED'}; attach it to a bug report)")
     return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    from bridgetower_bench.tools import tool_paths
+
+    tool_paths.not_a_command()

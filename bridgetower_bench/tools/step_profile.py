@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
-from ..throughput import synchronize_device
+from bridgetower_bench.measurement.throughput import synchronize_device
 
 
 PROFILE_TABLE = "profile.txt"
@@ -97,6 +97,6 @@ def _device_sort_key(averages) -> str:
 
 
 if __name__ == "__main__":
-    from . import tool_paths
+    from bridgetower_bench.tools import tool_paths
 
     tool_paths.not_a_command()

@@ -24,10 +24,10 @@ import os
 import sys
 from collections.abc import Callable
 
-from ..disk_space import describe_bytes, free_bytes
-from ..regular_files import not_regular_reason
-from ..run_directory import uncreatable
-from ..user_errors import UserInputError
+from bridgetower_bench.output_dir.disk_space import describe_bytes, free_bytes
+from bridgetower_bench.output_dir.run_directory import uncreatable
+from bridgetower_bench.regular_files import not_regular_reason
+from bridgetower_bench.user_errors import UserInputError
 
 
 def _writable_place(flag: str, path: str, what: str) -> None:

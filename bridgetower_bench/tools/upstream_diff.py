@@ -25,8 +25,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from ..regular_files import read_regular_file
-from . import tool_paths
+from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.tools import tool_paths
 
 
 UPSTREAM_COMMIT = "1d8504c6c7666a19d71968dba50976dceaf7c6b6"

@@ -1,0 +1,195 @@
+"""Long runs that stop cleanly and lose no work.
+
+- `ImageLoadError`: an image that cannot be loaded once training has started (a file removed
+  mid-run). `data.BatchTransform` raises it naming the split and the path; the trainer saves a
+  checkpoint and stops with that message (see `TrainerExtensions.train`).
+- `StopOnSignal`: SIGTERM or SIGINT during training saves a checkpoint at the next optimizer-step
+  boundary and stops; the run then ends with `TrainingInterrupted` (exit status 128 + signal
+  number, the shell's convention for "killed by that signal", so schedulers and `&&` chains see an
+  unfinished run). Rerunning the same command resumes from the checkpoint.
+  A signal after the last step (or while results are being saved) waits until the final results
+  are saved completely, then ends the run the same way (`stopped_after_saving`).
+
+What --output_dir may hold, and its checkpoints: run_directory.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Optional
+
+import torch
+from transformers import TrainerCallback
+
+from bridgetower_bench.user_errors import UserInputError
+
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class ImageLoadError(UserInputError):
+    """An image could not be loaded while training or evaluating. The message names the split and path.
+
+    Bad data, as the check before step 1 reports it: the run ends in one line, exit status 2 (an image that
+    changed or vanished after that check; a checkpoint of the last completed step is saved first).
+
+    Raised inside a DataLoader worker, it reaches the main process re-created by PyTorch with a
+    message that wraps the worker's whole traceback; `reason` recovers the original one-line message.
+    """
+
+    @property
+    def reason(self) -> str:
+        text = str(self)
+        if "Original Traceback" not in text:
+            return text
+        last_line = text.rstrip().splitlines()[-1]  # "<module>.ImageLoadError: <the original message>"
+        return last_line.partition(f"{type(self).__name__}: ")[2] or last_line
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second SIGTERM/SIGINT: the run stops where it is (user_errors.exit_on_user_error prints its line).
+
+    A KeyboardInterrupt, so that what handles Ctrl-C (PyTorch's loader workers end quietly) handles it too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class TrainingInterrupted(SystemExit):
+    """Training stopped on SIGTERM/SIGINT after saving a checkpoint. Exit status 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(128 + signum)
+        self.message = message
+
+
+def image_label(value) -> str:
+    """How an error names an image value: its path, or 'embedded bytes'."""
+    if isinstance(value, dict):
+        path = value.get("path")
+        if not path:
+            return "embedded bytes"
+        return f"embedded bytes of {path!r}" if value.get("bytes") else repr(path)
+    if isinstance(value, (str, os.PathLike)):
+        return repr(os.fspath(value))
+    return type(value).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
+# ---------------------------------------------------------------------------------------------
+
+
+class StopOnSignal(TrainerCallback):
+    """Turn SIGTERM/SIGINT during training into "save a checkpoint after this step, then stop".
+
+    The handlers are installed around `Trainer.train` (`install`, `restore`), before
+    the DataLoader workers are forked: workers inherit them, so Ctrl-C in a terminal (which signals
+    the whole process group) does not kill a worker under the main process. After a first signal,
+    sending it again acts at once: the previous handler is restored, or, where that is the process's default
+    (killed without a word by SIGTERM, a KeyboardInterrupt traceback for SIGINT), `StoppedAtOnce` is raised,
+    which the scripts end in one line. A loader worker logs nothing: the main process speaks for the run.
+
+    With several processes the ranks must stop at the same step, or the others would wait forever
+    in the next gradient all-reduce: every `sync_every_steps` optimizer steps they all-reduce the
+    "signal received" flag (one tiny collective, not one per step), so a distributed run stops
+    within that many steps of the signal.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, sync_every_steps: int = 10):
+        self.sync_every_steps = max(1, int(sync_every_steps))
+        self.received: Optional[int] = None  # the signal number, once one arrived
+        self.stopped_at: Optional[int] = None  # the global step the run stopped at because of it
+        self.training_done = False  # the last step is done: a signal now waits for the final results to be saved
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        """Start catching SIGTERM/SIGINT (a fresh start forgets an earlier signal); no-op when already catching."""
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return  # (signal handlers can only be set from the main thread)
+        self.received, self.stopped_at, self.training_done = None, None, False
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is None and torch.utils.data.get_worker_info() is None:
+            if self.training_done:
+                what = "the run stops once the final results being saved are complete"
+            else:
+                what = "training stops and saves a checkpoint after the current step"
+            logger.warning("%s received: %s (send it again to stop at once).", signal.Signals(signum).name, what)
+        self.received = signum
+        if signum in self._previous:
+            previous = self._previous[signum]
+            defaults = (signal.SIG_DFL, signal.default_int_handler)
+            signal.signal(signum, _stop_at_once if previous in defaults else previous)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._all_ranks_stop(args, state):
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+        self.training_done = state.global_step >= state.max_steps
+        return control
+
+    def _all_ranks_stop(self, args, state) -> bool:
+        if args.world_size <= 1 or not torch.distributed.is_initialized():
+            return self.received is not None
+        if state.global_step % self.sync_every_steps != 0:
+            return False
+        flag = torch.tensor([0 if self.received is None else self.received], device=args.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        agreed = int(flag.item())
+        if agreed and self.received is None:
+            self.received = agreed  # another rank got the signal
+        return bool(agreed)
+
+    def interruption(self, state, output_dir: str) -> Optional[TrainingInterrupted]:
+        """The exception ending the run, when a signal stopped training before its last step."""
+        if self.stopped_at is None or state.global_step >= state.max_steps:
+            return None  # no signal, or it arrived as the last step finished: the run is complete
+        name = signal.Signals(self.received).name
+        checkpoint = os.path.join(output_dir, f"checkpoint-{self.stopped_at}")
+        message = (
+            f"Training stopped by {name} at step {self.stopped_at} of {state.max_steps}; checkpoint saved in "
+            f"{checkpoint}. Rerun the same command (without --overwrite_output_dir) to resume from it."
+        )
+        return TrainingInterrupted(message, self.received)
+
+    def stopped_after_saving(self, output_dir: str) -> Optional[TrainingInterrupted]:
+        """The exception ending the run when a signal arrived after training or while results were being saved."""
+        if self.received is None:
+            return None
+        message = (
+            f"Stopped by {signal.Signals(self.received).name} after saving completely what the run had done so far in "
+            f"{output_dir}. Rerun the same command (without --overwrite_output_dir) to do the phases that are left."
+        )
+        return TrainingInterrupted(message, self.received)
+
+
+def _stop_at_once(signum, frame) -> None:
+    raise StoppedAtOnce(signum)
+
+
+def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:
+    """Print the interruption's message (once, from the main process) and raise it."""
+    if is_main_process:
+        logger.warning(interrupted.message)
+        print(interrupted.message, file=sys.stderr, flush=True)
+    raise interrupted

@@ -1,0 +1,1 @@
+"""Faster model code, same weights: fused attention, layers compiled in place."""

@@ -1,0 +1,442 @@
+"""The run's --output_dir: one run at a time, nothing foreign touched, the final set published all-or-nothing.
+
+Everything the scripts know about --output_dir lives here; what the directory's model or checkpoints were
+trained with (their recipe) is run_recipe.py's.
+
+- Before anything is loaded (step 1, `check_output_dir_path`): the path is a directory, or one can be
+  created there. Before the lock is taken (step 3, `check_output_dir`): the directory holds nothing that runs
+  of these scripts did not write.
+- `claim`: an exclusive lock (`.bridgetower-lock`, filelock's flock-based lock, holding the pid and host for the
+  message) for the life of the process. A second run on the same directory is refused naming the
+  holder; the lock of a process that died (the kernel releases its flock) is taken over with a
+  warning. With several processes only the job's first one claims the directory: the others are
+  part of the same run. Claiming also finishes a publication that a killed run had committed, and
+  removes what killed writers on this host left (staging directories, temporary files of recorded
+  names: `atomic_files`' names, which record the writer's host and pid).
+- What is "ours": `.bridgetower-run.json` lists every top-level name a run of these scripts wrote
+  (recorded before the name is first written). `foreign_entries` is everything else, minus our own
+  bookkeeping; the scripts refuse a directory holding foreign entries and checkpoint rotation only
+  ever deletes recorded checkpoints.
+- `publication`: files saved together (final model, config, tokenizer, image processor, metrics,
+  trainer state) appear together. They are written into a staging directory
+  (`.staging.partial-<host>-<pid>.<random>/`); renaming it to `.publishing/` is the commit point;
+  then each file is moved into place. A kill before the commit leaves the previous set untouched
+  (the staging directory is discarded later); a kill after it is rolled forward by the next `claim`
+  or `finish_publication`, so once either has run the directory holds exactly the old set or exactly
+  the new one. A publication holding a model replaces the previous model's whole set (its eval/test
+  results too). `published_model`: the trained model the directory holds, if any, and whether it was
+  trained to its last step.
+- Checkpoints: `checkpoints` lists the checkpoint-N directories by step; `newest_complete_checkpoint` is the
+  one walk over them, newest first, to the newest complete one a caller accepts (which one training resumes
+  from: run_recipe.plan_run; what a stopped run can resume from: the trainer's messages).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple, Optional
+
+from filelock import FileLock, Timeout
+
+from bridgetower_bench.output_dir import checkpoint_manifest, disk_space
+from bridgetower_bench.output_dir.atomic_files import (
+    parse_temp_name,
+    remove_abandoned,
+    temp_path,
+    write_json_atomically,
+)
+from bridgetower_bench.user_errors import UserInputError
+
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".bridgetower-lock"
+RECORD_NAME = ".bridgetower-run.json"
+STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.temp_path)
+PUBLISHING_NAME = ".publishing"
+PUBLICATION_RECORD = ".publication.json"
+
+_held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether claim created the directory)
+
+
+class OutputDirInUse(UserInputError):
+    """Another run holds the lock of this --output_dir."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What runs of these scripts wrote
+# ---------------------------------------------------------------------------------------------
+
+
+def read_record(output_dir: str) -> dict:
+    try:
+        with open(os.path.join(output_dir, RECORD_NAME)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = {}
+    record.setdefault("written", [])  # every top-level name a run wrote
+    record.setdefault("current", [])  # the files of the last published model and everything published since
+    return record
+
+
+def record_written(output_dir: str, names) -> None:
+    """Add top-level names to the record of what runs wrote (call before writing them)."""
+    record = read_record(output_dir)
+    new = set(names) - set(record["written"])
+    if new:
+        os.makedirs(output_dir, exist_ok=True)
+        record["written"] = sorted(set(record["written"]) | new)
+        write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
+
+
+def _stands_for(name: str) -> Optional[str]:
+    """The name a temporary stands for; None for other names."""
+    temp = parse_temp_name(name)
+    return temp.target if temp else None
+
+
+def _is_bookkeeping(name: str) -> bool:
+    return name in (LOCK_NAME, RECORD_NAME, PUBLISHING_NAME) or _stands_for(name) in (STAGING_NAME, RECORD_NAME)
+
+
+def foreign_entries(output_dir: str) -> list[str]:
+    """Entries of output_dir that no run of these scripts wrote (sorted)."""
+    ours = set(read_record(output_dir)["written"])
+    return sorted(
+        name
+        for name in os.listdir(output_dir)
+        if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checked before the run writes anything
+# ---------------------------------------------------------------------------------------------
+
+
+class Uncreatable(NamedTuple):
+    """Where a path cannot be created: its nearest existing ancestor, and whether that is not a directory
+    (a file, or a link to nothing) rather than a directory this process may not write into."""
+
+    ancestor: str
+    not_a_directory: bool
+
+
+def uncreatable(path: str) -> Optional[Uncreatable]:
+    """Why `path`, if absent, could not be created, or None when it could: the walk up to its nearest existing
+    ancestor (a link to nothing counts as existing), which must be a directory this process may write into.
+    The one check of the scripts' --output_dir and the tools' output paths (tools/tool_paths.py)."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return Uncreatable(existing, True)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return Uncreatable(existing, False)
+    return None
+
+
+def check_output_dir_path(output_dir: Optional[str]) -> None:
+    """--output_dir must be a directory, or a path where one can be created (checked before anything is written)."""
+    if output_dir is None:
+        return
+    if not output_dir.strip():
+        raise UserInputError(f"--output_dir={output_dir!r} is empty: give the directory the run writes into")
+    path = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserInputError(f"--output_dir={output_dir} is a file, not a directory")
+    where = uncreatable(path)
+    if where and where.not_a_directory:
+        raise UserInputError(f"--output_dir={output_dir} cannot be created: {where.ancestor} is a file")
+    if where:
+        raise UserInputError(f"--output_dir={output_dir}: {where.ancestor} is not writable")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """A refusal (UserInputError) when output_dir holds anything that runs of these scripts did not write.
+
+    output_dir must be absent, empty or hold only what runs of these scripts wrote: files of anyone else are
+    never overwritten or deleted, --overwrite_output_dir or not. Which checkpoint training resumes from, if
+    any, is decided once the run's recipe is known (run_recipe.plan_run).
+    """
+    if not os.path.isdir(output_dir):
+        return
+    foreign = foreign_entries(output_dir)
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserInputError(
+            f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
+            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock
+# ---------------------------------------------------------------------------------------------
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        holder = json.loads(text)
+        return f"process {holder['pid']} on host {holder['host']}, since {holder['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no details"
+
+
+def claim(output_dir: str, holder: bool = True) -> None:
+    """Lock output_dir for this run (until the process exits), then finish or clear what a killed run left.
+
+    `holder=False` (every process of a distributed job but the first) does nothing: the job's first process
+    holds the lock for all of them.
+    """
+    key = os.path.realpath(output_dir)
+    if not holder or key in _held:
+        return
+    created = not os.path.isdir(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    path, previous = os.path.join(output_dir, LOCK_NAME), []
+
+    def sign(fd: int) -> None:  # once the lock is ours: note what a previous holder left, then who holds it now
+        previous.append(os.pread(fd, 1 << 16, 0).decode(errors="replace").strip())
+        os.ftruncate(fd, 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+            ).encode(),
+            0,
+        )
+
+    # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
+    lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=sign)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        with open(path) as f:
+            text = f.read()
+        raise OutputDirInUse(
+            f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
+            "wait for it to end, or choose another --output_dir"
+        ) from None
+    if previous[0]:  # the holder died without releasing it (killed): the kernel dropped its flock
+        logger.warning(
+            f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
+            "which ended without releasing it"
+        )
+    if not _held:
+        atexit.register(release_all)
+    _held[key] = (lock, created)
+    finish_publication(output_dir)
+    remove_leftovers(output_dir)
+
+
+def held_by(output_dir: str) -> Optional[str]:
+    """Who holds output_dir's lock now ("process N on host H, since T"), or None when no live process does.
+
+    Only tests the lock (flock, as `claim` takes it): takes nothing and creates no file.
+    """
+    path = os.path.join(output_dir, LOCK_NAME)
+    if not os.path.isfile(path):  # no lock file (or no directory): nobody ever claimed it
+        return None
+    probe = FileLock(path, thread_local=False, fallback_to_soft=False)
+    try:
+        probe.acquire(blocking=False)
+    except Timeout:
+        with open(path) as f:
+            return _describe_holder(f.read())
+    probe.release()
+    return None
+
+
+def release(output_dir: str) -> None:
+    """Give up the lock; a directory in which this run wrote nothing is left as it was found."""
+    entry = _held.pop(os.path.realpath(output_dir), None)
+    if entry is None:
+        return
+    lock, created = entry
+    try:
+        if not read_record(output_dir)["written"] and all(_is_bookkeeping(n) for n in os.listdir(output_dir)):
+            for name in (RECORD_NAME, LOCK_NAME):
+                if os.path.exists(os.path.join(output_dir, name)):
+                    os.remove(os.path.join(output_dir, name))
+            if created and not os.listdir(output_dir):
+                os.rmdir(output_dir)
+        else:
+            os.truncate(os.path.join(output_dir, LOCK_NAME), 0)  # an empty lock file: released cleanly, not stale
+    except OSError:
+        pass
+    finally:
+        lock.release()
+
+
+def release_all() -> None:
+    for key in list(_held):
+        release(key)
+
+
+def remove_leftovers(output_dir: str) -> None:
+    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host."""
+    ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
+    removed = remove_abandoned(output_dir, only=ours.__contains__)
+    if removed:
+        logger.warning(f"--output_dir={output_dir}: removed what killed writes left: {', '.join(sorted(removed))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Publication: a set of files, all or nothing
+# ---------------------------------------------------------------------------------------------
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
+    """Yield a staging directory; what is saved into it appears in output_dir together, or (on an error) not at all.
+
+    `publish=False` (processes other than the one that saves) yields the path and publishes nothing.
+    """
+    staging = temp_path(os.path.join(output_dir, STAGING_NAME))
+    if not publish:
+        yield staging
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    finish_publication(output_dir)
+    with disk_space.removed_when_disk_full(
+        staging, f"the final results into {output_dir}", after=lambda: "; the results published before are intact"
+    ):
+        os.makedirs(staging)
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _commit(output_dir, staging)
+
+
+def _commit(output_dir: str, staging: str) -> None:
+    files = sorted(
+        os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging) for name in names
+    )
+    if not files:
+        shutil.rmtree(staging)
+        return
+    for name in files:
+        _fsync(os.path.join(staging, name))  # the data is on disk before the rename commits it
+    record = read_record(output_dir)
+    has_model = "config.json" in files
+    remove = sorted(set(record["current"]) - set(files)) if has_model else []
+    current = files if has_model else sorted(set(record["current"]) | set(files))
+    record_written(output_dir, {name.split(os.sep)[0] for name in files})
+    with open(os.path.join(staging, PUBLICATION_RECORD), "w") as f:
+        json.dump({"files": files, "remove": remove, "current": current}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(staging, os.path.join(output_dir, PUBLISHING_NAME))  # the commit point
+    _fsync(output_dir)
+    finish_publication(output_dir)
+
+
+def finish_publication(output_dir: str) -> None:
+    """Move a committed publication's files into place (idempotent: a kill midway is finished by the next call)."""
+    pending = os.path.join(output_dir, PUBLISHING_NAME)
+    if not os.path.isdir(pending):
+        return
+    try:
+        with open(os.path.join(pending, PUBLICATION_RECORD)) as f:
+            plan = json.load(f)
+    except (OSError, ValueError):  # its record goes last: every file was already moved
+        shutil.rmtree(pending)
+        return
+    for name in plan["remove"]:
+        if os.path.isfile(os.path.join(output_dir, name)):
+            os.remove(os.path.join(output_dir, name))
+    for name in plan["files"]:
+        source = os.path.join(pending, name)
+        if os.path.exists(source):
+            os.makedirs(os.path.dirname(os.path.join(output_dir, name)), exist_ok=True)
+            os.replace(source, os.path.join(output_dir, name))
+    record = read_record(output_dir)
+    if record["current"] != plan["current"]:
+        record["current"] = plan["current"]
+        write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
+    os.remove(os.path.join(pending, PUBLICATION_RECORD))
+    shutil.rmtree(pending)
+    _fsync(output_dir)
+
+
+class PublishedModel(NamedTuple):
+    files: list  # the files of its published set (and of everything published since)
+    finished: bool  # whether it was trained to its last step (trainer_state.json)
+    missing: list  # the model's files of its set (not the results) no longer there: deleted by hand
+
+
+def published_model(output_dir: str) -> Optional[PublishedModel]:
+    """The trained model published in output_dir (its set holds train_results.json and config.json), or None."""
+    current = read_record(output_dir)["current"]
+    if "train_results.json" not in current or "config.json" not in current:
+        return None
+    try:
+        with open(os.path.join(output_dir, "trainer_state.json")) as f:
+            state = json.load(f)
+        finished = state["global_step"] >= state["max_steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        finished = False
+    missing = [
+        name
+        for name in current
+        if not name.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, name))
+    ]
+    return PublishedModel(current, finished, missing)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints(output_dir: str) -> list[str]:
+    """checkpoint-N directories in output_dir, by step."""
+    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
+    return [
+        os.path.join(output_dir, name) for _, name in sorted(found) if os.path.isdir(os.path.join(output_dir, name))
+    ]
+
+
+def newest_complete_checkpoint(
+    output_dir: str, refuse: Optional[Callable[[str], Optional[str]]] = None
+) -> tuple[Optional[str], list[tuple[str, str]]]:
+    """The newest complete checkpoint of output_dir that `refuse` does not refuse, and the newer ones passed over.
+
+    Checkpoints are walked newest first. One is passed over when it is incomplete
+    (checkpoint_manifest.incomplete_reason), or when `refuse(checkpoint)`, asked of complete ones only, says
+    why (None: taken). Returns (the checkpoint taken, or None: none, or no output_dir; [(checkpoint, why it was
+    passed over)], newest first).
+    """
+    passed_over = []
+    if not os.path.isdir(output_dir):
+        return None, passed_over
+    for checkpoint in reversed(checkpoints(output_dir)):
+        reason = checkpoint_manifest.incomplete_reason(checkpoint)
+        if reason is None and refuse is not None:
+            reason = refuse(checkpoint)
+        if reason is None:
+            return checkpoint, passed_over
+        passed_over.append((checkpoint, reason))
+    return None, passed_over
