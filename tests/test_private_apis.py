@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Trainer
 
-from helpers import optimum_habana
+from helpers import BOTH_ROUTES, optimum_habana
 
 
 # Trainer methods the kit overrides (bridgetower_bench/trainer.py) or calls (trainer.py, mediapipe_trainer.py) ->
@@ -37,11 +37,13 @@ def missing_or_changed(cls, expected: dict) -> list:
     return problems
 
 
+@BOTH_ROUTES
 def test_transformers_trainer_still_has_the_private_methods_the_kit_overrides_and_calls():
     problems = missing_or_changed(Trainer, TRAINER_METHODS)
     assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
 
 
+@BOTH_ROUTES
 def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_function():
     # trainer._resumed_epoch_keeps_its_order swaps transformers.trainer.skip_first_batches while training and
     # hands the new loader the epoch (`iteration`) of accelerate's loader it skips in
@@ -57,6 +59,7 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
     )
 
 
+@BOTH_ROUTES
 def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_to_save_total_limit():
     # trainer.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
     # the Trainer's own rotation and its end-of-training deletion read args.save_total_limit, which the kit
@@ -133,6 +136,7 @@ def test_torch_still_has_the_antialiased_bicubic_kernel_with_explicit_scales():
     )
 
 
+@BOTH_ROUTES
 def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
     # preflight, data, mediapipe_inputs: dataset._fingerprint names a data set's content in cache keys;
     # preflight: dataset._indices maps a selection's rows back to the rows as loaded

@@ -377,6 +377,7 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
     assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
 
 
+@BOTH_ROUTES
 def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures, tmp_path):
     from transformers import AutoTokenizer
 
