@@ -207,17 +207,23 @@ def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional
         return None
     name, total = (memory or device_memory)(args.device)
     if not need.fits(args.per_device_train_batch_size, total):
-        raise BatchDoesNotFit(
-            does_not_fit_message(
-                batch=args.per_device_train_batch_size,
-                accumulation=args.gradient_accumulation_steps,
-                world_size=args.world_size,
-                device_name=name,
-                device_total_gib=total,
-                need=need,
-            )
-        )
+        raise _does_not_fit(args, name, total, need)
     return need
+
+
+def _does_not_fit(args, device_name: str, device_total_gib: float, need, reached_gib=None) -> BatchDoesNotFit:
+    """The run's batch, accumulation and processes, on this device, as the one-line error."""
+    return BatchDoesNotFit(
+        does_not_fit_message(
+            batch=args.per_device_train_batch_size,
+            accumulation=args.gradient_accumulation_steps,
+            world_size=args.world_size,
+            device_name=device_name,
+            device_total_gib=device_total_gib,
+            need=need,
+            reached_gib=reached_gib,
+        )
+    )
 
 
 def out_of_memory_at_first_step(
@@ -227,17 +233,7 @@ def out_of_memory_at_first_step(
     name, total = (memory or device_memory)(args.device)
     if reached is None:
         reached = _reached_gib(error, args.device)
-    return BatchDoesNotFit(
-        does_not_fit_message(
-            batch=args.per_device_train_batch_size,
-            accumulation=args.gradient_accumulation_steps,
-            world_size=args.world_size,
-            device_name=name,
-            device_total_gib=total,
-            need=need,
-            reached_gib=reached,
-        )
-    )
+    return _does_not_fit(args, name, total, need, reached)
 
 
 def _reached_gib(error: BaseException, device) -> Optional[float]:
