@@ -331,3 +331,27 @@ def test_a_node_that_never_joins_ends_the_job_after_the_join_timeout_in_one_line
         f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
         "in time (join_timeout)"
     )
+
+
+def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_checkpoint(fixtures, tmp_path):
+    wrapper = tmp_path / "signal_rank1.py"
+    wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
+    out, exits = tmp_path / "run", tmp_path / "exits"
+    exits.mkdir()
+    flags = args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo", "--save_steps", "100"]
+    flags[flags.index("--max_steps") + 1] = "12"
+    flags[flags.index("--save_strategy") + 1] = "steps"
+    env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
+    logs, port = [tmp_path / "node0.log", tmp_path / "node1.log"], free_port()
+    commands = [node_command(port, "stopped", r, wrapper, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
+    text = [log.read_text() for log in logs]
+    assert codes == [143, 143], text[0][-3000:] + text[1][-3000:]  # each node: its rank stopped as by SIGTERM
+    for log in text:
+        assert re.fullmatch(
+            r"launch_cuda: signal_rank1.py failed in 1 of 1 process\(es\), first in rank [01]: exit status 143",
+            log.splitlines()[-1],
+        )
+    assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
+    assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
