@@ -8,6 +8,7 @@ stops all of them at the same step, with a complete checkpoint, before any of th
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -355,3 +356,21 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
+
+
+def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_and_under_slurm():
+    from torch.distributed import run as torchrun
+
+    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
+    commands = [
+        shlex.split(line, comments=True) for line in readme.splitlines() if re.search(r"launch_cuda\s+--nnodes", line)
+    ]
+    assert len(commands) == 2, commands
+    for words in commands:
+        options = torchrun.parse_args(words[words.index("bridgetower_bench.tools.launch_cuda") + 1 :])
+        assert (options.nnodes, options.nproc_per_node, options.rdzv_backend) == ("2", "8", "c10d")
+        assert options.rdzv_id != "none" and options.rdzv_endpoint.endswith(":29500")
+        assert options.training_script == SCRIPTS["cuda"] and "--output_dir" in options.training_script_args
+    slurm = commands[1]
+    assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]  # one launcher per node
+    assert options.rdzv_id == "$SLURM_JOB_ID" and options.rdzv_endpoint == "$HEAD:29500"
