@@ -1385,8 +1385,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan.prices = prices
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
+    curve = sorted({plan.processes(v) for v in plan.variants if v.devices})
     print(
-        f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})"
+        f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc}"
+        + (f" (scaling curve: also x{', x'.join(map(str, curve))})" if curve else "")
+        + f" ({args.preset} preset, {plan.shape})"
     )
     if args.dry_run:  # what a sweep into --out would run now: what it has no finished row of
         try:
