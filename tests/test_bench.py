@@ -1,6 +1,7 @@
 """The benchmark sweep: a real sweep on CPU, failures and Ctrl-C that do not lose rows, the tables' arithmetic."""
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -34,16 +35,23 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
 
     code = bench.main(
         ["--workers", "0", "1", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)]
+        + ["--devices", "1,2"]
     )
 
     printed = capsys.readouterr().out
     assert code == 0, printed
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert [(r["workers"], r["persistent_workers"], r["status"]) for r in runs] == [
-        (0, False, "ok"),
-        (1, False, "ok"),
-        (1, True, "ok"),
+    assert [(r["workers"], r["persistent_workers"], r["world_size"], r["status"]) for r in runs] == [
+        (0, False, 1, "ok"),
+        (1, False, 1, "ok"),
+        (1, True, 1, "ok"),
+        (0, False, 2, "ok"),  # the scaling curve: the first configuration again, on two processes (torchrun, gloo)
     ]
+    curve = runs.pop()
+    assert curve["run_id"] == runs[0]["run_id"] + "-x2" and "--nproc_per_node 2" in curve["command"]
+    assert curve["scaling_efficiency"] == pytest.approx(
+        curve["train_samples_per_second_per_device"] / runs[0]["train_samples_per_second_per_device"], abs=1e-4
+    )
     assert (
         "--dataloader_persistent_workers True" in runs[2]["command"]
         and "--dataloader_persistent_workers" not in runs[1]["command"]
@@ -85,7 +93,8 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
 
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))
-    assert [r["workers"] for r in csv_rows] == ["0", "1", "1"]
+    assert [(r["workers"], r["world_size"]) for r in csv_rows] == [("0", "1"), ("1", "1"), ("1", "1"), ("0", "2")]
+    assert csv_rows[0]["scaling_efficiency"] == "1.0" and float(csv_rows[3]["scaling_efficiency"]) > 0
     assert float(csv_rows[1]["train_samples_per_second"]) == pytest.approx(runs[1]["train_samples_per_second"])
 
     table = (out / "table.md").read_text()
@@ -96,7 +105,8 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         f"| - | {runs[0]['version_transformers']} | {runs[0]['version_accelerate']} | {runs[0]['version_datasets']} "
         f"| - | 1 | {gib} |"
     ) in table.split("## Environment (as the runs recorded it)")[1]
-    assert "Shape: 2 optimizer steps per epoch; 2 epoch start(s) inside the counted window." in table
+    # (2 processes of the same per-device batch take the 4 rows in 1 step: 4 epoch starts among their 4 counted steps)
+    assert "Shape: 1, 2 optimizer steps per epoch; 2, 4 epoch start(s) inside the counted window." in table
     assert "Not like for like" not in table  # one interpreter ran every row
     assert "## Data wait at epoch starts beside the steady state (median)" in table
     split = table.split("## Data wait at epoch starts beside the steady state (median)")[1].split("##")[0]
@@ -104,13 +114,17 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         assert f"| {label} | 2 | " in split, f"{label}: 2 epoch starts counted, side by side with the steady wait"
     assert table in printed, "the table is printed at the end"
     assert "## Retrieval quality: eval image->text recall@1" in table
+    scaling = table.split("## Scaling: the same recipe on more devices")[1].split("##")[0]
+    assert f"| workers=0 | {runs[0]['device_name']} | 1 | " in scaling and "| 100% |" in scaling
+    assert f"| {100 * curve['scaling_efficiency']:.0f}% |" in scaling.split(f"{runs[0]['device_name']} | 2 | ")[1]
     vs_published = (out / "vs_published.md").read_text()
     assert "Gaudi2 HPU (published)" in vs_published
     for record in ("results.json", "results.csv", "table.md", "vs_published.md"):  # shareable: no machine paths
         assert str(REPO) not in (out / record).read_text() and str(out) not in (out / record).read_text(), record
-    with Image.open(out / "chart.png") as chart:
-        assert chart.size[0] > 100 and chart.size[1] > 100
-    assert printed.count("start  workers=") == 3 and "samples/s" in printed and "at 2 epoch start(s)" in printed
+    for name in ("chart.png", "chart_scaling.png"):
+        with Image.open(out / name) as chart:
+            assert chart.size[0] > 100 and chart.size[1] > 100
+    assert printed.count("start  workers=") == 4 and "samples/s" in printed and "at 2 epoch start(s)" in printed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +398,8 @@ def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_o
                 "--seed 1",
                 "--out",
                 str(out),
+                "--devices",
+                "0",  # no scaling curve, whatever this machine has
             ]
         )
         == 0
@@ -892,7 +908,7 @@ def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(t
 
 
 def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
-    plan = plan_for(["--image-pipelines", "fast"], accelerator="cpu")
+    plan = plan_for(["--image-pipelines", "fast", "--devices", "0"], accelerator="cpu")
     assert [v.label for v in plan.variants] == [
         "workers=0, fast images",
         "workers=1, fast images",
@@ -969,7 +985,7 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
     plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
     threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
-    assert threads == ["8", "6", "6"]  # workers 0, 2, 2 (persistent)
+    assert threads == ["8", "6", "6", "4"]  # workers 0, 2, 2 (persistent); the curve's 2 processes of workers 0
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
 
@@ -1057,3 +1073,72 @@ def test_the_sweeps_runs_fork_without_the_tokenizers_warning(monkeypatch, capsys
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     assert bench.main(["--dry-run", "--workers", "0"]) == 0
     assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+# ---------------------------------------------------------------------------------------------
+# The scaling curve (--devices)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_device_count(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    local = plan_for([], accelerator="cpu")  # make bench on a 2-core machine without accelerator: 1 and 2 processes
+    matrix, [curve] = local.variants[:-1], local.variants[-1:]
+    assert all(v.devices is None for v in matrix) and curve == dataclasses.replace(matrix[0], devices=2)
+    command = local.command(curve, tmp_path / "run")
+    assert command[2:6] == ["bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
+    assert local.run_env(curve)["OMP_NUM_THREADS"] == "1" and local.run_env(matrix[0])["OMP_NUM_THREADS"] == "2"
+    assert curve.run_id == matrix[0].run_id + "-x2"
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 1)
+    assert all(v.devices is None for v in plan_for([], accelerator="cpu").variants)  # one core: no curve
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    assert all(v.devices is None for v in plan_for(["--devices", "0"], accelerator="cpu").variants)
+    assert all(v.devices is None for v in plan_for([], accelerator="cuda").variants)  # GPUs: only when asked
+
+    blog = plan_for(["--preset", "blog", "--devices", "1,2,4,8", "--repeats", "2"], accelerator="cuda")
+    points = [(v.devices, v.repeat) for v in blog.variants if v.devices]
+    assert points == [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]  # 8 is the matrix itself (--nproc 8)
+    assert blog.command(blog.variants[-3], tmp_path / "run")[:2] == [sys.executable, str(bench.SCRIPTS["cuda"])]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--script", "gaudi", "--devices", "1,2"],
+            "--devices 2: the Gaudi script runs several processes only on HPUs",
+        ),
+        (["--devices", "0,2"], "--devices 0,2: device counts must be 1 or more"),
+    ],
+)
+def test_device_counts_the_machine_cannot_run_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        plan_for(argv, "cpu")
+
+
+def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cost(tmp_path):
+    rows = [row(10.0, 0, device="H100", world_size=1), row(18.0, 0, device="H100", world_size=2)]
+    rows += [row(30.0, 0, device="H100", world_size=4), row(50.0, 1, device="H100", world_size=1)]
+    for r, usd in zip(rows, (1.0, 1.1, 1.3, 0.2)):
+        r["usd_per_1m_samples"] = usd
+    summary = bench_report.summarise(rows)
+    bench_report.add_scaling_efficiency(summary)
+    assert [r.get("scaling_efficiency") for r in rows] == [1.0, 0.9, 0.75, None]  # workers=1: one size, no curve
+
+    section = bench_report.render_scaling(summary)
+    assert (
+        "| configuration | device | devices | samples/s per device | scaling efficiency | samples/s (all) |" in section
+    )
+    assert "| workers=0 | H100 | 1 | 10.0 | 100% | 10.0 | 25% | 1.00 |" in section
+    assert "| workers=0 | H100 | 2 | 9.00 | 90% | 18.0 | 25% | 1.10 |" in section
+    assert "| workers=0 | H100 | 4 | 7.50 | 75% | 30.0 | 25% | 1.30 |" in section
+    assert "workers=1" not in section
+    assert bench_report.render_scaling_chart(summary, tmp_path / "chart_scaling.png")
+    assert (tmp_path / "chart_scaling.png").stat().st_size > 1000
+
+    alone = bench_report.summarise(rows[3:])
+    assert bench_report.render_scaling(alone) == "" and not bench_report.render_scaling_chart(
+        alone, tmp_path / "x.png"
+    )

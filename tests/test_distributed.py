@@ -6,9 +6,16 @@ stops all of them at the same step, with a complete checkpoint, before any of th
 """
 
 import json
+import os
 import re
+import shlex
+import signal
+import socket
 import subprocess
 import sys
+import time
+
+import psutil
 
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
@@ -210,3 +217,160 @@ def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(fixture
         r"launch_cuda: run_bridgetower_cuda.py failed in [12] of 2 process\(es\), first in rank [01]: exit status 2",
         result.stderr.splitlines()[-1],
     ), result.stderr[-3000:]
+
+
+# Several nodes, torchrun's way: two launch_cuda agents on this machine meet through c10d, one process each -----
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_command(port, job, node_rank, *script_and_flags, **rdzv_conf):
+    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--nnodes", "2", "--nproc_per_node", "1"]
+    command += ["--node_rank", str(node_rank), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
+    command += ["--rdzv_id", job] + [f"--rdzv_conf={k}={v}" for k, v in rdzv_conf.items()]
+    return command + [str(a) for a in script_and_flags]
+
+
+def start_nodes(commands, logs, env):
+    """The first node, then (once it keeps the rendezvous: its port answers) the others, each in a session of its
+    own with its output in a file."""
+    nodes = []
+    for i, (command, log) in enumerate(zip(commands, logs)):
+        nodes.append(
+            subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+        port = int(command[command.index("--rdzv_endpoint") + 1].rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while i == 0 and time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+    return nodes
+
+
+def test_two_nodes_through_c10d_make_one_run_that_sees_every_row_once_per_epoch(fixtures, tmp_path):
+    wrapper = tmp_path / "record_rows.py"
+    wrapper.write_text(RECORDING_WRAPPER)
+    fetched_dir, out = tmp_path / "fetched", tmp_path / "run"
+    fetched_dir.mkdir()
+    flags = args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo"]
+    flags[flags.index("--max_steps") + 1] = str(2 * STEPS)  # two epochs of 4 steps
+    env = {**script_env(gaudi=False), "FETCHED_ROWS_DIR": str(fetched_dir)}
+    port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
+    commands = [node_command(port, "one-run", rank, wrapper, REPO / SCRIPTS["cuda"], *flags) for rank in (0, 1)]
+    nodes = start_nodes(commands, logs, env)
+    codes = [node.wait(timeout=600) for node in nodes]
+    text = [log.read_text() for log in logs]
+    assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
+
+    # Each epoch: disjoint shards across the two nodes' ranks that together hold every row once.
+    ranks = [json.loads((fetched_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    per_epoch = ROWS // 2
+    assert [len(rows) for rows in ranks] == [2 * per_epoch] * 2
+    for epoch in (0, 1):
+        shards = [rows[epoch * per_epoch : (epoch + 1) * per_epoch] for rows in ranks]
+        assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(ROWS))
+
+    # One run: the metrics reported once, for the whole job, and one published model.
+    assert sum(t.count("***** train metrics *****") for t in text) == 1
+    metrics = read_json(out / "train_results.json")
+    assert metrics["world_size"] == 2
+    assert metrics["throughput_counted_samples"] == (2 * STEPS - WARMUP) * 2 * 2
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial-*"))
+
+
+def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fixtures, tmp_path):
+    flags = args(fixtures, tmp_path / "run", per_device_batch=2) + ["--ddp_backend", "gloo"]
+    flags[flags.index("--max_steps") + 1] = "10000"
+    port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
+    commands = [node_command(port, "killed", rank, REPO / SCRIPTS["cuda"], *flags) for rank in (0, 1)]
+    survivor, victim = start_nodes(commands, logs, script_env(gaudi=False))
+    try:
+        deadline = time.monotonic() + 400
+        while not any("'loss'" in log.read_text() for log in logs):  # training under way (rank 0 logs)
+            assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
+            assert victim.poll() is None and survivor.poll() is None, logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+        # The node dies: its launcher and every process it started (they run in sessions of their own).
+        tree = [victim.pid] + [p.pid for p in psutil.Process(victim.pid).children(recursive=True)]
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = survivor.wait(timeout=120)
+        took = time.monotonic() - killed_at
+    finally:
+        for node in (survivor, victim):
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+    log = logs[0].read_text()
+    assert code != 0 and took < 60, log[-3000:]
+    # gloo sees the peer's connection closed; the surviving rank fails and its node's launcher ends in one line.
+    assert re.fullmatch(
+        r"launch_cuda: run_bridgetower_cuda.py failed in 1 of 1 process\(es\), first in rank [01]: exit status \d+",
+        log.splitlines()[-1],
+    ), log[-3000:]
+
+
+def test_a_node_that_never_joins_ends_the_job_after_the_join_timeout_in_one_line(tmp_path):
+    script = tmp_path / "never_started.py"
+    script.write_text("raise SystemExit('started without the other node')\n")
+    port = free_port()
+    command = node_command(port, "alone", 0, script, "--use_cpu", join_timeout=3)
+    result = subprocess.run(
+        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
+        "in time (join_timeout)"
+    )
+
+
+def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_checkpoint(fixtures, tmp_path):
+    wrapper = tmp_path / "signal_rank1.py"
+    wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
+    out, exits = tmp_path / "run", tmp_path / "exits"
+    exits.mkdir()
+    flags = args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo", "--save_steps", "100"]
+    flags[flags.index("--max_steps") + 1] = "12"
+    flags[flags.index("--save_strategy") + 1] = "steps"
+    env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
+    logs, port = [tmp_path / "node0.log", tmp_path / "node1.log"], free_port()
+    commands = [node_command(port, "stopped", r, wrapper, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
+    text = [log.read_text() for log in logs]
+    assert codes == [143, 143], text[0][-3000:] + text[1][-3000:]  # each node: its rank stopped as by SIGTERM
+    for log in text:
+        assert re.fullmatch(
+            r"launch_cuda: signal_rank1.py failed in 1 of 1 process\(es\), first in rank [01]: exit status 143",
+            log.splitlines()[-1],
+        )
+    assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
+    assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
+
+
+def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_and_under_slurm():
+    from torch.distributed import run as torchrun
+
+    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
+    commands = [
+        shlex.split(line, comments=True) for line in readme.splitlines() if re.search(r"launch_cuda\s+--nnodes", line)
+    ]
+    assert len(commands) == 2, commands
+    for words in commands:
+        options = torchrun.parse_args(words[words.index("bridgetower_bench.tools.launch_cuda") + 1 :])
+        assert (options.nnodes, options.nproc_per_node, options.rdzv_backend) == ("2", "8", "c10d")
+        assert options.rdzv_id != "none" and options.rdzv_endpoint.endswith(":29500")
+        assert options.training_script == SCRIPTS["cuda"] and "--output_dir" in options.training_script_args
+    slurm = commands[1]
+    assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]  # one launcher per node
+    assert options.rdzv_id == "$SLURM_JOB_ID" and options.rdzv_endpoint == "$HEAD:29500"

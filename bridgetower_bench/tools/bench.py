@@ -15,6 +15,11 @@ entry (mediapipe on Gaudi, device_decode on NVIDIA) at --loader-workers (default
 have loader workers are also made with each --persistent-workers setting (default: without and with
 for the local preset; without, upstream's default, for the blog preset) and each --prefetch-factors
 value. Repeats are the outer loop, so slow drift of the machine spreads over all configurations.
+The scaling curve (--devices 1,2,4,8): the matrix runs on --nproc devices, and its first configuration runs
+again on each other count of --devices, same flags and per-device batch (so the global batch, and the steps
+per epoch, change with the count), in every repeat. By default the CUDA script's local preset on a CPU of 2
+cores or more measures 1 and 2 processes (one extra run); elsewhere there is no curve unless asked for
+(--devices 0: none). One node only: the sweep starts no process on another host.
 
 Written to --out (default bench_out/<timestamp>):
     logs/<run>.log       each run's command line and full output
@@ -25,6 +30,8 @@ Written to --out (default bench_out/<timestamp>):
                          the data wait, and its split between epoch-start steps and the steady state
     vs_published.md      the same figures beside the published ones (whole node and per device)
     chart.png            bar chart of table.md
+    chart_scaling.png    samples/s per device against the device count, labelled with the scaling efficiency
+                         (table.md's scaling section; each curve row's scaling_efficiency in results.json/.csv)
     chart_cost.png       samples/s per device against USD per 1M samples (with --price/--prices) and joules per
                          sample (where the runs measured energy), the published rows marked
 With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE, every row gets USD per 1M training samples and
@@ -90,7 +97,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -112,8 +119,11 @@ from bridgetower_bench.tools.sweep.bench_report import (
     FAILED,
     INTERRUPTED,
     OK,
+    add_scaling_efficiency,
     configuration_label,
     render_chart,
+    render_scaling,
+    render_scaling_chart,
     render_table,
     render_vs_published,
     summarise,
@@ -214,6 +224,7 @@ CSV_COLUMNS = (
 )
 # Columns that follow CSV_COLUMNS when some row has them (no price, no cost column; no energy record, none of these).
 OPTIONAL_COLUMNS = (
+    "scaling_efficiency",
     "energy_source",
     "energy_reason",
     "energy_joules_per_sample",
@@ -252,19 +263,22 @@ class Variant:
     repeat: int = 1
     persistent_workers: bool = False  # --dataloader_persistent_workers: the loader's workers live across epochs
     prefetch_factor: Optional[int] = None  # --dataloader_prefetch_factor (None: PyTorch's default, 2)
+    devices: Optional[int] = None  # a point of the scaling curve (--devices); None: the sweep's --nproc
 
     @property
     def run_id(self) -> str:
         """A file-system-safe name, unique within a sweep."""
         name = f"w{self.workers}{'p' if self.persistent_workers else ''}"
         name += f"{f'-prefetch{self.prefetch_factor}' if self.prefetch_factor else ''}-{self.loader}-{self.image_pipeline}-r{self.repeat}"
+        name += f"-x{self.devices}" if self.devices else ""
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
 
     @property
     def label(self) -> str:
-        return configuration_label(
+        label = configuration_label(
             self.workers, self.loader, self.image_pipeline, self.persistent_workers, self.prefetch_factor
         )
+        return label + (f" on {self.devices} device(s)" if self.devices else "")
 
 
 def expand_matrix(
@@ -306,6 +320,18 @@ def expand_matrix(
                             )
                         )
     return variants
+
+
+def scaling_points(variants: Sequence[Variant], devices: Sequence[int], nproc: int) -> list[Variant]:
+    """The scaling curve's other sizes: the matrix's first configuration on each of `devices` but `nproc` (the
+    matrix itself runs on `nproc`), in every repeat."""
+    first = variants[0]
+    return [
+        replace(first, repeat=repeat, devices=n)
+        for repeat in sorted({v.repeat for v in variants})
+        for n in dict.fromkeys(devices)
+        if n != nproc
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +380,10 @@ class Plan:
             per_run += ["--dataloader_persistent_workers", "True"]
         if variant.prefetch_factor:
             per_run += ["--dataloader_prefetch_factor", str(variant.prefetch_factor)]
-        return launcher(self.script, self.nproc) + [script] + self.base_args + per_run + self.extra_args
+        return launcher(self.script, self.processes(variant)) + [script] + self.base_args + per_run + self.extra_args
+
+    def processes(self, variant: Variant) -> int:
+        return variant.devices or self.nproc
 
     def run_env(self, variant: Optional[Variant] = None) -> dict:
         env = dict(os.environ)
@@ -363,7 +392,7 @@ class Plan:
             # On a CPU the loader workers and the training process share the cores: give training the
             # cores the workers leave (at least one), or every step fights the workers for them.
             cores = os.cpu_count() or 1
-            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // self.nproc))
+            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // self.processes(variant)))
         return env
 
 
@@ -615,6 +644,22 @@ def persistent_settings(args: argparse.Namespace) -> list[bool]:
     return [choice == "yes" for choice in dict.fromkeys(chosen)]
 
 
+def device_counts(text: str) -> list[int]:
+    """--devices 1,2,4,8 as a list; 0 alone: no curve."""
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: device counts separated by commas, e.g. 1,2,4,8") from None
+    return [] if counts == [0] else counts
+
+
+def default_devices(preset: str, script: str, device: str, nproc: int) -> list[int]:
+    """The CUDA script's local preset on a CPU of 2 cores or more measures the curve at 1 and 2 processes (one
+    extra run, of the first configuration); elsewhere there is no curve unless --devices asks for it."""
+    local_cpu = preset == "local" and script == "cuda" and device == "cpu" and nproc == 1
+    return [1, 2] if local_cpu and (os.cpu_count() or 1) >= 2 else []
+
+
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
     """Check the command line and turn it into a Plan. `accelerator` overrides detection (tests, dry runs)."""
     if any(w < 0 for w in args.workers):
@@ -625,6 +670,8 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         raise ValueError(f"--repeats {args.repeats}: must be 1 or more")
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc {args.nproc}: must be 1 or more")
+    if args.devices is not None and any(n < 1 for n in args.devices):
+        raise ValueError(f"--devices {','.join(map(str, args.devices))}: device counts must be 1 or more")
 
     # The local preset shows the reproduction and the improvement side by side; the published run, upstream's images.
     image_pipelines = args.image_pipelines or (
@@ -652,13 +699,15 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
                 f"--preset blog: no HPU or NVIDIA GPU here (the published run trains on {published.DEVICES} of them); {CPU_ON_PURPOSE}"
             )
     nproc = args.nproc if args.nproc is not None else (published.DEVICES if args.preset == "blog" else 1)
-    if script == "gaudi" and nproc > 1 and device != "hpu":
-        raise ValueError(f"--nproc {nproc}: the Gaudi script runs several processes only on HPUs (none here)")
-    if device == "cuda" and nproc > 1:
-        import torch
+    devices = args.devices if args.devices is not None else default_devices(args.preset, script, device, nproc)
+    for flag, n in [("--nproc", nproc)] + [("--devices", n) for n in devices]:
+        if script == "gaudi" and n > 1 and device != "hpu":
+            raise ValueError(f"{flag} {n}: the Gaudi script runs several processes only on HPUs (none here)")
+        if device == "cuda" and n > 1:
+            import torch
 
-        if 0 < torch.cuda.device_count() < nproc:
-            raise ValueError(f"--nproc {nproc}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            if 0 < torch.cuda.device_count() < n:
+                raise ValueError(f"{flag} {n}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
     loaders = args.loaders or [TORCH_LOADER] + ([NATIVE_LOADER[device]] if device in NATIVE_LOADER else [])
     for loader in loaders:
@@ -691,20 +740,21 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
         env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
 
+    matrix = expand_matrix(
+        args.workers,
+        loaders,
+        image_pipelines,
+        args.repeats,
+        args.loader_workers,
+        persistent=persistent_settings(args),
+        prefetch_factors=args.prefetch_factors or [None],
+    )
     return Plan(
         preset=args.preset,
         script=script,
         device=device,
         nproc=nproc,
-        variants=expand_matrix(
-            args.workers,
-            loaders,
-            image_pipelines,
-            args.repeats,
-            args.loader_workers,
-            persistent=persistent_settings(args),
-            prefetch_factors=args.prefetch_factors or [None],
-        ),
+        variants=matrix + scaling_points(matrix, devices, nproc),
         shape=plan_shape(args),
         base_args=base,
         extra_args=parse_extra_args(args.extra_args),
@@ -897,7 +947,7 @@ def collect_row(
         "persistent_workers": variant.persistent_workers,
         "prefetch_factor": variant.prefetch_factor,
         "repeat": variant.repeat,
-        "world_size": plan.nproc,
+        "world_size": plan.processes(variant),
         "device_name": plan.expected_device_name,
         "device_type": plan.device,
         "loader": None,
@@ -1187,6 +1237,8 @@ def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Se
     with prices, each row gets its cost columns first."""
     for row in rows:
         row.update(cost_fields(row, plan.prices))
+    if len({row.get("world_size") for row in rows}) > 1:  # a scaling curve (--devices)
+        add_scaling_efficiency(summarise(rows))
     document = {
         "bench": {
             **plan_settings(plan, out),
@@ -1282,6 +1334,13 @@ def make_parser() -> argparse.ArgumentParser:
         "shows no accelerator; a driver torch cannot use is refused); cpu: train on the CPU on purpose.",
     )
     parser.add_argument("--nproc", type=int, default=None, help="Devices per run (default: 1; 8 for --preset blog).")
+    parser.add_argument(
+        "--devices",
+        type=device_counts,
+        default=None,
+        help="The scaling curve: the matrix's first configuration also on these device counts, e.g. 1,2,4,8 "
+        "(default: 1,2 for the local preset on a CPU of 2 cores or more; none otherwise; 0: none).",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument(
         "--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results."
@@ -1304,10 +1363,11 @@ def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
     return the table text."""
     summary = summarise(rows)
     cost_table, cost_vs_published, _ = cost_report.render(out, summary, meta)
-    table = render_table(summary) + cost_table
+    table = render_table(summary) + render_scaling(summary) + cost_table
     write_atomically(out / "table.md", table)
     write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
     render_chart(summary, out / "chart.png")
+    render_scaling_chart(summary, out / "chart_scaling.png")
     return table
 
 
@@ -1335,8 +1395,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan.prices = prices
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
+    curve = sorted({plan.processes(v) for v in plan.variants if v.devices})
     print(
-        f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc} ({args.preset} preset, {plan.shape})"
+        f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc}"
+        + (f" (scaling curve: also x{', x'.join(map(str, curve))})" if curve else "")
+        + f" ({args.preset} preset, {plan.shape})"
     )
     if args.dry_run:  # what a sweep into --out would run now: what it has no finished row of
         try:
@@ -1369,7 +1432,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = render_all(out, rows, meta)
     print()
     print(table)
-    charts = [out / name for name in ("chart.png", "chart_cost.png") if (out / name).exists()]
+    charts = [out / name for name in ("chart.png", "chart_scaling.png", "chart_cost.png") if (out / name).exists()]
     print(
         f"results: {out / 'results.json'}, {out / 'results.csv'}, {out / 'table.md'}, {out / 'vs_published.md'}, "
         + ", ".join(map(str, charts))

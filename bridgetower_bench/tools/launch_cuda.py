@@ -3,13 +3,16 @@
     python -m bridgetower_bench.tools.launch_cuda --nproc_per_node 8 run_bridgetower_cuda.py \\
         --output_dir runs/test --model_name_or_path ... (script flags)
 
-The options are torchrun's, read by torchrun's own parser (`--nnodes`, `--node_rank`, `--master_addr`,
-`--master_port`, `--standalone`, ...); the launch is torchrun's `run`. Two things differ from `torchrun`:
+The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nnodes`, `--rdzv_backend c10d`,
+`--rdzv_endpoint`, `--rdzv_id`, `--rdzv_conf`, ...); the launch is torchrun's `run`. Three things differ from
+`torchrun`:
 - the script's refusals that need nothing loaded (no usable GPU without `--use_cpu`, Gaudi-only flags) are
   made once, here, before any process starts: the script's one line and exit status 2, as from one process;
 - processes that fail end the launch with one line (how many, and the first one's exit status) instead of
   torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
-  divergence, 128 + N for signal N): what the script gives in one process.
+  divergence, 128 + N for signal N): what the script gives in one process;
+- a job whose nodes never all meet (the rendezvous times out) or that loses the node keeping the rendezvous
+  ends with one line naming the endpoint, exit status 1, instead of the elastic agent's traceback.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import os
 import sys
 from typing import Optional
 
+from torch.distributed import DistNetworkError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
 from bridgetower_bench.guards.cuda_device import refuse_without_gpu
 from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
@@ -46,6 +51,15 @@ def first_status(failure: ChildFailedError) -> int:
     return code if code >= 0 else 128 - code
 
 
+def rendezvous_failure(args, error: Exception) -> str:
+    """One line for a job that could not start, or lost its rendezvous, on this node."""
+    where = f"the rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint or 'this node'}"
+    if isinstance(error, RendezvousTimeoutError):
+        return f"{PROG}: {where}: not every one of the job's {args.nnodes} node(s) joined in time (join_timeout)"
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return f"{PROG}: {where} failed: {reason}"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     line = refusal([args.training_script, *args.training_script_args])
@@ -63,6 +77,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             flush=True,
         )
         return status
+    except (RendezvousError, DistNetworkError) as error:
+        print(rendezvous_failure(args, error), file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

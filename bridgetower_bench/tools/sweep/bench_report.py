@@ -590,6 +590,117 @@ def render_chart(summary: Summary, path: Path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------------
+# The scaling curve: one configuration on several device counts (bench --devices)
+# ---------------------------------------------------------------------------------------------
+
+
+def scaling_curves(summary: Summary) -> list[tuple[str, str, list[tuple[int, Cell]]]]:
+    """(configuration, device name, [(devices, cell), ...] by device count) for every configuration that
+    finished on more than one device count of one device."""
+    points: dict = {}
+    for (_, column), cell in summary.cells.items():
+        if cell.rows:
+            row = cell.rows[0]
+            name = row.get("device_name") or row.get("device_type") or "unknown device"
+            points.setdefault((column, name), []).append((int(row.get("world_size") or 1), cell))
+    return [
+        (column, name, sorted(cells, key=lambda p: p[0])) for (column, name), cells in points.items() if len(cells) > 1
+    ]
+
+
+def efficiency(cells: Sequence[tuple[int, Cell]], n: int) -> Optional[float]:
+    """Samples/s per device on `n` devices over that on one (None without a one-device run)."""
+    one = dict(cells).get(1)
+    this = dict(cells)[n].median_per_device
+    return this / one.median_per_device if one is not None and this is not None and one.median_per_device else None
+
+
+def add_scaling_efficiency(summary: Summary) -> None:
+    """Each finished run of a curve (its results row, in place) gets `scaling_efficiency`: its samples/s per
+    device over the median of the same configuration on one device."""
+    for _, _, cells in scaling_curves(summary):
+        one = dict(cells).get(1)
+        for _, cell in cells if one is not None and one.median_per_device else []:
+            for row, speed in zip(cell.rows, cell.per_device):
+                row["scaling_efficiency"] = round(speed / one.median_per_device, 4)
+
+
+def render_scaling(summary: Summary) -> str:
+    """table.md's scaling section: per configuration and device count, samples/s per device, the scaling
+    efficiency against one device, the whole job's samples/s, the data wait and (priced rows) USD per 1M
+    samples; "" when no configuration ran on two device counts."""
+    curves = scaling_curves(summary)
+    if not curves:
+        return ""
+    priced = any(r.get("usd_per_1m_samples") is not None for _, _, cells in curves for _, c in cells for r in c.rows)
+    header = ["configuration", "device", "devices", "samples/s per device", "scaling efficiency", "samples/s (all)"]
+    header += ["data wait"] + (["USD per 1M samples"] if priced else [])
+    body = []
+    for column, name, cells in curves:
+        for n, cell in cells:
+            ratio = efficiency(cells, n)
+            wait = f"{100 * statistics.median(cell.data_wait):.0f}%" if cell.data_wait else "-"
+            costs = [r["usd_per_1m_samples"] for r in cell.rows if r.get("usd_per_1m_samples") is not None]
+            line = [column, name, n, _fmt(cell.median_per_device), f"{100 * ratio:.0f}%" if ratio else "-"]
+            line += [_fmt(cell.median), wait] + (
+                [f"{statistics.median(costs):.2f}" if costs else "-"] if priced else []
+            )
+            body.append(line)
+    return "\n".join(
+        [
+            "",
+            "## Scaling: the same recipe on more devices (median over repeats)",
+            "",
+            _markdown_table(header, body),
+            "",
+            "Scaling efficiency: samples/s per device over that on one device (100%: every added device adds as "
+            "much as the first). The data wait is rank 0's share of the counted window spent waiting for its "
+            "loader. Every device of a run trains the same per-device batch, so the global batch grows with the "
+            "devices.",
+            "",
+        ]
+    )
+
+
+def render_scaling_chart(summary: Summary, path: Path) -> bool:
+    """chart_scaling.png: samples/s per device against the device count, one line per configuration, each
+    point labelled with its scaling efficiency; False (nothing written) without a curve."""
+    curves = scaling_curves(summary)
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    for column, name, cells in curves:
+        xs = [n for n, cell in cells if cell.median_per_device is not None]
+        ys = [cell.median_per_device for _, cell in cells if cell.median_per_device is not None]
+        ax.plot(xs, ys, marker="o", label=textwrap.fill(f"{name}: {column}", 60))
+        for n, y in zip(xs, ys):
+            ratio = efficiency(cells, n)
+            if ratio is not None:
+                ax.annotate(
+                    f"{100 * ratio:.0f}%", (n, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+                )
+    devices = sorted({n for _, _, cells in curves for n, _ in cells})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(devices)
+    ax.set_xticklabels([str(n) for n in devices])
+    ax.set_xlabel("devices")
+    ax.set_ylabel("samples/s per device")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Scaling (labels: efficiency against one device)")
+    ax.margins(y=0.2)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 if __name__ == "__main__":
     from bridgetower_bench.tools import tool_paths
 
