@@ -550,14 +550,27 @@ def chart_groups(summary: Summary) -> tuple[list[str], list[tuple[str, str, str]
     return groups, series
 
 
-def render_chart(summary: Summary, path: Path) -> None:
-    """chart.png: bars grouped by worker count, one bar per device and loader/image setting, labelled with
-    samples/s and the speedup against the device's workers=0 baseline."""
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend): every chart of the report."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write a chart of the report (laid out, 120 dpi) and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+
+
+def render_chart(summary: Summary, path: Path) -> None:
+    """chart.png: bars grouped by worker count, one bar per device and loader/image setting, labelled with
+    samples/s and the speedup against the device's workers=0 baseline."""
+    plt = pyplot()
     groups, series = chart_groups(summary)
     groups = groups or ["(no runs)"]
     series = series or [("(no runs)", "", "")]
@@ -585,9 +598,7 @@ def render_chart(summary: Summary, path: Path) -> None:
     ax.set_title("BridgeTower contrastive fine-tuning throughput")
     ax.margins(y=0.2)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,11 +680,7 @@ def render_scaling_chart(summary: Summary, path: Path) -> bool:
     curves = scaling_curves(summary)
     if not curves:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     for column, name, cells in curves:
         xs = [n for n, cell in cells if cell.median_per_device is not None]
@@ -695,9 +702,7 @@ def render_scaling_chart(summary: Summary, path: Path) -> bool:
     ax.set_title("Scaling (labels: efficiency against one device)")
     ax.margins(y=0.2)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

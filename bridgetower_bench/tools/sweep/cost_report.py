@@ -14,7 +14,7 @@ from typing import Optional
 
 from bridgetower_bench import published
 from bridgetower_bench.measurement.energy import NOT_MEASURED
-from bridgetower_bench.tools.sweep.bench_report import Summary, _fmt, _markdown_table
+from bridgetower_bench.tools.sweep.bench_report import Summary, _fmt, _markdown_table, pyplot, save_figure
 from bridgetower_bench.tools.sweep.cost import (
     PUBLISHED_PRICE_NAMES,
     Price,
@@ -331,11 +331,7 @@ def render_cost_chart(summary: Summary, prices: Prices, path: Path) -> bool:
     panels = cost_chart_points(summary, prices)
     if not panels:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.5), squeeze=False)
     every_device = list(dict.fromkeys(p["device"] for points in panels.values() for p in points))
     colours = {d: f"C{i % 10}" for i, d in enumerate(every_device)}  # one colour per device in both panels
@@ -369,9 +365,7 @@ def render_cost_chart(summary: Summary, prices: Prices, path: Path) -> bool:
     fig.suptitle(
         "BridgeTower fine-tuning: speed against cost" + (" (stars: the published runs)" if any_published else "")
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
