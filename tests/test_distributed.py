@@ -347,12 +347,17 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     commands = [node_command(port, "stopped", r, wrapper, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
     codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
     text = [log.read_text() for log in logs]
-    assert codes == [143, 143], text[0][-3000:] + text[1][-3000:]  # each node: its rank stopped as by SIGTERM
-    for log in text:
-        assert re.fullmatch(
-            r"launch_cuda: signal_rank1.py failed in 1 of 1 process\(es\), first in rank [01]: exit status 143",
-            log.splitlines()[-1],
-        )
+    # Each node: its rank stopped as by SIGTERM. torchrun has no exit barrier for a failed job, so the node keeping
+    # the rendezvous may end before the other node's process has exited: that node then loses the rendezvous.
+    stopped = r"launch_cuda: signal_rank1.py failed in 1 of 1 process\(es\), first in rank [01]: exit status 143"
+    lost = (
+        f"launch_cuda: the rendezvous 'stopped' at 127.0.0.1:{port} was lost: its store does not answer (the node "
+        "keeping it has ended or is unreachable)"
+    )
+    ends = [(code, log.splitlines()[-1]) for code, log in zip(codes, text)]
+    assert 143 in codes, text[0][-3000:] + text[1][-3000:]
+    for code, line in ends:
+        assert (code == 143 and re.fullmatch(stopped, line)) or (code, line) == (1, lost), ends
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it

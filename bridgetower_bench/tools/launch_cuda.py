@@ -12,7 +12,9 @@ The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nn
   torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
   divergence, 128 + N for signal N): what the script gives in one process;
 - a job whose nodes never all meet (the rendezvous times out) or that loses the node keeping the rendezvous
-  ends with one line naming the endpoint, exit status 1, instead of the elastic agent's traceback.
+  ends with one line naming the endpoint, exit status 1, instead of the elastic agent's traceback. A job that
+  ends in failure (a rank stopped by a signal is one) has no exit barrier in torchrun: the node keeping the
+  rendezvous may end before another node's processes have exited, and that node then ends with this line.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from typing import Optional
 from torch.distributed import DistNetworkError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
 
 from bridgetower_bench.guards.cuda_device import refuse_without_gpu
 from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
@@ -56,6 +62,8 @@ def rendezvous_failure(args, error: Exception) -> str:
     where = f"the rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint or 'this node'}"
     if isinstance(error, RendezvousTimeoutError):
         return f"{PROG}: {where}: not every one of the job's {args.nnodes} node(s) joined in time (join_timeout)"
+    if isinstance(error, (RendezvousConnectionError, DistNetworkError)):
+        return f"{PROG}: {where} was lost: its store does not answer (the node keeping it has ended or is unreachable)"
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     return f"{PROG}: {where} failed: {reason}"
 
