@@ -189,6 +189,7 @@ def main():
     run_directory.check_output_dir(training_args.output_dir)
     with training_args.main_process_first(desc="claiming --output_dir", local=False):
         run_directory.claim(training_args.output_dir, holder=training_args.process_index == 0)
+    run_directory.refuse_unless_shared(training_args.output_dir, training_args.device)  # one directory for all nodes
 
     # 4. Load the data set: a Hub name or local directory, or csv / json / jsonl files.
     dataset = data.load_raw_datasets(

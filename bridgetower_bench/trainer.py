@@ -65,7 +65,7 @@ from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal, re
 from bridgetower_bench.images.images import normalize_on_device
 from bridgetower_bench.measurement.energy import EnergyMeter
 from bridgetower_bench.measurement.run_record import describe_run
-from bridgetower_bench.measurement.throughput import ThroughputCallback
+from bridgetower_bench.measurement.throughput import ThroughputCallback, node_line
 from bridgetower_bench.output_dir import checkpoint_manifest, disk_space, run_directory, run_recipe
 from bridgetower_bench.output_dir.atomic_files import atomic_path
 from bridgetower_bench.redaction import without_secrets
@@ -102,6 +102,7 @@ class TrainerExtensions:
             warmup_steps=getattr(self.args, "throughput_warmup_steps", 0) or 0,
             world_size=self.args.world_size,
             energy=EnergyMeter.for_device(self.args.device, self.args.world_size),
+            gather=lambda tensor: self.accelerator.gather(tensor),
         )
         self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()
@@ -309,8 +310,11 @@ class TrainerExtensions:
         return result
 
     def log_metrics(self, split, metrics):
-        """The trainer's printed metrics, with the record's facts that do not apply here (None) shown as n/a."""
-        return super().log_metrics(split, {key: "n/a" if value is None else value for key, value in metrics.items()})
+        """The trainer's printed metrics, with the record's facts that do not apply here (None) shown as n/a, and
+        each node's figures (a job on several nodes) on a line of their own."""
+        shown = {key: "n/a" if value is None else value for key, value in metrics.items() if key != "per_node"}
+        shown.update(node_line(node) for node in metrics.get("per_node", ()))
+        return super().log_metrics(split, shown)
 
     # stopping cleanly -----------------------------------------------------------------------------------
     def _checkpoint_after_image_error(self, error: ImageLoadError) -> ImageLoadError:

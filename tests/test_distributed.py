@@ -101,6 +101,7 @@ def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
     assert (result.stdout + result.stderr).count("***** train metrics *****") == 1
     two = read_json(out / "train_results.json")
     assert two["world_size"] == 2 and two["per_device_train_batch_size"] == 2
+    assert "per_node" not in two  # one node: its figures are the job's
 
     # The same samples as one process with the same global batch: counted + warm-up = every sample seen.
     run_script("cuda", args(fixtures, tmp_path / "one", per_device_batch=4))
@@ -283,7 +284,43 @@ def test_two_nodes_through_c10d_make_one_run_that_sees_every_row_once_per_epoch(
     metrics = read_json(out / "train_results.json")
     assert metrics["world_size"] == 2
     assert metrics["throughput_counted_samples"] == (2 * STEPS - WARMUP) * 2 * 2
+    # Each node's own figures beside the job's: one process each, its samples over its own window.
+    nodes = metrics["per_node"]
+    assert [(n["node"], n["processes"]) for n in nodes] == [(0, 1), (1, 1)]
+    for node in nodes:
+        assert 0 < node["train_samples_per_second"] and 0 <= node["data_wait_fraction"] <= 1
+        assert "energy_joules" not in node  # RAPL is not read with several processes on one CPU
+    printed = [line.split() for t in text for line in t.splitlines() if line.lstrip().startswith("node ")]
+    assert [words[:5] for words in printed] == [
+        ["node", "0", "=", "1", "process(es),"],
+        ["node", "1", "=", "1", "process(es),"],
+    ]
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial-*"))
+
+
+def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_in_one_line(fixtures, tmp_path):
+    # Node-local disks: the same path on each node names two directories; here, two paths on one machine.
+    port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
+    commands = [
+        node_command(port, "local-disks", rank, REPO / SCRIPTS["cuda"], *args(fixtures, tmp_path / f"disk{rank}", 2))
+        + ["--ddp_backend", "gloo"]
+        for rank in (0, 1)
+    ]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, script_env(gaudi=False))]
+    text = [log.read_text() for log in logs]
+    assert codes == [2, 2], text[0][-3000:] + text[1][-3000:]
+    for node, log in enumerate(text):
+        assert "Traceback" not in log, log[-3000:]
+        assert re.search(
+            rf"run_bridgetower_cuda.py: error: --output_dir=\S+/disk{node} is not one directory for the whole job: "
+            r"rank\(s\) 1 do not see the lock rank 0 took there \(a disk of their own node\?\); put it on a "
+            "filesystem every node mounts at the same path",
+            log,
+        ), log[-3000:]
+        assert log.splitlines()[-1].endswith("exit status 2")
+    assert (
+        not list((tmp_path / "disk0").glob("checkpoint-*")) and not (tmp_path / "disk0" / "model.safetensors").exists()
+    )
 
 
 def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fixtures, tmp_path):

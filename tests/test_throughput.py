@@ -120,7 +120,7 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
         dataloader_num_workers=0,
     )
     model = SlowModel(delay=0.03)
-    steps = StepTimes()
+    steps, after = StepTimes(), StepTimes()  # the step ends' clock just before the kit's callback, and just after
     trainer = ExtendedTrainer(
         model=model,
         args=args,
@@ -131,10 +131,13 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
         loader="torch",
         image_pipeline="fast",
     )
+    trainer.add_callback(after)
     metrics = trainer.train().metrics
-    expected = 4 * 2 / (steps.times[6] - steps.times[2])
+    window = metrics["throughput_counted_seconds"]
     assert metrics["throughput_counted_steps"] == 4 and metrics["throughput_counted_samples"] == 8
-    assert metrics["train_samples_per_second"] == pytest.approx(expected, rel=0.02)
+    assert metrics["train_samples_per_second"] == pytest.approx(8 / window)
+    # the window: from the end of step 2 (the warm-up) to the end of step 6, as the clock read between the two
+    assert steps.times[6] - after.times[2] <= window <= after.times[6] - steps.times[2]
     # one samples/s figure in what the run prints and saves, not the Trainer's (warm-up included) beside it
     assert [key for key in metrics if "samples_per_second" in key] == [
         "train_samples_per_second",
@@ -143,7 +146,6 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
     # No workers, so loading and computing take turns. accelerate's loader reads one batch ahead: the fetches
     # of counted steps 3-5 load batches 4-6 (2 x 10 ms of sleep each), step 6's finds the end. With the 4
     # counted forwards of 30 ms, at least 60 ms of the window is waiting and 120 ms is not, however slow the machine.
-    window = metrics["throughput_counted_seconds"]
     waited = metrics["data_wait_fraction"] * window
     assert waited >= 3 * 2 * 0.010
     assert window - waited >= 4 * 0.030
@@ -314,3 +316,63 @@ def test_steps_per_epoch_are_optimizer_steps(batches, accumulation, steps):
         args, SimpleNamespace(global_step=0, max_steps=10), None, train_dataloader=[None] * batches
     )
     assert callback.steps_per_epoch == steps and isinstance(callback.steps_per_epoch, int)
+
+
+def test_a_job_on_two_nodes_reports_every_devices_energy_and_each_nodes_figures(monkeypatch):
+    """Four ranks on two nodes: this process is rank 0; the gather brings the three others' shares."""
+    from bridgetower_bench.measurement.energy import EnergyMeter
+
+    class Counter:
+        source, joules = "test-counter", 0.0
+
+        def start(self):
+            pass
+
+        def poll(self):
+            pass
+
+        def stop(self):
+            return 40.0  # rank 0's device: 40 J over its 10 s window
+
+    monkeypatch.setenv("GROUP_RANK", "0")
+    others = torch.tensor([[0, 40, 10.0, 5.0, 60.0], [1, 40, 8.0, 0.0, 30.0], [1, 40, 10.0, 1.0, 30.0]])
+    clock = FakeClock()
+    callback = ThroughputCallback(
+        warmup_steps=1,
+        world_size=4,
+        clock=clock,
+        energy=EnergyMeter(Counter),
+        gather=lambda mine: torch.cat([mine, others]),
+    )
+    simulate(callback, clock, steps=11, warmup_seconds=5.0, step_seconds=0.5, wait_seconds=0.5, batch=4)
+    metrics = callback.metrics()
+    # The job: rank 0's samples/s and data wait (as with one process), every device's energy.
+    assert metrics["train_samples_per_second"] == pytest.approx(4 * 40 / 10.0)
+    assert metrics["data_wait_fraction"] == pytest.approx(0.5)
+    assert metrics["energy_joules"] == pytest.approx(160.0) and metrics["energy_devices_measured"] == 4
+    assert metrics["energy_joules_per_sample"] == pytest.approx(160.0 / 160)
+    assert metrics["energy_watts_per_device"] == pytest.approx((4.0 + 6.0 + 3.75 + 3.0) / 4)
+    # Each node: its ranks' samples over its longest window, their mean data wait, their joules.
+    fields = ("node", "processes", "train_samples_per_second", "data_wait_fraction", "energy_joules")
+    assert metrics["per_node"] == [
+        dict(zip(fields, (0, 2, 8.0, 0.5, 100.0))),
+        dict(zip(fields, (1, 2, 8.0, 0.05, 60.0))),
+    ]
+    # A rank without a counter: the job's energy stays the one of the device that measured it, no node's joules.
+    others[2, 4] = float("nan")
+    metrics = callback.metrics()
+    assert metrics["energy_joules"] == pytest.approx(40.0) and metrics["energy_devices_measured"] == 1
+    assert all("energy_joules" not in node for node in metrics["per_node"][1:])
+    assert metrics["per_node"][0]["energy_joules"] == 100.0
+
+
+def test_a_process_is_on_the_launchers_node_rank_else_on_its_host(monkeypatch):
+    from bridgetower_bench.measurement.throughput import this_node
+
+    assert this_node({"GROUP_RANK": "3"}) == 3 and this_node({"CROSS_RANK": "1"}) == 1
+    hosts = {}
+    for host in ("gaudi-node-7", "gaudi-node-8"):
+        monkeypatch.setattr("socket.gethostname", lambda: host)
+        hosts[host] = this_node({})
+        assert this_node({"GROUP_RANK": ""}) == hosts[host] < 2**24  # the same host, the same number
+    assert hosts["gaudi-node-7"] != hosts["gaudi-node-8"]

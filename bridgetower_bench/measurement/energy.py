@@ -20,8 +20,8 @@ Its `metrics()` are saved with the train metrics:
     energy_joules              joules the measured device(s) used over the window
     energy_joules_per_sample   those joules / the samples those devices trained in the window
     energy_watts_per_device    those joules / the window's seconds / the devices measured
-    energy_devices_measured    1: each process measures the device it trains on; the record is the one of the
-                               process that saves it (data parallel: every device trains the same share)
+    energy_devices_measured    each process measures the device it trains on: 1 here; with several processes
+                               throughput.py sums every rank's (when every one measured)
 
 The libraries (`nvidia-ml-py`, `habana-pyhlml`) are optional: imported only on their backend, when a run
 trains there; without them the run trains as before and says why energy is not measured. Why these readers and

@@ -26,13 +26,24 @@ host has queued the step.
 With an `energy` meter (energy.py), the device's energy is read over the same window: the counter is read
 right after each end's synchronisation (and polled at every counted step end in between), so that
 `energy_joules_per_sample` and `energy_watts_per_device` describe exactly the steps samples/s counts.
+
+With several processes (`gather`: the Trainer's accelerator.gather), every rank's share (its samples, window,
+data wait and joules) is gathered once, when the figures are made. The job's figures are rank 0's samples/s
+and data wait, as with one process, and its energy is every device's (the sum, when every rank measured
+its device). A job on several nodes adds `per_node`: for each node, in the order of its first rank, its
+processes, samples/s (its ranks' samples over its longest window), mean data-wait fraction and joules.
+A process's node is the launcher's node rank (torchrun's GROUP_RANK, DeepSpeed's CROSS_RANK), else its host.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import socket
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from typing import Optional
 
 import torch
@@ -52,9 +63,12 @@ class ThroughputCallback(TrainerCallback):
         clock: Callable[[], float] = time.perf_counter,
         synchronize: Optional[Callable[[torch.device], None]] = None,
         energy: Optional[EnergyMeter] = None,
+        gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     ):
         self.warmup_steps = max(0, int(warmup_steps))
         self.energy = energy
+        self.gather = gather  # several processes: every rank's tensor, in rank order, along the first dimension
+        self.device: Optional[torch.device] = None
         self.world_size = world_size
         self.clock = clock
         self.synchronize = synchronize or synchronize_device
@@ -80,6 +94,7 @@ class ThroughputCallback(TrainerCallback):
     # Trainer events ------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._reset(first_step=state.global_step)
+        self.device = args.device
         if self.energy is not None:
             self.energy.prepare()
         self.train_start = self.clock()
@@ -160,6 +175,9 @@ class ThroughputCallback(TrainerCallback):
             if self.energy is not None:
                 energy = self.energy.not_measured("the warm-up covers every step: no counted window")
         elapsed = max(elapsed, 1e-9)
+        shares = self._every_rank(samples, elapsed, wait)
+        if "energy_joules" in energy and not any(math.isnan(joules) for *_, joules in shares):
+            energy.update(job_energy(shares))
         node_samples = samples * self.world_size
         first_counted = self.first_step + warmup + 1
         epoch_starts = [step for step in self.epoch_start_steps if step >= first_counted]
@@ -182,7 +200,70 @@ class ThroughputCallback(TrainerCallback):
             **shape,
             "world_size": self.world_size,
             **energy,
+            **per_node(shares),
         }
+
+    def _every_rank(self, samples: int, seconds: float, wait: float) -> list[list[float]]:
+        """[node, samples, seconds, data wait, joules (nan: none)] of every rank, in rank order (float32 numbers,
+        which every device's collectives carry: exact for node numbers and sample counts below 2**24)."""
+        joules = self.energy.joules if self.energy is not None and self.energy.joules is not None else math.nan
+        mine = [this_node(), samples, seconds, wait, joules]
+        if self.gather is None or self.world_size <= 1:
+            return [mine]
+        share = torch.tensor([mine], dtype=torch.float32, device=self.device)
+        return self.gather(share).cpu().tolist()
+
+
+def this_node(environ: Mapping[str, str] = os.environ) -> int:
+    """A number for the node this process runs on: the launcher's node rank, else one made from the host name."""
+    for name in ("GROUP_RANK", "CROSS_RANK"):
+        if environ.get(name, "").strip().isdigit():
+            return int(environ[name])
+    return zlib.crc32(socket.gethostname().encode()) & 0xFFFFFF  # (24 bits: exact in float32)
+
+
+def job_energy(shares: list[list[float]]) -> dict:
+    """The job's energy fields from every rank's joules over its own samples and window."""
+    joules, samples = sum(s[4] for s in shares), sum(s[1] for s in shares)
+    record = {
+        "energy_joules": joules,
+        "energy_devices_measured": len(shares),
+        "energy_watts_per_device": sum(s[4] / s[2] for s in shares) / len(shares),
+    }
+    if samples > 0:
+        record["energy_joules_per_sample"] = joules / samples
+    return record
+
+
+def per_node(shares: list[list[float]]) -> dict:
+    """{"per_node": [...]} for a job on several nodes (each node's figures), else nothing."""
+    nodes: dict[float, list[list[float]]] = {}
+    for share in shares:
+        nodes.setdefault(share[0], []).append(share)
+    if len(nodes) < 2:
+        return {}
+    figures = []
+    for index, ranks in enumerate(nodes.values()):
+        samples, longest = sum(r[1] for r in ranks), max(r[2] for r in ranks)
+        node = {
+            "node": index,
+            "processes": len(ranks),
+            "train_samples_per_second": samples / longest,
+            "data_wait_fraction": min(1.0, sum(r[3] / r[2] for r in ranks) / len(ranks)),
+        }
+        if not any(math.isnan(r[4]) for r in ranks):
+            node["energy_joules"] = sum(r[4] for r in ranks)
+        figures.append(node)
+    return {"per_node": figures}
+
+
+def node_line(node: dict) -> tuple[str, str]:
+    """One node's figures as the printed metrics show them: ("node N", "what it did")."""
+    energy = f", {node['energy_joules']:.1f} J" if "energy_joules" in node else ""
+    return f"node {node['node']}", (
+        f"{node['processes']} process(es), {node['train_samples_per_second']:.2f} samples/s, "
+        f"data wait {node['data_wait_fraction']:.1%}{energy}"
+    )
 
 
 def synchronize_device(device: torch.device) -> None:

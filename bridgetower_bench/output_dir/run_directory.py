@@ -12,7 +12,8 @@ trained with (their recipe) is run_recipe.py's.
   warning. With several processes only the job's first one claims the directory: the others are
   part of the same run. Claiming also finishes a publication that a killed run had committed, and
   removes what killed writers on this host left (staging directories, temporary files of recorded
-  names: `atomic_files`' names, which record the writer's host and pid).
+  names: `atomic_files`' names, which record the writer's host and pid). `refuse_unless_shared`: every
+  process of the job must then see that lock (one directory on a filesystem all nodes share).
 - What is "ours": `.bridgetower-run.json` lists every top-level name a run of these scripts wrote
   (recorded before the name is first written). `foreign_entries` is everything else, minus our own
   bookkeeping; the scripts refuse a directory holding foreign entries and checkpoint rotation only
@@ -38,6 +39,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import time
@@ -45,6 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, Optional
 
+import torch
 from filelock import FileLock, Timeout
 
 from bridgetower_bench.output_dir import checkpoint_manifest, disk_space
@@ -70,6 +73,10 @@ _held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether
 
 class OutputDirInUse(UserInputError):
     """Another run holds the lock of this --output_dir."""
+
+
+class OutputDirNotShared(UserInputError):
+    """A process of the job does not see the lock its first process took: --output_dir is no shared directory."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,10 +218,16 @@ def claim(output_dir: str, holder: bool = True) -> None:
         os.pwrite(
             fd,
             json.dumps(
-                {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "token": secrets.randbelow(2**31 - 1) + 1,  # this claim's: `refuse_unless_shared`
+                }
             ).encode(),
             0,
         )
+        os.fsync(fd)  # a network filesystem shows the other nodes what was flushed
 
     # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
     lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=sign)
@@ -237,6 +250,34 @@ def claim(output_dir: str, holder: bool = True) -> None:
     _held[key] = (lock, created)
     finish_publication(output_dir)
     remove_leftovers(output_dir)
+
+
+def refuse_unless_shared(output_dir: str, device) -> None:
+    """With several processes, after `claim`: each one must find in output_dir the lock the first one took (its
+    token), else the job's nodes do not share the directory (a disk of each node's own, or another mount): no
+    checkpoint could be complete there, so every process stops in one line, naming the ranks that do not see it."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return
+    mine = torch.tensor([_lock_token(output_dir)], dtype=torch.int32, device=device)
+    first = mine.clone()
+    torch.distributed.broadcast(first, src=0)
+    seen = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(seen, mine)
+    blind = [str(rank) for rank, token in enumerate(seen) if token.item() != first.item()]
+    if blind:
+        raise OutputDirNotShared(
+            f"--output_dir={output_dir} is not one directory for the whole job: rank(s) {', '.join(blind)} do not "
+            "see the lock rank 0 took there (a disk of their own node?); put it on a filesystem every node mounts "
+            "at the same path"
+        )
+
+
+def _lock_token(output_dir: str) -> int:
+    try:
+        with open(os.path.join(output_dir, LOCK_NAME)) as f:
+            return int(json.loads(f.read())["token"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def held_by(output_dir: str) -> Optional[str]:
