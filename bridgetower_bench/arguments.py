@@ -24,6 +24,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+import torch
 from transformers import TrainingArguments
 from transformers.training_args import OptimizerNames
 
@@ -215,6 +216,14 @@ class WarmupTrainingArguments(TrainingArguments):
         super().__post_init__()
         if self.compile_layers and self.torch_compile:
             raise ValueError("--compile_layers and --torch_compile both compile the model: pass one of them")
+
+    @property
+    def device(self):
+        """The training device; the CPU as one device. With several processes accelerate names it `cpu:<index>`, a
+        location `torch.load` cannot restore to, and the Trainer loads a checkpoint's optimizer.pt there when
+        it resumes: plain `cpu` lets a run of several CPU processes resume."""
+        device = super().device
+        return torch.device("cpu") if device.type == "cpu" else device
 
 
 # ---------------------------------------------------------------------------------------------

@@ -399,6 +399,15 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
 
+    # The same command on both nodes (without the signalling wrapper) resumes from it and finishes the run.
+    logs, port = [tmp_path / "resumed0.log", tmp_path / "resumed1.log"], free_port()
+    commands = [node_command(port, "resumed", r, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
+    text = [log.read_text() for log in logs]
+    assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
+    assert sum(f"resuming training at {out / 'checkpoint-10'}" in log for log in text) == 2  # each node's rank
+    assert read_json(out / "trainer_state.json")["global_step"] == 12 and (out / "model.safetensors").is_file()
+
 
 def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_and_under_slurm():
     from torch.distributed import run as torchrun
