@@ -17,7 +17,7 @@ import torch
 from datasets import DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
-from bridgetower_bench.guards.resilience import ImageLoadError, image_label
+from bridgetower_bench.guards.resilience import ImageLoadError, image_label, leave_sigterm_to_the_main_process
 from bridgetower_bench.regular_files import not_regular_reason
 from bridgetower_bench.user_errors import UserInputError
 
@@ -250,6 +250,7 @@ class BatchTransform:
         self.split = split
 
     def __call__(self, batch: dict) -> dict:
+        leave_sigterm_to_the_main_process()  # in a loader worker
         return {
             "pixel_values": [self._load(value) for value in batch[self.image_column]],
             "input_ids": batch["input_ids"],

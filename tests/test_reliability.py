@@ -458,13 +458,21 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_sent_twice_ends_the_run_in_one_line(signum, fixtures, tmp_path):
+@pytest.mark.parametrize(
+    "signum, to_the_group, times",
+    [(signal.SIGINT, True, 2), (signal.SIGTERM, False, 2), (signal.SIGTERM, True, 1)],
+    ids=["ctrl-c-twice", "sigterm-twice", "sigterm-to-every-process"],
+)
+def test_a_signal_sent_twice_or_to_every_process_ends_the_run_in_one_line(
+    signum, to_the_group, times, fixtures, tmp_path
+):
     """Ctrl-C pressed twice (SIGINT to the whole process group, loader workers included) once ended in a
     KeyboardInterrupt traceback; a second SIGTERM (to the run's process, as the bit-for-bit test sends it) killed
     the run without a word. Whether the second signal arrives during the step (the run stops at once) or after the
-    checkpoint (the run is exiting), the run ends in the kit's line."""
-    send = (lambda pid: os.killpg(pid, signum)) if signum == signal.SIGINT else (lambda pid: os.kill(pid, signum))
+    checkpoint (the run is exiting), the run ends in the kit's line. SIGTERM to every process, loader workers
+    included (Slurm's scancel), once ended in "DataLoader worker exited unexpectedly": the workers leave it to
+    the main process, which saves a checkpoint at the step boundary."""
+    send = (lambda pid: os.killpg(pid, signum)) if to_the_group else (lambda pid: os.kill(pid, signum))
     out = tmp_path / "out"
     command = train_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
     cmd = [sys.executable, str(REPO / SCRIPTS["cuda"]), *command, "--do_train", *CPU_FLAGS["cuda"]]
@@ -480,9 +488,9 @@ def test_a_signal_sent_twice_ends_the_run_in_one_line(signum, fixtures, tmp_path
         )
         for line in process.stdout:
             if "'loss'" in line:  # training
-                send(process.pid)
-                time.sleep(0.05)
-                send(process.pid)
+                for _ in range(times):
+                    send(process.pid)
+                    time.sleep(0.05)
                 break
         stdout, _ = process.communicate(timeout=300)
     text = (tmp_path / "stderr.txt").read_text()

@@ -187,6 +187,17 @@ def _stop_at_once(signum, frame) -> None:
     raise StoppedAtOnce(signum)
 
 
+def leave_sigterm_to_the_main_process() -> None:
+    """In a DataLoader worker (called by every batch it loads): ignore SIGTERM from now on.
+
+    PyTorch's worker handler lets a SIGTERM that its parent did not send kill the worker, and the main process
+    then fails with "DataLoader worker exited unexpectedly" instead of stopping at the step boundary. A
+    scheduler (Slurm's scancel) signals every process of the job: the main process alone acts on it, and ends
+    its workers as at any end of an epoch. (A worker signalled before its first batch still dies.)"""
+    if torch.utils.data.get_worker_info() is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:
     """Print the interruption's message (once, from the main process) and raise it."""
     if is_main_process:
