@@ -488,9 +488,14 @@ class TrainerExtensions:
 
         The end of a resumed training (`train_loss` in the train metrics, the dict `train()` returns) averages
         every step of the run: the Trainer's sum starts at the resume, the checkpoint's sum adds the steps before.
+        That summary loses the Trainer's own samples and steps per second (warm-up included): the run reports
+        one throughput, the kit's (`train`), on every backend.
         """
         if "train_loss" in logs and self._resumed_loss_sum is not None:
             logs["train_loss"] = self._training_loss_sum() / max(self.state.global_step, 0.001)
+        if "train_runtime" in logs:
+            logs.pop("train_samples_per_second", None)
+            logs.pop("train_steps_per_second", None)
         return super().log(divergence.finite_or_none(logs), *args, **kwargs)
 
     def _finite_state(self) -> None:
