@@ -311,13 +311,30 @@ def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_
         plan(out, resume_from_checkpoint=str(out / "checkpoint-6"))
 
 
-def publish(out, recipe, step=6):
-    """A trained model published in out as a run publishes it (recipe.json in its set), trained to its last step."""
+def publish(out, recipe, step=6, last_step=None):
+    """A trained model published in out as a run publishes it (recipe.json in its set), trained to `step` of
+    `last_step` (by default its last)."""
     with run_directory.publication(str(out)) as staging:
         for name in ("model.safetensors", "config.json", "train_results.json"):
             (Path(staging) / name).write_text(name)
-        (Path(staging) / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": step}))
+        state = {"global_step": step, "max_steps": last_step or step}
+        (Path(staging) / "trainer_state.json").write_text(json.dumps(state))
         run_recipe.write(staging, recipe)
+
+
+def test_this_recipes_model_short_of_its_last_step_resumes_its_checkpoint_or_is_refused_saying_so(tmp_path):
+    """Once refused as "a model of another recipe ()", naming no difference."""
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    publish(out, recipe, step=3, last_step=6)
+    with pytest.raises(ValueError) as refused:
+        plan(out)
+    assert str(refused.value) == (
+        f"--output_dir={out} holds this recipe's model, not trained to its last step, and no complete checkpoint of "
+        "it to resume: pass --overwrite_output_dir to train it afresh"
+    )
+    save_checkpoint(out, 3, recipe)
+    assert plan(out) == (recipe, None, str(out / "checkpoint-3"))
 
 
 def test_a_published_model_missing_a_file_is_published_again_from_its_checkpoint_or_refused_in_one_line(

@@ -549,6 +549,11 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             f"{_lacks(output_dir, missing)}, and no complete checkpoint of its recipe is there to resume: pass "
             "--overwrite_output_dir to train it afresh"
         )
+    if trained and published == recipe:  # (not finished: its trainer state stops short of the last step, or is gone)
+        raise UserInputError(
+            f"--output_dir={output_dir} holds this recipe's model, not trained to its last step, and no complete "
+            "checkpoint of it to resume: pass --overwrite_output_dir to train it afresh"
+        )
     if trained:
         _refuse(output_dir, "a model", published, recipe)
     if others:
