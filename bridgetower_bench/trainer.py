@@ -452,11 +452,12 @@ class TrainerExtensions:
         """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), published with the set.
 
         A new model's all_results.json starts afresh: the previous model's eval/test results do not describe it.
+        Every record names the environment and versions it ran with (an evaluation alone too).
         """
         with self.publishing() as staging:
             if not self.is_world_process_zero():
                 return
-            metrics = divergence.finite_or_none(metrics)  # (null, never a bare NaN: not JSON)
+            metrics = divergence.finite_or_none({**describe_run(self.args), **metrics})  # (null, never a bare NaN)
             with open(os.path.join(staging, f"{split}_results.json"), "w") as f:
                 json.dump(metrics, f, indent=4, sort_keys=True, allow_nan=False)
             if combined:  # merged into this set's all_results.json, else the published one (unless replaced)

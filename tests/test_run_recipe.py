@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory, run_recipe
@@ -192,6 +193,8 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(
         out / "all_results.json"
     )
+    # an evaluation alone names the versions it ran with, as a training's record does
+    assert read_json(out / "validation_results.json")["version_transformers"] == transformers.__version__
     itself = run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
     assert f"{out} holds a trained model: evaluating it\n" in itself.stdout + itself.stderr
     assert "the model it was trained from" not in itself.stdout + itself.stderr
