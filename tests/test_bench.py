@@ -4,7 +4,9 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,14 +30,36 @@ TINY_RUN = (
     "--logging_steps 1 --max_eval_samples 8"
 )
 
+# Stands in for ssh: notes the host it was asked for, then runs the node's shell line on this machine.
+REMOTE_SHELL = """#!/bin/sh
+echo "$1" >> "$(dirname "$0")/hosts"
+exec bash -c "$2"
+"""
+
+
+def hostfile(tmp_path, text="gpu-a slots=2\n\ngpu-b slots=2\n"):
+    (tmp_path / "hostfile").write_text(text)
+    return str(tmp_path / "hostfile")
+
 
 def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU, even on a GPU machine
-    out = tmp_path / "bench"
+    out, remote_shell = tmp_path / "bench", tmp_path / "remote_shell"
+    remote_shell.write_text(REMOTE_SHELL)
+    remote_shell.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Two "nodes", both this machine: two launch_cuda meet at 127.0.0.1's c10d rendezvous, over gloo. They share its
+    # cores, where each node would give its process all of them (measured: 2 s per step instead of 0.1 s).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nodes = ["--nodes", "1,2", "--hostfile", hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")]
+    nodes += ["--remote-shell", str(remote_shell), "--rdzv-port", str(port)]
 
     code = bench.main(
         ["--workers", "0", "1", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)]
         + ["--devices", "1,2"]
+        + nodes
     )
 
     printed = capsys.readouterr().out
@@ -46,12 +70,23 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         (1, False, 1, "ok"),
         (1, True, 1, "ok"),
         (0, False, 2, "ok"),  # the scaling curve: the first configuration again, on two processes (torchrun, gloo)
+        (0, False, 2, "ok"),  # and across nodes: on two nodes of one process each
     ]
-    curve = runs.pop()
+    curve, across = runs[-2:]
+    del runs[-2:]
     assert curve["run_id"] == runs[0]["run_id"] + "-x2" and "--nproc_per_node 2" in curve["command"]
-    assert curve["scaling_efficiency"] == pytest.approx(
-        curve["train_samples_per_second_per_device"] / runs[0]["train_samples_per_second_per_device"], abs=1e-4
-    )
+    for point in (curve, across):
+        assert point["scaling_efficiency"] == pytest.approx(
+            point["train_samples_per_second_per_device"] / runs[0]["train_samples_per_second_per_device"], abs=1e-4
+        )
+    assert (curve["nodes"], across["nodes"], across["run_id"]) == (1, 2, runs[0]["run_id"] + "-nodes2")
+    assert (tmp_path / "hosts").read_text().split() == ["127.0.0.1", "localhost"]
+    assert f"--rdzv_endpoint 127.0.0.1:{port} --rdzv_id {across['run_id']}" in across["command"]
+    log = (out / across["log"]).read_text()  # each node's command, then their output line by line
+    assert [line.split()[:3] for line in log.splitlines()[:2]] == [
+        ["$", str(remote_shell), host] for host in ("127.0.0.1", "localhost")
+    ]
+    assert "\n[node 0] " in log and "\n[node 1] " in log
     assert (
         "--dataloader_persistent_workers True" in runs[2]["command"]
         and "--dataloader_persistent_workers" not in runs[1]["command"]
@@ -93,8 +128,11 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
 
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))
-    assert [(r["workers"], r["world_size"]) for r in csv_rows] == [("0", "1"), ("1", "1"), ("1", "1"), ("0", "2")]
-    assert csv_rows[0]["scaling_efficiency"] == "1.0" and float(csv_rows[3]["scaling_efficiency"]) > 0
+    assert [(r["workers"], r["world_size"], r["nodes"]) for r in csv_rows] == [
+        *(("0", "1", "1"), ("1", "1", "1"), ("1", "1", "1")),
+        *(("0", "2", "1"), ("0", "2", "2")),
+    ]
+    assert csv_rows[0]["scaling_efficiency"] == "1.0" and float(csv_rows[4]["scaling_efficiency"]) > 0
     assert float(csv_rows[1]["train_samples_per_second"]) == pytest.approx(runs[1]["train_samples_per_second"])
 
     table = (out / "table.md").read_text()
@@ -117,6 +155,9 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     scaling = table.split("## Scaling: the same recipe on more devices")[1].split("##")[0]
     assert f"| workers=0 | {runs[0]['device_name']} | 1 | " in scaling and "| 100% |" in scaling
     assert f"| {100 * curve['scaling_efficiency']:.0f}% |" in scaling.split(f"{runs[0]['device_name']} | 2 | ")[1]
+    across_line = scaling.split(f"| workers=0 | {runs[0]['device_name']} | 2 (2 nodes x 1) | ")[1].split("\n")[0]
+    assert f"| {100 * across['scaling_efficiency']:.0f}% |" in across_line
+    assert f"| {runs[0]['device_name']} 2 nodes x1 | " in table  # a row of its own, beside the one-node x2
     vs_published = (out / "vs_published.md").read_text()
     assert "Gaudi2 HPU (published)" in vs_published
     for record in ("results.json", "results.csv", "table.md", "vs_published.md"):  # shareable: no machine paths
@@ -124,7 +165,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     for name in ("chart.png", "chart_scaling.png"):
         with Image.open(out / name) as chart:
             assert chart.size[0] > 100 and chart.size[1] > 100
-    assert printed.count("start  workers=") == 4 and "samples/s" in printed and "at 2 epoch start(s)" in printed
+    assert printed.count("start  workers=") == 5 and "samples/s" in printed and "at 2 epoch start(s)" in printed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +373,7 @@ def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
         (lambda plan: setattr(plan, "extra_args", ["--seed", "2"]), '(--extra-args "--seed 1" → "--seed 2")'),
         (lambda plan: setattr(plan, "extra_args", []), '(--extra-args "--seed 1" → "")'),
         (lambda plan: setattr(plan, "nproc", 2), "(--nproc 1 → 2)"),
+        (lambda plan: setattr(plan, "hosts", ["gpu-a", "gpu-c"]), '(--hostfile "gpu-a gpu-b" → "gpu-a gpu-c")'),
         (lambda plan: setattr(plan, "shape", "within-epoch"), "(--shape published → within-epoch)"),
         (lambda plan: setattr(plan, "base_args", ["--do_eval"]), "(--eval off → on)"),
         (
@@ -346,7 +388,7 @@ def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
 )
 def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_path, change, message):
     plan = stand_in_plan(tmp_path, workers=[0])
-    plan.extra_args, plan.shape = ["--seed", "1"], "published"
+    plan.extra_args, plan.shape, plan.hosts = ["--seed", "1"], "published", ["gpu-a", "gpu-b"]
     bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
     before = (tmp_path / "out" / "results.json").read_text()
     starts(tmp_path)
@@ -1142,3 +1184,99 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     assert bench_report.render_scaling(alone) == "" and not bench_report.render_scaling_chart(
         alone, tmp_path / "x.png"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The curve across nodes (--hostfile, --nodes)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, text, message",
+    [
+        (["--nodes", "1,2"], None, "--nodes 2: several nodes need --hostfile"),
+        (["--nodes", "1,3", "--hostfile", "{hostfile}"], None, "--nodes 3: --hostfile {hostfile} gives 2 node(s)"),
+        (["--nodes", "1", "--hostfile", "{hostfile}"], None, "--hostfile {hostfile}: --nodes names no count above 1"),
+        (
+            ["--nodes", "2", "--hostfile", "{hostfile}", "--nproc", "3"],
+            None,
+            "--hostfile {hostfile}: gpu-a has slots=2, fewer than --nproc 3",
+        ),
+        (
+            ["--nodes", "2", "--hostfile", "{hostfile}"],
+            "gpu-a slots=2\n# rack 2\n",
+            "--hostfile {hostfile}, line 2: '# rack 2' is not `HOST slots=N`",
+        ),
+        (
+            ["--nodes", "2", "--hostfile", "{hostfile}", "--script", "gaudi"],
+            None,
+            "--nodes 2: the Gaudi script runs several processes only on HPUs",
+        ),
+    ],
+)
+def test_a_curve_across_nodes_the_hostfile_cannot_give_is_refused_in_one_line(
+    argv, text, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    path = hostfile(tmp_path, *([text] if text else []))
+    argv = [arg.format(hostfile=path) for arg in argv]
+    assert bench.main(argv + ["--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"python -m bridgetower_bench.tools.bench: error: {message.format(hostfile=path)}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_across_nodes_prints_each_nodes_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    out, nodes = tmp_path / "out", ["--nodes", "1,2", "--hostfile", hostfile(tmp_path)]
+    argv = ["--dry-run", "--workers", "0", "--image-pipelines", "upstream", "--devices", "0", "--out", str(out)]
+    assert bench.main(argv + nodes + ["--extra-args", "--hub_token hf_secret_value"]) == 0
+    printed = capsys.readouterr().out
+    run = "w0-torch-upstream-r1-nodes2"
+    assert "(across nodes: 2 nodes x1)" in printed and "hf_secret_value" not in printed
+    node_lines = [shlex.split(line) for line in printed.splitlines() if line.startswith("ssh ")]
+    assert [words[:3] for words in node_lines] == [["ssh", "-tt", "gpu-a"], ["ssh", "-tt", "gpu-b"]]
+    for words in node_lines:  # one shell line per node: from the kit's directory, with the run's variables
+        line = shlex.split(words[3])
+        assert line[:3] == ["cd", str(bench.REPO), "&&"] and "HF_HUB_OFFLINE=1" in line
+        start = line.index(sys.executable)
+        assert line[start + 1 : start + 13] == [
+            *("-m", "bridgetower_bench.tools.launch_cuda", "--nnodes", "2", "--nproc_per_node", "1"),
+            *("--rdzv_backend", "c10d", "--rdzv_endpoint", "gpu-a:29500", "--rdzv_id", run),
+        ]
+        assert line[start + 13] == str(bench.SCRIPTS["cuda"]) and str(out / "runs" / run) in line
+
+    monkeypatch.setattr(bench, "detect_accelerator", lambda: "hpu")
+    assert bench.main(argv + nodes + ["--nproc", "2"]) == 0
+    launches = [line for line in capsys.readouterr().out.splitlines() if "launch_gaudi --hostfile" in line]
+    assert len(launches) == 1 and launches[0].startswith(  # one launch: DeepSpeed's launcher reaches the nodes
+        f"PT_HPU_LAZY_MODE=1 {sys.executable} -m bridgetower_bench.tools.launch_gaudi --hostfile {out}/hostfiles/"
+        f"{run} --num_nodes 2 --world_size 4 {bench.SCRIPTS['gaudi']} "
+    )
+    assert not out.exists(), "a dry run writes nothing, not even the hostfile"
+
+
+def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_rows_count_one_node(tmp_path):
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.script, plan.device, plan.nproc, plan.hosts = "gaudi", "hpu", 2, ["gaudi-a", "gaudi-b", "gaudi-c"]
+    (tmp_path / "out").mkdir()
+    earlier = dict(row(10.0, 0, world_size=2), run_id=plan.variants[0].run_id)  # a row of a sweep before --nodes
+    bench.write_results(tmp_path / "out", plan, [earlier])
+    plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
+
+    old, across = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]
+
+    assert old == {**earlier, "nodes": 1}
+    hostfile = tmp_path / "out" / "hostfiles" / "w0-torch-upstream-r1-nodes2"
+    assert hostfile.read_text() == "gaudi-a slots=2\ngaudi-b slots=2\n"  # launch_gaudi: --world_size is their slots
+    assert (across["nodes"], across["world_size"], across["status"]) == (2, 4, "failed")  # no DeepSpeed here
+    # launch_gaudi took the hostfile: it checks --num_nodes and --world_size against it before looking for DeepSpeed
+    assert across["error"].startswith("launch_gaudi.py: error: ")
+    assert not any(f"{flag}=" in across["error"] for flag in ("--num_nodes", "--world_size")), across["error"]
+    assert across["command"].startswith(
+        "python -m bridgetower_bench.tools.launch_gaudi --hostfile $OUT/hostfiles/w0-torch-upstream-r1-nodes2 "
+        "--num_nodes 2 --world_size 4 "
+    )
+    with open(tmp_path / "out" / "results.csv") as f:
+        assert [r["nodes"] for r in csv.DictReader(f)] == ["1", "2"]

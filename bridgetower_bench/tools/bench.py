@@ -19,10 +19,24 @@ The scaling curve (--devices 1,2,4,8): the matrix runs on --nproc devices, and i
 again on each other count of --devices, same flags and per-device batch (so the global batch, and the steps
 per epoch, change with the count), in every repeat. By default the CUDA script's local preset on a CPU of 2
 cores or more measures 1 and 2 processes (one extra run); elsewhere there is no curve unless asked for
-(--devices 0: none). One node only: the sweep starts no process on another host.
+(--devices 0: none).
+Across nodes (--hostfile FILE --nodes 1,2,4): the first configuration also runs on each --nodes count N above 1
+(1 is the matrix, made here), on FILE's first N nodes (DeepSpeed's `HOST slots=N` lines, read as launch_gaudi
+reads them; rank 0's node first), --nproc devices each, in every repeat. The Gaudi script: one launch_gaudi
+--hostfile over those nodes (written to hostfiles/<run>; DeepSpeed's launcher reaches them with pdsh over ssh).
+The CUDA script: launch_cuda on each node (--nnodes N, c10d rendezvous at FIRST_HOST:--rdzv-port, --rdzv_id
+<run>), each through --remote-shell: `ssh -tt HOST 'cd <kit> && <the run's variables> <python> -m ...'`; the run
+fails if any node's command fails, and its log holds every node's output as it comes, each line prefixed
+`[node I]`. Every node needs the kit and its Python at the paths they have here, and --out must be on a
+filesystem every node mounts at the same path: rank 0's node writes the run's train_results.json, which the
+sweep reads. Stopping a run (or the sweep's end) reaches another node's processes through the closed
+connection: ssh -tt's terminal hangs them up (a remote shell without a terminal leaves them running). Rows
+record `nodes` beside world_size (1 in rows of earlier sweeps); table.md and chart_scaling.png name such points
+("2 nodes x 8"). docs/RUNS.md: what a run across nodes needs and what was not run here.
 
 Written to --out (default bench_out/<timestamp>):
     logs/<run>.log       each run's command line and full output
+    hostfiles/<run>      a Gaudi run across nodes: the nodes it was given
     runs/<run>/          each run's output directory (weights deleted unless --keep-weights)
     results.json / .csv  one row per run, rewritten after every run (Ctrl-C keeps the finished rows),
                          with the settings the rows were measured with
@@ -46,7 +60,7 @@ Rerunning into the same --out resumes: rows of runs that finished are kept, and 
 without one (never made, failed, interrupted) are made, also when the rerun widens the matrix (more
 --workers, --image-pipelines, --repeats, ...); rows the rerun's matrix leaves out stay in the records.
 Settings that would change what a kept row measured (--preset, --script, --shape, --nproc, --eval,
---extra-args, the device and its model) are refused in one line naming each (old → new), exit status 2;
+--extra-args, the device and its model, the hostfile's nodes) are refused in one line naming each (old → new), exit status 2;
 use another --out. One sweep at a time per --out (a lock; a second one is refused naming the holder). The
 runs die with the sweep: each gets SIGTERM (a training run checkpoints at its next step and exits) when
 the sweep ends in any way, SIGKILL included (Linux: a parent-death signal; each run keeps a process group
@@ -94,6 +108,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -114,6 +129,7 @@ from bridgetower_bench.redaction import redact_args, redact_text, scrub, secret_
 from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.retrieval import summarise_quality
 from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.tools.launch_gaudi import hostfile_nodes
 from bridgetower_bench.tools.sweep import cost_report
 from bridgetower_bench.tools.sweep.bench_report import (
     FAILED,
@@ -202,6 +218,7 @@ CSV_COLUMNS = (
     "script",
     "preset",
     "world_size",
+    "nodes",
     "per_device_train_batch_size",
     "requested_loader",
     "loader",
@@ -264,6 +281,7 @@ class Variant:
     persistent_workers: bool = False  # --dataloader_persistent_workers: the loader's workers live across epochs
     prefetch_factor: Optional[int] = None  # --dataloader_prefetch_factor (None: PyTorch's default, 2)
     devices: Optional[int] = None  # a point of the scaling curve (--devices); None: the sweep's --nproc
+    nodes: Optional[int] = None  # a point of the curve across nodes (--nodes), of --nproc devices each; None: one
 
     @property
     def run_id(self) -> str:
@@ -271,6 +289,7 @@ class Variant:
         name = f"w{self.workers}{'p' if self.persistent_workers else ''}"
         name += f"{f'-prefetch{self.prefetch_factor}' if self.prefetch_factor else ''}-{self.loader}-{self.image_pipeline}-r{self.repeat}"
         name += f"-x{self.devices}" if self.devices else ""
+        name += f"-nodes{self.nodes}" if self.nodes else ""
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
 
     @property
@@ -278,7 +297,11 @@ class Variant:
         label = configuration_label(
             self.workers, self.loader, self.image_pipeline, self.persistent_workers, self.prefetch_factor
         )
-        return label + (f" on {self.devices} device(s)" if self.devices else "")
+        return (
+            label
+            + (f" on {self.devices} device(s)" if self.devices else "")
+            + (f" on {self.nodes} nodes" if self.nodes else "")
+        )
 
 
 def expand_matrix(
@@ -322,15 +345,17 @@ def expand_matrix(
     return variants
 
 
-def scaling_points(variants: Sequence[Variant], devices: Sequence[int], nproc: int) -> list[Variant]:
+def scaling_points(
+    variants: Sequence[Variant], devices: Sequence[int], nproc: int, nodes: Sequence[int] = ()
+) -> list[Variant]:
     """The scaling curve's other sizes: the matrix's first configuration on each of `devices` but `nproc` (the
-    matrix itself runs on `nproc`), in every repeat."""
+    matrix itself runs on `nproc`), then on each of `nodes` above 1 (of `nproc` devices each), in every repeat."""
     first = variants[0]
     return [
-        replace(first, repeat=repeat, devices=n)
+        point
         for repeat in sorted({v.repeat for v in variants})
-        for n in dict.fromkeys(devices)
-        if n != nproc
+        for point in [replace(first, repeat=repeat, devices=n) for n in dict.fromkeys(devices) if n != nproc]
+        + [replace(first, repeat=repeat, nodes=n) for n in dict.fromkeys(nodes) if n > 1]
     ]
 
 
@@ -358,13 +383,19 @@ class Plan:
         default_factory=dict
     )  # variables the runs need on top of the flags: shown with every command
 
-    def shown_command(self, command: list[str], out: Path) -> str:
-        """A run's command as records show it (`shareable_command`), preceded by the variables it needs."""
-        return " ".join(
+    def shown_command(self, command: list[str], out: Path, variant: Optional[Variant] = None) -> str:
+        """A run's command as records show it (`shareable_command`), preceded by the variables it needs; a CUDA run
+        across nodes: one line per node, `REMOTE_SHELL HOST` and what that node runs from the kit's directory."""
+        shown = " ".join(
             [f"{name}={value}" for name, value in self.mode_env.items()] + [shareable_command(command, out)]
         )
+        remote = [shareable_command([*self.remote_shell, host], out) for host in self.remote_hosts(variant)]
+        return "\n".join(f"{node} {shown}" for node in remote) or shown
 
     prices: Prices = field(default_factory=Prices)  # --price / --prices: the cost columns of the results
+    hosts: list[str] = field(default_factory=list)  # --hostfile's nodes in its order (the first keeps rank 0's end)
+    remote_shell: list[str] = field(default_factory=lambda: ["ssh", "-tt"])  # --remote-shell
+    rdzv_port: int = 29500  # --rdzv-port
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -380,20 +411,55 @@ class Plan:
             per_run += ["--dataloader_persistent_workers", "True"]
         if variant.prefetch_factor:
             per_run += ["--dataloader_prefetch_factor", str(variant.prefetch_factor)]
-        return launcher(self.script, self.processes(variant)) + [script] + self.base_args + per_run + self.extra_args
+        start = (
+            self.across_nodes(variant, output_dir) if variant.nodes else launcher(self.script, self.processes(variant))
+        )
+        return start + [script] + self.base_args + per_run + self.extra_args
 
     def processes(self, variant: Variant) -> int:
-        return variant.devices or self.nproc
+        """The run's world size."""
+        return (variant.devices or self.nproc) * (variant.nodes or 1)
 
-    def run_env(self, variant: Optional[Variant] = None) -> dict:
-        env = dict(os.environ)
-        env.update(self.env)
+    def across_nodes(self, variant: Variant, output_dir: Path) -> list[str]:
+        """The launcher of a run on the hostfile's first `variant.nodes` nodes, --nproc devices each. Gaudi: one
+        launch_gaudi over a hostfile of those nodes (`hostfile_path`; DeepSpeed's launcher reaches them); CUDA: the
+        launch_cuda that each node runs (`node_commands`), meeting at the first node's c10d rendezvous."""
+        launch = [sys.executable, "-m", f"bridgetower_bench.tools.launch_{self.script}"]
+        if self.script == "gaudi":
+            hostfile = ["--hostfile", str(hostfile_path(output_dir)), "--num_nodes", str(variant.nodes)]
+            return launch + hostfile + ["--world_size", str(self.processes(variant))]
+        endpoint = f"{self.hosts[0]}:{self.rdzv_port}"
+        rendezvous = ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", variant.run_id]
+        return launch + ["--nnodes", str(variant.nodes), "--nproc_per_node", str(self.nproc)] + rendezvous
+
+    def remote_hosts(self, variant: Optional[Variant]) -> list[str]:
+        """The nodes a run reaches through --remote-shell: a CUDA run's across nodes; none otherwise."""
+        return self.hosts[: variant.nodes] if variant and variant.nodes and self.script == "cuda" else []
+
+    def node_commands(self, variant: Variant, command: list[str]) -> list[list[str]]:
+        """What a run starts: `command` here, or on each of `remote_hosts` through --remote-shell, from the kit's
+        directory (the same path on every node) with the variables the run needs (`node_env`)."""
+        env = [f"{name}={shlex.quote(value)}" for name, value in self.node_env(variant).items()]
+        line = " ".join([f"cd {shlex.quote(str(REPO))} &&", *env, shlex.join(command)])
+        return [[*self.remote_shell, host, line] for host in self.remote_hosts(variant)] or [command]
+
+    def node_env(self, variant: Optional[Variant] = None) -> dict:
+        """The variables a run needs on top of the environment it starts in."""
+        env = dict(self.env)
         if self.device == "cpu" and variant is not None and "OMP_NUM_THREADS" not in os.environ:
-            # On a CPU the loader workers and the training process share the cores: give training the
+            # On a CPU the loader workers and the training processes share the cores: give training the
             # cores the workers leave (at least one), or every step fights the workers for them.
             cores = os.cpu_count() or 1
-            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // self.processes(variant)))
+            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // (variant.devices or self.nproc)))
         return env
+
+    def run_env(self, variant: Optional[Variant] = None) -> dict:
+        return {**os.environ, **self.node_env(variant)}
+
+
+def hostfile_path(output_dir: Path) -> Path:
+    """A Gaudi run's hostfile across nodes, beside its output directory (runs/<run>): hostfiles/<run>."""
+    return output_dir.parent.parent / "hostfiles" / output_dir.name
 
 
 def launcher(script: str, nproc: int) -> list[str]:
@@ -645,11 +711,11 @@ def persistent_settings(args: argparse.Namespace) -> list[bool]:
 
 
 def device_counts(text: str) -> list[int]:
-    """--devices 1,2,4,8 as a list; 0 alone: no curve."""
+    """--devices 1,2,4,8 (or --nodes 1,2) as a list; 0 alone: no curve."""
     try:
         counts = [int(n) for n in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: device counts separated by commas, e.g. 1,2,4,8") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: counts separated by commas, e.g. 1,2,4,8") from None
     return [] if counts == [0] else counts
 
 
@@ -658,6 +724,33 @@ def default_devices(preset: str, script: str, device: str, nproc: int) -> list[i
     extra run, of the first configuration); elsewhere there is no curve unless --devices asks for it."""
     local_cpu = preset == "local" and script == "cuda" and device == "cpu" and nproc == 1
     return [1, 2] if local_cpu and (os.cpu_count() or 1) >= 2 else []
+
+
+def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) -> tuple[list[str], list[int]]:
+    """--hostfile's hosts and the --nodes counts above 1 (the curve across nodes), or UserInputError."""
+    counts = args.nodes or []
+    several = sorted({n for n in counts if n > 1})
+    if any(n < 1 for n in counts):
+        raise UserInputError(f"--nodes {','.join(map(str, counts))}: node counts must be 1 or more")
+    if args.hostfile is None:
+        if several:
+            raise UserInputError(
+                f"--nodes {several[-1]}: several nodes need --hostfile (one `HOST slots=N` line each)"
+            )
+        return [], []
+    if not several:
+        raise UserInputError(f"--hostfile {args.hostfile}: --nodes names no count above 1 (e.g. --nodes 1,2)")
+    if script == "gaudi" and device != "hpu":
+        raise UserInputError(
+            f"--nodes {several[-1]}: the Gaudi script runs several processes only on HPUs (none here)"
+        )
+    hosts = hostfile_nodes(args.hostfile, gaudi=script == "gaudi")
+    if several[-1] > len(hosts):
+        raise UserInputError(f"--nodes {several[-1]}: --hostfile {args.hostfile} gives {len(hosts)} node(s)")
+    for host, slots in list(hosts.items())[: several[-1]]:
+        if slots < nproc:
+            raise UserInputError(f"--hostfile {args.hostfile}: {host} has slots={slots}, fewer than --nproc {nproc}")
+    return list(hosts), several
 
 
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
@@ -708,6 +801,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
 
             if 0 < torch.cuda.device_count() < n:
                 raise ValueError(f"{flag} {n}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    hosts, nodes = node_counts(args, script, device, nproc)
 
     loaders = args.loaders or [TORCH_LOADER] + ([NATIVE_LOADER[device]] if device in NATIVE_LOADER else [])
     for loader in loaders:
@@ -754,13 +848,16 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         script=script,
         device=device,
         nproc=nproc,
-        variants=matrix + scaling_points(matrix, devices, nproc),
+        variants=matrix + scaling_points(matrix, devices, nproc, nodes),
         shape=plan_shape(args),
         base_args=base,
         extra_args=parse_extra_args(args.extra_args),
         env=env,
         expected_device_name=local_device_name(device) if not args.dry_run else "",
         mode_env=mode_env(script, device),
+        hosts=hosts,
+        remote_shell=args.remote_shell,
+        rdzv_port=args.rdzv_port,
     )
 
 
@@ -785,18 +882,25 @@ def last_error_line(log_text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop a run and every process it started (its own process group): SIGINT, then SIGTERM, then SIGKILL."""
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Stop a run's processes and every process they started (each its own process group): SIGINT, then SIGTERM,
+    then SIGKILL, each to the groups still there."""
+    left = list(procs)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        for proc in list(left):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                left.remove(proc)
+        deadline = time.monotonic() + grace_s
+        for proc in list(left):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                left.remove(proc)
+            except subprocess.TimeoutExpired:
+                continue
+        if not left:
             return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 # prctl(2) option: the signal this process gets when the thread that started it ends (Linux).
@@ -827,42 +931,77 @@ def dies_with_this_process() -> dict:
 
 
 def run_process(
-    command: list[str],
+    commands: Sequence[list[str]],
     env: dict,
     log_path: Path,
     shown_command: Optional[str] = None,
     secrets: frozenset = frozenset(),
 ) -> int:
-    """Run `command` with its output in `log_path`; Ctrl-C stops it (and its children) and is re-raised.
+    """Run `commands` together (one, or one per node of a run across nodes) with their output in `log_path`;
+    return the first non-zero exit status in their order, else 0. Ctrl-C stops them (and their children) and is
+    re-raised.
 
-    The log starts with `shown_command` (default: `command`). With `secrets`, the output passes through
-    the sweep line by line and each of them is replaced by a placeholder on its way to the log.
+    The log starts with `shown_command`'s lines (default: the commands), each after `$ `. Several commands'
+    output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets` or several commands,
+    the output passes through the sweep line by line, each secret replaced by a placeholder on its way to the log.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    several = len(commands) > 1
+    piped = bool(secrets) or several
     with open(log_path, "wb") as log:
-        log.write(("$ " + (shown_command or shlex.join(command)) + "\n\n").encode())
+        shown = shown_command.splitlines() if shown_command else [shlex.join(command) for command in commands]
+        log.write(("".join(f"$ {line}\n" for line in shown) + "\n").encode())
         log.flush()
         # Its own session: the terminal's Ctrl-C reaches only us, and `_stop` signals the run's whole process
         # group (launcher, ranks, loader workers) without signalling us. Being outside our group, the run gets
-        # a parent-death signal instead: if we are killed (even by SIGKILL) it is stopped too.
-        proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE if secrets else log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            **dies_with_this_process(),
-        )
+        # a parent-death signal instead: if we are killed (even by SIGKILL) it is stopped too. No stdin: a
+        # remote shell would read the terminal (ssh -tt would make it raw, and Ctrl-C would no longer reach us).
+        procs = [
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if piped else log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **dies_with_this_process(),
+            )
+            for command in commands
+        ]
+        lock = threading.Lock()
+        copies = [
+            threading.Thread(
+                target=_copy_lines,
+                args=(proc.stdout, log, lock, f"[node {i}] ".encode() if several else b"", secrets),
+                daemon=True,
+            )
+            for i, proc in enumerate(procs)
+            if piped
+        ]
+        for copy in copies:
+            copy.start()
         try:
-            if secrets:
-                for line in proc.stdout:
-                    log.write(scrub(line, secrets))
-                    log.flush()
-            return proc.wait()
+            statuses = [proc.wait() for proc in procs]
+            for copy in copies:
+                copy.join()
         except BaseException:
-            _stop(proc)
+            _stop(procs)
+            for copy in copies:  # a process outside the run's groups (torchrun's ranks) may keep a pipe open
+                copy.join(timeout=10)
             raise
+        return next((status for status in statuses if status), 0)
+
+
+def _copy_lines(stream, log, lock: threading.Lock, prefix: bytes, secrets: frozenset) -> None:
+    """A run's output into its log, line by line: secrets scrubbed, a terminal's line ends (ssh -tt) made plain."""
+    for line in stream:
+        with lock:
+            try:
+                log.write(prefix + scrub(line.replace(b"\r\n", b"\n"), secrets))
+                log.flush()
+            except ValueError:  # the log is closed: the run was stopped and the sweep has moved on
+                return
 
 
 def _read_json(path: Path) -> dict:
@@ -948,6 +1087,7 @@ def collect_row(
         "prefetch_factor": variant.prefetch_factor,
         "repeat": variant.repeat,
         "world_size": plan.processes(variant),
+        "nodes": variant.nodes or 1,
         "device_name": plan.expected_device_name,
         "device_type": plan.device,
         "loader": None,
@@ -955,7 +1095,7 @@ def collect_row(
         "wall_seconds": round(wall_seconds, 1),
         "log": _relative(log_path, out),
         "output_dir": _relative(run_dir, out),
-        "command": plan.shown_command(command, out),
+        "command": plan.shown_command(command, out, variant),
     }
     train = _read_json(run_dir / "train_results.json")
     row.update({k: train[k] for k in TRAIN_KEYS if k in train})
@@ -1040,6 +1180,7 @@ MEASURED_SETTINGS = (
     ("shape", "--shape"),
     ("extra_args", "--extra-args"),
     ("base_args", "the runs' arguments"),
+    ("hosts", "--hostfile"),
 )
 
 
@@ -1091,6 +1232,7 @@ def plan_settings(plan: Plan, out: Path) -> dict:
         "nproc": plan.nproc,
         "base_args": shareable_args(plan.base_args, out),
         "extra_args": shareable_args(plan.extra_args, out),
+        "hosts": plan.hosts or None,  # the nodes a run across nodes takes its first ones from
     }
 
 
@@ -1133,6 +1275,8 @@ def read_earlier_sweep(out: Path) -> tuple[dict, list[dict], list[Variant]]:
         ]
         if not (isinstance(rows, list) and all(isinstance(r, dict) and "run_id" in r for r in rows)):
             raise ValueError("its runs are not a list of rows")
+        for row in rows:
+            row.setdefault("nodes", 1)  # rows of sweeps before --nodes: one node
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserInputError(
             f"--out {out}: {path.name} cannot be read as a sweep's results ({e}); "
@@ -1217,11 +1361,19 @@ def run_variant(
     refuse_held_run_dirs([variant], out)  # claimed since the sweep started: leave it alone
     if run_dir.exists():  # left by an unfinished run of an earlier sweep: its results must not pass for this run's
         shutil.rmtree(run_dir)
+    if variant.nodes and plan.script == "gaudi":  # launch_gaudi's nodes: the hostfile's first, --nproc HPUs each
+        hostfile = hostfile_path(run_dir)
+        hostfile.parent.mkdir(exist_ok=True)
+        write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
     started = time.perf_counter()
     try:
         env = plan.run_env(variant)
         returncode: Optional[int] = run_process(
-            command, env, log_path, plan.shown_command(command, out), frozenset(secret_values(command, env))
+            plan.node_commands(variant, command),
+            env,
+            log_path,
+            plan.shown_command(command, out, variant),
+            frozenset(secret_values(command, env)),
         )
     except KeyboardInterrupt:
         returncode = None
@@ -1341,6 +1493,26 @@ def make_parser() -> argparse.ArgumentParser:
         help="The scaling curve: the matrix's first configuration also on these device counts, e.g. 1,2,4,8 "
         "(default: 1,2 for the local preset on a CPU of 2 cores or more; none otherwise; 0: none).",
     )
+    parser.add_argument(
+        "--nodes",
+        type=device_counts,
+        default=None,
+        help="The curve across nodes: the first configuration also on these node counts of --nproc devices each, "
+        "e.g. 1,2,4 (1: the matrix here; more: the first nodes of --hostfile).",
+    )
+    parser.add_argument(
+        "--hostfile", default=None, help="With --nodes: the nodes, one `HOST slots=N` line each (DeepSpeed's format)."
+    )
+    parser.add_argument(
+        "--remote-shell",
+        type=shlex.split,
+        default="ssh -tt",
+        help="How a CUDA run across nodes starts on each node: this command, the host, then the shell line to run "
+        "there (default: ssh -tt; the terminal makes a closed connection hang up the node's processes).",
+    )
+    parser.add_argument(
+        "--rdzv-port", type=int, default=29500, help="Port of a CUDA run's c10d rendezvous on the first node."
+    )
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument(
         "--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results."
@@ -1396,9 +1568,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
     curve = sorted({plan.processes(v) for v in plan.variants if v.devices})
+    nodes = sorted({v.nodes for v in plan.variants if v.nodes})
     print(
         f"{len(plan.variants)} run(s) of {SCRIPTS[plan.script].name} on {plan.device} x{plan.nproc}"
         + (f" (scaling curve: also x{', x'.join(map(str, curve))})" if curve else "")
+        + (f" (across nodes: {', '.join(map(str, nodes))} nodes x{plan.nproc})" if nodes else "")
         + f" ({args.preset} preset, {plan.shape})"
     )
     if args.dry_run:  # what a sweep into --out would run now: what it has no finished row of
@@ -1408,9 +1582,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _refuse(parser, e)
         if len(to_run) < len(plan.variants):
             print(f"{len(plan.variants) - len(to_run)} of them already finished in {out}: not run again")
-        for variant in to_run:
-            shown = shlex.join(redact_args(plan.command(variant, out / "runs" / variant.run_id)))
-            print(" ".join([f"{name}={value}" for name, value in plan.mode_env.items()] + [shown]))
+        for variant in to_run:  # a CUDA run across nodes: each node's command
+            command = redact_args(plan.command(variant, out / "runs" / variant.run_id))
+            for started in plan.node_commands(variant, command):
+                print(" ".join([f"{name}={value}" for name, value in plan.mode_env.items()] + [shlex.join(started)]))
         return 0
     if plan.env.get("PATH", "").startswith(str(HABANA_SHIM)):
         print(f"note: no Habana software here; the Gaudi script runs on CPU with the stand-ins in {HABANA_SHIM}")

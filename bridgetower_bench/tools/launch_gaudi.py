@@ -34,6 +34,7 @@ from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
 from bridgetower_bench.guards.habana_software import require_habana_software
 from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.tools import tool_paths
+from bridgetower_bench.user_errors import UserInputError
 
 
 HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # a hostfile line, as both DeepSpeed and optimum-habana read it
@@ -76,12 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def hostfile_nodes(parser, path: str) -> dict[str, int]:
-    """The nodes of a DeepSpeed hostfile and their HPUs, in its order (the first node runs rank 0)."""
+def hostfile_nodes(path: str, gaudi: bool = True) -> dict[str, int]:
+    """The nodes of a DeepSpeed hostfile and their devices, in its order (the first node runs rank 0); bad input
+    raises UserInputError naming the file (and the line). `gaudi`: a node has at most 8 devices (HPUs)."""
     try:
         text = read_regular_file(path).decode()
     except (OSError, UnicodeDecodeError) as error:
-        parser.error(f"--hostfile {path}: {getattr(error, 'strerror', None) or error}")
+        raise UserInputError(f"--hostfile {path}: {getattr(error, 'strerror', None) or error}") from None
     nodes = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -89,21 +91,24 @@ def hostfile_nodes(parser, path: str) -> dict[str, int]:
             continue
         entry = HOSTFILE_LINE.fullmatch(line)
         if entry is None:  # optimum-habana's runner reads every other line so (no comments)
-            parser.error(f"--hostfile {path}, line {number}: {line!r} is not `HOST slots=N`")
+            raise UserInputError(f"--hostfile {path}, line {number}: {line!r} is not `HOST slots=N`")
         host, slots = entry[1], int(entry[2])
         if host in nodes:
-            parser.error(f"--hostfile {path}, line {number}: {host} is already on an earlier line")
-        if not 1 <= slots <= 8:
-            parser.error(f"--hostfile {path}, line {number}: slots={slots}: a Gaudi node has 1 to 8 HPUs")
+            raise UserInputError(f"--hostfile {path}, line {number}: {host} is already on an earlier line")
+        if gaudi and not 1 <= slots <= 8:
+            raise UserInputError(f"--hostfile {path}, line {number}: slots={slots}: a Gaudi node has 1 to 8 HPUs")
         nodes[host] = slots
     if not nodes:
-        parser.error(f"--hostfile {path}: no `HOST slots=N` line")
+        raise UserInputError(f"--hostfile {path}: no `HOST slots=N` line")
     return nodes
 
 
 def check_several_nodes(parser, args) -> dict[str, int]:
     """The hostfile's nodes, once the flags agree with it and DeepSpeed's launcher can start them."""
-    nodes = hostfile_nodes(parser, args.hostfile)
+    try:
+        nodes = hostfile_nodes(args.hostfile)
+    except UserInputError as error:
+        parser.error(str(error))
     if args.num_nodes is not None and args.num_nodes != len(nodes):
         parser.error(f"--num_nodes={args.num_nodes}: --hostfile {args.hostfile} gives {len(nodes)} nodes")
     if args.world_size is not None and args.world_size != sum(nodes.values()):

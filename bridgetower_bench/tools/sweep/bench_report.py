@@ -119,8 +119,16 @@ def _environment_cells(rows: Sequence[Mapping]) -> list[str]:
 
 
 def device_label(row: Mapping) -> str:
-    n = row.get("world_size") or 1
-    return f"{row.get('device_name') or row.get('device_type') or 'unknown device'} x{n}"
+    """The device and how many: "H100 x8", or across nodes "H100 2 nodes x8" (rows without `nodes`: one node)."""
+    n, nodes = row.get("world_size") or 1, row.get("nodes") or 1
+    name = row.get("device_name") or row.get("device_type") or "unknown device"
+    return f"{name} x{n}" if nodes == 1 else f"{name} {nodes} nodes x{n // nodes}"
+
+
+def size_label(size: tuple[int, int]) -> str:
+    """A point of the scaling curve: its devices, and across nodes how ("4 (2 nodes x 2)")."""
+    devices, nodes = size
+    return str(devices) if nodes == 1 else f"{devices} ({nodes} nodes x {devices // nodes})"
 
 
 def summarise(rows: Sequence[Mapping]) -> Summary:
@@ -606,24 +614,25 @@ def render_chart(summary: Summary, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def scaling_curves(summary: Summary) -> list[tuple[str, str, list[tuple[int, Cell]]]]:
-    """(configuration, device name, [(devices, cell), ...] by device count) for every configuration that
-    finished on more than one device count of one device."""
+def scaling_curves(summary: Summary) -> list[tuple[str, str, list[tuple[tuple[int, int], Cell]]]]:
+    """(configuration, device name, [((devices, nodes), cell), ...] by device count, one node first) for every
+    configuration that finished on more than one size (devices, nodes) of one device."""
     points: dict = {}
     for (_, column), cell in summary.cells.items():
         if cell.rows:
             row = cell.rows[0]
             name = row.get("device_name") or row.get("device_type") or "unknown device"
-            points.setdefault((column, name), []).append((int(row.get("world_size") or 1), cell))
+            size = (int(row.get("world_size") or 1), int(row.get("nodes") or 1))
+            points.setdefault((column, name), []).append((size, cell))
     return [
         (column, name, sorted(cells, key=lambda p: p[0])) for (column, name), cells in points.items() if len(cells) > 1
     ]
 
 
-def efficiency(cells: Sequence[tuple[int, Cell]], n: int) -> Optional[float]:
-    """Samples/s per device on `n` devices over that on one (None without a one-device run)."""
-    one = dict(cells).get(1)
-    this = dict(cells)[n].median_per_device
+def efficiency(cells: Sequence[tuple[tuple[int, int], Cell]], size: tuple[int, int]) -> Optional[float]:
+    """Samples/s per device at `size` (devices, nodes) over that on one device (None without a one-device run)."""
+    one = dict(cells).get((1, 1))
+    this = dict(cells)[size].median_per_device
     return this / one.median_per_device if one is not None and this is not None and one.median_per_device else None
 
 
@@ -631,7 +640,7 @@ def add_scaling_efficiency(summary: Summary) -> None:
     """Each finished run of a curve (its results row, in place) gets `scaling_efficiency`: its samples/s per
     device over the median of the same configuration on one device."""
     for _, _, cells in scaling_curves(summary):
-        one = dict(cells).get(1)
+        one = dict(cells).get((1, 1))
         for _, cell in cells if one is not None and one.median_per_device else []:
             for row, speed in zip(cell.rows, cell.per_device):
                 row["scaling_efficiency"] = round(speed / one.median_per_device, 4)
@@ -649,11 +658,17 @@ def render_scaling(summary: Summary) -> str:
     header += ["data wait"] + (["USD per 1M samples"] if priced else [])
     body = []
     for column, name, cells in curves:
-        for n, cell in cells:
-            ratio = efficiency(cells, n)
+        for size, cell in cells:
+            ratio = efficiency(cells, size)
             wait = f"{100 * statistics.median(cell.data_wait):.0f}%" if cell.data_wait else "-"
             costs = [r["usd_per_1m_samples"] for r in cell.rows if r.get("usd_per_1m_samples") is not None]
-            line = [column, name, n, _fmt(cell.median_per_device), f"{100 * ratio:.0f}%" if ratio else "-"]
+            line = [
+                column,
+                name,
+                size_label(size),
+                _fmt(cell.median_per_device),
+                f"{100 * ratio:.0f}%" if ratio else "-",
+            ]
             line += [_fmt(cell.median), wait] + (
                 [f"{statistics.median(costs):.2f}" if costs else "-"] if priced else []
             )
@@ -675,24 +690,42 @@ def render_scaling(summary: Summary) -> str:
 
 
 def render_scaling_chart(summary: Summary, path: Path) -> bool:
-    """chart_scaling.png: samples/s per device against the device count, one line per configuration, each
-    point labelled with its scaling efficiency; False (nothing written) without a curve."""
+    """chart_scaling.png: samples/s per device against the device count, one line per configuration (and another,
+    dashed, for its points across nodes, each named "2 nodes x 8"), each point labelled with its scaling
+    efficiency; False (nothing written) without a curve."""
     curves = scaling_curves(summary)
     if not curves:
         return False
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     for column, name, cells in curves:
-        xs = [n for n, cell in cells if cell.median_per_device is not None]
-        ys = [cell.median_per_device for _, cell in cells if cell.median_per_device is not None]
-        ax.plot(xs, ys, marker="o", label=textwrap.fill(f"{name}: {column}", 60))
-        for n, y in zip(xs, ys):
-            ratio = efficiency(cells, n)
-            if ratio is not None:
-                ax.annotate(
-                    f"{100 * ratio:.0f}%", (n, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+        per_node = {devices // nodes for (devices, nodes), _ in cells if nodes > 1}
+        for across in (False, True):  # across nodes: from the one-node point of one node's devices
+            points = [
+                (size, c.median_per_device)
+                for size, c in cells
+                if c.median_per_device and (size[1] == 1 if not across else size[1] > 1 or size[0] in per_node)
+            ]
+            if not points:
+                continue
+            label = textwrap.fill(f"{name}: {column}" + (", across nodes" if across else ""), 60)
+            xs, ys = [devices for (devices, _), _ in points], [y for _, y in points]
+            ax.plot(xs, ys, marker="s" if across else "o", linestyle="--" if across else "-", label=label)
+            for (devices, nodes), y in points:
+                ratio = efficiency(cells, (devices, nodes))
+                texts = ([f"{nodes} nodes x {devices // nodes}"] if across else []) + (
+                    [f"{100 * ratio:.0f}%"] if ratio is not None else []
                 )
-    devices = sorted({n for _, _, cells in curves for n, _ in cells})
+                if texts and (nodes > 1) == across:  # the shared one-node point: labelled once
+                    ax.annotate(
+                        ": ".join(texts),
+                        (devices, y),
+                        textcoords="offset points",
+                        xytext=(0, 6),
+                        ha="center",
+                        fontsize=8,
+                    )
+    devices = sorted({size[0] for _, _, cells in curves for size, _ in cells})
     ax.set_xscale("log", base=2)
     ax.set_xticks(devices)
     ax.set_xticklabels([str(n) for n in devices])
