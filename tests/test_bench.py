@@ -80,6 +80,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
             point["train_samples_per_second_per_device"] / runs[0]["train_samples_per_second_per_device"], abs=1e-4
         )
     assert (curve["nodes"], across["nodes"], across["run_id"]) == (1, 2, runs[0]["run_id"] + "-nodes2")
+    assert [node["processes"] for node in across["per_node"]] == [1, 1] and "per_node" not in curve  # each node's
     assert (tmp_path / "hosts").read_text().split() == ["127.0.0.1", "localhost"]
     assert f"--rdzv_endpoint 127.0.0.1:{port} --rdzv_id {across['run_id']}" in across["command"]
     log = (out / across["log"]).read_text()  # each node's command, then their output line by line
@@ -133,6 +134,7 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         *(("0", "2", "1"), ("0", "2", "2")),
     ]
     assert csv_rows[0]["scaling_efficiency"] == "1.0" and float(csv_rows[4]["scaling_efficiency"]) > 0
+    assert json.loads(csv_rows[4]["per_node"]) == across["per_node"] and csv_rows[3]["per_node"] == ""
     assert float(csv_rows[1]["train_samples_per_second"]) == pytest.approx(runs[1]["train_samples_per_second"])
 
     table = (out / "table.md").read_text()

@@ -188,14 +188,30 @@ def _stop_at_once(signum, frame) -> None:
 
 
 def leave_sigterm_to_the_main_process() -> None:
-    """In a DataLoader worker (called by every batch it loads): ignore SIGTERM from now on.
+    """In a DataLoader worker (called by every batch it loads): a SIGTERM from anyone but the main process is
+    ignored from now on.
 
-    PyTorch's worker handler lets a SIGTERM that its parent did not send kill the worker, and the main process
-    then fails with "DataLoader worker exited unexpectedly" instead of stopping at the step boundary. A
-    scheduler (Slurm's scancel) signals every process of the job: the main process alone acts on it, and ends
-    its workers as at any end of an epoch. (A worker signalled before its first batch still dies.)"""
-    if torch.utils.data.get_worker_info() is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    PyTorch's worker handler ends a worker on its parent's SIGTERM (how the main process ends its workers, at
+    exit too) and lets anyone else's kill it; the main process then fails with "DataLoader worker exited
+    unexpectedly" instead of stopping at the step boundary. A scheduler (Slurm's scancel) signals every process
+    of the job: the main process alone should act on it. Python's handlers are not told who sent a signal, so a
+    thread takes SIGTERM (blocked in the worker, `sigwaitinfo`) and keeps PyTorch's rule for the parent's.
+    (A worker signalled before its first batch still dies.)"""
+    global _taking_sigterm
+    if _taking_sigterm == os.getpid() or torch.utils.data.get_worker_info() is None:
+        return
+    _taking_sigterm = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_take_sigterm, name="sigterm", daemon=True).start()
+
+
+_taking_sigterm: Optional[int] = None  # the loader worker (pid) whose SIGTERM a thread takes
+
+
+def _take_sigterm() -> None:
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != os.getppid():
+        pass  # the scheduler's, or anyone's but the main process: the main process stops the run
+    os._exit(0)  # the main process ends its workers: as PyTorch's handler does
 
 
 def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:

@@ -262,6 +262,7 @@ TRAIN_KEYS = (
     "loader",
     "image_pipeline",
     *RUN_FIGURES,
+    "per_node",  # a run across nodes: each node's figures (a JSON list in results.csv)
 )
 
 
@@ -1408,7 +1409,7 @@ def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Se
         with open(temporary, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()} for row in rows)
 
 
 # ---------------------------------------------------------------------------------------------
