@@ -202,6 +202,21 @@ def test_an_old_driver_a_missing_bf16_and_a_failed_decoder_are_named(no_fixture_
     assert rows["GPU JPEG decoding"].result == "warning" and "decodes on the host" in rows["GPU JPEG decoding"].detail
 
 
+def test_the_pins_checked_are_those_of_the_route_installed(no_fixture_builds):
+    """The current route (today's transformers) was once reported off the pinned route's pins."""
+    gpus = two_a100_40gb(torch="2.14.1+cu130", cuda="13.0")
+    for transformers, route, accelerate in (
+        ("5.24.0", "requirements-cuda-current.txt", "1.16.0"),
+        ("4.55.4", "requirements-cuda.txt", "1.10.1"),
+    ):
+        installed = installed_as({"transformers": transformers, "accelerate": accelerate, "torch": "2.14.1+cu130"})
+        rows = {row.name: row for row in nc.stack_rows(gpus, installed=installed)}
+        assert f"route: {route}" in rows["torch build"].detail
+        assert rows["transformers"].result == rows["accelerate"].result == "ok", rows["transformers"].detail
+    rows = {row.name: row for row in nc.stack_rows(gpus, installed=installed_as({"transformers": "4.57.0"}))}
+    assert rows["transformers"].result == "warning" and rows["transformers"].detail == "4.57.0, pinned: ==4.55.4"
+
+
 def test_memory_plan_without_a_gpu(capsys):
     assert nc.main(["--memory", "40", "48", "80"]) == 0
     lines = capsys.readouterr().out.splitlines()

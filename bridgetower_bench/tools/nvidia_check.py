@@ -10,8 +10,9 @@ The counterpart of ``gaudi_check`` (same table, same record, same exit statuses)
    bf16 support, whether the published per-device batch (48, BridgeTower Large) fits each GPU
    (``bridgetower_bench.guards.gpu_memory``: the measured peak, or the batch and gradient accumulation that keep
    the global batch), JPEG decoding on the GPU (``torchvision.io.decode_jpeg`` on the device, against the
-   host's pixels), and every package requirements.txt and the install route's file pin
-   (requirements-cuda.txt, or requirements-cuda12.txt for a torch built for CUDA 12).
+   host's pixels), and every package the install route pins: requirements.txt and requirements-cuda.txt (or
+   requirements-cuda12.txt for a torch built for CUDA 12), or, where today's transformers is installed,
+   requirements-cuda-current.txt.
 2. Training: a few steps on the embedded fixtures (tiny random-weight BridgeTower, synthetic New
    Yorker-shaped data) on one GPU with the PyTorch loader and with ``--device_decode`` (passes only when
    the run says the device decoder ran), then under torchrun on every visible GPU; last, one step of
@@ -32,8 +33,11 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
+
+from packaging.requirements import Requirement
 
 from bridgetower_bench import published
 from bridgetower_bench.tools import self_check, tool_paths
@@ -119,11 +123,22 @@ def jpeg_on_gpu() -> str:
 # ----------------------------------------------------------------------------------------
 
 
-def route_file(cuda: str) -> str:
-    """The requirements file of the install route a torch built for CUDA `cuda` comes from."""
+CURRENT_ROUTE = "requirements-cuda-current.txt"  # today's Hugging Face line: one file, the whole stack
+
+
+def route_files(cuda: str, installed: Callable[[str], str] = metadata.version) -> tuple[str, ...]:
+    """The requirement files of the install route this environment comes from: the current route's when the
+    installed transformers is the one it pins, else requirements.txt and the file of a torch built for CUDA
+    `cuda` (requirements-cuda.txt, or requirements-cuda12.txt for CUDA 12)."""
     from bridgetower_bench.guards.cuda_device import CUDA12_REQUIREMENTS
 
-    return CUDA12_REQUIREMENTS if cuda.split(".")[0] == "12" else "requirements-cuda.txt"
+    pinned = [line for line in self_check.pinned_requirements((CURRENT_ROUTE,)) if line.startswith("transformers")]
+    try:
+        if pinned and Requirement(pinned[0]).specifier.contains(installed("transformers"), prereleases=True):
+            return (CURRENT_ROUTE,)
+    except metadata.PackageNotFoundError:
+        pass
+    return ("requirements.txt", CUDA12_REQUIREMENTS if cuda.split(".")[0] == "12" else "requirements-cuda.txt")
 
 
 def driver_row(gpus: Gpus) -> Row:
@@ -174,7 +189,8 @@ def memory_row(gpus: Gpus) -> Row:
 
 
 def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> list[Row]:
-    route = route_file(gpus.cuda)
+    files = route_files(gpus.cuda, **({} if installed is None else {"installed": installed}))
+    route = files[-1]
     rows = [
         gpus_row(gpus),
         driver_row(gpus),
@@ -201,8 +217,7 @@ def stack_rows(gpus: Gpus, installed: Optional[Callable[[str], str]] = None) -> 
     )
     extra = {} if installed is None else {"installed": installed}
     rows += [
-        self_check.requirement_row(line, install=route, **extra)
-        for line in self_check.pinned_requirements(("requirements.txt", route))
+        self_check.requirement_row(line, install=route, **extra) for line in self_check.pinned_requirements(files)
     ]
     return rows
 
