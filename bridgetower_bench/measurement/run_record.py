@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import subprocess
 from importlib import metadata
 from typing import Optional
 
@@ -51,18 +50,6 @@ def software_versions() -> dict:
         except metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def _command_output(command: list[str]) -> Optional[str]:
-    """The first line a command prints, or None when it is not on PATH or fails."""
-    if shutil.which(command[0]) is None:
-        return None
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.strip().splitlines()
-    return lines[0].strip() if done.returncode == 0 and lines else None
 
 
 def nvidia_driver_version() -> Optional[str]:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from bridgetower_bench import published
 from bridgetower_bench.measurement.energy import NOT_MEASURED
-from bridgetower_bench.tools.sweep.bench_report import Summary, _fmt, _markdown_table, pyplot, save_figure
+from bridgetower_bench.tools.sweep.bench_report import Summary, _markdown_table, pyplot, save_figure
 from bridgetower_bench.tools.sweep.cost import (
     PUBLISHED_PRICE_NAMES,
     Price,
@@ -184,34 +184,6 @@ def published_costs(prices: Prices) -> list[dict]:
                 }
             )
     return found
-
-
-def render_published_costs(prices: Prices) -> str:
-    """The published figures at the user's prices, one row each (also what compare prints)."""
-    rows = [
-        [
-            c["device"],
-            c["configuration"],
-            f"{c['price'].usd_per_hour:g}",
-            _fmt(c["samples_per_second"]),
-            usd(c["usd_per_1m_samples"]),
-            usd(c["usd_published_experiment"]),
-        ]
-        for c in published_costs(prices)
-    ]
-    if not rows:
-        return ""
-    return _markdown_table(
-        [
-            "published device (8)",
-            "configuration",
-            "USD per device-hour",
-            "samples/s (node)",
-            "USD per 1M samples",
-            f"USD, published run ({published.EXPERIMENT})",
-        ],
-        rows,
-    )
 
 
 def render_vs_published_section(summary: Summary, prices: Prices) -> str:
