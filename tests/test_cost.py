@@ -134,18 +134,19 @@ def test_a_price_matches_the_device_type_or_part_of_the_name_the_most_specific_w
 # --- arithmetic -------------------------------------------------------------------------------------------------
 
 
+def h100_row(devices, speed):
+    return {
+        "device_type": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "world_size": devices,
+        "train_samples_per_second": speed,
+    }
+
+
 def test_cost_columns_of_hand_computed_rows():
     given = prices("H100=2.5", "cpu=0.10")
     # 8 H100s at 2.50 USD/h each, 602.1 samples/s together: 20 USD/h for 602.1 x 3600 = 2,167,560 samples/h.
-    h100 = cost.cost_fields(
-        {
-            "device_type": "cuda",
-            "device_name": "NVIDIA H100 80GB HBM3",
-            "world_size": 8,
-            "train_samples_per_second": 602.1,
-        },
-        given,
-    )
+    h100 = cost.cost_fields(h100_row(8, 602.1), given)
     assert h100["price_device"] == "H100" and h100["usd_per_device_hour"] == 2.5
     assert h100["usd_per_1m_samples"] == pytest.approx(20 / 2_167_560 * 1e6)  # 9.2270
     assert h100["usd_per_1m_samples"] == pytest.approx(9.22696, abs=1e-5)
@@ -158,6 +159,13 @@ def test_cost_columns_of_hand_computed_rows():
     )
     assert cpu["usd_per_1m_samples"] == pytest.approx(1.388889, abs=1e-6)
     assert cpu["usd_published_experiment"] == pytest.approx(0.0680556, abs=1e-7)
+    # a run across nodes: each node's devices over its own samples (a node that counted none: no cost)
+    nodes = [{"node": 0, "processes": 8, "train_samples_per_second": 602.1}, {"node": 1, "processes": 8}]
+    across = cost.cost_fields({**h100_row(16, 1204.2), "per_node": nodes}, given)
+    assert across["per_node"][0]["usd_per_1m_samples"] == pytest.approx(h100["usd_per_1m_samples"])
+    assert across["per_node"][1] == nodes[1] and across["usd_per_1m_samples"] == pytest.approx(
+        h100["usd_per_1m_samples"]
+    )
     # a row without world_size is one device; a slow one (under 1 sample/s) is still priced
     slow = cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.5}, given)
     assert slow["usd_per_1m_samples"] == pytest.approx(0.1 / (0.5 * 3600) * 1e6)

@@ -262,6 +262,13 @@ def cost_fields(row: Mapping, prices: Prices) -> dict:
     if isinstance(speed, (int, float)) and not isinstance(speed, bool) and speed > 0:
         fields["usd_per_1m_samples"] = usd_per_million_samples(price.usd_per_hour, devices, speed)
         fields["usd_published_experiment"] = usd_published_experiment(price.usd_per_hour, devices, speed)
+    if row.get("per_node"):  # a run across nodes: each node's devices over its own samples
+        fields["per_node"] = [
+            {**node, "usd_per_1m_samples": usd_per_million_samples(price.usd_per_hour, node["processes"], rate)}
+            if (rate := node.get("train_samples_per_second") or 0) > 0
+            else node
+            for node in row["per_node"]
+        ]
     return fields
 
 
