@@ -247,7 +247,8 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
         f"--max_steps 2 --throughput_warmup_steps 1 --per_device_train_batch_size 2 --logging_steps 1 "
         f"--token {overridden} --token={on_command_line} --hub_token {hub}"
     )
-    code = bench.main(["--workers", "0", "--keep-weights", "--extra-args", extra, "--out", str(out)])
+    sweep = ["--workers", "0", "--image-pipelines", "upstream", "--devices", "0"]  # one run carries every case
+    code = bench.main([*sweep, "--keep-weights", "--extra-args", extra, "--out", str(out)])
 
     results = json.loads((out / "results.json").read_text())
     row = results["runs"][0]
