@@ -159,6 +159,8 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     assert f"| {100 * curve['scaling_efficiency']:.0f}% |" in scaling.split(f"{runs[0]['device_name']} | 2 | ")[1]
     across_line = scaling.split(f"| workers=0 | {runs[0]['device_name']} | 2 (2 nodes x 1) | ")[1].split("\n")[0]
     assert f"| {100 * across['scaling_efficiency']:.0f}% |" in across_line
+    each = " / ".join(f"{100 * node['data_wait_fraction']:.0f}%" for node in across["per_node"])
+    assert f"% (nodes: {each}) |" in across_line  # the job's data wait, then each node's
     assert f"| {runs[0]['device_name']} 2 nodes x1 | " in table  # a row of its own, beside the one-node x2
     vs_published = (out / "vs_published.md").read_text()
     assert "Gaudi2 HPU (published)" in vs_published

@@ -661,6 +661,10 @@ def render_scaling(summary: Summary) -> str:
         for size, cell in cells:
             ratio = efficiency(cells, size)
             wait = f"{100 * statistics.median(cell.data_wait):.0f}%" if cell.data_wait else "-"
+            nodes = [r["per_node"] for r in cell.rows if r.get("per_node")]  # a run across nodes: each node's wait
+            if nodes:
+                each = [statistics.median(n["data_wait_fraction"] for n in repeats) for repeats in zip(*nodes)]
+                wait += " (nodes: " + " / ".join(f"{100 * w:.0f}%" for w in each) + ")"
             costs = [r["usd_per_1m_samples"] for r in cell.rows if r.get("usd_per_1m_samples") is not None]
             line = [
                 column,
@@ -682,7 +686,7 @@ def render_scaling(summary: Summary) -> str:
             "",
             "Scaling efficiency: samples/s per device over that on one device (100%: every added device adds as "
             "much as the first). The data wait is rank 0's share of the counted window spent waiting for its "
-            "loader. Every device of a run trains the same per-device batch, so the global batch grows with the "
+            "loader; across nodes, each node's (the mean over its ranks) follows. Every device of a run trains the same per-device batch, so the global batch grows with the "
             "devices.",
             "",
         ]
