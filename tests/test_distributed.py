@@ -256,6 +256,20 @@ def start_nodes(commands, logs, env):
     return nodes
 
 
+def assert_each_node_ended(codes, text, script, status, job, port):
+    """Node 0 (it keeps the rendezvous: `start_nodes`) ends with its process's exit status in one line. So does
+    node 1, or, torchrun having no exit barrier for a failed job, node 0 may end before node 1's process has
+    exited: node 1 then loses the rendezvous, exit status 1, saying so."""
+    ended = rf"launch_cuda: {script} failed in 1 of 1 process\(es\), first in rank [01]: exit status {status}"
+    lost = (
+        f"launch_cuda: the rendezvous '{job}' at 127.0.0.1:{port} was lost: its store does not answer (the node "
+        "keeping it has ended or is unreachable)"
+    )
+    ends = [(code, log.splitlines()[-1]) for code, log in zip(codes, text)]
+    assert codes[0] == status and re.fullmatch(ended, ends[0][1]), text[0][-3000:]
+    assert (codes[1] == status and re.fullmatch(ended, ends[1][1])) or ends[1] == (1, lost), text[1][-3000:]
+
+
 def test_two_nodes_through_c10d_make_one_run_that_sees_every_row_once_per_epoch(fixtures, tmp_path):
     wrapper = tmp_path / "record_rows.py"
     wrapper.write_text(RECORDING_WRAPPER)
@@ -308,7 +322,7 @@ def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_
     ]
     codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, script_env(gaudi=False))]
     text = [log.read_text() for log in logs]
-    assert codes == [2, 2], text[0][-3000:] + text[1][-3000:]
+    assert_each_node_ended(codes, text, "run_bridgetower_cuda.py", 2, "local-disks", port)
     for node, log in enumerate(text):
         assert "Traceback" not in log, log[-3000:]
         assert re.search(
@@ -317,7 +331,6 @@ def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_
             "filesystem every node mounts at the same path",
             log,
         ), log[-3000:]
-        assert log.splitlines()[-1].endswith("exit status 2")
     assert (
         not list((tmp_path / "disk0").glob("checkpoint-*")) and not (tmp_path / "disk0" / "model.safetensors").exists()
     )
@@ -384,17 +397,7 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     commands = [node_command(port, "stopped", r, wrapper, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
     codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
     text = [log.read_text() for log in logs]
-    # Each node: its rank stopped as by SIGTERM. torchrun has no exit barrier for a failed job, so the node keeping
-    # the rendezvous may end before the other node's process has exited: that node then loses the rendezvous.
-    stopped = r"launch_cuda: signal_rank1.py failed in 1 of 1 process\(es\), first in rank [01]: exit status 143"
-    lost = (
-        f"launch_cuda: the rendezvous 'stopped' at 127.0.0.1:{port} was lost: its store does not answer (the node "
-        "keeping it has ended or is unreachable)"
-    )
-    ends = [(code, log.splitlines()[-1]) for code, log in zip(codes, text)]
-    assert 143 in codes, text[0][-3000:] + text[1][-3000:]
-    for code, line in ends:
-        assert (code == 143 and re.fullmatch(stopped, line)) or (code, line) == (1, lost), ends
+    assert_each_node_ended(codes, text, "signal_rank1.py", 143, "stopped", port)  # stopped as by SIGTERM
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
