@@ -220,6 +220,33 @@ def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(fixture
     ), result.stderr[-3000:]
 
 
+def test_a_signal_to_launch_cuda_reaches_the_processes_which_checkpoint_and_it_ends_in_one_line(fixtures, tmp_path):
+    """A scheduler signals the launcher (one task per node): once ended in torchrun's SignalException traceback."""
+    out = tmp_path / "out"
+    flags = args(fixtures, out, per_device_batch=2)
+    flags[flags.index("--max_steps") + 1] = "10000"
+    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "1"]
+    command += [str(REPO / SCRIPTS["cuda"]), *flags]
+    with open(tmp_path / "log", "w") as log:
+        launcher = subprocess.Popen(
+            command, cwd=REPO, env=script_env(gaudi=False), stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 300
+        while "'loss'" not in (tmp_path / "log").read_text():
+            assert time.monotonic() < deadline and launcher.poll() is None, (tmp_path / "log").read_text()[-3000:]
+            time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=120)
+    text = (tmp_path / "log").read_text()
+    assert code == 143 and "Traceback" not in text, text[-3000:]
+    assert text.splitlines()[-1] == (
+        "launch_cuda: stopped by SIGTERM: every process got SIGTERM and torchrun's --shutdown_timeout to save and exit"
+    )
+    [checkpoint] = out.glob("checkpoint-*")  # the rank stopped at its next step, with a complete checkpoint
+    assert f"Training stopped by SIGTERM at step {checkpoint.name.split('-')[1]} of 10000" in text
+    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
+
+
 # Several nodes, torchrun's way: two launch_cuda agents on this machine meet through c10d, one process each -----
 
 

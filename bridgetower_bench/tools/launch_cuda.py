@@ -4,13 +4,16 @@
         --output_dir runs/test --model_name_or_path ... (script flags)
 
 The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nnodes`, `--rdzv_backend c10d`,
-`--rdzv_endpoint`, `--rdzv_id`, `--rdzv_conf`, ...); the launch is torchrun's `run`. Three things differ from
+`--rdzv_endpoint`, `--rdzv_id`, `--rdzv_conf`, ...); the launch is torchrun's `run`. Four things differ from
 `torchrun`:
 - the script's refusals that need nothing loaded (no usable GPU without `--use_cpu`, Gaudi-only flags) are
   made once, here, before any process starts: the script's one line and exit status 2, as from one process;
 - processes that fail end the launch with one line (how many, and the first one's exit status) instead of
   torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
   divergence, 128 + N for signal N): what the script gives in one process;
+- a signal to the launcher (SIGTERM, SIGINT, SIGHUP: a scheduler's, Ctrl-C) is passed to the processes by
+  torchrun, which waits `--shutdown_timeout` (default 30 s) for them to exit before killing them; the launch
+  then ends with one line and 128 + the signal's number, instead of torchrun's SignalException traceback;
 - a job whose nodes never all meet (the rendezvous times out) or that loses the node keeping the rendezvous
   ends with one line naming the endpoint, exit status 1, instead of the elastic agent's traceback. A job that
   ends in failure (a rank stopped by a signal is one) has no exit barrier in torchrun: the node keeping the
@@ -25,6 +28,7 @@ from typing import Optional
 
 from torch.distributed import DistNetworkError
 from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousConnectionError,
@@ -88,6 +92,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (RendezvousError, DistNetworkError) as error:
         print(rendezvous_failure(args, error), file=sys.stderr, flush=True)
         return 1
+    except SignalException as stop:  # torchrun has sent it to the processes and waited for them (or killed them)
+        name = stop.sigval.name
+        print(
+            f"{PROG}: stopped by {name}: every process got {name} and torchrun's --shutdown_timeout to save and exit",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stop.sigval
     return 0
 
 
