@@ -5,7 +5,8 @@ Code that refuses a flag, file, row or column raises `UserInputError` with a mes
 `<script>: error: <message>` on stderr and exit status 2. A run stopped at once by SIGINT or SIGTERM (a
 Ctrl-C before or after training, a second signal during it: `KeyboardInterrupt`) ends in one line too, exit
 status 128 + the signal; once a run ends on a signal, further signals are ignored while it exits. Every
-other exception is a bug or an environment failure and keeps its traceback.
+other exception is a bug or an environment failure and keeps its traceback. A process of a distributed run
+leaves its process group before it exits, but when stopped at once (a collective may still be pending).
 
 UserInputError is a ValueError, so callers that catch ValueError (and tests) keep working.
 """
@@ -29,6 +30,7 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except UserInputError as error:
         sys.stderr.flush()
         print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
+        _leave_the_process_group()
         sys.exit(2)
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)  # resilience.StoppedAtOnce names a second SIGTERM
@@ -45,7 +47,18 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except SystemExit as exiting:
         if exiting.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # stopped by a signal, its line printed
             _ignore_stop_signals()
+        _leave_the_process_group()
         raise
+    _leave_the_process_group()
+
+
+def _leave_the_process_group() -> None:
+    """A process of a distributed run ends without the process group's threads: left to the interpreter's exit
+    while another rank, or the node keeping the job's store, is already gone, they can abort the process
+    ("terminate called without an active exception", exit status 134) in place of its own status."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
 
 
 def _ignore_stop_signals() -> None:
