@@ -457,7 +457,9 @@ class TrainerExtensions:
         with self.publishing() as staging:
             if not self.is_world_process_zero():
                 return
-            metrics = divergence.finite_or_none({**describe_run(self.args), **metrics})  # (null, never a bare NaN)
+            if "device_type" not in metrics:  # (the train metrics hold it already: `train`)
+                metrics = {**describe_run(self.args), **metrics}
+            metrics = divergence.finite_or_none(metrics)  # (null, never a bare NaN: not JSON)
             with open(os.path.join(staging, f"{split}_results.json"), "w") as f:
                 json.dump(metrics, f, indent=4, sort_keys=True, allow_nan=False)
             if combined:  # merged into this set's all_results.json, else the published one (unless replaced)

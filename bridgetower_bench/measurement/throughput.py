@@ -176,7 +176,7 @@ class ThroughputCallback(TrainerCallback):
                 energy = self.energy.not_measured("the warm-up covers every step: no counted window")
         elapsed = max(elapsed, 1e-9)
         shares = self._every_rank(samples, elapsed, wait)
-        if "energy_joules" in energy and not any(math.isnan(joules) for *_, joules in shares):
+        if len(shares) > 1 and "energy_joules" in energy and not any(math.isnan(joules) for *_, joules in shares):
             energy.update(job_energy(shares))
         node_samples = samples * self.world_size
         first_counted = self.first_step + warmup + 1
