@@ -1,4 +1,5 @@
-"""More than one process: the CUDA script under `torchrun --nproc_per_node 2` on CPU (gloo).
+"""More than one process: the CUDA script under torchrun on CPU (gloo), as two nodes of one process each (two
+launch_cuda agents on this machine meeting through c10d) or one node of two.
 
 Each rank must train on its own rows (together: every row once), the metrics must be reported and
 written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank
@@ -67,52 +68,6 @@ def args(fixtures, output_dir, per_device_batch):
     )
 
 
-def test_two_processes_split_the_data_and_report_once(fixtures, tmp_path):
-    wrapper = tmp_path / "record_rows.py"
-    wrapper.write_text(RECORDING_WRAPPER)
-    fetched_dir = tmp_path / "fetched"
-    fetched_dir.mkdir()
-    out = tmp_path / "two"
-    env = script_env(gaudi=False)
-    env["FETCHED_ROWS_DIR"] = str(fetched_dir)
-    command = (
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(wrapper),
-            str(REPO / SCRIPTS["cuda"]),
-        ]
-        + args(fixtures, out, per_device_batch=2)
-        + ["--ddp_backend", "gloo"]
-    )
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-
-    # Disjoint shards that together cover every row once (4 steps x 2 ranks x 2 rows = 16 rows).
-    rank0, rank1 = (json.loads((fetched_dir / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert len(rank0) == len(rank1) == ROWS // 2
-    assert not set(rank0) & set(rank1) and sorted(rank0 + rank1) == list(range(ROWS))
-
-    # Reported once: only rank 0 prints the metrics (and writes the files).
-    assert (result.stdout + result.stderr).count("***** train metrics *****") == 1
-    two = read_json(out / "train_results.json")
-    assert two["world_size"] == 2 and two["per_device_train_batch_size"] == 2
-    assert "per_node" not in two  # one node: its figures are the job's
-
-    # The same samples as one process with the same global batch: counted + warm-up = every sample seen.
-    run_script("cuda", args(fixtures, tmp_path / "one", per_device_batch=4))
-    one = read_json(tmp_path / "one" / "train_results.json")
-    for metrics, per_device, world in ((one, 4, 1), (two, 2, 2)):
-        assert metrics["throughput_counted_steps"] == STEPS - WARMUP
-        warmup_samples = WARMUP * per_device * world
-        assert metrics["throughput_counted_samples"] + warmup_samples == STEPS * 4 == ROWS
-    assert one["throughput_counted_samples"] == two["throughput_counted_samples"]
-
-
 # Runs the script unchanged, but rank 1 alone sends itself SIGTERM while fetching its third batch (step 2 or 3),
 # rank 0 saves checkpoints slowly (as on a network filesystem), and each rank notes when it leaves the script.
 SIGNALLING_WRAPPER = """
@@ -147,50 +102,6 @@ finally:
 """
 
 
-def test_a_signal_to_one_rank_stops_every_rank_at_the_next_tenth_step_once_the_checkpoint_is_complete(
-    fixtures, tmp_path
-):
-    wrapper = tmp_path / "signal_rank1.py"
-    wrapper.write_text(SIGNALLING_WRAPPER)
-    out, exits = tmp_path / "run", tmp_path / "exits"
-    exits.mkdir()
-    flags = args(fixtures, out, per_device_batch=2)
-    flags[flags.index("--max_steps") + 1] = "12"  # 4 steps per epoch: three epochs
-    flags[flags.index("--save_strategy") + 1] = "steps"
-    flags += ["--save_steps", "100", "--ddp_backend", "gloo"]
-    env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(wrapper),
-        str(REPO / SCRIPTS["cuda"]),
-    ] + flags
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    log = result.stdout + result.stderr
-    assert result.returncode != 0 and re.search(r"exitcode\s*:\s*143", log), log[-5000:]  # 128 + SIGTERM
-    # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
-    assert log.count("SIGTERM received: training stops and saves a checkpoint after the current step") == 1, log[
-        -5000:
-    ]
-    assert "Training stopped by SIGTERM at step 10 of 12; checkpoint saved in" in log, log[-5000:]
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10"]
-    checkpoint = out / "checkpoint-10"
-    assert read_json(checkpoint / "trainer_state.json")["global_step"] == 10
-    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
-    # The checkpoint counts: both ranks' random states are in its manifest, written last.
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(
-        read_json(checkpoint / checkpoint_manifest.MANIFEST_NAME)["files"]
-    )
-    # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
-    # last): had it left first, the launcher would have torn rank 0 down in the middle of its save.
-    assert float((exits / "rank1").read_text()) >= (checkpoint / checkpoint_manifest.MANIFEST_NAME).stat().st_mtime
-
-
 # The README's multi-GPU command: tools/launch_cuda.py, torchrun with one-line endings -------------------------
 
 
@@ -209,13 +120,22 @@ def test_launch_cuda_refuses_a_run_without_a_usable_gpu_once_in_one_line(fixture
     assert line.endswith("pass --use_cpu to train on the CPU on purpose.") and not (tmp_path / "out").exists()
 
 
-def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(fixtures, tmp_path):
-    result = launch_cuda(fixtures, tmp_path / "out", "--use_cpu", "--learning_rate", "abc")
+def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(tmp_path):
+    # A stand-in that refuses its flags as the scripts do (one line, status 2), without their imports' seconds.
+    script = tmp_path / "refusing.py"
+    script.write_text(
+        "import sys\nprint('refusing.py: error: argument --learning_rate', file=sys.stderr)\nsys.exit(2)\n"
+    )
+    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
+    command += [str(script), "--use_cpu", "--learning_rate", "abc"]
+    result = subprocess.run(
+        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
-    assert "run_bridgetower_cuda.py: error: argument --learning_rate" in result.stderr  # from each process
+    assert "refusing.py: error: argument --learning_rate" in result.stderr  # from each process
     assert re.fullmatch(
-        r"launch_cuda: run_bridgetower_cuda.py failed in [12] of 2 process\(es\), first in rank [01]: exit status 2",
+        r"launch_cuda: refusing.py failed in [12] of 2 process\(es\), first in rank [01]: exit status 2",
         result.stderr.splitlines()[-1],
     ), result.stderr[-3000:]
 
@@ -338,6 +258,16 @@ def test_two_nodes_through_c10d_make_one_run_that_sees_every_row_once_per_epoch(
     ]
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial-*"))
 
+    # The same samples as one process with the same global batch: counted + warm-up = every sample seen.
+    one_flags = args(fixtures, tmp_path / "one", per_device_batch=4)
+    one_flags[one_flags.index("--max_steps") + 1] = str(2 * STEPS)
+    run_script("cuda", one_flags)
+    one = read_json(tmp_path / "one" / "train_results.json")
+    assert "per_node" not in one  # one node: its figures are the job's
+    for figures, per_device, world in ((one, 4, 1), (metrics, 2, 2)):
+        assert figures["throughput_counted_steps"] == 2 * STEPS - WARMUP
+        assert figures["throughput_counted_samples"] + WARMUP * per_device * world == 2 * STEPS * 4 == 2 * ROWS
+
 
 def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_in_one_line(fixtures, tmp_path):
     # Node-local disks: the same path on each node names two directories; here, two paths on one machine.
@@ -425,9 +355,24 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
     text = [log.read_text() for log in logs]
     assert_each_node_ended(codes, text, "signal_rank1.py", 143, "stopped", port)  # stopped as by SIGTERM
+    # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
+    assert (
+        sum(
+            log.count("SIGTERM received: training stops and saves a checkpoint after the current step") for log in text
+        )
+        == 1
+    )
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
-    assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-10")) is None  # both ranks' states in it
+    checkpoint = out / "checkpoint-10"
+    assert read_json(checkpoint / "trainer_state.json")["global_step"] == 10
+    # The checkpoint counts: both ranks' random states are in its manifest, written last.
+    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
+    manifest = checkpoint / checkpoint_manifest.MANIFEST_NAME
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(read_json(manifest)["files"])
+    # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
+    # last): had it left first, its launcher would have torn the job down in the middle of rank 0's save.
+    assert float((exits / "rank1").read_text()) >= manifest.stat().st_mtime
 
     # The same command on both nodes (without the signalling wrapper) resumes from it and finishes the run.
     logs, port = [tmp_path / "resumed0.log", tmp_path / "resumed1.log"], free_port()

@@ -1,7 +1,7 @@
 """Resume bit for bit at any step of any epoch, in both scripts, with and without loader workers.
 
 One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step
-saves: SIGTERM saves the same checkpoint, see test_reliability.py); each stop is then a rerun resumed from
+saves: SIGTERM saves the same checkpoint: the last test); each stop is then a rerun resumed from
 one of them, which must end with the uninterrupted run's weights exactly and the same `train_loss` (the mean
 over every step of the run, the resumed ones included).
 
@@ -21,7 +21,18 @@ import pytest
 import torch
 
 from bridgetower_bench.output_dir import checkpoint_manifest
-from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, resumed_at, run_script, script_env
+from helpers import (
+    BOTH_ROUTES,
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    base_args,
+    load_weights,
+    read_json,
+    resumed_at,
+    run_script,
+    script_env,
+)
 
 
 STEPS = 9
@@ -114,10 +125,13 @@ def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_los
     assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
 
 
+@BOTH_ROUTES
 def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrupted_weights(
     fixtures, uninterrupted, tmp_path
 ):
-    """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143, the same command resumes."""
+    """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143 (128 + SIGTERM: the run did not
+    finish, and says so to shells and schedulers), the same command resumes, bit for bit on CPU: the checkpoint
+    holds model, optimizer, scheduler and RNG states, and the resumed steps see the same batches and dropout."""
     reference = uninterrupted("cuda", 0)
     out = tmp_path / "run"
     cmd = (
@@ -129,18 +143,31 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
         process = subprocess.Popen(
             cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
         )
+        logged = 0
         for line in process.stdout:
-            if "'loss'" in line and "'epoch': 1.67" in line:  # step 5 of 9 logged: the second epoch's second step
+            logged += "'loss'" in line
+            if logged == 5:  # step 5 of 9 logged: the second epoch's second step
                 process.send_signal(signal.SIGTERM)
                 break
         process.communicate(timeout=300)
     stderr_text = (tmp_path / "stderr.txt").read_text()
     assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
-    step = int(re.search(r"Training stopped by SIGTERM at step (\d+) of 9", stderr_text).group(1))
-    assert 5 <= step < 9
+    match = re.fullmatch(
+        r"Training stopped by SIGTERM at step (\d+) of 9; checkpoint saved in (.*)\. Rerun the same "
+        r"command \(without --overwrite_output_dir\) to resume from it\.",
+        stderr_text.strip().splitlines()[-1],
+    )
+    assert match, stderr_text[-3000:]
+    step = int(match.group(1))
+    assert 5 <= step < 9 and match.group(2) == str(out / f"checkpoint-{step}")
+    assert not (out / "model.safetensors").exists(), "an interrupted run saves a checkpoint, not a final model"
 
-    run_script("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"])
+    resumed = run_script("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"])
+    assert resumed_at(resumed.stdout + resumed.stderr, step)
+    state = read_json(out / "trainer_state.json")
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, STEPS + 1))
     expected, actual = load_weights(reference), load_weights(out)
+    assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[k], actual[k]) for k in expected), f"stopped at step {step}: weights differ"
     assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
         read_json(reference / "train_results.json")["train_loss"], rel=1e-9
