@@ -12,6 +12,7 @@ is enough, the variants of each message run here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import io
@@ -24,6 +25,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -34,6 +36,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from stop_at_rename import stop_at
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,13 +137,82 @@ def _with(environ: dict, changes: dict) -> dict:
 
 
 def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess.CompletedProcess:
-    """Run the script in a process of its own, sending it `signame` just before its first rename or removal of a
-    path named `name` in --output_dir (tests/stop_at_rename.py): `.publishing` is the final publication's commit
-    point."""
-    _needs_optimum_habana(kind)
-    cmd = [sys.executable, str(REPO / "tests" / "stop_at_rename.py"), signame, name, str(REPO / SCRIPTS[kind])]
-    cmd += [str(a) for a in args]
-    return subprocess.run(cmd, cwd=REPO, env=script_env(kind == "gaudi"), capture_output=True, text=True, timeout=600)
+    """Run the script in a process of its own (`ForkedRun`), sending it `signame` just before its first rename or
+    removal of a path named `name` in --output_dir (tests/stop_at_rename.py): `.publishing` is the final
+    publication's commit point."""
+    output_dir = args[args.index("--output_dir") + 1]
+    stop = functools.partial(
+        stop_at, output_dir, lambda count, path: os.path.basename(path) == name, getattr(signal, signame)
+    )
+    return ForkedRun(kind, args, Path(output_dir).parent, before=stop).wait()
+
+
+class ForkedRun:
+    """`python <script> <args>` as a process of its own, started as a fork of this one: a real process (its pid,
+    the signals it gets, its exit status or the signal that ended it) without an interpreter's start and the
+    libraries' imports (seconds each), the script's main() run in it as `run_script` runs it here. Its stdout and
+    stderr go to files in `logs` as it writes them (`lines` follows stdout; `merged`: stderr too, in stdout's
+    file). `before`: called in the child first.
+    For what a fresh interpreter does (its imports, the exit of `python` itself), start `python` instead."""
+
+    def __init__(self, kind: str, args: list, logs, before=None, merged: bool = False):
+        _needs_optimum_habana(kind)
+        self.args = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
+        logs = Path(tempfile.mkdtemp(prefix="forked-", dir=logs))
+        self.stdout_path, self.stderr_path = logs / "stdout.txt", logs / "stderr.txt"
+        self.returncode = None
+        sys.stdout.flush(), sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into the test
+            status = 1
+            try:
+                with open(self.stdout_path, "w", buffering=1) as out, open(self.stderr_path, "w", buffering=1) as err:
+                    try:
+                        if before is not None:
+                            before()
+                        status = _in_process(kind, self.args, {}, streams=(out, out if merged else err)).returncode
+                    except BaseException:  # (the test's own code failed, not the run: its traceback for the test)
+                        traceback.print_exc(file=err)
+            finally:
+                os._exit(status)
+
+    def lines(self, timeout: float = 300):
+        """stdout's lines as the run writes them, until it ends."""
+        deadline = time.monotonic() + timeout
+        while not self.stdout_path.exists():
+            time.sleep(0.02)
+        with open(self.stdout_path) as f:
+            while time.monotonic() < deadline:
+                line = f.readline()
+                if line.endswith("\n"):
+                    yield line
+                elif self.poll() is not None:
+                    return
+                else:
+                    time.sleep(0.05)
+        raise AssertionError(f"{self.args} wrote no line for {timeout} s")
+
+    def send_signal(self, signum) -> None:
+        os.kill(self.pid, signum)
+
+    def poll(self):
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                raise AssertionError(f"{self.args} did not end in {timeout} s")
+            time.sleep(0.05)
+        return subprocess.CompletedProcess(
+            self.args, self.returncode, self.stdout_path.read_text(), self.stderr_path.read_text()
+        )
 
 
 _modules: dict = {}
@@ -284,17 +357,17 @@ def _refusal_missed(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def _as_in_a_process(changes: dict, cwd, gaudi: bool = False):
+def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None):
     """This process made to look, for a run here, as a fresh `python` started with the run's environment in `cwd`
     looks: yields (stdout, stderr), the run's captured output. Put back afterwards: sys.argv, sys.path, os.environ,
     the working directory, signal handlers, logging, warnings filters, torch's threads, determinism flags and
     random generators (and Python's and numpy's), accelerate's state, the output directory locks the run held
-    (what the process's exit releases)."""
+    (what the process's exit releases). `streams`: (stdout, stderr) to write to instead of new buffers."""
     import datasets.config
 
     from bridgetower_bench.output_dir import run_directory
 
-    stdout, stderr = io.StringIO(), io.StringIO()
+    stdout, stderr = streams or (io.StringIO(), io.StringIO())
     environ, cwd_before, argv_before, path_before = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
@@ -366,7 +439,9 @@ def _exit_status(run) -> int:
     return 0
 
 
-def _in_process(kind: str, argv: list, changes: dict, refused: bool = False) -> subprocess.CompletedProcess:
+def _in_process(
+    kind: str, argv: list, changes: dict, refused: bool = False, streams=None
+) -> subprocess.CompletedProcess:
     """The script's main() with `argv`, in this process, as `python <argv>` would run it (_as_in_a_process)."""
     from bridgetower_bench import arguments
 
@@ -376,11 +451,13 @@ def _in_process(kind: str, argv: list, changes: dict, refused: bool = False) -> 
         # transformers' model code for the rest of the process
         raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True or refused=True")
     module = script_module(kind)
-    with _as_in_a_process(changes, REPO, gaudi=kind == "gaudi") as (stdout, stderr):
+    with _as_in_a_process(changes, REPO, gaudi=kind == "gaudi", streams=streams) as (stdout, stderr):
         with mock.patch.object(arguments, "parse_arguments", _refusal_missed) if refused else contextlib.nullcontext():
             sys.argv = list(argv[1:])
             # the script's `if __name__ == "__main__":` line
             returncode = _exit_status(lambda: module.exit_on_user_error(module.main))
+    if streams is not None:  # (the output is in them)
+        return subprocess.CompletedProcess(argv, returncode)
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
 
 

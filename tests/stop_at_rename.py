@@ -4,20 +4,12 @@ Publishing a set of files is a sequence of renames (`os.replace`, `os.rename`) a
 inside --output_dir; each is a place where a killed run must leave one complete set behind. Nothing in the
 package knows about this: the process patches its own `os` functions before it runs.
 
-In a test process (e.g. a forked child):
+In the process of the run (`helpers.ForkedRun(..., before=...)`, or a test's own forked child):
 
     stop_at(directory, lambda count, path: count == 3, signal.SIGKILL)  # just before the 3rd rename or removal
-
-As a wrapper around a script (the signal is sent just before the first rename or removal of a path named NAME
-inside the script's --output_dir, e.g. `.publishing`, the commit point):
-
-    python tests/stop_at_rename.py SIGKILL NAME run_bridgetower_cuda.py --output_dir out ...
 """
 
 import os
-import runpy
-import signal
-import sys
 
 
 def stop_at(directory, matches, signum) -> None:
@@ -40,16 +32,3 @@ def stop_at(directory, matches, signum) -> None:
         return call
 
     os.replace, os.rename, os.remove = watched(os.replace, 1), watched(os.rename, 1), watched(os.remove, 0)
-
-
-def main() -> None:
-    signame, name, script, *args = sys.argv[1:]
-    output_dir = args[args.index("--output_dir") + 1]
-    stop_at(output_dir, lambda count, path: os.path.basename(path) == name, getattr(signal, signame))
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
-
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,17 @@ from safetensors.torch import load_file
 
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
-from helpers import BOTH_ROUTES, CPU_FLAGS, REPO, SCRIPTS, dead_pid, read_json, run_script, run_stopped_at, script_env
+from helpers import (
+    BOTH_ROUTES,
+    CPU_FLAGS,
+    REPO,
+    ForkedRun,
+    dead_pid,
+    read_json,
+    run_script,
+    run_stopped_at,
+    script_env,
+)
 from stop_at_rename import stop_at
 
 
@@ -416,15 +426,11 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
     assert read_json(out / "trainer_state.json")["global_step"] == 2 and not (out / "validation_results.json").exists()
 
     # SIGTERM during the final evaluation (or, if it is already over, while its results are saved).
-    cmd = [sys.executable, str(REPO / SCRIPTS["gaudi"])] + [str(a) for a in args]
-    process = subprocess.Popen(
-        cmd, cwd=REPO, env=script_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    for line in process.stdout:
+    run = ForkedRun("gaudi", args, tmp_path, merged=True)
+    for line in run.lines():
         if "Running Evaluation" in line:
-            process.send_signal(signal.SIGTERM)
+            run.send_signal(signal.SIGTERM)
             break
-    process.communicate(timeout=300)
-    assert process.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+    assert run.wait().returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
     assert_rerun_only_evaluates("gaudi", args, out)

@@ -14,8 +14,6 @@ import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,14 +22,12 @@ from bridgetower_bench.output_dir import checkpoint_manifest
 from helpers import (
     BOTH_ROUTES,
     CPU_FLAGS,
-    REPO,
-    SCRIPTS,
+    ForkedRun,
     base_args,
     load_weights,
     read_json,
     resumed_at,
     run_script,
-    script_env,
 )
 
 
@@ -134,24 +130,16 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
     holds model, optimizer, scheduler and RNG states, and the resumed steps see the same batches and dropout."""
     reference = uninterrupted("cuda", 0)
     out = tmp_path / "run"
-    cmd = (
-        [sys.executable, str(REPO / SCRIPTS["cuda"])]
-        + command(fixtures, out, 0, save_strategy="no")
-        + CPU_FLAGS["cuda"]
-    )
-    with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(
-            cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-        logged = 0
-        for line in process.stdout:
-            logged += "'loss'" in line
-            if logged == 5:  # step 5 of 9 logged: the second epoch's second step
-                process.send_signal(signal.SIGTERM)
-                break
-        process.communicate(timeout=300)
-    stderr_text = (tmp_path / "stderr.txt").read_text()
-    assert process.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
+    run = ForkedRun("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"], tmp_path)
+    logged = 0
+    for line in run.lines():
+        logged += "'loss'" in line
+        if logged == 5:  # step 5 of 9 logged: the second epoch's second step
+            run.send_signal(signal.SIGTERM)
+            break
+    stopped = run.wait()
+    stderr_text = stopped.stderr
+    assert stopped.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
     match = re.fullmatch(
         r"Training stopped by SIGTERM at step (\d+) of 9; checkpoint saved in (.*)\. Rerun the same "
         r"command \(without --overwrite_output_dir\) to resume from it\.",

@@ -11,8 +11,6 @@ import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,8 +23,8 @@ from bridgetower_bench.output_dir import checkpoint_manifest, run_directory, run
 from helpers import (
     BOTH_ROUTES,
     CPU_FLAGS,
-    REPO,
     SCRIPTS,
+    ForkedRun,
     base_args,
     command,
     load_weights,
@@ -36,7 +34,6 @@ from helpers import (
     resumed_at,
     run_killed_while_publishing,
     run_script,
-    script_env,
     script_module,
     write_csv,
 )
@@ -120,20 +117,14 @@ def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_
 
     out = tmp_path / "run"
     run_script("cuda", command(fixtures, out, max_steps=6))  # recipe A: checkpoints 2, 4, 6 and its model
-    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"])] + command(
-        fixtures, out, "cuda", "--overwrite_output_dir", **new
-    )
-    with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(
-            cmd, cwd=REPO, env=script_env(False), stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-        for line in process.stdout:
-            if "'loss'" in line:
-                process.send_signal(signal.SIGTERM)
-                break
-        process.communicate(timeout=300)
-    stopped = (tmp_path / "stderr.txt").read_text()
-    assert process.returncode == 128 + signal.SIGTERM, stopped[-3000:]
+    run = ForkedRun("cuda", command(fixtures, out, "cuda", "--overwrite_output_dir", **new), tmp_path)
+    for line in run.lines():
+        if "'loss'" in line:
+            run.send_signal(signal.SIGTERM)
+            break
+    result = run.wait()
+    stopped = result.stderr
+    assert result.returncode == 128 + signal.SIGTERM, stopped[-3000:]
     step = int(re.search(r"Training stopped by SIGTERM at step (\d+) of 6", stopped).group(1))
 
     resumed = run_script("cuda", command(fixtures, out, **new))
