@@ -4,9 +4,9 @@ A script run is, by default, its `main()` called in the test's own process (`run
 examples' tests run theirs: `sys.argv` patched, the run's environment set for its duration, its output captured,
 and everything global it changes put back afterwards (`_as_in_a_process`). A tool (`python -m
 bridgetower_bench.tools.<tool>`) runs here the same way, through runpy (`run_tool`). A run whose process is the
-subject (its exit status and message, a signal, a launcher, what a fresh interpreter reads at start) is a real
-subprocess (`process=True`, `run_stopped_at`, or the test's own `subprocess.Popen`); one such test per way out
-is enough, the variants of each message run here.
+subject (its exit status and message, a launcher, what a fresh interpreter reads at start) is a real subprocess
+(`process=True`, or the test's own `subprocess.Popen`); one such test per way out is enough, the variants of each
+message run here. A run stopped by a signal is a process forked from this one (`ForkedRun`, `run_stopped_at`).
 """
 
 from __future__ import annotations
