@@ -1,10 +1,6 @@
 """Image files the HPU decoder reads: every distinct image of a data set written once as a baseline JPEG.
 
-Habana's media pipeline reads encoded JPEG *files*. Parquet data sets keep images as embedded bytes
-(upstream handed the decoder ``image["path"]``, which for those is not a file on disk), and the decoder
-takes upright colour baseline JPEGs only, so ``materialise_images`` writes each image the decoder cannot
-take as it is into a cache directory, once, with a manifest that marks a finished build. Pure Python:
-runs, and is tested, on any machine.
+Habana's media pipeline reads JPEG files, where parquet data sets embed their images (docs/UPSTREAM.md).
 """
 
 from __future__ import annotations
@@ -15,10 +11,11 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from pathlib import Path
+from typing import Optional
 
+import datasets
 from PIL import Image
 
 from bridgetower_bench.images.images import image_source, jpeg_orientation, to_rgb, upright
@@ -29,20 +26,14 @@ from bridgetower_bench.regular_files import read_regular_file
 
 logger = logging.getLogger(__name__)
 
-JPEG_QUALITY = 95
 MANIFEST_NAME = "manifest.json"
 _MANIFEST_VERSION = 3  # 2: grey JPEGs transcoded to RGB; 3: EXIF-rotated images written upright
 _CHUNK_ROWS = 256  # rows read (and images held in memory) at a time while materialising
 
 
 def is_decoder_ready_jpeg(data: bytes) -> bool:
-    """Whether encoded bytes can go to the HPU decoder as they are.
-
-    Only upright colour baseline JPEGs (SOF0: 8-bit, Huffman, sequential, three YCbCr components)
-    qualify, the one kind Habana documents for its decoder; grey (one-component), progressive,
-    arithmetic-coded, 12-bit and CMYK/YCCK JPEGs, JPEGs with an EXIF orientation other than 1 (the
-    decoder does not turn them), and every other format, are transcoded to RGB.
-    """
+    """Whether encoded bytes can go to the HPU decoder as they are: an upright colour (three-component) 8-bit
+    baseline JPEG, the one kind Habana documents for its decoder; anything else is transcoded to RGB."""
     header = read_jpeg_header(data)
     ready = header is not None and header.marker == SOF_BASELINE and header.precision == 8 and header.components == 3
     return ready and (not header.has_exif or jpeg_orientation(data) in (None, 1))
@@ -56,7 +47,7 @@ def transcode_to_jpeg(data: bytes, label: str) -> bytes:
     except Exception as error:  # PIL raises many types for corrupt data
         raise ValueError(f"cannot decode the image of {label}: {error}") from error
     out = io.BytesIO()
-    to_rgb(upright(img)).save(out, format="JPEG", quality=JPEG_QUALITY)
+    to_rgb(upright(img)).save(out, format="JPEG", quality=95)
     return out.getvalue()
 
 
@@ -65,47 +56,29 @@ def materialise_images(
 ) -> list[str]:
     """Give every row of ``dataset`` a JPEG file the HPU decoder takes; return one path per row.
 
-    Images become ``<cache_dir>/<fingerprint>/<sha256 of the encoded image>.jpg``, one file per
-    distinct image (rows sharing an image share the path). Baseline JPEG bytes are written as they
-    are; everything else is transcoded to RGB JPEG (quality 95). A path value whose file is such a
-    JPEG is used where it is; a path is only read after checking that it exists.
-
-    Idempotent and crash-safe: files are written to temporary names and renamed, and a manifest
-    written last marks a finished build. With the manifest present nothing is read or written; a
-    build that was killed (no manifest) is completed, reusing the files it finished.
-
-    ``num_proc`` threads share the work (None: one). ``fingerprint`` names the data set's content
-    (e.g. ``dataset._fingerprint``). In distributed runs call this on the main process first
-    (``training_args.main_process_first()``); concurrent calls are safe but duplicate the work.
+    One file per distinct image, ``<cache_dir>/<fingerprint>/<sha256 of the encoded image>.jpg`` (``.upright.jpg``
+    when transcoded); a path value whose file the decoder takes is used where it is, once checked to exist.
+    Idempotent and crash-safe: files are renamed into place and a manifest written last marks a finished build,
+    which is then neither read nor written again; a killed build is completed, reusing the files it finished.
+    ``num_proc`` threads share the work. In distributed runs call it on the main process first (concurrent
+    calls are safe but duplicate the work).
     """
     if image_column not in dataset.column_names:
         raise ValueError(
             f"--image_column={image_column} is not a column of the data set; "
             f"available columns: {', '.join(dataset.column_names)}"
         )
-    if not fingerprint or os.sep in fingerprint or fingerprint in (".", ".."):
-        raise ValueError(f"image cache fingerprint {fingerprint!r} must be a plain directory name")
     out_dir = os.path.abspath(os.path.join(cache_dir, fingerprint))  # the decoder opens files by path
-    finished = _read_manifest(out_dir, image_column, len(dataset))
-    if finished is not None:
+    if (finished := _read_manifest(out_dir, image_column, len(dataset))) is not None:
         return finished
-
     os.makedirs(out_dir, exist_ok=True)
     remove_abandoned(out_dir)  # temporary files of builds killed on this host
-    paths = _ImageStore(out_dir, image_column).store_all(_undecoded_images(dataset, image_column), num_proc)
+    images = dataset.with_format(None).select_columns([image_column])  # no format or transform
+    if isinstance(images.features[image_column], datasets.Image) and images.features[image_column].decode:
+        images = images.cast_column(image_column, datasets.Image(decode=False))
+    paths = _ImageStore(out_dir, image_column).store_all(images, num_proc)
     _write_manifest(out_dir, image_column, paths)
     return paths
-
-
-def _undecoded_images(dataset, image_column: str):
-    """The image column alone, without format/transform, with Image features left undecoded."""
-    import datasets
-
-    column = dataset.with_format(None).select_columns([image_column])
-    feature = column.features[image_column]
-    if isinstance(feature, datasets.Image) and feature.decode:
-        column = column.cast_column(image_column, datasets.Image(decode=False))
-    return column
 
 
 class _ImageStore:
@@ -121,18 +94,15 @@ class _ImageStore:
         """Return one file path per row, writing each distinct image at most once."""
         path_of_key: dict[tuple, str] = {}
         row_keys: list[tuple] = []
-        row = 0
         with ThreadPoolExecutor(max_workers=max(1, num_proc or 1)) as pool:
             for chunk in images.iter(batch_size=_CHUNK_ROWS):
                 jobs = {}
                 for value in chunk[self.image_column]:
-                    key, job = self._plan_row(value, row)
-                    if key not in path_of_key and key not in jobs:
-                        jobs[key] = job
+                    key, job = self._plan_row(value, len(row_keys))
+                    if key not in path_of_key:
+                        jobs.setdefault(key, job)
                     row_keys.append(key)
-                    row += 1
-                for key, path in zip(jobs, pool.map(lambda job: job(), jobs.values())):
-                    path_of_key[key] = path
+                path_of_key.update(zip(jobs, pool.map(lambda job: job(), jobs.values())))
         logger.info(
             "image cache %s: %d rows, %d distinct images, %d files written",
             self.out_dir,
@@ -142,71 +112,49 @@ class _ImageStore:
         )
         return [path_of_key[key] for key in row_keys]
 
-    def _plan_row(self, value: Any, row: int):
+    def _plan_row(self, value, row: int):
         """(dedup key, job returning the row's file path) for one image value."""
         where = f"--image_column={self.image_column}, row {row}"
         source = image_source(value)
         if source is None:
             raise ValueError(f"{where}: unsupported image value of type {type(value).__name__}")
         if source.data is not None:
-            return self._plan_bytes(source.data, where)
+            digest = hashlib.sha256(source.data).hexdigest()
+            return ("sha256", digest), lambda: self._store(source.data, digest, f"{where} (embedded bytes)")
         if source.path is None:
             raise ValueError(f"{where}: the image has neither embedded bytes nor a path")
-        return self._plan_file(
-            source.path, where, "has no embedded bytes and its path" if source.from_dict else "image path"
-        )
-
-    def _plan_bytes(self, data: bytes, where: str):
-        digest = hashlib.sha256(data).hexdigest()
-        return ("sha256", digest), lambda: self._store(data, digest, f"{where} (embedded bytes)")
-
-    def _plan_file(self, path, where: str, what: str):
-        given = os.fspath(path)
+        given = os.fspath(source.path)
         if not os.path.isfile(given):
-            raise ValueError(
-                f"{where}: {what} {given!r} "
-                + ("is not a regular file" if os.path.exists(given) else "does not exist")
-            )
+            what = "has no embedded bytes and its path" if source.from_dict else "image path"
+            problem = "is not a regular file" if os.path.exists(given) else "does not exist"
+            raise ValueError(f"{where}: {what} {given!r} {problem}")
         path = os.path.abspath(given)
         return ("file", os.path.realpath(path)), lambda: self._use_or_store_file(path, f"{where} ({given!r})")
 
     def _use_or_store_file(self, path: str, label: str) -> str:
         data = read_regular_file(path)  # (a FIFO or device swapped in since the check is refused, never read)
-        if is_decoder_ready_jpeg(data):
-            return path
-        return self._store(data, hashlib.sha256(data).hexdigest(), label)
+        return path if is_decoder_ready_jpeg(data) else self._store(data, hashlib.sha256(data).hexdigest(), label)
 
     def _store(self, data: bytes, digest: str, label: str) -> str:
         ready = is_decoder_ready_jpeg(data)
-        # transcodes get their own names: a build before EXIF-rotated images were turned upright
-        # wrote some of them as they were, under the plain name
+        # transcodes get their own names: a build before EXIF-rotated images were turned upright wrote some of them
+        # as they were under the plain name; a file an earlier build wrote as it was (e.g. a grey JPEG) is redone
         target = os.path.join(self.out_dir, digest + (".jpg" if ready else ".upright.jpg"))
-        if os.path.exists(target) and _holds_decoder_ready_jpeg(target):  # finished by an earlier (killed) build
-            return target  # (one an earlier version wrote as it was, e.g. a grey JPEG, is written again)
-        encoded = data if ready else transcode_to_jpeg(data, label)
-        write_atomically(target, encoded, fsync=True)
+        if os.path.exists(target) and is_decoder_ready_jpeg(Path(target).read_bytes()):
+            return target  # finished by an earlier (killed) build
+        write_atomically(target, data if ready else transcode_to_jpeg(data, label), fsync=True)
         with self._count_lock:
             self.written += 1
         return target
 
 
-def _holds_decoder_ready_jpeg(path: str) -> bool:
-    with open(path, "rb") as handle:
-        return is_decoder_ready_jpeg(handle.read())
-
-
-def _write_manifest(out_dir: str, image_column: str, paths: Sequence[str]) -> None:
+def _write_manifest(out_dir: str, image_column: str, paths: list[str]) -> None:
     """Record a finished build: the distinct files (names inside ``out_dir`` or absolute) and each row's file."""
-    files: list[str] = []
-    index_of: dict[str, int] = {}
-    rows = []
-    for path in paths:
-        if path not in index_of:
-            index_of[path] = len(files)
-            inside = os.path.dirname(path) == out_dir
-            files.append(os.path.basename(path) if inside else path)
-        rows.append(index_of[path])
-    manifest = {"version": _MANIFEST_VERSION, "image_column": image_column, "files": files, "rows": rows}
+    files = list(dict.fromkeys(paths))
+    index_of = {path: index for index, path in enumerate(files)}
+    names = [os.path.basename(path) if os.path.dirname(path) == out_dir else path for path in files]
+    rows = [index_of[path] for path in paths]
+    manifest = {"version": _MANIFEST_VERSION, "image_column": image_column, "files": names, "rows": rows}
     write_atomically(os.path.join(out_dir, MANIFEST_NAME), json.dumps(manifest), fsync=True)
 
 

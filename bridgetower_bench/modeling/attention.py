@@ -1,18 +1,10 @@
 """BridgeTower's text and cross-modal attention through torch's fused ``scaled_dot_product_attention``.
 
-transformers 4.55 gives BridgeTower's BERT-style attention (self- and cross-attention of the text encoder
-and of both cross-modal stacks: 48 of the Large model's 72 attention blocks) only an "eager"
-implementation: the score matrix, the mask, the softmax, the dropout and the weighted sum are separate
-operations, and under bf16 autocast the scores are written out in float32 (the mask is float32), once
-per operation, forwards and backwards. The vision tower's 24 blocks already run through SDPA
-(``nn.MultiheadAttention`` with ``need_weights=False``).
-
-``use_attention(model, "sdpa")`` makes every ``BridgeTowerSelfAttention`` compute the same function with
-one ``F.scaled_dot_product_attention`` call: the same weights, the same additive mask, the same dropout
-probability on the attention weights, the same 1/sqrt(head size) scale. Only the kernel changes, and with
-it the dropout's random draws and the rounding. Nothing is added to the model or its state dict, and its
-config still says "eager", so a saved checkpoint loads anywhere. The cases SDPA cannot express (attention
-weights asked for, head masks, relative position embeddings, a key/value cache) run the eager code as is.
+transformers 4.55 gives this BERT-style attention (48 of the Large model's 72 attention blocks; the vision tower's
+24 already run through SDPA) only an eager implementation: score matrix, mask, softmax, dropout and weighted sum
+as separate operations, the scores written out in float32 under bf16 autocast, forwards and backwards. Only the
+kernel changes (and with it the dropout's draws and the rounding); the config still says "eager", so a saved
+checkpoint loads anywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 class SdpaBridgeTowerSelfAttention(BridgeTowerSelfAttention):
-    """BridgeTowerSelfAttention whose common case (no weights out, no head mask, absolute positions) is fused."""
+    """Fused in the common case; attention weights asked for, head masks, relative positions or a cache run eager."""
 
     def forward(
         self,
@@ -77,11 +69,8 @@ class SdpaBridgeTowerSelfAttention(BridgeTowerSelfAttention):
 
 
 def use_attention(model: torch.nn.Module, implementation: str) -> int:
-    """Run every BridgeTowerSelfAttention in ``model`` with ``implementation``; returns how many changed.
-
-    "eager" is transformers' own code (upstream's behaviour), "sdpa" the fused call above. Switching
-    back and forth is allowed; parameters and buffers are never touched.
-    """
+    """Run every BridgeTowerSelfAttention in ``model`` with "eager" (transformers' own, upstream's) or "sdpa" (the same
+    weights, additive mask, dropout probability and scale); returns how many changed. Parameters are never touched."""
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise UserInputError(
             f"--attn_implementation {implementation!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"

@@ -1,10 +1,6 @@
-"""`evaluate` module: image <-> text retrieval recall@k and mean rank.
+"""`evaluate` module: image <-> text retrieval recall@k and mean rank, loaded by path (README.md beside it).
 
-Load it by path, never from the hub:
-``evaluate.load("bridgetower_bench/metrics/retrieval_recall")`` or
-``bridgetower_bench.retrieval.load_retrieval_metric()``. The arithmetic lives in
-``bridgetower_bench.retrieval.retrieval_metrics``; this file only adapts it to evaluate's
-add/add_batch/compute interface, so the ``bridgetower_bench`` package must be importable.
+It adapts ``bridgetower_bench.retrieval.retrieval_metrics`` to evaluate's interface: the package must be importable.
 """
 
 import datasets
@@ -40,8 +36,6 @@ Example:
     1.0
 """
 
-_CITATION = ""
-
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class RetrievalRecall(evaluate.Metric):
@@ -50,7 +44,7 @@ class RetrievalRecall(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,
-            citation=_CITATION,
+            citation="",
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features(
                 {
