@@ -1,7 +1,4 @@
-"""The published experiment (docs/PUBLISHED.md): what this kit reproduces and every comparison is made
-against. The one home of its facts: the GPU memory check reads the model's shape here, the tools (the
-sweep's blog preset and report, costs, the NVIDIA self-check) the recipe and the figures.
-"""
+"""The published experiment's facts (docs/PUBLISHED.md), their one home: for the GPU memory check and the tools."""
 
 MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
 DATASET = "jmhessel/newyorker_caption_contest"
@@ -15,9 +12,7 @@ DEVICES = 8
 BATCH = 48  # per device
 EPOCHS = 5
 WARMUP_STEPS = 3  # --throughput_warmup_steps
-# The train split of the `matching` configuration. The documentation gives it as "about 9.8k rows" and no
-# exact count, so 9,800 is the documented figure, not an exact one: the real count lies within 50 rows of it,
-# half a percent of a cost.
+# The train split of `matching`, "about 9.8k rows" as documented: the real count lies within 50 rows of it.
 TRAIN_ROWS = 9_800
 SAMPLES = EPOCHS * TRAIN_ROWS
 EXPERIMENT = f"{EPOCHS} epochs x about {TRAIN_ROWS:,} rows"
@@ -35,7 +30,6 @@ THROUGHPUT = {
     "H100 GPU": {"workers=0": 336.5, "workers=1": 580.1, "workers=2": 602.1},
     "A100 80GB GPU": {"workers=0": 227.5, "workers=1": 339.7, "workers=2": 345.4},
 }
-# Upstream's CI baselines for this example on the optimum-habana 1.21 line, DEVICES devices, samples/s: the
-# published flags plus a pinned data set revision, --trust_remote_code True and --sdp_on_bf16, without --do_predict.
+# Upstream's CI baselines (optimum-habana 1.21 line, DEVICES devices, samples/s) and the flags CI adds to the post's.
 CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
 CI_EXTRA_FLAGS = f"--dataset_revision {DATASET_REVISION} --trust_remote_code True --sdp_on_bf16"

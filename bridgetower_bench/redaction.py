@@ -1,14 +1,6 @@
-"""Credentials never reach a shareable record: argument lists, JSON configurations, environments and text.
-
-A name is a credential's when one of its words (the name split on `-`, `_` and `.`, any case) is
-`token`, `password`, `passwd` or `secret`, or two adjacent words are `api` `key` (or one is `apikey`):
-`--token`, `--hub_token`, `--push_to_hub_token`, `--use_auth_token`, `HF_TOKEN`,
-`HUGGING_FACE_HUB_TOKEN`, `WANDB_API_KEY`, `--db_password`, `--client_secret`. Whole words only, so
-`--tokenizer_name`, `--max_tokens_per_batch` (a plural names a count or a list, never a credential),
-`--max_seq_length` and `--pad_to_max_length` are left as they are.
-
-The run itself always receives the real values; only what is written for others to read goes
-through these functions.
+"""Credentials never reach a shareable record (the run itself receives the real values). A name is a credential's
+when one of its words (split on `-`, `_`, `.`; any case) is `token`, `password`, `passwd` or `secret`, or two are
+`api` `key` (or one `apikey`); whole words only: a plural (`--max_tokens_per_batch`) names a count, never a secret.
 """
 
 from __future__ import annotations
@@ -35,33 +27,19 @@ def is_secret_name(name: str) -> bool:
     return any(w in _SECRET_WORDS for w in words) or any(a == "api" and b == "key" for a, b in zip(words, words[1:]))
 
 
-def _secret_flag(arg: str) -> Optional[tuple[str, Optional[str]]]:
-    """(flag, value or None) when `arg` is `--secret_flag` or `--secret_flag=value`; else None."""
-    if not arg.startswith("--"):
-        return None
-    flag, eq, value = arg.partition("=")
-    if not is_secret_name(flag):
-        return None
-    return flag, (value if eq else None)
-
-
 def redact_args(args: Sequence[str]) -> list[str]:
-    """`args` with the value of every credential flag replaced by REDACTED, in `--flag value` and
-    `--flag=value` forms. A credential flag followed by another flag (a boolean such as
-    `--use_auth_token`) takes no value, and the next flag is kept."""
+    """`args` with the value of every credential flag, `--flag value` or `--flag=value`, replaced by REDACTED. A
+    credential flag followed by another flag (a boolean such as `--use_auth_token`) takes no value."""
     redacted: list[str] = []
     value_follows = False
     for arg in map(str, args):
+        flag, eq, _ = arg.partition("=")
+        secret = arg.startswith("--") and is_secret_name(flag)
         if value_follows and not arg.startswith("-"):
-            redacted.append(REDACTED)
-            value_follows = False
-            continue
-        value_follows = False
-        secret = _secret_flag(arg)
-        if secret is not None and secret[1] is not None:
-            redacted.append(f"{secret[0]}={REDACTED}")
-            continue
-        value_follows = secret is not None
+            arg = REDACTED
+        elif secret and eq:
+            arg = f"{flag}={REDACTED}"
+        value_follows = secret and not eq
         redacted.append(arg)
     return redacted
 
@@ -72,23 +50,16 @@ _FLAG_IN_TEXT = re.compile(r"""(--[\w.-]+)(=|\s+)("[^"]*(?:"|$)|'[^']*(?:'|$)|[^
 
 
 def redact_text(text: str) -> str:
-    """A command line as the user typed it (one string, perhaps one shlex cannot split: an unclosed quote)
-    with the value of every credential flag replaced by REDACTED, quotes included."""
-    return _FLAG_IN_TEXT.sub(
-        lambda m: f"{m[1]}{m[2]}{REDACTED}" if is_secret_name(m[1]) else m[0],
-        text,
-    )
+    """A command line as typed (even one shlex cannot split) with credential values, quotes included, redacted."""
+    return _FLAG_IN_TEXT.sub(lambda m: f"{m[1]}{m[2]}{REDACTED}" if is_secret_name(m[1]) else m[0], text)
 
 
 def without_secrets(arguments):
-    """A shallow copy of a dataclass of arguments (e.g. TrainingArguments) with every credential field
-    set to None, or `arguments` itself when none is set."""
+    """A shallow copy of a dataclass of arguments with every credential field set to None (itself if none is set)."""
     secret = [
         f.name for f in dataclasses.fields(arguments) if is_secret_name(f.name) and getattr(arguments, f.name, None)
     ]
-    if not secret:
-        return arguments
-    blank = copy.copy(arguments)
+    blank = copy.copy(arguments) if secret else arguments
     for name in secret:
         setattr(blank, name, None)
     return blank
@@ -97,56 +68,34 @@ def without_secrets(arguments):
 def secret_values(
     args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None, configs: Iterable[Any] = ()
 ) -> set[str]:
-    """The credential values in an argument list, an environment and JSON configurations (credential
-    keys, and argument lists inside them): what `scrub` removes from free text (a run's output)."""
-    values: set[str] = set()
-    value_follows = False
-    for arg in args:
-        arg = str(arg)
-        if value_follows and not arg.startswith("-"):
-            values.add(arg)
-        value_follows = False
-        secret = _secret_flag(arg)
-        if secret is not None:
-            if secret[1] is not None:
-                values.add(secret[1])
-            else:
-                value_follows = True
+    """The credential values in an argument list, an environment and JSON configurations: what `scrub` removes."""
+    args = [str(arg) for arg in args]  # what redact_args changes: a `--flag=value`'s value, a value after its flag
+    values = {a.partition("=")[2] if a.startswith("--") else a for a, r in zip(args, redact_args(args)) if a != r}
     values.update(v for k, v in (env or {}).items() if is_secret_name(k))
-
-    def walk(config):
+    for config in configs:
         if isinstance(config, Mapping):
             for k, v in config.items():
                 if is_secret_name(str(k)) and isinstance(v, str):
                     values.add(v)
                 else:
-                    walk(v)
+                    values |= secret_values(configs=[v])
         elif isinstance(config, (list, tuple)):
-            if config and all(isinstance(v, str) for v in config):  # an argument list
-                values.update(secret_values(config))
-            for v in config:
-                walk(v)
-
-    for config in configs:
-        walk(config)
+            arguments = config if all(isinstance(v, str) for v in config) else ()  # a list of strings: arguments
+            values |= secret_values(arguments, configs=config)
     return {v for v in values if len(v) >= _MIN_SCRUBBED_LENGTH and v.lower() not in ("true", "false", "none")}
 
 
 def scrub(text, secrets: Iterable[str]):
     """`text` (str or bytes) with every occurrence of each of `secrets` replaced by REDACTED (longest first)."""
     for value in sorted(secrets, key=len, reverse=True):
-        if isinstance(text, bytes):
-            text = text.replace(value.encode(), REDACTED.encode())
-        else:
-            text = text.replace(value, REDACTED)
+        old, new = (value.encode(), REDACTED.encode()) if isinstance(text, bytes) else (value, REDACTED)
+        text = text.replace(old, new)
     return text
 
 
 def shareable(record: Any, args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None) -> Any:
-    """A JSON-able record (dicts, lists, strings, numbers) made safe to share, for any tool that writes
-    one: the value of every credential key is redacted, every list of strings is treated as an
-    argument list (`redact_args`), and every credential value found in `args`, in `env` (default: this
-    process's environment) or in the record itself is scrubbed from its strings."""
+    """A JSON-able record made safe to share: credential keys' values and lists of strings (`redact_args`) redacted,
+    every credential value in `args`, `env` (default: this process's) or the record scrubbed from its strings."""
     secrets = secret_values(args, os.environ if env is None else env, configs=[record])
 
     def walk(value):

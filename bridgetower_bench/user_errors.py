@@ -1,15 +1,4 @@
-"""How the scripts end on bad input: one line, exit status 2, no traceback (argparse's convention).
-
-Code that refuses a flag, file, row or column raises `UserInputError` with a message naming it.
-`exit_on_user_error(main)` runs a script's main(): a UserInputError ends the process with
-`<script>: error: <message>` on stderr and exit status 2. A run stopped at once by SIGINT or SIGTERM (a
-Ctrl-C before or after training, a second signal during it: `KeyboardInterrupt`) ends in one line too, exit
-status 128 + the signal; once a run ends on a signal, further signals are ignored while it exits. Every
-other exception is a bug or an environment failure and keeps its traceback. A process of a distributed run
-leaves its process group before it exits, but when stopped at once (a collective may still be pending).
-
-UserInputError is a ValueError, so callers that catch ValueError (and tests) keep working.
-"""
+"""How the scripts end on bad input (one line, exit status 2: argparse's convention) and on a run stopped at once."""
 
 from __future__ import annotations
 
@@ -20,11 +9,12 @@ from collections.abc import Callable
 
 
 class UserInputError(ValueError):
-    """Bad input from the user (a flag, a data file, a row, a column). The message names it."""
+    """Bad input (a flag, a data file, a row, a column), named by the message; a ValueError for those that catch it."""
 
 
 def exit_on_user_error(main: Callable[[], object]) -> None:
-    """Run main(); a UserInputError becomes `<script>: error: <message>` on stderr and exit status 2."""
+    """Run main(): a UserInputError becomes `<script>: error: <message>`, exit status 2; a KeyboardInterrupt one line,
+    128 + the signal. Leaves the process group first, but when stopped at once (a collective may be pending)."""
     try:
         main()
     except UserInputError as error:
@@ -35,14 +25,12 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)  # resilience.StoppedAtOnce names a second SIGTERM
         _ignore_stop_signals()
-        sys.stderr.flush()
-        print(
-            f"Stopped at once by {signal.Signals(signum).name}: what was being saved is incomplete and is never "
-            "used. Rerun the same command (without --overwrite_output_dir) to go on from the newest complete "
-            "checkpoint.",
-            file=sys.stderr,
-            flush=True,
+        said = (
+            f"Stopped at once by {signal.Signals(signum).name}: what was being saved is incomplete and is never used. "
+            "Rerun the same command (without --overwrite_output_dir) to go on from the newest complete checkpoint."
         )
+        sys.stderr.flush()
+        print(said, file=sys.stderr, flush=True)
         sys.exit(128 + signum)
     except SystemExit as exiting:
         if exiting.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # stopped by a signal, its line printed
@@ -53,9 +41,7 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
 
 
 def _leave_the_process_group() -> None:
-    """A process of a distributed run ends without the process group's threads: left to the interpreter's exit
-    while another rank, or the node keeping the job's store, is already gone, they can abort the process
-    ("terminate called without an active exception", exit status 134) in place of its own status."""
+    """Left to the interpreter's exit while another rank is gone, the group's threads can abort it (exit status 134)."""
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
         distributed.destroy_process_group()

@@ -201,7 +201,7 @@ def test_the_reason_for_each_other_cause():
         "no NVIDIA driver found (no libcuda or libnvidia-ml library; NVML: NVMLError_LibraryNotFound: NVML Shared Library "
         "Not Found); CUDA_VISIBLE_DEVICES is also set empty, which would hide any GPU"
     )
-    smi_failed = cd.parse_nvidia_smi(9, SMI_NO_DRIVER)
+    smi_failed = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=lambda name: "/usr/bin/nvidia-smi")
     assert reason(driver=smi_failed).startswith(
         "the NVIDIA driver does not answer (nvidia-smi: exit status 9: NVIDIA-SMI has failed"
     )

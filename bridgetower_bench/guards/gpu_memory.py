@@ -1,30 +1,10 @@
-"""Does the per-device batch fit the GPU? Checked at step 1, before the first forward pass, and again if
-the first step runs out of memory: either way the run ends in one line (exit status 2), nothing published,
-naming the batch asked, the device's memory, the need, and the per-device batch and gradient accumulation
-that keep the experiment's global batch.
-
-The need is known for the published model only: BridgeTower Large (hidden size 1024, 24 text and 24 vision
-layers, 6 cross-modal ones), 294-px images in 14-px patches, captions of 128 tokens, bf16 autocast, every
-parameter trained, no gradient checkpointing. For that shape:
-
-- measured: a peak of 64.47 GiB of tensors (torch.cuda.max_memory_allocated) at per-device batch 48, on one
-  H200, eager attention (and 54.7 GiB with each repeated layer compiled, `--compile_layers inductor`), both
-  with fused AdamW, the Trainer's choice then (the CUDA script now takes `adamw_torch`, not yet measured);
-- estimated, fixed part: 16 bytes per parameter (fp32 weights, gradients and AdamW's two moments): 12.9 GiB
-  for the 865.6 M parameters trained; a frozen parameter counts 4 bytes (its weights only);
-- estimated, per sample: the rest of the measured peak over the 48 samples, 1.07 GiB. Activations grow in
-  proportion to the batch; whatever else the peak holds (bf16 copies of the weights, workspaces) is counted
-  per sample too, which overstates the need of smaller batches slightly (the suggestion errs on the safe side);
-- estimated, beyond the tensors: 10 % for the caching allocator's reserve and 1 GiB for the CUDA context.
-
-Other shapes or settings (another model, sequence length or image size, fp32, sdpa attention, gradient
-checkpointing) have no figure here: their first step decides, and running out of memory there gives the
-same one line, with the peak reached before it ran out.
-"""
+"""Does the per-device batch fit the GPU? Known for the published shape only, estimated from its measured peak
+(docs/RESULTS.md, "Memory of the published recipe"); other shapes and settings are left to their first step."""
 
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,13 +19,7 @@ ALLOCATOR_RESERVE = 0.10  # estimate: memory the caching allocator holds beyond 
 CUDA_CONTEXT_GIB = 1.0  # estimate: the CUDA context and libraries, outside torch's allocator
 
 
-@dataclass(frozen=True)
-class MeasuredPeak:
-    batch: int
-    peak_gib: float
-    where: str
-
-
+MeasuredPeak = namedtuple("MeasuredPeak", "batch peak_gib where")
 # Measured peaks of the published shape, by (attention implementation, layers compiled).
 MEASURED_PEAKS = {
     ("eager", False): MeasuredPeak(48, 64.47, "measured on one H200"),
@@ -87,34 +61,18 @@ class MemoryNeed:
         return self.device_gib(batch) <= device_total_gib
 
 
-def fixed_gib(parameters: int, trained: int) -> float:
-    return (FIXED_BYTES_TRAINED * trained + FIXED_BYTES_FROZEN * (parameters - trained)) / GIB
-
-
 def memory_need(
-    *,
-    shape: tuple,
-    sequence_length: int,
-    bf16: bool,
-    attention: str,
-    compiled: bool,
-    gradient_checkpointing: bool,
-    parameters: int,
-    trained: int,
+    *, shape, sequence_length, bf16, attention, compiled, gradient_checkpointing, parameters, trained
 ) -> Optional[MemoryNeed]:
-    """The need of a run of the published shape, from its measured peak; None when no figure applies."""
+    """The need of a run (PUBLISHED_RUN's keys) of the published shape, from its measured peak; else None."""
     measured = MEASURED_PEAKS.get((attention, bool(compiled)))
-    if (
-        measured is None
-        or tuple(shape) != published.SHAPE
-        or sequence_length != published.SEQUENCE
-        or not bf16
-        or gradient_checkpointing
-    ):
+    facts = (tuple(shape), sequence_length, bool(bf16), bool(gradient_checkpointing))
+    if measured is None or facts != (published.SHAPE, published.SEQUENCE, True, False):
         return None
-    published_fixed = fixed_gib(published.TRAINED_PARAMETERS, published.TRAINED_PARAMETERS)
-    per_sample = (measured.peak_gib - published_fixed) / measured.batch
-    return MemoryNeed(fixed_gib(parameters, trained), per_sample, measured)
+    # the rest of the peak (activations, bf16 copies, workspaces) counts per sample: overstates smaller batches
+    per_sample = (measured.peak_gib - FIXED_BYTES_TRAINED * published.TRAINED_PARAMETERS / GIB) / measured.batch
+    fixed = (FIXED_BYTES_TRAINED * trained + FIXED_BYTES_FROZEN * (parameters - trained)) / GIB
+    return MemoryNeed(fixed, per_sample, measured)
 
 
 def same_global_batch(batch: int, accumulation: int, fits) -> Optional[tuple[int, int]]:
@@ -127,16 +85,10 @@ def same_global_batch(batch: int, accumulation: int, fits) -> Optional[tuple[int
 
 
 def does_not_fit_message(
-    *,
-    batch: int,
-    accumulation: int,
-    world_size: int,
-    device_name: str,
-    device_total_gib: float,
-    need: Optional[MemoryNeed],
-    reached_gib: Optional[float] = None,
+    batch, accumulation, world_size, device_name, device_total_gib, need, reached_gib=None
 ) -> str:
-    """The one line: what was asked, the device, the need, and what keeps the global batch."""
+    """The one line: the batch asked, the device (GiB), the need (or None: the GiB reached when the first step ran
+    out of memory), and what keeps the global batch."""
     asked = f"--per_device_train_batch_size {batch}" + (
         f" with --gradient_accumulation_steps {accumulation}" if accumulation > 1 else ""
     )
@@ -163,46 +115,31 @@ def does_not_fit_message(
 
 
 def on_gpu(args) -> bool:
-    """Does this run train on an NVIDIA GPU (the only device whose memory is checked here)?"""
     return args.device.type == "cuda"
 
 
 def device_memory(device) -> tuple[str, float]:
-    """The GPU's name and total memory in GiB."""
+    """The GPU's name and total memory (GiB)."""
     import torch
 
     properties = torch.cuda.get_device_properties(device)
     return properties.name, properties.total_memory / GIB
 
 
-def run_need(model, sequence_length: int, args) -> Optional[MemoryNeed]:
-    """The need of this run (model, the batch's sequence length, the training arguments), or None."""
-    config = model.config
-    shape = (
-        config.hidden_size,
-        config.text_config.num_hidden_layers,
-        config.vision_config.num_hidden_layers,
-        config.num_hidden_layers,
-        config.vision_config.image_size,
-        config.vision_config.patch_size,
-    )
-    parameters = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return memory_need(
+def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional[MemoryNeed]:
+    """Step 1 on a GPU: raise BatchDoesNotFit when the known need exceeds the device; return the need (or None)."""
+    c, t, v = model.config, model.config.text_config, model.config.vision_config
+    shape = (c.hidden_size, t.num_hidden_layers, v.num_hidden_layers, c.num_hidden_layers, v.image_size, v.patch_size)
+    need = memory_need(
         shape=shape,
         sequence_length=sequence_length,
         bf16=bool(args.bf16),
         attention=getattr(args, "attn_implementation", "eager") or "eager",
         compiled=bool(getattr(args, "compile_layers", None)),
         gradient_checkpointing=bool(args.gradient_checkpointing),
-        parameters=parameters,
-        trained=trained,
+        parameters=sum(p.numel() for p in model.parameters()),
+        trained=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
-
-
-def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional[MemoryNeed]:
-    """Step 1 on a GPU: raise BatchDoesNotFit when the known need exceeds the device; return the need (or None)."""
-    need = run_need(model, sequence_length, args)
     if need is None:
         return None
     name, total = (memory or device_memory)(args.device)
@@ -212,28 +149,15 @@ def check_batch_fits(model, sequence_length: int, args, memory=None) -> Optional
 
 
 def _does_not_fit(args, device_name: str, device_total_gib: float, need, reached_gib=None) -> BatchDoesNotFit:
-    """The run's batch, accumulation and processes, on this device, as the one-line error."""
+    batch, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
     return BatchDoesNotFit(
-        does_not_fit_message(
-            batch=args.per_device_train_batch_size,
-            accumulation=args.gradient_accumulation_steps,
-            world_size=args.world_size,
-            device_name=device_name,
-            device_total_gib=device_total_gib,
-            need=need,
-            reached_gib=reached_gib,
-        )
+        does_not_fit_message(batch, accumulation, args.world_size, device_name, device_total_gib, need, reached_gib)
     )
 
 
-def out_of_memory_at_first_step(
-    error: BaseException, args, need: Optional[MemoryNeed], memory=None, reached: Optional[float] = None
-) -> BatchDoesNotFit:
+def out_of_memory_at_first_step(error: BaseException, args, need: Optional[MemoryNeed]) -> BatchDoesNotFit:
     """The one-line error for an out-of-memory error raised before the first optimizer step ended."""
-    name, total = (memory or device_memory)(args.device)
-    if reached is None:
-        reached = _reached_gib(error, args.device)
-    return _does_not_fit(args, name, total, need, reached)
+    return _does_not_fit(args, *device_memory(args.device), need, _reached_gib(error, args.device))
 
 
 def _reached_gib(error: BaseException, device) -> Optional[float]:

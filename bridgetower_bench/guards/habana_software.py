@@ -1,22 +1,11 @@
-"""Is Habana's software here? The Gaudi entry points ask before importing optimum-habana.
-
-Importing `optimum.habana` (1.21.2) runs a version check that reads `pip list` for habana-torch-plugin and,
-outside Habana's PyTorch container, ends in an IndexError traceback. Habana's PyTorch bridge
-(`habana_frameworks.torch`, the package the plugin installs) is what the kit looks for instead: found
-without importing it (importing it loads the bridge).
-"""
+"""Is Habana's software here? Asked before importing optimum-habana, whose version check ends in a traceback
+without it: the PyTorch bridge is looked for, not imported (that would load it)."""
 
 from __future__ import annotations
 
 import importlib.util
 
 from bridgetower_bench.user_errors import UserInputError
-
-
-MISSING = (
-    "Habana's software is missing: Intel Gaudi's PyTorch bridge (habana_frameworks.torch) is not installed here; "
-    "run inside Habana's PyTorch container (README, Gaudi section), or run_bridgetower_cuda.py on NVIDIA GPUs or the CPU"
-)
 
 
 def habana_software_present() -> bool:
@@ -29,4 +18,7 @@ def habana_software_present() -> bool:
 def require_habana_software() -> None:
     """One line (UserInputError) where Habana's software is missing, before optimum-habana's own check fails."""
     if not habana_software_present():
-        raise UserInputError(MISSING)
+        raise UserInputError(
+            "Habana's software is missing: Intel Gaudi's PyTorch bridge (habana_frameworks.torch) is not installed here; "
+            "run inside Habana's PyTorch container (README, Gaudi section), or run_bridgetower_cuda.py on NVIDIA GPUs or the CPU"
+        )

@@ -1,17 +1,4 @@
-"""Long runs that stop cleanly and lose no work.
-
-- `ImageLoadError`: an image that cannot be loaded once training has started (a file removed
-  mid-run). `data.BatchTransform` raises it naming the split and the path; the trainer saves a
-  checkpoint and stops with that message (see `TrainerExtensions.train`).
-- `StopOnSignal`: SIGTERM or SIGINT during training saves a checkpoint at the next optimizer-step
-  boundary and stops; the run then ends with `TrainingInterrupted` (exit status 128 + signal
-  number, the shell's convention for "killed by that signal", so schedulers and `&&` chains see an
-  unfinished run). Rerunning the same command resumes from the checkpoint.
-  A signal after the last step (or while results are being saved) waits until the final results
-  are saved completely, then ends the run the same way (`stopped_after_saving`).
-
-What --output_dir may hold, and its checkpoints: run_directory.py.
-"""
+"""Runs that stop cleanly, losing no work, on an image that fails mid-run and on signals (docs/RUNS.md)."""
 
 from __future__ import annotations
 
@@ -29,21 +16,12 @@ from bridgetower_bench.user_errors import UserInputError
 
 
 logger = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
+_taking_sigterm: Optional[int] = None  # the loader worker (pid) whose SIGTERM a thread takes
 
 
 class ImageLoadError(UserInputError):
-    """An image could not be loaded while training or evaluating. The message names the split and path.
-
-    Bad data, as the check before step 1 reports it: the run ends in one line, exit status 2 (an image that
-    changed or vanished after that check; a checkpoint of the last completed step is saved first).
-
-    Raised inside a DataLoader worker, it reaches the main process re-created by PyTorch with a
-    message that wraps the worker's whole traceback; `reason` recovers the original one-line message.
-    """
+    """An image could not be loaded while training or evaluating; the message names the split and path. From a
+    loader worker it arrives wrapped in the worker's traceback: `reason` is the original line."""
 
     @property
     def reason(self) -> str:
@@ -55,9 +33,8 @@ class ImageLoadError(UserInputError):
 
 
 class StoppedAtOnce(KeyboardInterrupt):
-    """A second SIGTERM/SIGINT: the run stops where it is (user_errors.exit_on_user_error prints its line).
-
-    A KeyboardInterrupt, so that what handles Ctrl-C (PyTorch's loader workers end quietly) handles it too."""
+    """A second SIGTERM/SIGINT: the run stops where it is (user_errors.exit_on_user_error prints its line). A
+    KeyboardInterrupt, so that what handles Ctrl-C (PyTorch's loader workers end quietly) handles it too."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -84,28 +61,10 @@ def image_label(value) -> str:
     return type(value).__name__
 
 
-# ---------------------------------------------------------------------------------------------
-# SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
-# ---------------------------------------------------------------------------------------------
-
-
 class StopOnSignal(TrainerCallback):
-    """Turn SIGTERM/SIGINT during training into "save a checkpoint after this step, then stop".
-
-    The handlers are installed around `Trainer.train` (`install`, `restore`), before
-    the DataLoader workers are forked: workers inherit them, so Ctrl-C in a terminal (which signals
-    the whole process group) does not kill a worker under the main process. After a first signal,
-    sending it again acts at once: the previous handler is restored, or, where that is the process's default
-    (killed without a word by SIGTERM, a KeyboardInterrupt traceback for SIGINT), `StoppedAtOnce` is raised,
-    which the scripts end in one line. A loader worker logs nothing: the main process speaks for the run.
-
-    With several processes the ranks must stop at the same step, or the others would wait forever
-    in the next gradient all-reduce: every `sync_every_steps` optimizer steps they all-reduce the
-    "signal received" flag (one tiny collective, not one per step), so a distributed run stops
-    within that many steps of the signal.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    """SIGTERM/SIGINT during training: a checkpoint after this step, then stop; a second one acts at once. Installed
+    before the loader workers fork (they inherit the handlers). The ranks agree every `sync_every_steps` steps (one
+    tiny all-reduce), or the others would wait forever in the next gradient all-reduce."""
 
     def __init__(self, sync_every_steps: int = 10):
         self.sync_every_steps = max(1, int(sync_every_steps))
@@ -115,35 +74,32 @@ class StopOnSignal(TrainerCallback):
         self._previous: dict = {}
 
     def install(self) -> None:
-        """Start catching SIGTERM/SIGINT (a fresh start forgets an earlier signal); no-op when already catching."""
+        """Start catching SIGTERM/SIGINT, forgetting an earlier signal (no-op if already, or off the main thread)."""
         if self._previous or threading.current_thread() is not threading.main_thread():
-            return  # (signal handlers can only be set from the main thread)
+            return
         self.received, self.stopped_at, self.training_done = None, None, False
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in (signal.SIGTERM, signal.SIGINT)}
 
     def restore(self) -> None:
-        """Put the previous handlers back."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.received is None and torch.utils.data.get_worker_info() is None:
+        if self.received is None and torch.utils.data.get_worker_info() is None:  # (a loader worker says nothing)
+            what = "training stops and saves a checkpoint after the current step"
             if self.training_done:
                 what = "the run stops once the final results being saved are complete"
-            else:
-                what = "training stops and saves a checkpoint after the current step"
             logger.warning("%s received: %s (send it again to stop at once).", signal.Signals(signum).name, what)
         self.received = signum
         if signum in self._previous:
             previous = self._previous[signum]
-            defaults = (signal.SIG_DFL, signal.default_int_handler)
+            defaults = (signal.SIG_DFL, signal.default_int_handler)  # a silent kill, a traceback: StoppedAtOnce
             signal.signal(signum, _stop_at_once if previous in defaults else previous)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._all_ranks_stop(args, state):
-            control.should_save = True
-            control.should_training_stop = True
+            control.should_save = control.should_training_stop = True
             self.stopped_at = state.global_step
         self.training_done = state.global_step >= state.max_steps
         return control
@@ -188,24 +144,14 @@ def _stop_at_once(signum, frame) -> None:
 
 
 def leave_sigterm_to_the_main_process() -> None:
-    """In a DataLoader worker (called by every batch it loads): a SIGTERM from anyone but the main process is
-    ignored from now on.
-
-    PyTorch's worker handler ends a worker on its parent's SIGTERM (how the main process ends its workers, at
-    exit too) and lets anyone else's kill it; the main process then fails with "DataLoader worker exited
-    unexpectedly" instead of stopping at the step boundary. A scheduler (Slurm's scancel) signals every process
-    of the job: the main process alone should act on it. Python's handlers are not told who sent a signal, so a
-    thread takes SIGTERM (blocked in the worker, `sigwaitinfo`) and keeps PyTorch's rule for the parent's.
-    (A worker signalled before its first batch still dies.)"""
+    """In a loader worker (called for every batch): a SIGTERM from anyone but the main process is ignored from now
+    on, not fatal as with PyTorch's handler. Handlers are not told who sent it: a thread takes it (`sigwaitinfo`)."""
     global _taking_sigterm
     if _taking_sigterm == os.getpid() or torch.utils.data.get_worker_info() is None:
         return
     _taking_sigterm = os.getpid()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_take_sigterm, name="sigterm", daemon=True).start()
-
-
-_taking_sigterm: Optional[int] = None  # the loader worker (pid) whose SIGTERM a thread takes
 
 
 def _take_sigterm() -> None:
@@ -215,7 +161,6 @@ def _take_sigterm() -> None:
 
 
 def report_and_exit(interrupted: TrainingInterrupted, is_main_process: bool) -> None:
-    """Print the interruption's message (once, from the main process) and raise it."""
     if is_main_process:
         logger.warning(interrupted.message)
         print(interrupted.message, file=sys.stderr, flush=True)
