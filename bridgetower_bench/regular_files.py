@@ -1,9 +1,5 @@
-"""Reading a file that must be a regular file, without ever blocking on a FIFO or opening a device.
-
-Image paths come from users' data sets and the tools' arguments: a directory, FIFO, device or socket named
-there is refused with its kind ("not a regular file: FIFO"), never read. No third-party import, so that the
-tools that check paths start without loading torch.
-"""
+"""Reading a file that must be a regular file, without ever blocking on a FIFO or opening a device. No third-party
+import, so that the tools that check paths start without loading torch."""
 
 from __future__ import annotations
 
@@ -34,13 +30,9 @@ def not_regular_reason(mode: int) -> str | None:
 
 
 def read_regular_file(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file at ``path``; ``NotARegularFile`` (an OSError) for anything else.
-
-    Never blocks and never reads without end: the path is looked at (``os.stat``) before it is opened,
-    so a device or socket is not even opened; it is opened with ``O_NONBLOCK`` (a FIFO swapped in
-    after the look opens at once instead of waiting for a writer) and looked at again through the
-    open descriptor, which is what is read.
-    """
+    """The bytes of the regular file at ``path``; ``NotARegularFile`` (an OSError) for anything else. Looked at
+    before it is opened (a device is never opened), opened with ``O_NONBLOCK`` (a FIFO swapped in meanwhile does not
+    wait for a writer) and looked at again through the open descriptor, which is what is read."""
     reason = not_regular_reason(os.stat(path).st_mode)
     if reason is None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

@@ -1,17 +1,8 @@
 """Files and directories that appear complete or not at all, and removal of what killed writers left.
 
-Everything is first written under a temporary name beside its target, then renamed onto it in one
-step (`os.replace`). Every temporary name follows one scheme, `<target>.partial-<host>-<pid>.<random>`:
-output directories and caches may sit on a filesystem shared by several nodes, and the host and pid
-let `remove_abandoned` delete only the leftovers of processes that died on this host, never those of
-a live writer or of another host (whose pids mean nothing here).
-
-- `atomic_path` / `write_atomically` / `write_json_atomically`: one file. A path that is there and is not a
-  regular file (a device such as /dev/null, a FIFO, a socket, a directory) is never renamed over:
-  `NotARegularFile` before anything is written; an error of the write that names no file (a full disk)
-  is raised again naming the target.
-- `staged_directory`: a directory built beside its target, then renamed onto it.
-- `remove_abandoned`: the one cleaner of leftovers; `process_alive`: whether a pid is running here.
+Everything is written under a temporary name beside its target, `<target>.partial-<host>-<pid>.<random>`, then
+renamed onto it in one step: output directories and caches may sit on a filesystem shared by several nodes, and
+the host and pid let `remove_abandoned` delete only the leftovers of processes that died on this host.
 """
 
 from __future__ import annotations
@@ -60,9 +51,29 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
+def fsync_path(path) -> None:
+    """Force a file's (or a directory's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def files_under(directory: str) -> list:
+    """Every file under `directory`, as sorted paths relative to it."""
+    return sorted(
+        os.path.relpath(os.path.join(root, name), directory) for root, _, names in os.walk(directory) for name in names
+    )
+
+
+def read_json(path, default=None):
+    """The JSON a file holds; `default` when it is absent or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
 
 
 def _refuse_unless_regular(path) -> None:
@@ -78,11 +89,8 @@ def _refuse_unless_regular(path) -> None:
 @contextmanager
 def atomic_path(path, fsync: bool = False) -> Iterator[str]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one step, on failure it vanishes.
-
-    `path` must be absent or a regular file, checked before the yield and again before the rename.
-    `fsync=True` forces the data to disk before the rename, so that a machine crash (not only a killed
-    process) cannot leave `path` renamed but empty.
-    """
+    `path` must be absent or a regular file (a device such as /dev/null, a FIFO: never renamed over), checked before
+    the yield and before the rename. `fsync=True`: a machine crash cannot leave `path` renamed but empty."""
     _refuse_unless_regular(path)
     temporary = temp_path(path)
     try:
@@ -94,11 +102,7 @@ def atomic_path(path, fsync: bool = False) -> Iterator[str]:
             raise
         _refuse_unless_regular(path)
         if fsync:
-            fd = os.open(temporary, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(temporary)
         os.replace(temporary, path)
     finally:
         if os.path.lexists(temporary):
@@ -123,11 +127,8 @@ def write_json_atomically(path, obj) -> None:
 @contextmanager
 def staged_directory(path, keep_existing: Callable[[], bool] = lambda: False) -> Iterator[str]:
     """Yield a fresh temporary directory beside `path`; on success it replaces `path` (whose old content is
-    moved aside first, so nobody sees it half deleted), on failure it is removed.
-
-    When `keep_existing()` is true at the end (e.g. a concurrent writer already published the same
-    result), the staged directory is dropped and `path` kept.
-    """
+    moved aside first, so nobody sees it half deleted), on failure it is removed. When `keep_existing()` is true
+    at the end (e.g. a concurrent writer already published the same result), it is dropped and `path` kept."""
     staged = temp_path(path)
     os.mkdir(staged)
     try:
@@ -145,28 +146,21 @@ def staged_directory(path, keep_existing: Callable[[], bool] = lambda: False) ->
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# Leftovers of killed writers
-# ---------------------------------------------------------------------------------------------
-
-
 def process_alive(pid: int) -> bool:
     """Whether a process with this id exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # exists, owned by someone else
+    except PermissionError:  # exists, owned by someone else
+        pass
     return True
 
 
 def remove_abandoned(directory, only: Optional[Callable[[str], bool]] = None, min_age_s: float = 0.0) -> list[str]:
     """Remove the temporary files and directories in `directory` whose writer died on this host; return their names.
-
-    Kept: names outside the scheme, those of live processes and of other hosts, those whose target
-    `only(target)` rejects, and those modified less than `min_age_s` seconds ago.
-    """
+    Kept: names outside the scheme, of live processes, of other hosts, whose target `only(target)` rejects, or
+    modified less than `min_age_s` seconds ago."""
     host, removed = socket.gethostname(), []
     for name in os.listdir(directory):
         temp = parse_temp_name(name)

@@ -1,22 +1,6 @@
-"""A checkpoint counts only when it is complete: every file it should hold, each as it was saved.
-
-After the trainer has saved a checkpoint (weights, config, optimizer, scheduler, RNG states, trainer state,
-training arguments, and the run's recipe), `write` lists every file of the checkpoint directory with its size
-and sha256 in `checkpoint-manifest.json`, written atomically, as the last thing: a checkpoint without a
-manifest was cut short. `incomplete_reason` reads a checkpoint back against its manifest and says why it
-cannot be resumed from (a file missing, shorter or longer, or changed since it was saved), or None.
-
-Which files a checkpoint must hold (what transformers' Trainer and optimum-habana's GaudiTrainer save
-in `_save_checkpoint` and read back in `_load_from_checkpoint`, `_load_optimizer_and_scheduler`,
-`_load_rng_state`):
-- the weights: `model.safetensors` (or `pytorch_model.bin`, or a sharded index with its shards), `config.json`;
-- `trainer_state.json` (step, epoch, log history) and `training_args.bin`;
-- unless `--save_only_model`: `optimizer.pt`, `scheduler.pt` and the RNG states, `rng_state.pth` for one
-  process, `rng_state_<rank>.pth` for each process of a distributed run. The Trainer resumes without any of
-  these when it is missing (a fresh optimizer, schedule or random stream, and nothing said), so a
-  checkpoint lacking one is not resumed from;
-- the run's recipe (`recipe.json`, see run_recipe.py).
-"""
+"""A checkpoint counts only when complete: `checkpoint-manifest.json` (every file's size and sha256), written
+atomically, last, and checked against the files by `incomplete_reason` (docs/RUNS.md, "Its checkpoints are complete
+or skipped")."""
 
 from __future__ import annotations
 
@@ -25,7 +9,7 @@ import json
 import os
 from typing import Optional
 
-from bridgetower_bench.output_dir.atomic_files import PARTIAL_MARK, write_atomically
+from bridgetower_bench.output_dir.atomic_files import PARTIAL_MARK, files_under, write_atomically
 
 
 MANIFEST_NAME = "checkpoint-manifest.json"
@@ -38,7 +22,9 @@ MODEL_FILES = (
 
 
 def required_files(*, save_only_model: bool, world_size: int, save_on_each_node: bool = False) -> list:
-    """The files a checkpoint must hold; a tuple stands for "one of these"."""
+    """The files a checkpoint must hold, as the Trainer and GaudiTrainer save them in `_save_checkpoint`; a tuple
+    stands for "one of these". The Trainer resumes without an optimizer, scheduler or RNG state that is missing (a
+    fresh one, and nothing said), so a checkpoint lacking one is not resumed from."""
     required = [MODEL_FILES, "config.json", "trainer_state.json", "training_args.bin"]
     if not save_only_model:
         required += [("optimizer.pt", "optimizer.bin"), "scheduler.pt"]
@@ -58,28 +44,6 @@ def sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _files(checkpoint: str) -> list:
-    """Every file under checkpoint (relative paths), but the manifest and temporary files of writers."""
-    found = []
-    for root, _, names in os.walk(checkpoint):
-        for name in names:
-            path = os.path.relpath(os.path.join(root, name), checkpoint)
-            if path != MANIFEST_NAME and PARTIAL_MARK not in name:
-                found.append(path)
-    return sorted(found)
-
-
-def missing(checkpoint: str, required: list) -> list:
-    """The required entries (a name, or "a or b") that checkpoint does not hold."""
-    present = set(_files(checkpoint))
-    absent = []
-    for entry in required:
-        choices = entry if isinstance(entry, tuple) else (entry,)
-        if not present.intersection(choices):
-            absent.append(" or ".join(choices))
-    return absent
-
-
 def remove(checkpoint: str) -> None:
     """Before a checkpoint directory is (re)written: it no longer counts until its new manifest is written."""
     path = os.path.join(checkpoint, MANIFEST_NAME)
@@ -90,18 +54,19 @@ def remove(checkpoint: str) -> None:
 def write(checkpoint: str, required: list) -> Optional[str]:
     """List every file of checkpoint with its size and sha256, atomically, last. Returns why it was not written
     (a required file is missing: the checkpoint does not count), or None."""
-    absent = missing(checkpoint, required)
+    names = [
+        name
+        for name in files_under(checkpoint)
+        if name != MANIFEST_NAME and PARTIAL_MARK not in os.path.basename(name)
+    ]
+    choices = [entry if isinstance(entry, tuple) else (entry,) for entry in required]
+    absent = [" or ".join(entry) for entry in choices if not set(names).intersection(entry)]
     if absent:
         return f"it has no {', '.join(absent)}"
-    files = {}
-    for name in _files(checkpoint):
-        path = os.path.join(checkpoint, name)
-        files[name] = {"bytes": os.path.getsize(path), "sha256": sha256(path)}
-    write_atomically(
-        os.path.join(checkpoint, MANIFEST_NAME),
-        json.dumps({"files": files}, indent=4, sort_keys=True) + "\n",
-        fsync=True,
-    )
+    paths = {name: os.path.join(checkpoint, name) for name in names}
+    files = {name: {"bytes": os.path.getsize(path), "sha256": sha256(path)} for name, path in paths.items()}
+    manifest = json.dumps({"files": files}, indent=4, sort_keys=True) + "\n"
+    write_atomically(os.path.join(checkpoint, MANIFEST_NAME), manifest, fsync=True)
     return None
 
 

@@ -1,16 +1,5 @@
-"""A full disk ends the run in one line, with nothing half-written left behind.
-
-`DiskFull` is the one-line error (a UserInputError: exit status 2, no traceback) naming what could not
-be written and how much space its filesystem has left (`shutil.disk_usage`). `removed_when_disk_full`
-wraps one write (a checkpoint, a publication's staging directory): when it fails because the disk or
-the quota is full, the directory it was writing is removed, so that the failed write neither leaves a
-partial checkpoint that looks like one nor keeps the disk full, and `DiskFull` is raised instead.
-
-Which failures are a full disk: an OSError with errno ENOSPC or EDQUOT anywhere in the exception's
-chain, an error whose text says so (safetensors reports "No space left on device (os error 28)"), and any
-failure of a write after which the filesystem has less than `NEARLY_FULL_BYTES` free (torch.save's C++
-writer reports a full disk only as "unexpected pos ..." with no errno).
-"""
+"""A full disk ends the run in one line (`DiskFull`: a UserInputError naming the path and the free space), with
+nothing half-written left behind; which failures count as a full disk: docs/RUNS.md, "A full disk"."""
 
 from __future__ import annotations
 
@@ -24,13 +13,13 @@ from typing import Optional
 from bridgetower_bench.user_errors import UserInputError
 
 
-NEARLY_FULL_BYTES = 1 << 20
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NEARLY_FULL_BYTES = 1 << 20  # torch.save's C++ writer reports a full disk only as "unexpected pos ...", no errno
+# (safetensors says "No space left on device (os error 28)", with no errno)
 _FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
 
 
 class DiskFull(UserInputError):
-    """A write failed because its filesystem (or the user's quota) is full. The message names the path and the free space."""
+    """A write failed because its filesystem (or the user's quota) is full."""
 
 
 def free_bytes(path) -> Optional[int]:
@@ -59,7 +48,7 @@ def is_disk_full(error: BaseException, path) -> bool:
     cause: Optional[BaseException] = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in _FULL_ERRNOS:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if any(text in str(cause) for text in _FULL_TEXTS):
             return True
@@ -72,13 +61,9 @@ def is_disk_full(error: BaseException, path) -> bool:
 
 @contextmanager
 def removed_when_disk_full(directory, what: str, after: Callable[[], str] = lambda: "") -> Iterator[None]:
-    """Run the block that writes `directory` (`what` names it in the message).
-
-    When the block fails on a full disk, `directory` is removed (when the block created it) and `DiskFull`
-    raised: "disk full while writing <what> (<directory>): <free> free on its filesystem; the partial files
-    were removed" plus what `after()` adds (e.g. the last complete checkpoint). Any other failure passes
-    through unchanged.
-    """
+    """Run the block that writes `directory` (`what` names it); when it fails on a full disk, remove `directory`
+    (when the block created it) and raise `DiskFull`, its message ending with what `after()` adds (e.g. the last
+    complete checkpoint). Any other failure passes through unchanged."""
     existed = os.path.lexists(directory)
     try:
         yield
@@ -90,8 +75,7 @@ def removed_when_disk_full(directory, what: str, after: Callable[[], str] = lamb
         else:
             shutil.rmtree(directory, ignore_errors=True)
             left = "; the partial files were removed"
-        message = (
+        raise DiskFull(
             f"disk full while writing {what} ({directory}): {describe_bytes(free_bytes(directory))} free on "
             f"its filesystem{left}{after()}"
-        )
-        raise DiskFull(message) from None
+        ) from None

@@ -1,36 +1,6 @@
-"""The run's --output_dir: one run at a time, nothing foreign touched, the final set published all-or-nothing.
-
-Everything the scripts know about --output_dir lives here; what the directory's model or checkpoints were
-trained with (their recipe) is run_recipe.py's.
-
-- Before anything is loaded (step 1, `check_output_dir_path`): the path is a directory, or one can be
-  created there. Before the lock is taken (step 3, `check_output_dir`): the directory holds nothing that runs
-  of these scripts did not write.
-- `claim`: an exclusive lock (`.bridgetower-lock`, filelock's flock-based lock, holding the pid and host for the
-  message) for the life of the process. A second run on the same directory is refused naming the
-  holder; the lock of a process that died (the kernel releases its flock) is taken over with a
-  warning. With several processes only the job's first one claims the directory: the others are
-  part of the same run. Claiming also finishes a publication that a killed run had committed, and
-  removes what killed writers on this host left (staging directories, temporary files of recorded
-  names: `atomic_files`' names, which record the writer's host and pid). `refuse_unless_shared`: every
-  process of the job must then see that lock (one directory on a filesystem all nodes share).
-- What is "ours": `.bridgetower-run.json` lists every top-level name a run of these scripts wrote
-  (recorded before the name is first written). `foreign_entries` is everything else, minus our own
-  bookkeeping; the scripts refuse a directory holding foreign entries and checkpoint rotation only
-  ever deletes recorded checkpoints.
-- `publication`: files saved together (final model, config, tokenizer, image processor, metrics,
-  trainer state) appear together. They are written into a staging directory
-  (`.staging.partial-<host>-<pid>.<random>/`); renaming it to `.publishing/` is the commit point;
-  then each file is moved into place. A kill before the commit leaves the previous set untouched
-  (the staging directory is discarded later); a kill after it is rolled forward by the next `claim`
-  or `finish_publication`, so once either has run the directory holds exactly the old set or exactly
-  the new one. A publication holding a model replaces the previous model's whole set (its eval/test
-  results too). `published_model`: the trained model the directory holds, if any, and whether it was
-  trained to its last step.
-- Checkpoints: `checkpoints` lists the checkpoint-N directories by step; `newest_complete_checkpoint` is the
-  one walk over them, newest first, to the newest complete one a caller accepts (which one training resumes
-  from: run_recipe.plan_run; what a stopped run can resume from: the trainer's messages).
-"""
+"""Everything about --output_dir: the path checked at step 1, files runs did not write refused, the run's lock, the
+record of what runs wrote, the final set published all-or-nothing, the published model, the checkpoints by step
+(docs/ARCHITECTURE.md, "`--output_dir`, from step 1 to the publication"; docs/RUNS.md)."""
 
 from __future__ import annotations
 
@@ -50,13 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 from filelock import FileLock, Timeout
 
-from bridgetower_bench.output_dir import checkpoint_manifest, disk_space
-from bridgetower_bench.output_dir.atomic_files import (
-    parse_temp_name,
-    remove_abandoned,
-    temp_path,
-    write_json_atomically,
-)
+from bridgetower_bench.output_dir import atomic_files, checkpoint_manifest, disk_space
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -79,17 +43,8 @@ class OutputDirNotShared(UserInputError):
     """A process of the job does not see the lock its first process took: --output_dir is no shared directory."""
 
 
-# ---------------------------------------------------------------------------------------------
-# What runs of these scripts wrote
-# ---------------------------------------------------------------------------------------------
-
-
 def read_record(output_dir: str) -> dict:
-    try:
-        with open(os.path.join(output_dir, RECORD_NAME)) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        record = {}
+    record = atomic_files.read_json(os.path.join(output_dir, RECORD_NAME), {})
     record.setdefault("written", [])  # every top-level name a run wrote
     record.setdefault("current", [])  # the files of the last published model and everything published since
     return record
@@ -102,12 +57,12 @@ def record_written(output_dir: str, names) -> None:
     if new:
         os.makedirs(output_dir, exist_ok=True)
         record["written"] = sorted(set(record["written"]) | new)
-        write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
+        atomic_files.write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
 
 
 def _stands_for(name: str) -> Optional[str]:
     """The name a temporary stands for; None for other names."""
-    temp = parse_temp_name(name)
+    temp = atomic_files.parse_temp_name(name)
     return temp.target if temp else None
 
 
@@ -118,24 +73,12 @@ def _is_bookkeeping(name: str) -> bool:
 def foreign_entries(output_dir: str) -> list[str]:
     """Entries of output_dir that no run of these scripts wrote (sorted)."""
     ours = set(read_record(output_dir)["written"])
-    return sorted(
-        name
-        for name in os.listdir(output_dir)
-        if not (_is_bookkeeping(name) or name in ours or _stands_for(name) in ours)
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Checked before the run writes anything
-# ---------------------------------------------------------------------------------------------
+    return sorted(n for n in os.listdir(output_dir) if not (_is_bookkeeping(n) or n in ours or _stands_for(n) in ours))
 
 
 class Uncreatable(NamedTuple):
-    """Where a path cannot be created: its nearest existing ancestor, and whether that is not a directory
-    (a file, or a link to nothing) rather than a directory this process may not write into."""
-
-    ancestor: str
-    not_a_directory: bool
+    ancestor: str  # the nearest existing ancestor of a path that cannot be created
+    not_a_directory: bool  # a file or a link to nothing, rather than a directory this process may not write into
 
 
 def uncreatable(path: str) -> Optional[Uncreatable]:
@@ -169,12 +112,8 @@ def check_output_dir_path(output_dir: Optional[str]) -> None:
 
 
 def check_output_dir(output_dir: str) -> None:
-    """A refusal (UserInputError) when output_dir holds anything that runs of these scripts did not write.
-
-    output_dir must be absent, empty or hold only what runs of these scripts wrote: files of anyone else are
-    never overwritten or deleted, --overwrite_output_dir or not. Which checkpoint training resumes from, if
-    any, is decided once the run's recipe is known (run_recipe.plan_run).
-    """
+    """Refuse (UserInputError) an output_dir holding anything that runs of these scripts did not write: files of
+    anyone else are never overwritten or deleted, --overwrite_output_dir or not."""
     if not os.path.isdir(output_dir):
         return
     foreign = foreign_entries(output_dir)
@@ -184,11 +123,6 @@ def check_output_dir(output_dir: str) -> None:
             f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
             "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# The lock
-# ---------------------------------------------------------------------------------------------
 
 
 def _describe_holder(text: str) -> str:
@@ -201,10 +135,7 @@ def _describe_holder(text: str) -> str:
 
 def claim(output_dir: str, holder: bool = True) -> None:
     """Lock output_dir for this run (until the process exits), then finish or clear what a killed run left.
-
-    `holder=False` (every process of a distributed job but the first) does nothing: the job's first process
-    holds the lock for all of them.
-    """
+    `holder=False` (every process of a distributed job but the first, which holds it for all) does nothing."""
     key = os.path.realpath(output_dir)
     if not holder or key in _held:
         return
@@ -214,19 +145,10 @@ def claim(output_dir: str, holder: bool = True) -> None:
 
     def sign(fd: int) -> None:  # once the lock is ours: note what a previous holder left, then who holds it now
         previous.append(os.pread(fd, 1 << 16, 0).decode(errors="replace").strip())
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        me["token"] = secrets.randbelow(2**31 - 1) + 1  # this claim's: `refuse_unless_shared`
         os.ftruncate(fd, 0)
-        os.pwrite(
-            fd,
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "token": secrets.randbelow(2**31 - 1) + 1,  # this claim's: `refuse_unless_shared`
-                }
-            ).encode(),
-            0,
-        )
+        os.pwrite(fd, json.dumps(me).encode(), 0)
         os.fsync(fd)  # a network filesystem shows the other nodes what was flushed
 
     # flock only (no soft-lock fallback): the kernel releases it when the holder dies, however it dies
@@ -235,11 +157,10 @@ def claim(output_dir: str, holder: bool = True) -> None:
         lock.acquire(blocking=False)
     except Timeout:
         with open(path) as f:
-            text = f.read()
-        raise OutputDirInUse(
-            f"--output_dir={output_dir} is in use by another run ({_describe_holder(text)}): "
-            "wait for it to end, or choose another --output_dir"
-        ) from None
+            raise OutputDirInUse(
+                f"--output_dir={output_dir} is in use by another run ({_describe_holder(f.read())}): "
+                "wait for it to end, or choose another --output_dir"
+            ) from None
     if previous[0]:  # the holder died without releasing it (killed): the kernel dropped its flock
         logger.warning(
             f"--output_dir={output_dir}: taking over the stale lock of {_describe_holder(previous[0])}, "
@@ -258,7 +179,11 @@ def refuse_unless_shared(output_dir: str, device) -> None:
     checkpoint could be complete there, so every process stops in one line, naming the ranks that do not see it."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return
-    mine = torch.tensor([_lock_token(output_dir)], dtype=torch.int32, device=device)
+    try:
+        token = int(atomic_files.read_json(os.path.join(output_dir, LOCK_NAME))["token"])
+    except (ValueError, KeyError, TypeError):
+        token = 0
+    mine = torch.tensor([token], dtype=torch.int32, device=device)
     first = mine.clone()
     torch.distributed.broadcast(first, src=0)
     seen = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size())]
@@ -272,19 +197,9 @@ def refuse_unless_shared(output_dir: str, device) -> None:
         )
 
 
-def _lock_token(output_dir: str) -> int:
-    try:
-        with open(os.path.join(output_dir, LOCK_NAME)) as f:
-            return int(json.loads(f.read())["token"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
 def held_by(output_dir: str) -> Optional[str]:
     """Who holds output_dir's lock now ("process N on host H, since T"), or None when no live process does.
-
-    Only tests the lock (flock, as `claim` takes it): takes nothing and creates no file.
-    """
+    Only tests the lock (flock, as `claim` takes it): takes nothing and creates no file."""
     path = os.path.join(output_dir, LOCK_NAME)
     if not os.path.isfile(path):  # no lock file (or no directory): nobody ever claimed it
         return None
@@ -327,31 +242,16 @@ def release_all() -> None:
 def remove_leftovers(output_dir: str) -> None:
     """Remove staging directories and temporary files of names runs wrote, whose writer died on this host."""
     ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
-    removed = remove_abandoned(output_dir, only=ours.__contains__)
+    removed = atomic_files.remove_abandoned(output_dir, only=ours.__contains__)
     if removed:
         logger.warning(f"--output_dir={output_dir}: removed what killed writes left: {', '.join(sorted(removed))}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Publication: a set of files, all or nothing
-# ---------------------------------------------------------------------------------------------
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager
 def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
     """Yield a staging directory; what is saved into it appears in output_dir together, or (on an error) not at all.
-
-    `publish=False` (processes other than the one that saves) yields the path and publishes nothing.
-    """
-    staging = temp_path(os.path.join(output_dir, STAGING_NAME))
+    `publish=False` (processes other than the one that saves) yields the path and publishes nothing."""
+    staging = atomic_files.temp_path(os.path.join(output_dir, STAGING_NAME))
     if not publish:
         yield staging
         return
@@ -370,16 +270,14 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
 
 
 def _commit(output_dir: str, staging: str) -> None:
-    files = sorted(
-        os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging) for name in names
-    )
+    files = atomic_files.files_under(staging)
     if not files:
         shutil.rmtree(staging)
         return
     for name in files:
-        _fsync(os.path.join(staging, name))  # the data is on disk before the rename commits it
+        atomic_files.fsync_path(os.path.join(staging, name))  # the data is on disk before the rename commits it
     record = read_record(output_dir)
-    has_model = "config.json" in files
+    has_model = "config.json" in files  # a new model replaces the previous model's whole set, its results too
     remove = sorted(set(record["current"]) - set(files)) if has_model else []
     current = files if has_model else sorted(set(record["current"]) | set(files))
     record_written(output_dir, {name.split(os.sep)[0] for name in files})
@@ -388,7 +286,7 @@ def _commit(output_dir: str, staging: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(staging, os.path.join(output_dir, PUBLISHING_NAME))  # the commit point
-    _fsync(output_dir)
+    atomic_files.fsync_path(output_dir)
     finish_publication(output_dir)
 
 
@@ -397,10 +295,8 @@ def finish_publication(output_dir: str) -> None:
     pending = os.path.join(output_dir, PUBLISHING_NAME)
     if not os.path.isdir(pending):
         return
-    try:
-        with open(os.path.join(pending, PUBLICATION_RECORD)) as f:
-            plan = json.load(f)
-    except (OSError, ValueError):  # its record goes last: every file was already moved
+    plan = atomic_files.read_json(os.path.join(pending, PUBLICATION_RECORD))
+    if plan is None:  # its record goes last: every file was already moved
         shutil.rmtree(pending)
         return
     for name in plan["remove"]:
@@ -414,10 +310,10 @@ def finish_publication(output_dir: str) -> None:
     record = read_record(output_dir)
     if record["current"] != plan["current"]:
         record["current"] = plan["current"]
-        write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
+        atomic_files.write_json_atomically(os.path.join(output_dir, RECORD_NAME), record)
     os.remove(os.path.join(pending, PUBLICATION_RECORD))
     shutil.rmtree(pending)
-    _fsync(output_dir)
+    atomic_files.fsync_path(output_dir)
 
 
 class PublishedModel(NamedTuple):
@@ -431,23 +327,16 @@ def published_model(output_dir: str) -> Optional[PublishedModel]:
     current = read_record(output_dir)["current"]
     if "train_results.json" not in current or "config.json" not in current:
         return None
+    state = atomic_files.read_json(os.path.join(output_dir, "trainer_state.json"))
     try:
-        with open(os.path.join(output_dir, "trainer_state.json")) as f:
-            state = json.load(f)
         finished = state["global_step"] >= state["max_steps"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         finished = False
     missing = [
-        name
-        for name in current
-        if not name.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, name))
+        n for n in current if not n.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, n))
     ]
     return PublishedModel(current, finished, missing)
 
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------------
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -463,13 +352,9 @@ def checkpoints(output_dir: str) -> list[str]:
 def newest_complete_checkpoint(
     output_dir: str, refuse: Optional[Callable[[str], Optional[str]]] = None
 ) -> tuple[Optional[str], list[tuple[str, str]]]:
-    """The newest complete checkpoint of output_dir that `refuse` does not refuse, and the newer ones passed over.
-
-    Checkpoints are walked newest first. One is passed over when it is incomplete
-    (checkpoint_manifest.incomplete_reason), or when `refuse(checkpoint)`, asked of complete ones only, says
-    why (None: taken). Returns (the checkpoint taken, or None: none, or no output_dir; [(checkpoint, why it was
-    passed over)], newest first).
-    """
+    """The newest complete checkpoint of output_dir (None: none, or no output_dir) that `refuse(checkpoint)`, asked
+    of complete ones only, gives no reason against, and [(checkpoint, why)] for the newer ones passed over (newest
+    first: incomplete, checkpoint_manifest.incomplete_reason, or refused)."""
     passed_over = []
     if not os.path.isdir(output_dir):
         return None, passed_over

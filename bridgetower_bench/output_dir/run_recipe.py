@@ -1,26 +1,6 @@
-"""A run directory knows its recipe: what made its model, and which reruns may reuse or resume it.
+"""A run directory knows its recipe (`recipe.json`): what made its model, and which reruns may reuse or resume it.
 
-A run's recipe is everything that decides the weights it ends with: the model (name or directory, revision,
-config, tokenizer, image processor, what is frozen), the data (its source, the `datasets` fingerprint of every
-split loaded, which splits are cut from train, the columns, the image pipeline, how many rows), every
-training argument that changes the weights (`TRAINING_ARGUMENTS`), the number of processes, the seed, and the
-scripts' version. An argument this module does not know (one a later transformers or optimum-habana release
-adds) is taken to change the weights: it is in the recipe, and each run names it in a warning until it is
-sorted into one of the lists below. It is written as `recipe.json` with the final model (part of the published set) and into
-every checkpoint before the checkpoint counts (checkpoint_manifest.py).
-
-`plan_run` compares the command's recipe with what --output_dir holds, once the data is loaded (the
-fingerprint is known only then) and before anything is written there or trained:
-- training, the published model has this recipe and was trained as far as it asks: it is reused, not
-  trained again;
-- training, a complete checkpoint of this recipe exists: training resumes from the newest one; newer
-  checkpoints that are incomplete (checkpoint_manifest.incomplete_reason) or of another recipe are named
-  in a warning and skipped (the walk over them, and every other fact about the directory: run_directory.py);
-- training, the directory holds a model or complete checkpoints of another recipe only: refused, naming
-  each differing argument (old -> new), and the fixes (--overwrite_output_dir, another --output_dir);
-- evaluation or prediction alone into a directory holding a trained model: that model is evaluated (its
-  results belong next to it), unless --model_name_or_path names another model than the one it was trained
-  from (or the directory itself): refused, rather than overwrite the trained model's results with another's.
+What the recipe holds, and what `plan_run` does with what --output_dir holds: docs/RUNS.md, "It knows its recipe".
 """
 
 from __future__ import annotations
@@ -34,7 +14,7 @@ from importlib import metadata
 from typing import NamedTuple, Optional
 
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
-from bridgetower_bench.output_dir.atomic_files import write_json_atomically
+from bridgetower_bench.output_dir.atomic_files import read_json, write_json_atomically
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -42,253 +22,86 @@ logger = logging.getLogger(__name__)
 
 RECIPE_NAME = "recipe.json"
 
-# ---------------------------------------------------------------------------------------------
+
+def _names(*groups: str) -> tuple:
+    return tuple(name for group in groups for name in group.split())
+
+
 # What changes the weights, and what does not, over both install routes' transformers lines (README). Every field
 # of the scripts' argument classes is in exactly one of these lists (tests/test_run_recipe.py checks it against the
-# installed libraries); a field in none of them is in the recipe (`describe`).
-# ---------------------------------------------------------------------------------------------
-
-MODEL_ARGUMENTS = (
-    "model_name_or_path",
-    "model_revision",
-    "config_name",
-    "tokenizer_name",
-    "image_processor_name",  # which weights, captions' tokens, mean/std
-    "freeze_vision_model",
-    "freeze_text_model",
-    "freeze_text_pooler",  # which weights train
+# installed libraries); a field in none of them is in the recipe, named in a warning (`describe`).
+MODEL_ARGUMENTS = _names(
+    # which weights, captions' tokens, mean/std; which weights train
+    "model_name_or_path model_revision config_name tokenizer_name image_processor_name",
+    "freeze_vision_model freeze_text_model freeze_text_pooler",
 )
-DATA_ARGUMENTS = (
-    "dataset_name",
-    "dataset_config_name",
-    "dataset_revision",
-    "data_dir",
-    "train_file",
-    "validation_file",
-    "image_column",
-    "caption_column",
-    "max_seq_length",
-    "max_train_samples",  # what one caption and the train split hold
-    "image_pipeline",
-    "mediapipe_dataloader",
-    "device_decode",  # the pixels (the three paths round differently)
-    "drop_bad_rows",
-    "max_image_pixels",  # which rows are trained on
+DATA_ARGUMENTS = _names(
+    # what one caption and the train split hold
+    "dataset_name dataset_config_name dataset_revision data_dir train_file validation_file image_column",
+    "caption_column max_seq_length max_train_samples",
+    # the pixels (the three paths round differently); which rows are trained on
+    "image_pipeline mediapipe_dataloader device_decode drop_bad_rows max_image_pixels",
 )
-TRAINING_ARGUMENTS = (
+TRAINING_ARGUMENTS = _names(
     # how far and how fast
-    "learning_rate",
-    "num_train_epochs",
-    "max_steps",
-    "lr_scheduler_type",
-    "lr_scheduler_kwargs",
-    "warmup_ratio",
-    "warmup_steps",
+    "learning_rate num_train_epochs max_steps lr_scheduler_type lr_scheduler_kwargs warmup_ratio warmup_steps",
     # what one step sees (with the number of processes, recorded beside them)
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "dataloader_drop_last",
-    "group_by_length",
-    "length_column_name",
-    "average_tokens_across_devices",
-    "auto_find_batch_size",
-    # randomness and order: the order of the rows, dropout, the splits cut from train
-    "seed",
-    "data_seed",
-    "full_determinism",
-    "train_sampling_strategy",  # (transformers 5: random, sequential, by length)
-    "dataloader_in_order",  # (transformers 5: False hands over batches as workers finish them)
+    "per_device_train_batch_size gradient_accumulation_steps dataloader_drop_last group_by_length length_column_name",
+    "average_tokens_across_devices auto_find_batch_size",
+    # randomness and order: the order of the rows, dropout, the splits cut from train (transformers 5's
+    # train_sampling_strategy: random, sequential, by length; dataloader_in_order False: batches as workers finish)
+    "seed data_seed full_determinism train_sampling_strategy dataloader_in_order",
     # the optimizer and the loss
-    "optim",
-    "optim_args",
-    "optim_target_modules",
-    "adafactor",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "weight_decay",
-    "max_grad_norm",
-    "label_smoothing_factor",
-    "neftune_noise_alpha",
+    "optim optim_args optim_target_modules adafactor adam_beta1 adam_beta2 adam_epsilon weight_decay max_grad_norm",
+    "label_smoothing_factor neftune_noise_alpha",
     # the arithmetic: precision, fused or compiled kernels (the same function, other rounding)
-    "bf16",
-    "fp16",
-    "fp16_opt_level",
-    "half_precision_backend",
-    "tf32",
-    "torch_compile",
-    "torch_compile_backend",
-    "torch_compile_mode",
-    "torchdynamo",
-    "use_liger_kernel",
-    "liger_kernel_config",
-    "attn_implementation",
-    "compile_layers",
-    "deepspeed",
-    "fsdp",
-    "fsdp_config",
-    "fsdp_min_num_params",
-    "fsdp_transformer_layer_cls_to_wrap",
-    "parallelism_config",
-    "gaudi_config_name",
-    "sdp_on_bf16",
-    "fp8",
-    "use_lazy_mode",
-    "use_compiled_autograd",
-    "use_regional_compilation",
-    "distribution_strategy",
-    "context_parallel_size",
+    "bf16 fp16 fp16_opt_level half_precision_backend tf32 torch_compile torch_compile_backend torch_compile_mode",
+    "torchdynamo use_liger_kernel liger_kernel_config attn_implementation compile_layers deepspeed fsdp fsdp_config",
+    "fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap parallelism_config gaudi_config_name sdp_on_bf16 fp8",
+    "use_lazy_mode use_compiled_autograd use_regional_compilation distribution_strategy context_parallel_size",
     "use_zero3_leaf_promotion",
-    # a resume that does not skip the rows already trained trains on other rows
-    "ignore_data_skip",
-    # the final model is the best checkpoint's rather than the last one's
-    "load_best_model_at_end",
+    # a resume that does not skip the rows already trained trains on other rows; the final model is the best
+    # checkpoint's rather than the last one's
+    "ignore_data_skip load_best_model_at_end",
 )
 # With --load_best_model_at_end the evaluation picks the final model: what it measures and when is then part of it.
-BEST_MODEL_ARGUMENTS = (
-    "metric_for_best_model",
-    "greater_is_better",
-    "eval_strategy",
-    "eval_steps",
-    "eval_delay",
-    "eval_on_start",
-    "save_strategy",
-    "save_steps",
-    "per_device_eval_batch_size",
-    "max_eval_samples",
-    "eval_accumulation_steps",
+BEST_MODEL_ARGUMENTS = _names(
+    "metric_for_best_model greater_is_better eval_strategy eval_steps eval_delay eval_on_start save_strategy",
+    "save_steps per_device_eval_batch_size max_eval_samples eval_accumulation_steps",
 )
-# Everything else leaves the weights as they are: where and how often results are written or logged, what
-# is evaluated and how fast, how batches are fetched (workers, pinning, prefetch), how processes talk, how
-# the throughput is counted, credentials and the Hub.
-NOT_IN_THE_RECIPE = (
-    # where and what is written, logged, pushed
-    "output_dir",
-    "overwrite_output_dir",
-    "do_train",
-    "do_eval",
-    "do_predict",
-    "logging_dir",
-    "logging_strategy",
-    "logging_first_step",
-    "logging_steps",
-    "logging_nan_inf_filter",
-    "log_level",
-    "log_level_replica",
-    "log_on_each_node",
-    "save_total_limit",
-    "save_safetensors",
-    "save_on_each_node",
-    "save_only_model",
-    "restore_callback_states_from_checkpoint",
-    "resume_from_checkpoint",
-    "run_name",
-    "disable_tqdm",
-    "report_to",
-    "skip_memory_metrics",
-    "include_tokens_per_second",
-    "include_num_input_tokens_seen",
-    "push_to_hub",
-    "hub_model_id",
-    "hub_strategy",
-    "hub_token",
-    "hub_private_repo",
-    "hub_always_push",
-    "hub_revision",
-    "project",
-    "trackio_space_id",
-    "trackio_bucket_id",
-    "trackio_static_space_id",
-    "enable_jit_checkpoint",
-    "push_to_hub_model_id",
-    "push_to_hub_organization",
-    "push_to_hub_token",
-    "token",
-    "cache_dir",
-    "trust_remote_code",
-    "use_fast_tokenizer",
-    "overwrite_cache",
-    "preprocessing_num_workers",
-    "cache_decoded_images",
-    "decoded_image_cache_dir",
+# Everything else leaves the weights as they are.
+NOT_IN_THE_RECIPE = _names(
+    # where and what is written, logged, pushed; caches and credentials
+    "output_dir overwrite_output_dir do_train do_eval do_predict logging_dir logging_strategy logging_first_step",
+    "logging_steps logging_nan_inf_filter log_level log_level_replica log_on_each_node save_total_limit",
+    "save_safetensors save_on_each_node save_only_model restore_callback_states_from_checkpoint",
+    "resume_from_checkpoint run_name disable_tqdm report_to skip_memory_metrics include_tokens_per_second",
+    "include_num_input_tokens_seen push_to_hub hub_model_id hub_strategy hub_token hub_private_repo hub_always_push",
+    "hub_revision project trackio_space_id trackio_bucket_id trackio_static_space_id enable_jit_checkpoint",
+    "push_to_hub_model_id push_to_hub_organization push_to_hub_token token cache_dir trust_remote_code",
+    "use_fast_tokenizer overwrite_cache preprocessing_num_workers cache_decoded_images decoded_image_cache_dir",
     "preflight_cache_dir",
     # evaluation and prediction (unless --load_best_model_at_end: BEST_MODEL_ARGUMENTS)
-    "prediction_loss_only",
-    "per_gpu_eval_batch_size",
-    "bf16_full_eval",
-    "fp16_full_eval",
-    "jit_mode_eval",
-    "use_ipex",
-    "include_inputs_for_metrics",
-    "include_for_metrics",
-    "eval_do_concat_batches",
-    "batch_eval_metrics",
-    "eval_use_gather_object",
-    "use_legacy_prediction_loop",
-    "label_names",
-    "past_index",
-    "remove_unused_columns",
-    "use_hpu_graphs_for_inference",
-    "disable_tensor_cache_hpu_graphs",
-    "max_hpu_graphs",
-    "ignore_eos",
+    "prediction_loss_only per_gpu_eval_batch_size bf16_full_eval fp16_full_eval jit_mode_eval use_ipex",
+    "include_inputs_for_metrics include_for_metrics eval_do_concat_batches batch_eval_metrics eval_use_gather_object",
+    "use_legacy_prediction_loop label_names past_index remove_unused_columns use_hpu_graphs_for_inference",
+    "disable_tensor_cache_hpu_graphs max_hpu_graphs ignore_eos",
     *BEST_MODEL_ARGUMENTS,
-    # how batches are fetched and how processes talk (the same batches, the same sums)
-    "dataloader_num_workers",
-    "dataloader_prefetch_factor",
-    "dataloader_pin_memory",
-    "dataloader_persistent_workers",
-    "non_blocking_data_copy",
-    "local_rank",
-    "ddp_backend",
-    "ddp_find_unused_parameters",
-    "ddp_bucket_cap_mb",
-    "ddp_broadcast_buffers",
-    "ddp_timeout",
-    "accelerator_config",
-    "tpu_num_cores",
-    "tpu_metrics_debug",
-    "debug",
-    "mp_parameters",
-    "_n_gpu",
-    "ray_scope",
-    "per_gpu_train_batch_size",
-    "no_cuda",
-    "use_cpu",
-    "use_mps_device",
-    "use_habana",
-    "torch_empty_cache_steps",
-    "gradient_checkpointing",
-    "gradient_checkpointing_kwargs",
-    "activation_checkpointing",  # (transformers 5's name for gradient_checkpointing: the same gradients, recomputed)
-    "activation_checkpointing_kwargs",
-    "use_cache",
-    "dataloader_multiprocessing_context",
-    "ddp_static_graph",
-    "use_hpu_graphs",
-    "use_hpu_graphs_for_training",
-    "compile_from_sec_iteration",
-    "compile_dynamic",
-    "cache_size_limit",
-    "inline_inbuilt_nn_modules",
-    "allow_unspec_int_on_nn_module",
-    "minimize_memory",
-    "pipelining_fwd_bwd",
+    # how batches are fetched and how processes talk (the same batches, the same sums; activation_checkpointing is
+    # transformers 5's name for gradient_checkpointing: the same gradients, recomputed)
+    "dataloader_num_workers dataloader_prefetch_factor dataloader_pin_memory dataloader_persistent_workers",
+    "non_blocking_data_copy local_rank ddp_backend ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers",
+    "ddp_timeout accelerator_config tpu_num_cores tpu_metrics_debug debug mp_parameters _n_gpu ray_scope",
+    "per_gpu_train_batch_size no_cuda use_cpu use_mps_device use_habana torch_empty_cache_steps",
+    "gradient_checkpointing gradient_checkpointing_kwargs activation_checkpointing activation_checkpointing_kwargs",
+    "use_cache dataloader_multiprocessing_context ddp_static_graph use_hpu_graphs use_hpu_graphs_for_training",
+    "compile_from_sec_iteration compile_dynamic cache_size_limit inline_inbuilt_nn_modules",
+    "allow_unspec_int_on_nn_module minimize_memory pipelining_fwd_bwd",
     # attention kernels of other models (BridgeTower does not take Habana's fused attention)
-    "flash_attention_recompute",
-    "flash_attention_fast_softmax",
-    "flash_attention_causal_mask",
-    "flash_attention_fp8",
-    # measuring: throughput and profiles
-    "throughput_warmup_steps",
-    "adjust_throughput",
-    "profiling_warmup_steps",
-    "profiling_steps",
-    "profiling_warmup_steps_eval",
-    "profiling_steps_eval",
-    "profiling_record_shapes",
-    "profiling_with_stack",
-    "fp16_backend",  # (deprecated alias of half_precision_backend, which is in the recipe)
+    "flash_attention_recompute flash_attention_fast_softmax flash_attention_causal_mask flash_attention_fp8",
+    # measuring: throughput and profiles (fp16_backend: a deprecated alias of half_precision_backend, in the recipe)
+    "throughput_warmup_steps adjust_throughput profiling_warmup_steps profiling_steps profiling_warmup_steps_eval",
+    "profiling_steps_eval profiling_record_shapes profiling_with_stack fp16_backend",
 )
 
 KNOWN_ARGUMENTS = frozenset(MODEL_ARGUMENTS + DATA_ARGUMENTS + TRAINING_ARGUMENTS + NOT_IN_THE_RECIPE)
@@ -300,37 +113,17 @@ _LABELS = {
     "splits_cut_from_train": "the splits cut from train (--do_predict cuts a test split when the data set has none)",
     "scripts_version": "the scripts' version",
 }
-_PATHS = (
-    "model_name_or_path",
-    "config_name",
-    "tokenizer_name",
-    "image_processor_name",
-    "dataset_name",
-    "data_dir",
-    "train_file",
-    "validation_file",
-    "deepspeed",
+_PATHS = _names(
+    "model_name_or_path config_name tokenizer_name image_processor_name dataset_name data_dir train_file",
+    "validation_file deepspeed",
 )
 
 
-def scripts_version() -> str:
-    try:
-        return metadata.version("bridgetower-bench")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _plain(value):
-    """A value as JSON holds it (enums by their value, paths that exist by their real path)."""
-    if isinstance(value, enum.Enum):
-        value = value.value
-    return json.loads(json.dumps(value, default=str))
-
-
 def _argument(name, value):
+    """A value as JSON holds it (enums by their value, paths that exist by their real path)."""
     if name in _PATHS and isinstance(value, str) and os.path.exists(os.path.expanduser(value)):
         return os.path.realpath(os.path.expanduser(value))
-    return _plain(value)
+    return json.loads(json.dumps(value.value if isinstance(value, enum.Enum) else value, default=str))
 
 
 def _splits_cut_from_train(split_names, do_predict: bool) -> list:
@@ -345,17 +138,14 @@ def _splits_cut_from_train(split_names, do_predict: bool) -> list:
 def describe(model_args, data_args, training_args, dataset) -> dict:
     """The recipe of this command: every argument that changes the weights, the data's fingerprints, the version."""
     recipe = {}
-    for arguments, names in (
-        (model_args, MODEL_ARGUMENTS),
-        (data_args, DATA_ARGUMENTS),
-        (training_args, TRAINING_ARGUMENTS),
-    ):
+    everything = (model_args, data_args, training_args)
+    for arguments, names in zip(everything, (MODEL_ARGUMENTS, DATA_ARGUMENTS, TRAINING_ARGUMENTS)):
         for name in names:
             if hasattr(arguments, name):  # (each backend's arguments have only some of them: recorded when present)
                 recipe[name] = _argument(name, getattr(arguments, name))
     unknown = {  # (a later release's arguments: in the recipe until sorted into the lists above)
         field.name: _argument(field.name, getattr(arguments, field.name))
-        for arguments in (model_args, data_args, training_args)
+        for arguments in everything
         for field in dataclasses.fields(arguments)
         if field.init and field.name not in KNOWN_ARGUMENTS
     }
@@ -375,7 +165,10 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
     recipe["splits_cut_from_train"] = _splits_cut_from_train(list(dataset), training_args.do_predict)
     for split, split_data in dataset.items():
         recipe[f"data_fingerprint_{split}"] = split_data._fingerprint
-    recipe["scripts_version"] = scripts_version()
+    try:
+        recipe["scripts_version"] = metadata.version("bridgetower-bench")
+    except metadata.PackageNotFoundError:
+        recipe["scripts_version"] = "unknown"
     return recipe
 
 
@@ -401,21 +194,12 @@ def differences(recorded: Optional[dict], recipe: dict) -> str:
 
 
 def read(directory: str) -> Optional[dict]:
-    try:
-        with open(os.path.join(directory, RECIPE_NAME)) as f:
-            recipe = json.load(f)
-    except (OSError, ValueError):
-        return None
+    recipe = read_json(os.path.join(directory, RECIPE_NAME))
     return recipe if isinstance(recipe, dict) else None
 
 
 def write(directory: str, recipe: dict) -> None:
     write_json_atomically(os.path.join(directory, RECIPE_NAME), recipe)
-
-
-# ---------------------------------------------------------------------------------------------
-# What this run does with what --output_dir holds
-# ---------------------------------------------------------------------------------------------
 
 
 class RunPlan(NamedTuple):
@@ -424,14 +208,10 @@ class RunPlan(NamedTuple):
     resume_from: Optional[str]  # the checkpoint training resumes from, or None
 
 
-def _published_model(output_dir: str) -> tuple[bool, Optional[dict], bool, list]:
-    """(whether output_dir holds a published trained model, its recipe, whether it was trained to its last step,
-    the files of its set that are missing)."""
-    published = run_directory.published_model(output_dir)
-    if published is None:
-        return False, None, False, []
-    recipe = read(output_dir) if RECIPE_NAME in published.files else None
-    return True, recipe, published.finished, published.missing
+def _published_model(output_dir: str) -> tuple[Optional[run_directory.PublishedModel], Optional[dict]]:
+    """The trained model published in output_dir, or None, and its recipe."""
+    model = run_directory.published_model(output_dir)
+    return model, read(output_dir) if model is not None and RECIPE_NAME in model.files else None
 
 
 def _lacks(output_dir: str, missing: list) -> str:
@@ -445,39 +225,30 @@ def _refuse(output_dir: str, what: str, recorded: Optional[dict], recipe: dict):
     )
 
 
-def _same_model(output_dir: str, recorded: Optional[dict], model_args) -> bool:
-    """Whether --model_name_or_path names the model trained in output_dir (or output_dir itself)."""
-    if os.path.realpath(os.path.expanduser(model_args.model_name_or_path)) == os.path.realpath(output_dir):
-        return True
-    return recorded is not None and (
-        recorded.get("model_name_or_path") == _argument("model_name_or_path", model_args.model_name_or_path)
-        and recorded.get("model_revision") == model_args.model_revision
-    )
-
-
 def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
-    trained, recorded, _, missing = _published_model(output_dir)
-    if not trained:
+    model, recorded = _published_model(output_dir)
+    if model is None:
         return RunPlan(recipe, None, None)
-    if missing:
+    if model.missing:
         raise UserInputError(
-            f"{_lacks(output_dir, missing)}: rerun its training command (it resumes from the newest complete "
+            f"{_lacks(output_dir, model.missing)}: rerun its training command (it resumes from the newest complete "
             "checkpoint of its recipe and publishes the model again), or evaluate another model"
         )
-    if not _same_model(output_dir, recorded, model_args):
+    given = model_args.model_name_or_path
+    itself = os.path.realpath(os.path.expanduser(given)) == os.path.realpath(output_dir)
+    if not itself and not (
+        recorded is not None
+        and recorded.get("model_name_or_path") == _argument("model_name_or_path", given)
+        and recorded.get("model_revision") == model_args.model_revision
+    ):
         base = f"trained from {recorded['model_name_or_path']}" if recorded else "whose base model was not recorded"
         raise UserInputError(
-            f"--output_dir={output_dir} holds a trained model ({base}); --model_name_or_path="
-            f"{model_args.model_name_or_path} names another model, whose results would replace the trained model's: "
-            f"choose another --output_dir, or pass --model_name_or_path {output_dir} to evaluate the trained model"
+            f"--output_dir={output_dir} holds a trained model ({base}); --model_name_or_path={given} names another "
+            "model, whose results would replace the trained model's: choose another --output_dir, or pass "
+            f"--model_name_or_path {output_dir} to evaluate the trained model"
         )
-    if os.path.realpath(os.path.expanduser(model_args.model_name_or_path)) == os.path.realpath(output_dir):
-        logger.warning(f"{output_dir} holds a trained model: evaluating it")
-    else:
-        logger.warning(
-            f"{output_dir} holds a trained model: evaluating it (not {model_args.model_name_or_path}, the model it "
-            "was trained from)"
-        )
+    not_given = "" if itself else f" (not {given}, the model it was trained from)"
+    logger.warning(f"{output_dir} holds a trained model: evaluating it{not_given}")
     return RunPlan(recipe, output_dir, None)
 
 
@@ -500,21 +271,18 @@ def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
 
 
 def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> RunPlan:
-    """What this run does with --output_dir: reuse its model, resume a checkpoint, or start afresh (module doc)."""
+    """What this run does with --output_dir: reuse its model, resume a checkpoint, or start afresh (docs/RUNS.md)."""
     recipe = describe(model_args, data_args, training_args, dataset)
-    if not training_args.do_train:
-        return (
-            _evaluation_only(output_dir, recipe, model_args)
-            if os.path.isdir(output_dir)
-            else RunPlan(recipe, None, None)
-        )
+    if not training_args.do_train:  # (evaluation alone into a directory holding a trained model evaluates it)
+        return _evaluation_only(output_dir, recipe, model_args)
     if training_args.resume_from_checkpoint:
         return _explicit_checkpoint(training_args.resume_from_checkpoint, recipe)
     if training_args.overwrite_output_dir or not os.path.isdir(output_dir):
         return RunPlan(recipe, None, None)
 
-    trained, published, finished, missing = _published_model(output_dir)
-    if trained and finished and published == recipe and not missing:
+    model, published = _published_model(output_dir)
+    missing = model.missing if model is not None else []
+    if model is not None and model.finished and published == recipe and not missing:
         logger.warning(
             f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
             "(--overwrite_output_dir trains it afresh)"
@@ -535,7 +303,7 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             logger.warning(f"Not resuming from {name}: {why}")
         if missing:
             logger.warning(f"{_lacks(output_dir, missing)}: publishing it again from its checkpoints")
-        elif trained and published != recipe:  # e.g. published by another version of the scripts
+        elif model is not None and published != recipe:  # e.g. published by another version of the scripts
             logger.warning(
                 f"{output_dir} holds a model of another recipe ({differences(published, recipe)}): this "
                 "recipe's model, resumed from its checkpoint, replaces it when training ends"
@@ -549,12 +317,12 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             f"{_lacks(output_dir, missing)}, and no complete checkpoint of its recipe is there to resume: pass "
             "--overwrite_output_dir to train it afresh"
         )
-    if trained and published == recipe:  # (not finished: its trainer state stops short of the last step, or is gone)
+    if model is not None and published == recipe:  # (not finished: its trainer state stops short, or is gone)
         raise UserInputError(
             f"--output_dir={output_dir} holds this recipe's model, not trained to its last step, and no complete "
             "checkpoint of it to resume: pass --overwrite_output_dir to train it afresh"
         )
-    if trained:
+    if model is not None:
         _refuse(output_dir, "a model", published, recipe)
     if others:
         newest, recorded = others[0]
