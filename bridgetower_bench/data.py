@@ -1,9 +1,5 @@
-"""Data: load the image-caption data set, make the splits, check columns, tokenize, transform, collate.
-
-Both training scripts call these functions in the same order as upstream's steps 4, 6 and 7.
-Every user-input problem raises a UserInputError (a ValueError) that names the flag, file, column or row
-at fault.
-"""
+"""Upstream's steps 4, 6 and 7: load the data set, split, check columns, tokenize, transform, collate. Bad input
+raises a UserInputError naming the flag, file, column or row."""
 
 from __future__ import annotations
 
@@ -54,12 +50,8 @@ def load_raw_datasets(
     token: Optional[str],
     image_column: Optional[str] = None,
 ) -> DatasetDict:
-    """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files.
-
-    image_column: the --image_column (None: the first column), whose relative paths in data files are
-    resolved against the file's directory. The flags themselves were checked when they were parsed
-    (arguments.check_data_arguments, from the scripts' DataTrainingArguments).
-    """
+    """Step 4: a hub data set, a local data set directory, or csv / json / jsonl files, where a relative path in
+    `image_column` (None: the first) not found from the working directory is read relative to the file."""
     if dataset_name is not None:
         # A name that is clearly a path (./x, /x, ~/x) must exist: otherwise `datasets` would try the hub.
         expanded = os.path.expanduser(dataset_name)
@@ -80,17 +72,14 @@ def load_raw_datasets(
                 f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}"
             ) from None
     raw = DatasetDict()
-    for split, path, flag in (
-        ("train", train_file, "--train_file"),
-        ("validation", validation_file, "--validation_file"),
-    ):
+    for split, path in (("train", train_file), ("validation", validation_file)):
         if path is None:
             continue
+        flag = f"--{split}_file"
         if not os.path.isfile(path):
             reason = not_regular_reason(os.stat(path).st_mode) if os.path.exists(path) else "no such file"
             raise UserInputError(f"{flag}={path}: {reason}")
         raw[split] = load_data_file(path, flag, split, cache_dir=cache_dir, token=token)
-        # A relative image path that does not exist from the working directory is read relative to its data file.
         column = image_column if image_column is not None else raw[split].column_names[0]
         if column in raw[split].column_names:
             raw[split] = raw[split].map(
@@ -121,12 +110,8 @@ def _first_line(error: BaseException) -> str:
 
 
 class _ResolveRelativePaths:
-    """In the image column, prefix the data file's directory to a relative path where that finds the file.
-
-    Only that column is touched (a caption may look like a file name), and each value on its own: an
-    empty cell stays empty without keeping the other rows of its batch from being resolved. The working
-    directory is part of the state, so the cached result of one directory is not reused from another.
-    """
+    """In the image column only (a caption may look like a file name), the data file's directory prefixed to a
+    relative path where that finds the file. The working directory is state: `datasets` caches per directory."""
 
     def __init__(self, column: str, base_dir: str, working_dir: str):
         self.column = column
@@ -144,15 +129,9 @@ class _ResolveRelativePaths:
 
 
 def make_splits(dataset: DatasetDict, seed: int, *, need_test: bool = True) -> DatasetDict:
-    """Train / validation / test. What exists is kept; only what is missing is split off train, with the seed.
-
-    Train alone: split 60/20/20 with the seed, the same rows as upstream's split. Validation or test
-    missing: 20 % of train becomes it, except that no test split is carved off when ``need_test`` is
-    False (no ``--do_predict``), so train keeps all its rows. (Upstream threw an existing validation
-    split away whenever test was missing.)
-    """
+    """Train / validation / test: what exists is kept, what is missing split off train with the seed (train
+    alone: 60/20/20, upstream's rows; else 20 %; no test split unless ``need_test``; docs/UPSTREAM.md)."""
     if "train" not in dataset and ("validation" not in dataset or "test" not in dataset):
-        # Nothing to split from: keep whatever there is.
         return dataset
     dataset = DatasetDict(dict(dataset))
     missing = [s for s in ("validation", "test") if s not in dataset]
@@ -184,10 +163,7 @@ def resolve_column(column_names: Sequence[str], requested: Optional[str], flag: 
 
 
 def prepare_image_column(dataset: datasets.Dataset, image_column: str, split: str) -> datasets.Dataset:
-    """Keep images undecoded: Image features become {bytes, path} dicts we decode ourselves; strings stay paths.
-
-    Anything else (numbers, lists, ...) is neither an image nor a path: a clear error.
-    """
+    """Images undecoded: an Image feature becomes {bytes, path} dicts, strings stay paths, anything else refused."""
     feature = dataset.features[image_column]
     if isinstance(feature, datasets.Image):
         return dataset.cast_column(image_column, datasets.Image(decode=False)) if feature.decode else dataset
@@ -220,10 +196,7 @@ class TokenizeCaptions:
 def tokenize_split(
     dataset, tokenizer, *, image_column, caption_column, max_seq_length, num_proc, overwrite_cache, split
 ):
-    """Tokenize one split, keeping only the image column and the token columns.
-
-    The loader workers fork after this: tokenizers, whose threads tokenized the captions, would turn them off in
-    each worker with a warning the user cannot act on. TOKENIZERS_PARALLELISM says so first (unless set)."""
+    """Tokenize one split, keeping only the image column and the token columns."""
     tokenized = dataset.map(
         TokenizeCaptions(tokenizer, caption_column, max_seq_length),
         batched=True,
@@ -233,16 +206,13 @@ def tokenize_split(
         load_from_cache_file=not overwrite_cache,
         desc=f"Running tokenizer on {split} dataset",
     )
+    # Loader workers fork next: tokenizers would turn their threads off in each with a warning nobody can act on.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return tokenized
 
 
 class BatchTransform:
-    """The lazy per-batch transform: image values -> pixel_values with the chosen image pipeline.
-
-    An image that cannot be loaded (a file removed mid-run) raises ImageLoadError naming the split
-    and the path; the trainer turns it into a checkpoint and one clear message.
-    """
+    """The lazy per-batch transform to pixel_values; an unloadable image: ImageLoadError naming split and path."""
 
     def __init__(self, image_column: str, image_transform: Callable, split: Optional[str] = None):
         self.image_column = image_column
@@ -279,9 +249,8 @@ def collate_fn(examples: list[dict]) -> dict:
 
 
 def cache_dir(name: str, flag_value: Optional[str] = None) -> str:
-    """Where one of our caches lives: the flag's directory when given; else `bridgetower_bench/<name>` under
-    $HF_HOME (beside the Hugging Face caches the data comes from), else under $XDG_CACHE_HOME, else under
-    ~/.cache. Unset or empty variables are skipped."""
+    """Where one of our caches lives: the flag's directory, else `bridgetower_bench/<name>` under $HF_HOME, else
+    $XDG_CACHE_HOME, else ~/.cache (unset or empty variables skipped)."""
     if flag_value:
         return os.path.expanduser(flag_value)
     root = os.environ.get("HF_HOME") or os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
@@ -289,11 +258,7 @@ def cache_dir(name: str, flag_value: Optional[str] = None) -> str:
 
 
 def decoded_image_cache(splits: dict, image_column: str, data_args, image_size: int, image_transform: Callable):
-    """--cache_decoded_images: one decode-once cache over the images of every split this run uses.
-
-    A cache directory that cannot be written is not fatal: the run warns and decodes every image at every
-    step with `image_transform`, as without the flag.
-    """
+    """--cache_decoded_images: one cache over every split's images, or `image_transform` if it cannot be written."""
     from bridgetower_bench.images.image_cache import open_decoded_image_cache
 
     directory = cache_dir("decoded_images", data_args.decoded_image_cache_dir)

@@ -1,43 +1,20 @@
-"""Bad input stops a run before step 1, not hours into it.
-
-`check_splits` looks at every row of the splits a run uses (after --max_train_samples /
---max_eval_samples):
-
-- the caption column must hold text, and every caption must be a non-empty string that is not a
-  missing-value marker (NaN, NA, null, ...);
-- every image must exist, fit the pixel budget (--max_image_pixels, both as decoded and as resized
-  before the centre crop, so that no image's size or aspect ratio decides the run's memory) and decode
-  completely (PIL `load()`: a truncated file fails).
-
-Identical image bytes are decoded once (the New Yorker data shows each cartoon in many rows), and
-JPEGs are decoded at reduced scale (PIL `draft`: the entropy decoder still reads every byte, so a
-truncated file is still caught, but the inverse DCT does a fraction of the work). The distinct images
-are checked in parallel by --preprocessing_num_workers processes.
-
-The outcome is cached as a small json file in --preflight_cache_dir (default: see `data.cache_dir`),
-keyed by the splits' fingerprints and the settings; it also records size, modification and change times and
-inode of every image file the rows point to (and a digest of the content of files modified just before the
-check), so a file that changed, was replaced or vanished since is checked again: the cache never vouches for
-content it did not check. An unchanged data set is checked once. Only regular files are read: a directory,
-FIFO, device or socket is a bad row (looked at before it is opened, so the check never blocks).
-A cache that cannot be written is skipped with a warning.
-
-Problems stop the run with one UserInputError listing them (split, row, column, reason);
---drop_bad_rows trains without those rows instead and logs which they were.
-"""
+"""Bad input stops a run before step 1, not hours into it: every caption and image of the splits a run uses,
+checked once per data set (identical images decoded once, by --preprocessing_num_workers processes) and the
+outcome cached; --drop_bad_rows trains without the bad rows (docs/RUNS.md, "Before step 1" and what follows)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import io
+import itertools
 import json
 import logging
 import multiprocessing
 import os
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,56 +31,26 @@ from bridgetower_bench.user_errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
-PREFLIGHT_VERSION = 4  # 2: the pixel budget and missing-value markers; 3: the EXIF orientation is read too;
-# 4: image files are known by size, mtime, ctime and inode (and content, when changed just before the check)
-# A file modified less than this long before the check started may change again within the same tick of the
-# filesystem's clock (coarse: milliseconds; seconds on some network filesystems) without its times changing:
-# the cache then also records a digest of its content, compared whenever the cache is read.
+PREFLIGHT_VERSION = 4  # part of the cache key: a new version checks every data set again
+# A file modified this close to the check may change again within one tick of the clock, its times unchanged.
 RACY_WINDOW_NS = 2_000_000_000
-# An image may hold at most this many pixels, decoded and resized before the centre crop. The `upstream`
-# pipeline holds an image as float32 several times over while it resizes it: about 31 bytes a pixel
-# (1.5 GB for a 48 MP photograph), in every loader worker at once. 50 MP admits the photographs of
-# current cameras; Pillow's own limit (89 MP warns, 179 MP fails) would admit 5.5 GB for one image and
-# does not see the aspect ratio (a 100000x10 strip is resized to 2940000x294 before the crop).
+# 50 MP admits current cameras' photographs; Pillow's own limit (179 MP) admits 5.5 GB for one image at the
+# `upstream` pipeline's 31 bytes a pixel, and does not see the aspect ratio (a 100000x10 strip is 2940000x294).
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
-# What pandas' csv reader (and so upstream's data loading) takes for a missing value.
+# What pandas' csv reader (and so upstream's data loading) takes for a missing value, "|"-separated.
 MISSING_VALUE_MARKERS = frozenset(
-    {
-        "#N/A",
-        "#N/A N/A",
-        "#NA",
-        "-1.#IND",
-        "-1.#QNAN",
-        "-NaN",
-        "-nan",
-        "1.#IND",
-        "1.#QNAN",
-        "<NA>",
-        "N/A",
-        "NA",
-        "NULL",
-        "NaN",
-        "None",
-        "n/a",
-        "nan",
-        "null",
-    }
+    "#N/A|#N/A N/A|#NA|-1.#IND|-1.#QNAN|-NaN|-nan|1.#IND|1.#QNAN|<NA>|N/A|NA|NULL|NaN|None|n/a|nan|null".split("|")
 )
 MAX_LISTED = 20  # problems named in the error / log; the cache file holds them all
 _DRAFT_SIZE = (64, 64)  # JPEGs decode at the smallest DCT scale still at least this big
 _ROWS_PER_BATCH = 1024  # rows read from the data set at a time
 _IMAGES_PER_ROUND = 256  # distinct images handed to the worker processes at a time
-_TEXT_DTYPES = ("string", "large_string")
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One unusable row: where it is and why.
-
-    `row` counts rows of the split the run uses. When that split was cut from a bigger one (a data set
-    with only a train split is split 60/20/20), `source_row` is the row in the data as loaded, which is
-    what a user can find in their file.
-    """
+    """One unusable row. `row` counts rows of the split the run uses; `source_row`, where that split was cut from
+    a bigger one, is the row in the data as loaded, which a user can find in their file."""
 
     split: str
     row: int
@@ -118,38 +65,13 @@ class Problem:
         return f"{where}, column '{self.column}': {self.reason}"
 
 
-# ---------------------------------------------------------------------------------------------
-# The check the scripts run
-# ---------------------------------------------------------------------------------------------
-
-
-def check_splits(
-    splits: dict,
-    image_column: str,
-    caption_column: str,
-    *,
-    num_proc: Optional[int] = None,
-    drop_bad_rows: bool = False,
-    overwrite_cache: bool = False,
-    cache_dir: Optional[str] = None,
-    image_size: Optional[int] = None,
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-) -> dict:
-    """The splits, checked: a UserInputError listing the bad rows, or (drop_bad_rows) the splits without them."""
+def check_splits(splits: dict, image_column: str, caption_column: str, *, drop_bad_rows: bool = False, **options):
+    """The splits checked (`options`: find_problems'): refused listing the bad rows, or those rows dropped."""
     for split, dataset in splits.items():
         if len(dataset) == 0:
             raise UserInputError(f"split '{split}' has no rows")
         check_caption_column(dataset, caption_column, split)
-    problems, cache_file = find_problems(
-        splits,
-        image_column,
-        caption_column,
-        num_proc=num_proc,
-        overwrite_cache=overwrite_cache,
-        cache_dir=cache_dir,
-        image_size=image_size,
-        max_image_pixels=max_image_pixels,
-    )
+    problems, cache_file = find_problems(splits, image_column, caption_column, **options)
     if not problems:
         return splits
     if not drop_bad_rows:
@@ -159,49 +81,32 @@ def check_splits(
             )
         )
     logger.warning(describe_problems(problems, "dropped (--drop_bad_rows)", cache_file))
-    return drop_rows(splits, problems)
+    kept = dict(splits)
+    for split in dict.fromkeys(problem.split for problem in problems):
+        bad = {problem.row for problem in problems if problem.split == split}
+        rows = [row for row in range(len(splits[split])) if row not in bad]
+        if not rows:
+            raise UserInputError(f"--drop_bad_rows: every row of split '{split}' is bad; nothing is left to use")
+        kept[split] = splits[split].select(rows)
+    return kept
 
 
 def check_caption_column(dataset, caption_column: str, split: str) -> None:
     """The caption column must hold text; a column of numbers, lists or images is refused as a whole."""
     feature = dataset.features[caption_column]
-    if isinstance(feature, datasets.Value) and feature.dtype in _TEXT_DTYPES:
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
         return
     held = f"{feature.dtype} values" if isinstance(feature, datasets.Value) else f"{type(feature).__name__} values"
     raise UserInputError(f"--caption_column={caption_column} in split '{split}' holds {held}, not text")
 
 
-def describe_problems(problems: list[Problem], what: str, cache_file: Optional[Path] = None) -> str:
+def describe_problems(problems: list[Problem], what: str, cache_file: Path) -> str:
     """'N bad rows <what>:' then up to MAX_LISTED of them, one per line."""
     lines = [f"{len(problems)} bad row{'s' if len(problems) != 1 else ''} {what}:"]
     lines += [f"  {problem}" for problem in problems[:MAX_LISTED]]
     if len(problems) > MAX_LISTED:
-        lines.append(
-            f"  ... and {len(problems) - MAX_LISTED} more" + (f" (all listed in {cache_file})" if cache_file else "")
-        )
+        lines.append(f"  ... and {len(problems) - MAX_LISTED} more (all listed in {cache_file})")
     return "\n".join(lines)
-
-
-def drop_rows(splits: dict, problems: list[Problem]) -> dict:
-    """The splits without the rows named in `problems`, order kept."""
-    bad_rows = defaultdict(set)
-    for problem in problems:
-        bad_rows[problem.split].add(problem.row)
-    kept = {}
-    for split, dataset in splits.items():
-        if not bad_rows[split]:
-            kept[split] = dataset
-            continue
-        rows = [row for row in range(len(dataset)) if row not in bad_rows[split]]
-        if not rows:
-            raise UserInputError(f"--drop_bad_rows: every row of split '{split}' is bad; nothing is left to use")
-        kept[split] = dataset.select(rows)
-    return kept
-
-
-# ---------------------------------------------------------------------------------------------
-# Finding the problems, once per data set
-# ---------------------------------------------------------------------------------------------
 
 
 def find_problems(
@@ -215,11 +120,8 @@ def find_problems(
     image_size: Optional[int] = None,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[list[Problem], Path]:
-    """Every bad row of `splits` (dict of split name -> datasets.Dataset), and the cache file holding them.
-
-    cache_dir: where the outcome is cached (None: `data.cache_dir("preflight")`). image_size: the model's
-    input size, for the pixel budget of the resized image (None: only the decoded size is budgeted).
-    """
+    """Every bad row of `splits` (name -> Dataset), by split and row, and the cache file holding them. image_size:
+    the model's input size, for the budget of the resized image (None: only the decoded size is budgeted)."""
     settings = {
         "version": PREFLIGHT_VERSION,
         "pillow": PIL.__version__,
@@ -232,14 +134,45 @@ def find_problems(
     key = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=12).hexdigest()
     cache_file = Path(bench_cache_dir("preflight", cache_dir)) / f"{key}.json"
     names = ", ".join(splits)
-    cached = None if overwrite_cache else _read_cache(cache_file, settings)
-    if cached is not None:
-        logger.info(f"Preflight: the {cached['rows_checked']} rows of {names} were checked before ({cache_file}).")
-        return [Problem(**p) for p in cached["problems"]], cache_file
+    cached = {}
+    with contextlib.suppress(OSError, ValueError):
+        cached = {} if overwrite_cache else json.loads(cache_file.read_text())
+    if cached.get("settings") == settings:  # the outcome, unless an image file changed since
+        checked_at_ns = cached.get("checked_at_ns", 0)
+        if all(_file_identity(path, checked_at_ns) == identity for path, identity in cached.get("files", {}).items()):
+            logger.info(f"Preflight: the {cached['rows_checked']} rows of {names} were checked before ({cache_file}).")
+            return [Problem(**p) for p in cached["problems"]], cache_file
+        logger.info("Preflight: image files changed since the last check; checking again.")
 
     start = time.perf_counter()
     check_image = functools.partial(image_problem, max_pixels=max_image_pixels, image_size=image_size)
-    problems, checker, rows = _scan(splits, image_column, caption_column, num_proc, check_image)
+    found = []  # (split, row, column, reason)
+    num_proc = num_proc or 1
+    checker = _ImageChecker(num_proc, check_image)
+    # forkserver: the workers start from a clean process, not a fork of this one, whose threads (tokenizers,
+    # loaders, torch) may hold locks that a forked child would wait on forever
+    with (
+        multiprocessing.get_context("forkserver").Pool(num_proc) if num_proc > 1 else contextlib.nullcontext()
+    ) as pool:
+        checker.pool = pool
+        for split, dataset in splits.items():
+            columns = dataset.select_columns(list(dict.fromkeys([image_column, caption_column])))
+            batches = columns.iter(batch_size=_ROWS_PER_BATCH)
+            pairs = itertools.chain.from_iterable(zip(b[image_column], b[caption_column]) for b in batches)
+            for row, (image, caption) in enumerate(pairs):
+                reason = caption_problem(caption)
+                if reason:
+                    found.append((split, row, caption_column, reason))
+                checker.add(image, (split, row))
+        found += [(split, row, image_column, reason) for (split, row), reason in checker.finish()]
+    # A split cut from the data as loaded (select, train_test_split) maps its rows back through `_indices`.
+    source_rows = {s: d._indices.column(0).to_pylist() if d._indices is not None else None for s, d in splits.items()}
+    problems = [
+        Problem(split, row, column, reason, source_rows[split][row] if source_rows[split] is not None else None)
+        for split, row, column, reason in found
+    ]
+    problems.sort(key=lambda p: (list(splits).index(p.split), p.row, p.column != image_column))
+    rows = sum(len(dataset) for dataset in splits.values())
     logger.info(
         f"Preflight: checked {rows} rows of {names} ({len(checker.rows_of)} distinct images) in "
         f"{time.perf_counter() - start:.1f} s: {len(problems)} bad."
@@ -265,55 +198,6 @@ def find_problems(
     return problems, cache_file
 
 
-def _read_cache(cache_file: Path, settings: dict) -> Optional[dict]:
-    """The cached outcome, unless absent, for other settings, or an image file changed since."""
-    try:
-        with open(cache_file) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if cached.get("settings") != settings:
-        return None
-    checked_at_ns = cached.get("checked_at_ns", 0)
-    if any(_file_identity(path, checked_at_ns) != identity for path, identity in cached.get("files", {}).items()):
-        logger.info("Preflight: image files changed since the last check; checking again.")
-        return None
-    return cached
-
-
-def _scan(splits: dict, image_column: str, caption_column: str, num_proc: Optional[int], check_image=None):
-    """(problems sorted by split and row, the image checker, rows read)."""
-    found = []  # (split, row, column, reason)
-    rows = 0
-    with _ImageChecker(num_proc, check_image) as checker:
-        for split, dataset in splits.items():
-            columns = dataset.select_columns(list(dict.fromkeys([image_column, caption_column])))
-            row = 0
-            for batch in columns.iter(batch_size=_ROWS_PER_BATCH):
-                for image, caption in zip(batch[image_column], batch[caption_column]):
-                    reason = caption_problem(caption)
-                    if reason:
-                        found.append((split, row, caption_column, reason))
-                    checker.add(image, (split, row))
-                    row += 1
-            rows += row
-        found += [(split, row, image_column, reason) for (split, row), reason in checker.finish()]
-    source_rows = {split: _source_rows(dataset) for split, dataset in splits.items()}
-    problems = [
-        Problem(split, row, column, reason, source_rows[split][row] if source_rows[split] is not None else None)
-        for split, row, column, reason in found
-    ]
-    order = {split: i for i, split in enumerate(splits)}
-    problems.sort(key=lambda p: (order[p.split], p.row, p.column != image_column))
-    return problems, checker, rows
-
-
-def _source_rows(dataset) -> Optional[list]:
-    """Row numbers in the data as loaded, when `dataset` is a shuffled selection of it (else None)."""
-    indices = getattr(dataset, "_indices", None)  # the `datasets` indices mapping of select / train_test_split
-    return indices.column(0).to_pylist() if indices is not None else None
-
-
 def caption_problem(caption: Any) -> Optional[str]:
     """Why a caption cannot be used, or None."""
     if caption is None:
@@ -328,43 +212,36 @@ def caption_problem(caption: Any) -> Optional[str]:
 
 
 class _ImageChecker:
-    """Collects the image of every row; decodes each distinct image once, in worker processes.
+    """Decodes each distinct image (the same embedded bytes, or the same path) once."""
 
-    Distinct means identical embedded bytes (by blake2b digest) or the same file path.
-    """
-
-    def __init__(self, num_proc: Optional[int], check_image=None):
-        self.num_proc = num_proc or 1
-        self.check_image = check_image or image_problem
+    def __init__(self, num_proc: int, check_image):
+        self.num_proc = num_proc
+        self.check_image = check_image
         self.rows_of: dict[tuple, list] = {}  # image key -> the (split, row) showing it
         self.file_stats: dict[str, Optional[list]] = {}  # path -> _file_identity (None: missing)
         self.started_ns = time.time_ns()
-        self._pending: list[tuple[tuple, Any]] = []  # (key, payload) not yet decoded
+        self._pending: dict[tuple, Any] = {}  # key -> payload, not yet decoded
         self._failed: dict[tuple, str] = {}
-        self._pool = None
-
-    def __enter__(self):
-        if self.num_proc > 1:
-            # forkserver: the workers start from a clean process, not a fork of this one, whose threads
-            # (tokenizers, loaders, torch) may hold locks that a forked child would wait on forever
-            self._pool = multiprocessing.get_context("forkserver").Pool(self.num_proc)
-        return self
-
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+        self.pool = None  # the worker processes' (None: decode here)
 
     def add(self, value: Any, where: tuple) -> None:
-        key, payload = self._identify(value)
-        if key in self.rows_of:
-            self.rows_of[key].append(where)
-            return
-        self.rows_of[key] = [where]
-        if payload is None:
-            self._failed[key] = "no image (empty cell: neither embedded bytes nor a path)"
-            return
-        self._pending.append((key, payload))
+        """Row `where` shows `value`: embedded bytes, or a file path (neither: no image at all)."""
+        path = value.get("path") if isinstance(value, dict) else value
+        if isinstance(value, dict) and value.get("bytes"):
+            payload = bytes(value["bytes"])
+            key = ("bytes", hashlib.blake2b(payload, digest_size=16).digest())
+        elif isinstance(path, (str, os.PathLike)) and os.fspath(path):
+            payload = os.fspath(path)
+            key = ("path", payload)
+            self.file_stats[payload] = _file_identity(payload, self.started_ns)
+        else:
+            key, payload = ("none",), None
+        if key not in self.rows_of:
+            if payload is None:
+                self._failed[key] = "no image (empty cell: neither embedded bytes nor a path)"
+            else:
+                self._pending[key] = payload
+        self.rows_of.setdefault(key, []).append(where)
         if len(self._pending) >= _IMAGES_PER_ROUND:
             self._decode_pending()
 
@@ -373,38 +250,20 @@ class _ImageChecker:
         self._decode_pending()
         return [(where, reason) for key, reason in self._failed.items() for where in self.rows_of[key]]
 
-    def _identify(self, value: Any) -> tuple[tuple, Any]:
-        """(key, payload): payload is the embedded bytes or a file path (None: no image at all)."""
-        if isinstance(value, dict) and value.get("bytes"):
-            data = bytes(value["bytes"])
-            return ("bytes", hashlib.blake2b(data, digest_size=16).digest()), data
-        path = value.get("path") if isinstance(value, dict) else value
-        if isinstance(path, (str, os.PathLike)) and os.fspath(path):
-            path = os.fspath(path)
-            self.file_stats[path] = _file_identity(path, self.started_ns)
-            return ("path", path), path
-        return ("none",), None
-
     def _decode_pending(self) -> None:
-        if not self._pending:
-            return
-        payloads = [payload for _, payload in self._pending]
-        if self._pool is not None:
+        payloads = list(self._pending.values())
+        if self.pool is not None and payloads:
             chunksize = max(1, len(payloads) // (self.num_proc * 4))
-            reasons = self._pool.map(self.check_image, payloads, chunksize=chunksize)
+            reasons = self.pool.map(self.check_image, payloads, chunksize=chunksize)
         else:
-            reasons = [self.check_image(payload) for payload in payloads]
-        for (key, _), reason in zip(self._pending, reasons):
-            if reason:
-                self._failed[key] = reason
-        self._pending = []
+            reasons = map(self.check_image, payloads)
+        self._failed.update((key, reason) for key, reason in zip(self._pending, reasons) if reason)
+        self._pending = {}
 
 
 def _file_identity(path: str, checked_at_ns: int) -> Optional[list]:
-    """What the cache knows a checked image file by (None: missing): [size, mtime_ns, ctime_ns, inode], plus the
-    blake2b digest of its content when it was modified within RACY_WINDOW_NS of the check's start
-    (`checked_at_ns`). A write changes mtime and ctime; setting the mtime back changes the ctime; replacing the
-    file changes the inode; and a change too quick for the clock to see changes the digest."""
+    """What the cache knows a checked image file by (None: missing): [size, mtime_ns, ctime_ns, inode], and the
+    digest of its content when modified within RACY_WINDOW_NS of the check's start (`checked_at_ns`)."""
     try:
         stat = os.stat(path)
     except OSError:
@@ -421,11 +280,8 @@ def _file_identity(path: str, checked_at_ns: int) -> Optional[list]:
 def image_problem(
     payload: bytes | str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, image_size: Optional[int] = None
 ) -> Optional[str]:
-    """Why an image (encoded bytes, or a file path) cannot be used, or None when it decodes completely.
-
-    Its size is read from the header first: an image over the pixel budget, as decoded or (image_size
-    given) as resized before the centre crop, is refused without being decoded.
-    """
+    """Why an image (encoded bytes, or a file path) cannot be used, or None when it decodes completely; one over
+    the pixel budget (`pixel_budget_problem`, from the header) is refused without being decoded."""
     if isinstance(payload, str):
         label = f"image file {payload!r}"
         try:
@@ -441,7 +297,7 @@ def image_problem(
             too_big = pixel_budget_problem(img.size, max_pixels, image_size)
             if too_big:
                 return f"{label}: {too_big}"
-            img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale; other formats ignore it
+            img.draft(None, _DRAFT_SIZE)  # JPEG: DCT-domain downscale (a truncated file still fails); others ignore it
             img.load()
             upright(img)  # reads the EXIF orientation, as every image pipeline does
     except UnidentifiedImageError:
@@ -452,7 +308,7 @@ def image_problem(
 
 
 def pixel_budget_problem(size: tuple[int, int], max_pixels: int, image_size: Optional[int] = None) -> Optional[str]:
-    """Why an image of this (width, height) is over the budget, or None."""
+    """Why an image of this (width, height) is over the budget, as decoded or resized before the crop, or None."""
     width, height = size
     if width * height > max_pixels:
         return f"{width}x{height} is {width * height:,} pixels, over the budget of {max_pixels:,} (--max_image_pixels)"

@@ -1,17 +1,5 @@
-"""Image <-> text retrieval quality: recall@k and mean rank on an evaluation split.
-
-A throughput benchmark only means something if the faster configuration still learns the same
-model. This module measures that: every row of an eval split is one (image, caption) pair, the
-model embeds both sides, and we ask how often the right partner is among the k most similar
-items.
-
-Rows that show the same image (the New Yorker data set repeats each cartoon in many rows) are
-one image with several correct captions, so image->text retrieval is scored per unique image
-and text->image retrieval ranks the unique images, never duplicates of the right answer.
-
-Ties are counted against the model: an item ranks behind every wrong item that scores at least
-as high. A collapsed model (all embeddings equal) therefore scores the worst rank, not recall 1.
-"""
+"""Image <-> text retrieval quality on an evaluation split: recall@k and mean rank, repeated images and ties
+counted as bridgetower_bench/metrics/retrieval_recall/README.md says."""
 
 from __future__ import annotations
 
@@ -28,14 +16,9 @@ DEFAULT_KS = (1, 5, 10)
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "retrieval_recall"
 
 
-# --------------------------------------------------------------------------------------------
-# Recall@k and mean rank
-# --------------------------------------------------------------------------------------------
-
-
 def _as_matrix(values: Any, name: str) -> np.ndarray:
-    """A 2-D float32 numpy copy of a numpy array, torch tensor or nested list."""
-    if hasattr(values, "detach"):  # torch tensor, on any device and in any float dtype
+    """A 2-D float32 numpy copy of a numpy array, torch tensor (any device or float dtype) or nested list."""
+    if hasattr(values, "detach"):
         values = values.detach().float().cpu().numpy()
     matrix = np.asarray(values, dtype=np.float32)
     if matrix.ndim != 2:
@@ -48,8 +31,7 @@ def _as_matrix(values: Any, name: str) -> np.ndarray:
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:
     """Rows scaled to length 1 so that a dot product is the cosine similarity."""
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.maximum(norms, 1e-12)
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
 
 
 def _check_ks(ks: Iterable[int]) -> tuple[int, ...]:
@@ -59,77 +41,24 @@ def _check_ks(ks: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(k) for k in ks)
 
 
-def _dense_groups(group_ids: Any, num_rows: int) -> np.ndarray:
-    """Group ids renumbered 0..M-1 in order of first appearance (one number per unique image)."""
-    ids = np.asarray(group_ids)
-    if ids.ndim != 1 or len(ids) != num_rows:
-        raise ValueError(f"image_group_ids must hold one id per row: got shape {ids.shape} for {num_rows} rows")
-    _, first_rows, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    # np.unique numbers groups in sorted order; renumber them by first appearance instead.
-    order_of_first_appearance = np.argsort(first_rows, kind="stable")
-    rank_of_group = np.empty_like(order_of_first_appearance)
-    rank_of_group[order_of_first_appearance] = np.arange(len(first_rows))
-    return rank_of_group[inverse.reshape(-1)]
-
-
-def _group_image_embeddings(unit_images: np.ndarray, groups: np.ndarray, num_groups: int) -> np.ndarray:
-    """One unit vector per unique image: the mean of its rows' image embeddings.
-
-    Rows of the same image carry the same embedding up to numerical noise (batch composition,
-    reduced precision); averaging uses all of them instead of picking one at random.
-    """
-    sums = np.zeros((num_groups, unit_images.shape[1]), dtype=np.float64)
-    np.add.at(sums, groups, unit_images)
-    return _unit_rows(sums.astype(np.float32))
-
-
-def _text_to_image_ranks(unit_texts, unit_group_images, groups, chunk_size) -> np.ndarray:
-    """For each caption, the 1-based rank of its image among all unique images."""
-    ranks = np.empty(len(unit_texts), dtype=np.int64)
-    for start in range(0, len(unit_texts), chunk_size):
-        stop = min(start + chunk_size, len(unit_texts))
-        scores = unit_texts[start:stop] @ unit_group_images.T  # (chunk, images)
-        correct = scores[np.arange(stop - start), groups[start:stop]]
-        # The correct image scores >= itself, so this count is 1 + wrong images tied or ahead.
-        ranks[start:stop] = (scores >= correct[:, None]).sum(axis=1)
-    return ranks
-
-
-def _image_to_text_ranks(unit_group_images, unit_texts, groups, chunk_size) -> np.ndarray:
-    """For each unique image, the 1-based rank of its best caption among all captions."""
-    num_groups = len(unit_group_images)
-    ranks = np.empty(num_groups, dtype=np.int64)
-    for start in range(0, num_groups, chunk_size):
-        stop = min(start + chunk_size, num_groups)
-        scores = unit_group_images[start:stop] @ unit_texts.T  # (chunk, captions)
-        is_correct = groups[None, :] == np.arange(start, stop)[:, None]
+def _ranks(queries: np.ndarray, items: np.ndarray, correct: Callable, chunk_size: int) -> np.ndarray:
+    """For each query row, the 1-based rank of its best correct item: 1 + the wrong items scoring at least as high.
+    ``correct(start, stop)``: which items are correct for queries start..stop-1, a (queries, items) bool matrix."""
+    ranks = np.empty(len(queries), dtype=np.int64)
+    for start in range(0, len(queries), chunk_size):
+        stop = min(start + chunk_size, len(queries))
+        scores = queries[start:stop] @ items.T
+        is_correct = correct(start, stop)
         best_correct = np.where(is_correct, scores, -np.inf).max(axis=1)
-        wrong_ahead = ((scores >= best_correct[:, None]) & ~is_correct).sum(axis=1)
-        ranks[start:stop] = wrong_ahead + 1
+        ranks[start:stop] = ((scores >= best_correct[:, None]) & ~is_correct).sum(axis=1) + 1
     return ranks
 
 
 def retrieval_metrics(
-    image_embeds: Any,
-    text_embeds: Any,
-    image_group_ids: Any,
-    ks: Sequence[int] = DEFAULT_KS,
-    chunk_size: int = 1024,
+    image_embeds: Any, text_embeds: Any, image_group_ids: Any, ks: Sequence[int] = DEFAULT_KS, chunk_size: int = 1024
 ) -> dict:
-    """Recall@k both ways and mean ranks for one eval split.
-
-    Row i of ``image_embeds`` / ``text_embeds`` is the i-th (image, caption) pair; rows with
-    equal ``image_group_ids`` show the same image. Similarity is cosine.
-
-    Returns plain Python numbers:
-    ``i2t_recall@k`` - share of unique images with at least one of their captions in the top k
-    of all captions; ``t2i_recall@k`` - share of captions whose image is in the top k of the
-    unique images; ``i2t_mean_rank`` / ``t2i_mean_rank`` - mean 1-based rank of the best correct
-    item; ``num_images`` / ``num_captions``.
-
-    Memory stays at ``chunk_size`` x (number of captions) scores: the similarity matrix is
-    computed a block of rows at a time.
-    """
+    """Recall@k both ways, mean ranks and counts, plain Python numbers (metrics/retrieval_recall/README.md): row i
+    of the embeddings is the i-th (image, caption) pair, rows of equal ``image_group_ids`` show the same image."""
     images = _as_matrix(image_embeds, "image_embeds")
     texts = _as_matrix(text_embeds, "text_embeds")
     if len(images) != len(texts):
@@ -142,29 +71,26 @@ def retrieval_metrics(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
-    groups = _dense_groups(image_group_ids, len(images))
-    num_groups = int(groups.max()) + 1
+    ids = np.asarray(image_group_ids)
+    if ids.ndim != 1 or len(ids) != len(images):
+        raise ValueError(f"image_group_ids must hold one id per row: got shape {ids.shape} for {len(images)} rows")
+    _, first_rows, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    groups = np.argsort(np.argsort(first_rows))[inverse]  # 0..M-1 by first appearance, one per unique image
+    num_groups = len(first_rows)
     unit_texts = _unit_rows(texts)
-    unit_group_images = _group_image_embeddings(_unit_rows(images), groups, num_groups)
+    # One unit vector per unique image, the mean of its rows' (equal up to numerical noise: all of them count).
+    sums = np.zeros((num_groups, images.shape[1]), dtype=np.float64)
+    np.add.at(sums, groups, _unit_rows(images))
+    unit_group_images = _unit_rows(sums.astype(np.float32))
 
-    i2t_ranks = _image_to_text_ranks(unit_group_images, unit_texts, groups, chunk_size)
-    t2i_ranks = _text_to_image_ranks(unit_texts, unit_group_images, groups, chunk_size)
-
-    metrics: dict = {}
-    for k in ks:
-        metrics[f"i2t_recall@{k}"] = float(np.mean(i2t_ranks <= k))
-    for k in ks:
-        metrics[f"t2i_recall@{k}"] = float(np.mean(t2i_ranks <= k))
-    metrics["i2t_mean_rank"] = float(np.mean(i2t_ranks))
-    metrics["t2i_mean_rank"] = float(np.mean(t2i_ranks))
-    metrics["num_images"] = num_groups
-    metrics["num_captions"] = len(texts)
-    return metrics
-
-
-# --------------------------------------------------------------------------------------------
-# Which rows show the same image
-# --------------------------------------------------------------------------------------------
+    image_ids = np.arange(num_groups)
+    ranks = {  # for each unique image its best caption among all captions; for each caption its image
+        "i2t": _ranks(unit_group_images, unit_texts, lambda a, b: image_ids[a:b, None] == groups, chunk_size),
+        "t2i": _ranks(unit_texts, unit_group_images, lambda a, b: groups[a:b, None] == image_ids, chunk_size),
+    }
+    metrics = {f"{way}_recall@{k}": float(np.mean(ranks[way] <= k)) for way in ranks for k in ks}
+    metrics.update({f"{way}_mean_rank": float(np.mean(ranks[way])) for way in ranks})
+    return {**metrics, "num_images": num_groups, "num_captions": len(texts)}
 
 
 def _digest(data: bytes) -> bytes:
@@ -172,12 +98,7 @@ def _digest(data: bytes) -> bytes:
 
 
 def _image_identity(value: Any, row: int) -> tuple:
-    """A hashable key that is equal for two values showing the same image.
-
-    Embedded bytes are compared by content hash (fast, and the same cartoon stored twice still
-    matches); a value with only a path is identified by that path; a decoded PIL image by its
-    pixels.
-    """
+    """A key equal for values showing the same image: bytes by content hash, a path alone by itself, PIL by pixels."""
     if isinstance(value, Mapping):
         data = value.get("bytes")
         if data is not None:
@@ -199,41 +120,18 @@ def _image_identity(value: Any, row: int) -> tuple:
 
 
 def image_group_ids(values: Iterable[Any]) -> np.ndarray:
-    """One int id per image value; identical images share an id, numbered by first appearance.
-
-    For a ``datasets`` split, pass the image column read without decoding
-    (``split.cast_column(col, datasets.Image(decode=False))[col]``) so that only bytes are
-    hashed.
-    """
-    ids_by_identity: dict = {}
-    ids = []
-    for row, value in enumerate(values):
-        identity = _image_identity(value, row)
-        ids.append(ids_by_identity.setdefault(identity, len(ids_by_identity)))
-    return np.asarray(ids, dtype=np.int64)
+    """One int id per image value (pass a column undecoded), identical images sharing it, by first appearance."""
+    ids: dict = {}  # identity -> id
+    return np.fromiter((ids.setdefault(_image_identity(v, row), len(ids)) for row, v in enumerate(values)), np.int64)
 
 
-# --------------------------------------------------------------------------------------------
-# Trainer and `evaluate` glue
-# --------------------------------------------------------------------------------------------
-
-# BridgeTowerForContrastiveLearning returns loss, logits, text_embeds, image_embeds,
-# cross_embeds, hidden_states (always: its forward forces output_hidden_states=True) and, when
-# asked, attentions. Ignoring these keys leaves the predictions tuple (text_embeds, image_embeds).
+# BridgeTowerForContrastiveLearning's outputs but loss, text_embeds and image_embeds: the predictions are the two.
 EVAL_IGNORE_KEYS = ["logits", "cross_embeds", "hidden_states", "attentions"]
 
 
 def make_compute_metrics(image_group_ids: Any, ks: Sequence[int] = DEFAULT_KS, chunk_size: int = 1024) -> Callable:
-    """A ``compute_metrics`` for transformers' Trainer that scores retrieval on one eval split.
-
-    The trainer must run evaluation with ``ignore_keys=EVAL_IGNORE_KEYS`` so that
-    ``eval_pred.predictions`` is ``(text_embeds, image_embeds)`` in data set order.
-    ``image_group_ids`` holds one id per row of that split. Extra trailing rows (padding some
-    distributed samplers add) are dropped; missing rows are an error.
-
-    The Trainer only calls ``compute_metrics`` when it has labels; this model has none, and it
-    counts as having them (an empty tuple) only when the eval batches carry ``return_loss=True``.
-    """
+    """A Trainer ``compute_metrics`` for the eval split of ``image_group_ids`` (padding rows dropped), called only
+    with labels: this model has them only when the eval batches carry ``return_loss=True``."""
     group_ids = np.asarray(image_group_ids)
     if group_ids.ndim != 1 or len(group_ids) == 0:
         raise ValueError(f"image_group_ids must be a non-empty 1-D sequence, got shape {group_ids.shape}")
@@ -255,9 +153,8 @@ def make_compute_metrics(image_group_ids: Any, ks: Sequence[int] = DEFAULT_KS, c
         for name, embeds in (("text_embeds", text_embeds), ("image_embeds", image_embeds)):
             if len(embeds) < expected:
                 raise ValueError(
-                    f"{name} has {len(embeds)} rows but the eval split has {expected} rows; the "
-                    "predictions do not cover the split (a dropped last batch, or group ids "
-                    "computed for a different split)"
+                    f"{name} has {len(embeds)} rows but the eval split has {expected} rows; the predictions do not "
+                    "cover the split (a dropped last batch, or group ids computed for a different split)"
                 )
         return retrieval_metrics(
             image_embeds[:expected], text_embeds[:expected], group_ids, ks=ks, chunk_size=chunk_size
@@ -273,23 +170,11 @@ def load_retrieval_metric(**kwargs):
     return evaluate.load(str(METRIC_DIR), **kwargs)
 
 
-QUALITY_KEYS = tuple(
-    [f"i2t_recall@{k}" for k in DEFAULT_KS]
-    + [f"t2i_recall@{k}" for k in DEFAULT_KS]
-    + ["i2t_mean_rank", "t2i_mean_rank", "loss"]
-)
+_RECALL_KEYS = [f"{way}_recall@{k}" for way in ("i2t", "t2i") for k in DEFAULT_KS]
+QUALITY_KEYS = (*_RECALL_KEYS, "i2t_mean_rank", "t2i_mean_rank", "loss")
 
 
 def summarise_quality(metrics: Mapping[str, Any], prefix: str | None = "eval") -> dict:
-    """The quality figures of a metrics dict (recalls, mean ranks, loss), keys kept as found.
-
-    ``prefix`` is the split prefix the trainer added (``"eval"``, ``"test"``; a trailing ``_``
-    is optional; ``None`` or ``""`` for unprefixed keys). Missing keys are left out.
-    """
+    """The recalls, mean ranks and loss found in `metrics` under the split's `prefix` ("eval", "test_", None)."""
     head = f"{prefix.rstrip('_')}_" if prefix else ""
-    picked = {}
-    for key in QUALITY_KEYS:
-        full_key = head + key
-        if full_key in metrics:
-            picked[full_key] = metrics[full_key]
-    return picked
+    return {head + key: metrics[head + key] for key in QUALITY_KEYS if head + key in metrics}
