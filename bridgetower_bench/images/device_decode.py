@@ -1,37 +1,12 @@
-"""Decode and resize JPEG images on the training device (nvJPEG through torchvision), fed with encoded bytes.
-
-The idea of NVIDIA DALI and Habana's media pipeline, built from plain PyTorch parts:
-
-* **Loader workers** (``EncodedImageTransform`` in place of the image transform, ``collate_encoded`` as the
-  collator) only read the encoded bytes. A JPEG the GPU decoder takes (baseline, extended or progressive,
-  8-bit, 1 or 3 components) travels as its bytes; anything else (PNG, CMYK/YCCK JPEG, ...) is decoded and
-  resized on the host by the ``fast`` pipeline, image by image, and travels as uint8 pixels. A batch packs
-  all of it into one ``EncodedBatch`` object, which transformers' ``Trainer`` passes through untouched
-  (it only moves tensors, lists and dicts to the device).
-* **The trainer** (``DeviceDecodeTrainerMixin``) turns the ``EncodedBatch`` into uint8 ``pixel_values`` on
-  the device with ``decode_batch``: one batched ``decode_jpeg`` call per chunk of images, then upstream's
-  resize geometry with antialiased bicubic interpolation in float, rounded back to uint8, and the centre
-  crop. ``TrainerExtensions`` then normalises them, as it does for the host ``fast`` pipeline.
-* **Overlap** (CUDA): the next batch is read from the loader and decoded in a helper thread, on a side CUDA
-  stream, while the current step runs; the step's stream waits on an event recorded after that batch's
-  decode. torchvision's nvJPEG call blocks its caller until the decode is done, and with
-  ``--dataloader_num_workers 0`` reading the rows is host work too, so the helper thread is what lets the
-  training thread keep queueing the step's kernels meanwhile.
-
-Every image the device decoder does not take is counted (``device_decode_stats``) and the count is logged
-once per epoch and per evaluation, so a run that silently decoded on the host cannot pass for a device
-decode run. On a CPU device the same code runs with torchvision's CPU ``decode_jpeg``, which is what the
-tests exercise.
-
-A correctness and speed check on real hardware: ``python -m bridgetower_bench.tools.device_decode_check``.
-"""
+"""JPEG decoding on the training device (nvJPEG through torchvision), one batch ahead on a side stream
+(docs/ARCHITECTURE.md, "Device decoding"; checked on a GPU by ``tools/device_decode_check.py``)."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -48,6 +23,7 @@ from bridgetower_bench.images.images import (
     encoded_image_bytes,
     image_source,
     jpeg_orientation,
+    make_image_transform,
     resize_geometry,
     upright_tensor,
 )
@@ -58,10 +34,6 @@ logger = logging.getLogger(__name__)
 
 ENCODED_IMAGES_KEY = "encoded_images"
 DEFAULT_CHUNK_SIZE = 64
-
-# ----------------------------------------------------------------------------------------------------------
-# Which images the GPU decoder takes: magic bytes and the JPEG frame header
-# ----------------------------------------------------------------------------------------------------------
 
 _OTHER_FORMATS = (
     (b"\x89PNG", "PNG image"),
@@ -95,11 +67,6 @@ def device_decoder_declines(data: bytes) -> Optional[str]:
     return None
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Loader side: one image -> EncodedImage; a batch -> EncodedBatch
-# ----------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class EncodedImage:
     """One image as a loader worker ships it: JPEG bytes for the device, or pixels decoded on the host."""
@@ -112,26 +79,21 @@ class EncodedImage:
 
 
 class EncodedImageTransform:
-    """Per-image transform for device decoding: ``value -> EncodedImage``. Picklable.
-
-    Takes the same image values as the host pipelines (``{"bytes", "path"}`` dicts, paths, raw bytes, PIL
-    images). Images the device decoder would decline are decoded here with the ``fast`` pipeline.
-    """
+    """Per-image transform for device decoding, ``value -> EncodedImage``, for every value the host pipelines
+    take; an image the device decoder would decline is decoded here by the ``fast`` pipeline. Picklable."""
 
     def __init__(self, image_size: int):
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
-            raise ValueError(f"image_size must be a positive integer; got {image_size!r}")
+        self.host_transform = make_image_transform("fast", image_size, (), ())  # refuses an impossible size
         self.image_size = image_size
-        self.host_transform = FastTransform(image_size)  # what make_image_transform("fast", ...) returns
 
     def __call__(self, value: Any) -> EncodedImage:
         if isinstance(value, Image.Image):
             return self._on_host(value, "already decoded (PIL image)")
         data, _ = encoded_image_bytes(value)
         reason = device_decoder_declines(data)
-        if reason is not None:
-            # Hand the host path the bytes already read, with the path kept for its error messages.
-            return self._on_host({"bytes": data, "path": _path_of(value)}, reason)
+        if reason is not None:  # the host path gets the bytes already read, and the path its messages name
+            path = image_source(value).path
+            return self._on_host({"bytes": data, "path": os.fspath(path) if path else None}, reason)
         jpeg = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return EncodedImage(self.image_size, jpeg=jpeg, orientation=jpeg_orientation(data))
 
@@ -139,66 +101,20 @@ class EncodedImageTransform:
         return EncodedImage(self.image_size, pixels=self.host_transform(value), fallback_reason=reason)
 
 
-def _path_of(value: Any) -> Optional[str]:
-    """The file path an image value names, if any (for error messages)."""
-    source = image_source(value)
-    return os.fspath(source.path) if source is not None and source.path else None
-
-
+@dataclass(eq=False, repr=False)
 class EncodedBatch:
-    """A batch of images for ``decode_batch``: all JPEG bytes in one tensor, plus the host-decoded pixels.
+    """A batch for ``decode_batch``: its JPEGs in one tensor (one shared-memory block from a loader worker) and its
+    host-decoded pixels; nothing the trainer or accelerate move (no tensor, mapping, sequence or ``to``)."""
 
-    One packed tensor (rather than one per image) keeps the hand-over from a worker process to one
-    shared-memory block per batch. Deliberately neither a tensor, a mapping, a sequence, nor anything with
-    a ``to`` method: the trainer and accelerate then leave it on the host as it is.
-    """
-
-    def __init__(
-        self,
-        size: int,
-        image_size: int,
-        jpeg_data: torch.Tensor,
-        jpeg_lengths: list[int],
-        jpeg_positions: list[int],
-        host_pixels: torch.Tensor,
-        host_positions: list[int],
-        host_reasons: list[str],
-        jpeg_orientations: Optional[list[Optional[int]]] = None,
-    ):
-        self.size = size
-        self.image_size = image_size
-        self.jpeg_data = jpeg_data
-        self.jpeg_lengths = jpeg_lengths
-        self.jpeg_positions = jpeg_positions
-        self.host_pixels = host_pixels
-        self.host_positions = host_positions
-        self.host_reasons = host_reasons
-        self.jpeg_orientations = jpeg_orientations or [None] * len(jpeg_lengths)
-
-    @classmethod
-    def pack(cls, images: Sequence[EncodedImage]) -> EncodedBatch:
-        if not images:
-            raise ValueError("cannot collate an empty batch of images")
-        sizes = {image.image_size for image in images}
-        if len(sizes) != 1:
-            raise ValueError(f"images of one batch were prepared for different image sizes: {sorted(sizes)}")
-        image_size = sizes.pop()
-        jpegs = [(i, image.jpeg) for i, image in enumerate(images) if image.jpeg is not None]
-        hosts = [(i, image) for i, image in enumerate(images) if image.jpeg is None]
-        empty = torch.empty(0, dtype=torch.uint8)
-        return cls(
-            size=len(images),
-            image_size=image_size,
-            jpeg_data=torch.cat([data for _, data in jpegs]) if jpegs else empty,
-            jpeg_lengths=[int(data.numel()) for _, data in jpegs],
-            jpeg_positions=[i for i, _ in jpegs],
-            host_pixels=torch.stack([image.pixels for _, image in hosts])
-            if hosts
-            else empty.view(0, 3, image_size, image_size),
-            host_positions=[i for i, _ in hosts],
-            host_reasons=[image.fallback_reason or "decoded on the host" for _, image in hosts],
-            jpeg_orientations=[images[i].orientation for i, _ in jpegs],
-        )
+    size: int
+    image_size: int
+    jpeg_data: torch.Tensor  # the JPEG files, one after the other
+    jpeg_lengths: list[int]
+    jpeg_positions: list[int]  # where in the batch each JPEG belongs
+    host_pixels: torch.Tensor
+    host_positions: list[int]
+    host_reasons: list[str]
+    jpeg_orientations: list[Optional[int]]
 
     def jpegs(self) -> list[torch.Tensor]:
         """The JPEG files as 1-D uint8 views into the packed tensor (contiguous, as decode_jpeg needs)."""
@@ -217,17 +133,28 @@ def collate_encoded(examples: list[dict]) -> dict:
                 f"collate_encoded needs images prepared by EncodedImageTransform; got {type(image).__name__} "
                 "(was the data set's transform built with EncodedImageTransform?)"
             )
+    jpegs = [i for i, image in enumerate(images) if image.jpeg is not None]
+    hosts = [i for i, image in enumerate(images) if image.jpeg is None]
+    size = images[0].image_size  # one EncodedImageTransform prepared them all
+    encoded = EncodedBatch(
+        size=len(images),
+        image_size=size,
+        jpeg_data=torch.cat([images[i].jpeg for i in jpegs]) if jpegs else torch.empty(0, dtype=torch.uint8),
+        jpeg_lengths=[int(images[i].jpeg.numel()) for i in jpegs],
+        jpeg_positions=jpegs,
+        host_pixels=torch.stack([images[i].pixels for i in hosts])
+        if hosts
+        else torch.empty((0, 3, size, size), dtype=torch.uint8),
+        host_positions=hosts,
+        host_reasons=[images[i].fallback_reason or "decoded on the host" for i in hosts],
+        jpeg_orientations=[images[i].orientation for i in jpegs],
+    )
     return {
-        ENCODED_IMAGES_KEY: EncodedBatch.pack(images),
+        ENCODED_IMAGES_KEY: encoded,
         "input_ids": torch.tensor([example["input_ids"] for example in examples], dtype=torch.long),
         "attention_mask": torch.tensor([example["attention_mask"] for example in examples], dtype=torch.long),
         "return_loss": True,
     }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Device side: EncodedBatch -> uint8 (B, 3, S, S) on the device
-# ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -256,28 +183,20 @@ class DecodeCounts:
 
 
 def resize_and_crop_on_device(pixels: torch.Tensor, image_size: int) -> torch.Tensor:
-    """uint8 (3, H, W) -> uint8 (3, S, S) with upstream's geometry, on the tensor's device.
-
-    Antialiased bicubic interpolation (upstream's filter) computed in float32 as two passes, width first,
-    each rounded and clamped to uint8. That is the pass order and the intermediate rounding of the uint8
-    kernel the host ``fast`` pipeline uses, so the two agree to about 0.005/255 on average; a single float
-    pass would differ from ``fast`` by about 0.15/255 (as ``fast`` differs from upstream). Then the crop.
-    """
+    """uint8 (3, H, W) -> uint8 (3, S, S) with upstream's geometry, on the tensor's device: two float32 passes,
+    width first, each rounded to uint8 as the host ``fast`` kernel does (0.005/255 from it; one pass: 0.15/255)."""
     height, width = pixels.shape[-2:]
     new_w, new_h, top, left = resize_geometry(width, height, image_size)
-    resized = pixels
     if new_w != width:
-        resized = _bicubic_uint8(resized, (resized.shape[-2], new_w))
+        pixels = _bicubic_uint8(pixels, (height, new_w))
     if new_h != height:
-        resized = _bicubic_uint8(resized, (new_h, new_w))
-    return resized[:, top : top + image_size, left : left + image_size]
+        pixels = _bicubic_uint8(pixels, (new_h, new_w))
+    return pixels[:, top : top + image_size, left : left + image_size]
 
 
 def _bicubic_uint8(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """One antialiased bicubic resize of a uint8 (C, H, W) tensor, in float, rounded back to uint8."""
-    resized = F.interpolate(
-        pixels.unsqueeze(0).float(), size=size, mode="bicubic", antialias=True, align_corners=False
-    )
+    resized = F.interpolate(pixels[None].float(), size, mode="bicubic", antialias=True, align_corners=False)
     return resized[0].round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -291,14 +210,6 @@ def _decode_chunk(jpegs: list[torch.Tensor], device: torch.device) -> list[Optio
         return [_decode_chunk([jpeg], device)[0] for jpeg in jpegs]
 
 
-def _decode_on_host(host_transform: FastTransform, jpeg: torch.Tensor, position: int) -> torch.Tensor:
-    """The host fallback for a JPEG the device decoder rejected; ImageLoadError if the host fails too."""
-    try:
-        return host_transform(jpeg.numpy().tobytes())
-    except ValueError as error:
-        raise ImageLoadError(f"image {position} of the batch: rejected by the device decoder, and {error}") from error
-
-
 def decode_batch(
     encoded: EncodedBatch,
     device,
@@ -306,13 +217,9 @@ def decode_batch(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     counts: Optional[DecodeCounts] = None,
 ) -> torch.Tensor:
-    """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order.
-
-    JPEGs are decoded ``chunk_size`` at a time (one batched ``decode_jpeg`` call each), which bounds the
-    device memory held by full-size decoded images. Each decoded JPEG is turned upright by its EXIF
-    orientation (read by the loader workers) on the device. A JPEG the decoder rejects is decoded on the host
-    with the ``fast`` pipeline instead. ``counts``, if given, is incremented with what ran where.
-    """
+    """Decode, resize and crop a batch on ``device``: uint8 (B, 3, S, S), in the batch's order, counted in
+    ``counts`` if given. ``chunk_size`` JPEGs per ``decode_jpeg`` call bound the device memory; a JPEG the
+    decoder rejects is decoded by the host ``fast`` pipeline (``ImageLoadError`` when that fails too)."""
     device = torch.device(device)
     if image_size != encoded.image_size:
         raise ValueError(f"the batch was prepared for image_size {encoded.image_size}, not {image_size}")
@@ -323,31 +230,26 @@ def decode_batch(
     if encoded.host_positions:
         out[encoded.host_positions] = encoded.host_pixels.to(device)
         batch_counts.fallback_reasons.update(encoded.host_reasons)
-    jpegs, positions, orientations = encoded.jpegs(), encoded.jpeg_positions, encoded.jpeg_orientations
-    host_transform = None
+    jpegs, host_transform = encoded.jpegs(), None
     for start in range(0, len(jpegs), chunk_size):
-        chunk = jpegs[start : start + chunk_size]
-        chunk_positions = positions[start : start + chunk_size]
-        chunk_orientations = orientations[start : start + chunk_size]
-        for jpeg, position, orientation, decoded in zip(
-            chunk, chunk_positions, chunk_orientations, _decode_chunk(chunk, device)
-        ):
+        for index, decoded in enumerate(_decode_chunk(jpegs[start : start + chunk_size], device), start):
+            position = encoded.jpeg_positions[index]
             if decoded is None:
                 host_transform = host_transform or FastTransform(image_size)
-                out[position] = _decode_on_host(host_transform, jpeg, position).to(device)
+                try:  # the host pipeline turns the image upright itself
+                    out[position] = host_transform(jpegs[index].numpy().tobytes()).to(device)
+                except ValueError as error:
+                    raise ImageLoadError(
+                        f"image {position} of the batch: rejected by the device decoder, and {error}"
+                    ) from error
                 batch_counts.fallback_reasons["rejected by the device decoder"] += 1
             else:
-                # the decoder ignores EXIF; the host fallback above turns the image itself
-                out[position] = resize_and_crop_on_device(upright_tensor(decoded, orientation), image_size)
+                upright = upright_tensor(decoded, encoded.jpeg_orientations[index])
+                out[position] = resize_and_crop_on_device(upright, image_size)
                 batch_counts.device_images += 1
     if counts is not None:
         counts.add(batch_counts)
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Trainer side
-# ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -360,13 +262,8 @@ class DecodedImages:
 
 
 class DecodeAhead:
-    """Iterates an epoch's batches while the helper thread reads and decodes the batch after the one returned.
-
-    The helper takes the next batch from the loader (with ``--dataloader_num_workers 0`` that is where the
-    data set's rows are read and collated) and decodes it, while the training thread runs the step; the
-    training thread only waits when the helper is not done yet, and that wait happens inside the trainer's
-    timed fetch, so it counts as data wait. The loader is only ever touched by one thread at a time.
-    """
+    """An epoch's batches, the helper thread reading and decoding the one after the batch returned; the training
+    thread waits for it inside the trainer's timed fetch (data wait). One thread at a time touches the loader."""
 
     def __init__(
         self, source: Iterator[dict], helper: ThreadPoolExecutor, decode: Callable[[EncodedBatch], DecodedImages]
@@ -426,24 +323,14 @@ class _DecodeReport(TrainerCallback):
 
 
 class DeviceDecodeTrainerMixin:
-    """Decodes ``EncodedBatch`` images on the training device. Mix in front of the script's trainer::
-
-        class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, BridgeTowerTrainer): ...
-
-    ``_batch_on_device`` (what ``TrainerExtensions`` does to a batch in ``training_step`` and
-    ``prediction_step``) first replaces the batch's ``EncodedBatch`` with uint8 ``pixel_values`` on
-    ``args.device``, which ``TrainerExtensions`` then normalises exactly as it normalises the host ``fast``
-    pipeline's uint8 batches.
-    Training, evaluation and prediction all decode here. With ``decode_ahead`` (default: on CUDA devices),
-    training batches are read and decoded one batch ahead in a helper thread, on a side CUDA stream.
-    """
+    """Mixed in front of the script's trainer: ``_batch_on_device`` replaces a batch's ``EncodedBatch`` with uint8
+    ``pixel_values`` on ``args.device``. ``decode_ahead`` (default: on CUDA) reads and decodes training batches
+    one ahead in a helper thread, on a side CUDA stream."""
 
     def __init__(
         self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs
     ):
         super().__init__(*args, **kwargs)
-        if isinstance(decode_chunk_size, bool) or not isinstance(decode_chunk_size, int) or decode_chunk_size < 1:
-            raise ValueError(f"decode_chunk_size must be a positive integer; got {decode_chunk_size!r}")
         self.decode_chunk_size = decode_chunk_size
         self.decode_ahead = self.args.device.type == "cuda" if decode_ahead is None else bool(decode_ahead)
         self._decode_totals = {"train": DecodeCounts(), "eval": DecodeCounts()}
@@ -453,26 +340,17 @@ class DeviceDecodeTrainerMixin:
         self._decode_stream = None
         self.add_callback(_DecodeReport(self))
 
-    # results ---------------------------------------------------------------------------------------------
     def device_decode_stats(self, phase: str = "train") -> dict:
         """``{"device_decode_images": n, "device_decode_fallback_images": m}`` for ``train`` or ``eval``."""
-        if phase not in self._decode_totals:
-            raise ValueError(f"phase must be one of {sorted(self._decode_totals)}; got {phase!r}")
         return self._decode_totals[phase].metrics()
 
     def _report_decode_counts(self, phase: str, when: str) -> None:
         counts = self._decode_unreported[phase]
-        if counts.device_images == 0 and counts.fallback_images == 0:
-            return
-        level = logging.WARNING if counts.fallback_images else logging.INFO
-        logger.log(level, "device decode, %s: %s", when, counts.describe())
-        self._decode_unreported[phase] = DecodeCounts()
+        if counts.device_images or counts.fallback_images:
+            level = logging.WARNING if counts.fallback_images else logging.INFO
+            logger.log(level, "device decode, %s: %s", when, counts.describe())
+            self._decode_unreported[phase] = DecodeCounts()
 
-    def _count(self, counts: DecodeCounts, phase: str) -> None:
-        self._decode_totals[phase].add(counts)
-        self._decode_unreported[phase].add(counts)
-
-    # batches -> model inputs -----------------------------------------------------------------------------
     def _batch_on_device(self, inputs, training: bool):
         item = inputs.get(ENCODED_IMAGES_KEY) if isinstance(inputs, dict) else None
         if item is not None:
@@ -480,46 +358,38 @@ class DeviceDecodeTrainerMixin:
             inputs["pixel_values"] = self._pixels_of(item, "train" if training else "eval")
         return super()._batch_on_device(inputs, training)
 
-    def _pixels_of(self, item, phase: str) -> torch.Tensor:
-        if isinstance(item, DecodedImages):
-            self._count(item.counts, phase)
-            if item.ready is not None:  # decoded on the side stream: make this stream wait for it
-                stream = torch.cuda.current_stream(item.pixels.device)
-                stream.wait_event(item.ready)
-                item.pixels.record_stream(stream)
-            return item.pixels
+    def _pixels_of(self, item: DecodedImages | EncodedBatch, phase: str) -> torch.Tensor:
         if isinstance(item, EncodedBatch):
             counts = DecodeCounts()
             pixels = decode_batch(item, self.args.device, item.image_size, self.decode_chunk_size, counts)
-            self._count(counts, phase)
-            return pixels
-        raise TypeError(
-            f"'{ENCODED_IMAGES_KEY}' holds {type(item).__name__}; expected an EncodedBatch (use collate_encoded)"
-        )
+            item = DecodedImages(pixels, None, counts)
+        self._decode_totals[phase].add(item.counts)
+        self._decode_unreported[phase].add(item.counts)
+        if item.ready is not None:  # decoded on the side stream: make this stream wait for it
+            stream = torch.cuda.current_stream(item.pixels.device)
+            stream.wait_event(item.ready)
+            item.pixels.record_stream(stream)
+        return item.pixels
 
-    # one batch ahead, on a side stream -------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.decode_ahead:
+            if self._decode_thread is None:  # the one thread that reads and decodes ahead, on this rank's device
+                on_cuda = self.args.device.type == "cuda"
+                self._decode_thread = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="device-decode",
+                    initializer=torch.cuda.set_device if on_cuda else None,
+                    initargs=(self.args.device,) if on_cuda else (),
+                )
             if self._decode_ahead_iterator is None or self._decode_ahead_iterator.source is not epoch_iterator:
                 self._decode_ahead_iterator = DecodeAhead(
-                    epoch_iterator, self._helper_thread(), self._decode_on_side_stream
+                    epoch_iterator, self._decode_thread, self._decode_on_side_stream
                 )
             epoch_iterator = self._decode_ahead_iterator
         return super().get_batch_samples(epoch_iterator, num_batches, device)
 
-    def _helper_thread(self) -> ThreadPoolExecutor:
-        """The one thread that reads and decodes ahead; on CUDA its current device is this rank's device."""
-        if self._decode_thread is None:
-            device = self.args.device
-            set_device = (torch.cuda.set_device, (device,)) if device.type == "cuda" else (None, ())
-            self._decode_thread = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="device-decode", initializer=set_device[0], initargs=set_device[1]
-            )
-        return self._decode_thread
-
     def _decode_on_side_stream(self, encoded: EncodedBatch) -> DecodedImages:
-        device = self.args.device
-        counts = DecodeCounts()
+        device, counts = self.args.device, DecodeCounts()
         if device.type != "cuda":
             return DecodedImages(
                 decode_batch(encoded, device, encoded.image_size, self.decode_chunk_size, counts), None, counts

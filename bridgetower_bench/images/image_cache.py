@@ -1,26 +1,5 @@
-"""Decode-once image cache: every distinct image decoded and resized once, then memory-mapped.
-
-The New Yorker data set shows each cartoon in many rows, and every epoch decodes every row
-again. With ``--cache_decoded_images`` the ``fast``/``fast-draft`` output of each distinct
-image (identical encoded bytes = same image) is computed once, in parallel, into one
-uint8 array file ``[n_unique, 3, S, S]``; a training sample then costs a hash of its
-encoded bytes and a 3*S*S-byte copy out of the page cache.
-
-Layout, under ``cache_dir/<pipeline>-<size>-<key>/`` where ``key`` hashes the fingerprint
-and every setting that changes pixels:
-
-``pixels.npy``    uint8 ``[n_unique, 3, S, S]`` (a ``.npy`` file, opened memory-mapped)
-``digests.npy``   uint8 ``[n_unique, 16]``: blake2b-128 of each image's encoded bytes, in slot order
-``manifest.json`` the settings, the fingerprint and the counts; written last, so a
-                  directory without it is an unfinished build and is rebuilt.
-
-Settings that change pixels (pipeline, image size, torch/torchvision/Pillow versions, the
-format version, and for ``fast-draft`` the JPEG decoder, whose DCT scales differ) are both
-in the key and checked against the manifest, so a cache built with other settings is
-never reused. Several processes building the same cache at once (e.g. distributed ranks)
-write private temporary files and publish identical results atomically; calling this
-under ``main_process_first()`` avoids the duplicated work.
-"""
+"""Decode-once image cache: each distinct image decoded once by ``fast`` or ``fast-draft`` into a memory-mapped
+uint8 file that loader workers share (docs/ARCHITECTURE.md, "The decode-once cache")."""
 
 from __future__ import annotations
 
@@ -57,18 +36,9 @@ DIGESTS_FILE = "digests.npy"
 MANIFEST_FILE = "manifest.json"
 
 
-# ----------------------------------------------------------------------------------------
-# Identity of an image and of a cache
-# ----------------------------------------------------------------------------------------
-
-
 def image_digest(value: Any) -> bytes:
-    """16-byte blake2b of the bytes the pipeline would decode for ``value``.
-
-    Dicts hash their embedded bytes (or, without bytes, the file at their path), paths hash
-    the file's bytes, so the same picture stored twice maps to one cache slot. A PIL image
-    hashes its mode, size, transparency, EXIF orientation and pixels.
-    """
+    """16-byte blake2b of the bytes the pipeline would decode for ``value`` (the same picture stored twice is one
+    slot); of a PIL image, of its mode, size, transparency, EXIF orientation and pixels."""
     if isinstance(value, Image.Image):
         hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
         orientation = value.getexif().get(ExifTags.Base.Orientation)  # the pipeline turns the image by it
@@ -80,11 +50,8 @@ def image_digest(value: Any) -> bytes:
 
 
 def cache_settings(pipeline: str, image_size: int, fingerprint: str) -> dict:
-    """Everything that decides a cache's pixels, plus the data set's fingerprint.
-
-    ``fast`` pixels are the same with every JPEG decoder; ``fast-draft`` ones are not, so
-    its settings name the decoder.
-    """
+    """Everything that decides a cache's pixels (for ``fast-draft`` the JPEG decoder too: its DCT scales differ),
+    plus the data set's fingerprint."""
     settings = {
         "format_version": CACHE_FORMAT_VERSION,
         "pipeline": pipeline,
@@ -107,19 +74,9 @@ def decoded_image_cache_dir(cache_dir: str | os.PathLike, pipeline: str, image_s
     return Path(cache_dir) / f"{pipeline}-{image_size}-{key}"
 
 
-# ----------------------------------------------------------------------------------------
-# The cache as seen by a data loader
-# ----------------------------------------------------------------------------------------
-
-
 class DecodedImageCache:
-    """Image value -> cached uint8 (3, S, S) tensor; a drop-in for the pipeline's transform.
-
-    The pixel file and the digest index are opened lazily, once per process, and dropped
-    when pickled: data loader workers map the same file, so they share the page cache and
-    their resident memory does not grow with the cache. A value that is not in the cache
-    is decoded with the pipeline instead and counted in ``fallback_decodes`` (per process).
-    """
+    """Image value -> cached uint8 (3, S, S) tensor, a drop-in for the pipeline's transform (which decodes a value
+    not in the cache, counted in ``fallback_decodes``). Files mapped once per process, dropped when pickled."""
 
     def __init__(self, directory: str | os.PathLike, manifest: dict, *, built: bool):
         self.directory = Path(directory)
@@ -138,8 +95,18 @@ class DecodedImageCache:
     def __call__(self, value: Any) -> torch.Tensor:
         slot = self.slot_of(value)
         if slot is None:
-            return self._decode_uncached(value)
-        return torch.from_numpy(np.array(self._pixel_array()[slot]))
+            if self.fallback_decodes == 0:
+                logger.warning(
+                    "An image is not in the decoded image cache %s; decoding it with the %s pipeline "
+                    "(counted in fallback_decodes).",
+                    self.directory,
+                    self.pipeline,
+                )
+            self.fallback_decodes += 1
+            return self._transform(value)
+        if self._pixels is None:
+            self._pixels = np.load(self.directory / PIXELS_FILE, mmap_mode="r")
+        return torch.from_numpy(np.array(self._pixels[slot]))
 
     def slot_of(self, value: Any) -> int | None:
         """The cache slot holding ``value``'s pixels, or None when it is not cached."""
@@ -148,35 +115,11 @@ class DecodedImageCache:
             self._slots = {row.tobytes(): slot for slot, row in enumerate(digests)}
         return self._slots.get(image_digest(value))
 
-    def _pixel_array(self) -> np.ndarray:
-        if self._pixels is None:
-            self._pixels = np.load(self.directory / PIXELS_FILE, mmap_mode="r")
-        return self._pixels
-
-    def _decode_uncached(self, value: Any) -> torch.Tensor:
-        if self.fallback_decodes == 0:
-            logger.warning(
-                "An image is not in the decoded image cache %s; decoding it with the %s pipeline "
-                "(counted in fallback_decodes).",
-                self.directory,
-                self.pipeline,
-            )
-        self.fallback_decodes += 1
-        return self._transform(value)
-
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_pixels"] = None
-        state["_slots"] = None
-        return state
+        return dict(self.__dict__, _pixels=None, _slots=None)
 
     def __repr__(self) -> str:
         return f"DecodedImageCache({str(self.directory)!r}, images={len(self)}, built={self.built})"
-
-
-# ----------------------------------------------------------------------------------------
-# Opening (and if need be building) a cache
-# ----------------------------------------------------------------------------------------
 
 
 def open_decoded_image_cache(
@@ -188,26 +131,8 @@ def open_decoded_image_cache(
     fingerprint: str,
     num_proc: int | None = None,
 ) -> DecodedImageCache:
-    """Open the decode-once cache of ``image_values``, building it first unless a valid one exists.
-
-    ``image_values``: image values as ``make_image_transform`` accepts them (e.g. a
-    ``datasets`` column with ``Image(decode=False)`` values, or paths). ``fingerprint``
-    identifies the data (e.g. the data set's fingerprint); a cache whose manifest matches
-    the settings and the fingerprint is reused without looking at the images.
-    ``num_proc``: worker processes for the build (None or 1: this process).
-    """
-    _check_arguments(pipeline, image_size, fingerprint, num_proc)
-    settings = cache_settings(pipeline, image_size, fingerprint)
-    directory = decoded_image_cache_dir(cache_dir, pipeline, image_size, fingerprint)
-    manifest = read_complete_manifest(directory, settings)
-    if manifest is not None:
-        logger.info("Reusing the decoded image cache %s (%d images).", directory, manifest["n_images"])
-        return DecodedImageCache(directory, manifest, built=False)
-    manifest = build_decoded_image_cache(image_values, directory, settings, num_proc=num_proc)
-    return DecodedImageCache(directory, manifest, built=True)
-
-
-def _check_arguments(pipeline: str, image_size: int, fingerprint: str, num_proc: int | None) -> None:
+    """The decode-once cache of ``image_values``, reused without looking at the images when its manifest matches
+    the settings and ``fingerprint`` (the data's identity), else built by ``num_proc`` processes (None: this one)."""
     check_pipeline(pipeline)
     if pipeline not in CACHEABLE_PIPELINES:
         raise UserInputError(
@@ -220,14 +145,19 @@ def _check_arguments(pipeline: str, image_size: int, fingerprint: str, num_proc:
         raise ValueError(f"the decoded image cache needs a non-empty fingerprint string; got {fingerprint!r}")
     if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
         raise ValueError(f"num_proc must be a positive integer or None; got {num_proc!r}")
+    settings = cache_settings(pipeline, image_size, fingerprint)
+    directory = decoded_image_cache_dir(cache_dir, pipeline, image_size, fingerprint)
+    manifest = read_complete_manifest(directory, settings)
+    if manifest is not None:
+        logger.info("Reusing the decoded image cache %s (%d images).", directory, manifest["n_images"])
+        return DecodedImageCache(directory, manifest, built=False)
+    manifest = build_decoded_image_cache(image_values, directory, settings, num_proc=num_proc)
+    return DecodedImageCache(directory, manifest, built=True)
 
 
 def read_complete_manifest(directory: Path, settings: dict) -> dict | None:
-    """The manifest of a finished cache built with exactly ``settings``; None otherwise.
-
-    None covers: no directory, an unfinished build (no manifest), other settings, and data
-    files whose shape does not match the manifest (e.g. truncated).
-    """
+    """The manifest of a finished cache built with exactly ``settings``; None otherwise (no directory, no
+    manifest: an unfinished build, other settings, data files of another shape than it says)."""
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text())
     except (OSError, ValueError):
@@ -253,14 +183,23 @@ def read_complete_manifest(directory: Path, settings: dict) -> dict | None:
 def build_decoded_image_cache(
     image_values: Iterable[Any], directory: Path, settings: dict, *, num_proc: int | None = None
 ) -> dict:
-    """Decode every distinct image of ``image_values`` once into ``directory``; return the manifest.
-
-    Data files are written under temporary names private to this process, renamed into
-    place, and the manifest is written last: a build killed at any point leaves no
-    manifest, so the next run rebuilds instead of reading half-written pixels.
-    """
+    """Decode every distinct image of ``image_values`` once into ``directory``; return the manifest, written
+    last (the data files under names private to this process, then renamed): a killed build leaves none."""
     started = time.perf_counter()
-    digests, representatives, n_values = _distinct_images(image_values)
+    slot_of: dict[bytes, int] = {}  # each distinct image's digest, in first-seen order -> its slot
+    representatives: list[tuple[int, Any]] = []  # (row, value) of each slot's first value
+    n_values = 0
+    total = len(image_values) if hasattr(image_values, "__len__") else None
+    for row, value in enumerate(tqdm(image_values, total=total, desc="Hashing images", unit="img")):
+        n_values += 1
+        try:
+            digest = image_digest(value)
+        except ValueError as error:
+            raise ValueError(f"image row {row}: {error}") from error
+        if digest not in slot_of:
+            slot_of[digest] = len(representatives)
+            representatives.append((row, value))
+    digests = list(slot_of)
     if not representatives:
         raise ValueError("there are no images to cache: the image column is empty")
     try:
@@ -293,12 +232,8 @@ def build_decoded_image_cache(
 
 
 def reserve_space(path: str, directory: Path) -> None:
-    """Allocate every block of the (sparse) file at `path` now, or raise OSError naming the cache and the free space.
-
-    The pixels are written through a memory mapping: a page that the filesystem cannot allocate there kills
-    the process with SIGBUS, with no message. Reserved beforehand, a full disk is an OSError here instead,
-    and the run goes on without the cache (`data.decoded_image_cache` warns).
-    """
+    """Allocate every block of the (sparse) file at `path` now, or raise OSError naming the cache and the free
+    space: a page the filesystem cannot back, written through the mapping, would kill the process with SIGBUS."""
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
@@ -312,24 +247,6 @@ def reserve_space(path: str, directory: Path) -> None:
         ) from error
     finally:
         os.close(fd)
-
-
-def _distinct_images(image_values: Iterable[Any]) -> tuple[list[bytes], list[Any], int]:
-    """Digests of the distinct images in first-seen order, one value for each, and the value count."""
-    slot_of: dict[bytes, int] = {}
-    representatives: list[Any] = []
-    n_values = 0
-    total = len(image_values) if hasattr(image_values, "__len__") else None
-    for row, value in enumerate(tqdm(image_values, total=total, desc="Hashing images", unit="img")):
-        n_values += 1
-        try:
-            digest = image_digest(value)
-        except ValueError as error:
-            raise ValueError(f"image row {row}: {error}") from error
-        if digest not in slot_of:
-            slot_of[digest] = len(representatives)
-            representatives.append((row, value))
-    return list(slot_of), representatives, n_values
 
 
 def _decode_into(

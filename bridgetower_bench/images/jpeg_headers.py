@@ -1,11 +1,5 @@
-"""JPEG headers read without decoding: one walk over the marker segments that precede the first scan.
-
-What the image paths need to know before they decode: the frame header (coding process, sample precision,
-components: which decoder takes the file), the Adobe APP14 colour transform, and whether an EXIF block is
-there (so that the orientation is read only from the files that have one). The walk costs microseconds.
-Pillow and simplejpeg read these headers too, but neither says which frame header (coding process) a file
-has: docs/ARCHITECTURE.md, "Written here, though a package exists".
-"""
+"""JPEG headers read without decoding: one walk over the marker segments before the first scan (docs/ARCHITECTURE.md,
+``images/``; why not Pillow or simplejpeg: "Written here, though a package exists")."""
 
 from __future__ import annotations
 
@@ -13,18 +7,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 
-# Frame headers (SOFn): 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive (Huffman-coded); the rest
-# are lossless, hierarchical or arithmetic-coded. 0xC4, 0xC8 and 0xCC lie in that range but are DHT, JPG
-# and DAC segments.
+# Frame headers (SOFn): 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive (Huffman-coded); the rest are
+# lossless, hierarchical or arithmetic-coded. 0xC4, 0xC8 and 0xCC, in that range, are DHT, JPG and DAC segments.
 SOF_BASELINE = 0xC0
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD9)])  # TEM, RST0-7, SOI: no length field
 _SOS, _EOI, _APP1, _APP14 = 0xDA, 0xD9, 0xE1, 0xEE
 _EXIF_PREFIX = b"Exif\x00\x00"
-# What a JPEG file starts with: the start-of-image marker (SOI), then the 0xFF of the next marker. The decoders
-# choose by JPEG_MAGIC; the header walk needs only the SOI.
-JPEG_SOI = b"\xff\xd8"
-JPEG_MAGIC = JPEG_SOI + b"\xff"
+JPEG_SOI = b"\xff\xd8"  # start of image: all the header walk needs
+JPEG_MAGIC = JPEG_SOI + b"\xff"  # and the 0xFF of the next marker: what the decoders choose JPEGs by
 
 
 @dataclass(frozen=True)
