@@ -1,43 +1,6 @@
-"""What both scripts add to their trainer (GaudiTrainer on Gaudi, Trainer on NVIDIA/CPU).
-
-`TrainerExtensions` is mixed in front of the backend's trainer class:
-
-    class BridgeTowerTrainer(TrainerExtensions, GaudiTrainer): ...   # run_bridgetower.py
-    class BridgeTowerTrainer(TrainerExtensions, Trainer): ...        # run_bridgetower_cuda.py (the patch)
-
-It
-- normalises uint8 pixel batches on the training device, after the host-to-device copy
-  (timm's PrefetchLoader idea: workers ship 4x fewer bytes and do no float math);
-- times every fetch of a batch, for `data_wait_fraction`;
-- on one device, draws each epoch up to whole batches as GaudiTrainer does, so both scripts train on
-  the same batches;
-- reports steady-state throughput after `throughput_warmup_steps` (see throughput.py), the device's
-  energy over the same window where a counter exists (energy.py), and records
-  which loader and image pipeline actually ran, next to the train metrics;
-- on a GPU, checks at step 1 that the per-device batch fits, and turns running out of memory in the first
-  step into one line saying which batch and accumulation would fit (gpu_memory.py);
-- stops cleanly (resilience.py): on SIGTERM/SIGINT, or on an image that fails to load mid-run, it
-  saves a checkpoint and ends with one clear message; rerunning the same command resumes;
-- publishes the final model, its processors, metrics and trainer state as one set (run_directory.py):
-  after any kill output_dir holds the previous set or the new one, never a mix; SIGTERM/SIGINT after
-  the last step waits until the set is published, then ends the run (inside `catching_signals`, which
-  gives the caller's handlers back when it ends);
-- records the checkpoints it writes, and rotation deletes only those; each checkpoint holds the run's recipe
-  and counts only once its manifest (every file, size and sha256) is written, last (checkpoint_manifest.py);
-  the final model is published with the recipe (run_recipe.py); a full disk while saving one ends the run in
-  one line, the partial checkpoint removed (disk_space.py);
-- stops a run whose loss or gradient norm is not finite (divergence.py), before anything is saved or
-  published; writes records with null where a number is not finite;
-- keeps the sum of the training losses in every checkpoint, so that a resumed run's `train_loss` is the
-  mean over all its steps;
-- resumes an epoch stopped midway in the order that epoch was drawn (`_resumed_epoch_keeps_its_order`).
-- blanks credentials (--hub_token) in the training_args.bin saved with the weights.
-
-It reaches the Trainer through its public extension points (callbacks and their control flags, `train`,
-`training_step`, `prediction_step`, `log`, `save_model`, `push_to_hub`) and two private methods, the same on
-transformers 4.55 (and GaudiTrainer) and 5.x: `_get_train_sampler` and `_save_checkpoint` (docs/ARCHITECTURE.md,
-"Private APIs of other libraries").
-"""
+"""`TrainerExtensions`, mixed in front of both scripts' trainers, and `SummedAccumulation`: what they add and the
+Trainer names they reach (public ones, but two), docs/ARCHITECTURE.md ("Runtime wing", "Private APIs of other
+libraries")."""
 
 from __future__ import annotations
 
@@ -76,19 +39,10 @@ logger = logging.getLogger(__name__)
 
 class TrainerExtensions:
     def __init__(
-        self,
-        *args,
-        image_mean=None,
-        image_std=None,
-        loader: str = "torch",
-        image_pipeline: str = "upstream",
-        recipe: Optional[dict] = None,
-        **kwargs,
+        self, *args, image_mean=None, image_std=None, loader="torch", image_pipeline="upstream", recipe=None, **kwargs
     ):
         super().__init__(*args, **kwargs)
-        self.recipe = (
-            recipe  # what makes this run's model (run_recipe.describe): saved with the model and every checkpoint
-        )
+        self.recipe = recipe  # what makes this run's model (run_recipe.describe): saved with it and every checkpoint
         self.image_mean = tuple(image_mean) if image_mean is not None else None
         self.image_std = tuple(image_std) if image_std is not None else None
         self.run_facts = {
@@ -104,36 +58,21 @@ class TrainerExtensions:
             energy=EnergyMeter.for_device(self.args.device, self.args.world_size),
             gather=lambda tensor: self.accelerator.gather(tensor),
         )
-        self.add_callback(self.throughput)
         self.stop_on_signal = StopOnSignal()
-        self.add_callback(self.stop_on_signal)
         self.divergence = divergence.DivergenceWatch()
-        self.add_callback(TrainingLossSum())
-        self.add_callback(_AfterEachStep(self))  # last: it sees what the other callbacks decided
+        for callback in (self.throughput, self.stop_on_signal, TrainingLossSum(), _AfterEachStep(self)):
+            self.add_callback(callback)  # _AfterEachStep last: it sees what the other callbacks decided
         self._save_total_limit = self.args.save_total_limit  # the run's; the Trainer's own rotation is off (`train`)
-        self._losses = None  # the loss summed since the last logging step, as the Trainer sums it (a device tensor)
-        self._logged_losses = 0.0  # the losses of the logged steps, resumed ones included (the Trainer's sum)
         self._resumed_loss_sum = None  # the losses of the steps resumed from, when the checkpoint holds them
-        self._last_logged_step = 0
-        self._grad_norm = None  # the last optimizer step's gradient norm, before clipping (a device tensor)
         self._checkpoint_being_saved = None  # inside `_save_checkpoint`: its directory
         self._holding_pushes = False  # a push waits until the set being saved is published (`save_model`)
         self._staging = None  # inside `publishing()`: where the files being published are saved
         self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
         self._publishing_model = False
-        self._first_step = None  # global step at this train() call's first training step
         self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
 
-    # the same batches on both backends ----------------------------------------------------------------
     def _get_train_sampler(self, *args, **kwargs):
-        """On one device, an epoch is drawn up to a whole number of batches, as GaudiTrainer draws it.
-
-        GaudiTrainer (lazy mode wants one batch shape) samples ``ceil(n / batch) * batch`` rows per epoch
-        without replacement: a permutation of all rows, then the first rows of a second one. Trainer
-        ends the epoch with a short batch instead, so without this the two scripts would train on
-        different batches from the end of the first epoch on. GaudiTrainer's own sampler passes
-        through unchanged.
-        """
+        """On one device, an epoch drawn up to whole batches as GaudiTrainer draws it: both scripts train on the same."""
         sampler = super()._get_train_sampler(*args, **kwargs)
         batch = self.args.per_device_train_batch_size
         if (
@@ -147,20 +86,14 @@ class TrainerExtensions:
             return RandomSampler(sampler.data_source, num_samples=rounded_up, generator=sampler.generator)
         return sampler
 
-    # every optimizer step: divergence, and the loss not yet logged ----------------------------------------
     def _training_begins(self, state) -> None:
-        """The resumed checkpoint's state is loaded: the losses so far start the sum, as the Trainer's count."""
+        """The resumed checkpoint's state is loaded: the losses so far (the logged sum) start ours, as the Trainer's."""
         self._last_logged_step = state.global_step
         self._resumed_loss_sum = TrainingLossSum.saved_in(state)
         self._logged_losses = self._resumed_loss_sum or 0.0
 
     def _after_step(self, control) -> None:
-        """After every optimizer step (and at each epoch's end), once the callbacks decided what follows.
-
-        The step's loss and gradient norm are recorded on the device (no host wait). Before the Trainer reads
-        them anyway, to log, or saves a checkpoint or evaluates, a non-finite step ends the run: no log line,
-        checkpoint or evaluation ever holds a diverged model's numbers.
-        """
+        """Once the callbacks decided what follows a step: a non-finite one ends the run before anything logs it."""
         self.divergence.observe(self.state.global_step, self._losses, self._grad_norm)
         if control.should_log or control.should_save or control.should_evaluate:
             self._stop_if_diverged()
@@ -172,10 +105,7 @@ class TrainerExtensions:
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
-            self.state.max_steps,
-            self.args.output_dir,
-            lambda: _last_complete_checkpoint_if_any(self.args.output_dir, self.recipe),
-            world_size=self.args.world_size,
+            self.state.max_steps, self.args.output_dir, self._last_complete, world_size=self.args.world_size
         )
         if diverged is not None:
             for callback in self.callback_handler.callbacks:  # the progress bar ends before the line, not after it
@@ -188,10 +118,8 @@ class TrainerExtensions:
         """The sum of the losses of every step trained so far, resumed steps included (a host read)."""
         return self._logged_losses + float(self._losses.item())
 
-    # uint8 -> normalised float, on the device ---------------------------------------------------------
     def _batch_on_device(self, inputs, training: bool):
-        """The batch as the model takes it (for a training step or not): uint8 pixels copied to the device, then
-        normalised there."""
+        """uint8 pixels copied to the device, then normalised there (the loader ships 4x fewer bytes, no float math)."""
         pixel_values = inputs.get("pixel_values") if isinstance(inputs, dict) else None
         if pixel_values is not None and pixel_values.dtype == torch.uint8:
             if self.image_mean is None or self.image_std is None:
@@ -203,13 +131,13 @@ class TrainerExtensions:
     def prediction_step(self, model, inputs, *args, **kwargs):
         return super().prediction_step(model, self._batch_on_device(inputs, training=False), *args, **kwargs)
 
-    # data-wait timing: Trainer fetches through get_batch_samples, GaudiTrainer through
-    # get_batch_samples_transformers; only the one the base class uses is ever called.
+    # data-wait timing: Trainer fetches through get_batch_samples, GaudiTrainer through get_batch_samples_transformers
     def _timed_fetch(self, fetch, *args, **kwargs):
         start = time.perf_counter()
         batches, num_items = fetch(*args, **kwargs)
         seconds = time.perf_counter() - start
-        self.throughput.record_fetch(seconds, sum(_batch_size(b) for b in batches))
+        ids = [batch.get("input_ids") if isinstance(batch, dict) else None for batch in batches]
+        self.throughput.record_fetch(seconds, sum(int(i.shape[0]) for i in ids if i is not None))
         return batches, num_items
 
     def get_batch_samples(self, *args, **kwargs):
@@ -218,16 +146,14 @@ class TrainerExtensions:
     def get_batch_samples_transformers(self, *args, **kwargs):
         return self._timed_fetch(super().get_batch_samples_transformers, *args, **kwargs)
 
-    # the batch fits the GPU, or one line ---------------------------------------------------------------
     def training_step(self, model, inputs, *args, **kwargs):
-        if self._first_step is None:  # step 1 of this train() call, before its first forward pass
+        if self._first_step is None:  # step 1 of this train() call, before its first forward pass: the batch fits
             self._first_step = self.state.global_step
             ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
             if gpu_memory.on_gpu(self.args) and ids is not None:
                 self._memory_need = gpu_memory.check_batch_fits(self.model, int(ids.shape[-1]), self.args)
         loss = super().training_step(model, self._batch_on_device(inputs, training=True), *args, **kwargs)
-        # The loss summed as the Trainer sums it (its --logging_nan_inf_filter included): the divergence watch's
-        # and the checkpoints' loss sum
+        # the loss summed as the Trainer sums it (--logging_nan_inf_filter included), for divergence and checkpoints
         if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
             self._losses = self._losses + self._losses / (1 + self.state.global_step - self._last_logged_step)
         else:
@@ -238,21 +164,9 @@ class TrainerExtensions:
             self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
         return loss
 
-    def _out_of_memory_at_first_step(self, error: BaseException):
-        """The one-line error for running out of GPU memory before this call's first optimizer step ended, else None."""
-        if not gpu_memory.on_gpu(self.args) or self._first_step not in (None, self.state.global_step):
-            return None
-        return gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need)
-
-    # results -------------------------------------------------------------------------------------------
     @contextmanager
     def catching_signals(self):
-        """SIGTERM/SIGINT caught from train() to the end of the final publication, the caller's handlers back after.
-
-        During training a signal stops it at the next step with a checkpoint (`train`); after the last step it
-        waits until the set being published is complete (`publishing`), so that no signal can lose a finished
-        training. The handlers are put back when the block ends, whether or not a publication ended it.
-        """
+        """SIGTERM/SIGINT caught from train() to the end of the final publication, the caller's handlers back after."""
         if self._catching_signals:  # nested: the enclosing block catches them
             yield
             return
@@ -265,44 +179,37 @@ class TrainerExtensions:
             self.stop_on_signal.restore()
 
     def train(self, *args, **kwargs):
-        # Inside `catching_signals` the handlers stay installed after a finished training: a signal then waits
-        # until the final model is published. Called on its own, train() gives the caller's handlers back when
-        # it returns, and with them a signal that arrived after the last step.
         self.stop_on_signal.install()
-        self._first_step = None
+        self._first_step = None  # global step at this call's first training step
         self.divergence.reset()
+        # on the device (`training_step`): the loss summed since the last logging step, as the Trainer sums it, and
+        # the last step's gradient norm before clipping (the logged sum: `_training_begins`)
         self._losses, self._grad_norm = torch.zeros((), device=self.args.device), None
-        # Rotation (--save_total_limit) is this trainer's, over the checkpoints runs wrote, once each manifest is
-        # written (`_save_checkpoint`): the Trainer's own, which would delete any checkpoint-N, sees no limit.
-        self.args.save_total_limit = None
+        self.args.save_total_limit = None  # the Trainer's rotation off: ours follows each manifest
         try:
             with _resumed_epoch_keeps_its_order(type(self)):
                 result = super().train(*args, **kwargs)
             self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
-        except ImageLoadError as error:
+        except BaseException as error:
             self.stop_on_signal.restore()
-            raise self._checkpoint_after_image_error(error) from None
-        except torch.OutOfMemoryError as error:
-            self.stop_on_signal.restore()
-            one_line = self._out_of_memory_at_first_step(error)
-            if one_line is None:
-                raise
-            raise one_line from None
-        except BaseException:
-            self.stop_on_signal.restore()
+            if isinstance(error, ImageLoadError):
+                raise self._checkpoint_after_image_error(error) from None
+            if isinstance(error, torch.OutOfMemoryError) and gpu_memory.on_gpu(self.args):
+                if self._first_step in (None, self.state.global_step):  # before this call's first step ended
+                    raise gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need) from None
             raise
         finally:
             self.args.save_total_limit = self._save_total_limit
         best = self.state.best_model_checkpoint
         if self.args.should_save and best is not None and self._save_total_limit == 1:  # as the Trainer ends
             _delete_checkpoints(self._written_checkpoints(), keep=[best])
-        interrupted = self.stop_on_signal.interruption(self.state, self.args.output_dir)
-        if interrupted is not None:
-            self.stop_on_signal.restore()
-            self._end_the_run(interrupted)
+        self._end_the_run(self.stop_on_signal.interruption(self.state, self.args.output_dir))
         self.stop_on_signal.training_done = True
-        if not self._catching_signals:
-            self._hand_signals_back()
+        if not self._catching_signals:  # the caller's handlers back, with a signal caught since the last step
+            received = self.stop_on_signal.received
+            self.stop_on_signal.restore()
+            if received is not None:
+                signal.raise_signal(received)
         result.metrics.update(self.throughput.metrics())  # one samples/s: ours, the same on every backend
         result.metrics["per_device_train_batch_size"] = self.args.per_device_train_batch_size
         result.metrics.update(self.run_facts)
@@ -310,20 +217,14 @@ class TrainerExtensions:
         return result
 
     def log_metrics(self, split, metrics):
-        """The trainer's printed metrics, with the record's facts that do not apply here (None) shown as n/a, and
-        each node's figures (a job on several nodes) on a line of their own."""
+        """As the Trainer prints them, None as n/a and each node's figures (several nodes) on a line of their own."""
         shown = {key: "n/a" if value is None else value for key, value in metrics.items() if key != "per_node"}
         shown.update(node_line(node) for node in metrics.get("per_node", ()))
         return super().log_metrics(split, shown)
 
-    # stopping cleanly -----------------------------------------------------------------------------------
     def _checkpoint_after_image_error(self, error: ImageLoadError) -> ImageLoadError:
-        """Save a checkpoint of the last completed step; return the one-line error the run stops with.
-
-        The failing batch is fetched before its step starts, so model and optimizer are exactly at
-        `global_step`. With several processes nothing is saved here: the other ranks wait in a collective
-        this rank will never join, so the run stops and resumes from its last regular checkpoint.
-        """
+        """The one-line error the run stops with, after a checkpoint of the last completed step (the failing batch
+        is fetched before its step starts); none with several processes, whose other ranks wait in a collective."""
         step = self.state.global_step
         if self.args.world_size == 1:
             self._stop_if_diverged()  # (no checkpoint of a diverged model; with several ranks none is saved here)
@@ -349,16 +250,10 @@ class TrainerExtensions:
         with _one_line_image_errors():
             return super().predict(*args, **kwargs)
 
-    # publication: the final files appear as one set --------------------------------------------------
     @contextmanager
     def publishing(self):
-        """Everything saved inside this block appears in output_dir together, or not at all.
-
-        save_model, save_processors, save_metrics and save_state write into the block's staging directory;
-        called outside a block, each is a publication of its own. SIGTERM/SIGINT wait until the set is
-        published (so do signals since the last training step); the run then ends with exit status 128 +
-        signal number, everything it did saved.
-        """
+        """What save_model, save_processors, save_metrics and save_state save inside it appears in output_dir as one
+        set, or not at all (each alone outside one); a signal meanwhile ends the run once the set is published."""
         if self._staging is not None:  # nested: part of the enclosing publication
             yield self._staging
             return
@@ -370,50 +265,31 @@ class TrainerExtensions:
         finally:
             self._staging, self._publishing_model = None, False
             self.stop_on_signal.restore()
-        stopped = self.stop_on_signal.stopped_after_saving(self.args.output_dir)
-        if stopped is not None:
-            self._end_the_run(stopped)
-
-    def _hand_signals_back(self) -> None:
-        """Put the caller's handlers back; a signal caught since the last step goes to them now."""
-        received = self.stop_on_signal.received
-        self.stop_on_signal.restore()
-        if received is not None:
-            signal.raise_signal(received)
+        self._end_the_run(self.stop_on_signal.stopped_after_saving(self.args.output_dir))
 
     def _end_the_run(self, interrupted) -> None:
-        """Exit with 128 + signal once every rank is here, i.e. once the process that saves has saved.
-
-        Launchers (torchrun, mpirun) tear the job down as soon as one rank exits, killing the others after a
-        grace period: a rank with nothing to save must not leave while the saving one still writes its
-        checkpoint or publishes the final set. (After training, transformers' Trainer happens to gather the
-        ranks' FLOP counts, which waits too; this does not rely on it.)
-        """
+        """Stopped by a signal: exit with 128 + signal once every rank is here (launchers end a job at one exit)."""
+        if interrupted is None:
+            return
+        self.stop_on_signal.restore()
         if self.args.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.barrier()
         report_and_exit(interrupted, self.is_world_process_zero())
 
     def save_model(self, output_dir=None, *args, **kwargs):
-        """The final model and its config, published with the rest of the set (see `publishing`), with its recipe.
-
-        A checkpoint's weights (`_save_checkpoint`) are written in place: one counts only once its manifest,
-        written last, matches every file.
-        """
+        """The final model, published with the set and its recipe; a checkpoint's weights are written in place."""
         if self._checkpoint_being_saved is not None:
             return super().save_model(output_dir, *args, **kwargs)
+        elsewhere = output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir)
+        publication = run_directory.publication(output_dir, publish=self.args.should_save) if elsewhere else None
         held, self._holding_pushes = self._holding_pushes, True  # no push from a staging directory
         try:
-            if output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir):
-                with run_directory.publication(output_dir, publish=self.args.should_save) as staging:
-                    super().save_model(staging)
-                    self._save_training_args(staging)
-            else:
-                with self.publishing() as staging:
-                    self._publishing_model = True
-                    super().save_model(staging)
-                    self._save_training_args(staging)
-                    if self.recipe is not None and self.args.should_save:
-                        run_recipe.write(staging, self.recipe)
+            with publication or self.publishing() as staging:  # (another directory: a publication of its own)
+                self._publishing_model = self._publishing_model or not elsewhere
+                super().save_model(staging)
+                self._save_training_args(staging)
+                if not elsewhere and self.recipe is not None and self.args.should_save:
+                    run_recipe.write(staging, self.recipe)
         finally:
             self._holding_pushes = held
         if self.args.push_to_hub and not held:  # (held: a push saving the model before it uploads)
@@ -429,9 +305,7 @@ class TrainerExtensions:
             self._holding_pushes = False
 
     def _save_training_args(self, directory: str) -> None:
-        """The training_args.bin the Trainer saved next to the weights, as the run's arguments are: no credential
-        (--hub_token and the like are blanked in the saved copy; the run keeps the real value for pushing), and
-        the run's --save_total_limit (the Trainer's own rotation is off while training)."""
+        """The training_args.bin beside the weights as the run's: its --save_total_limit, no credential."""
         saved = without_secrets(self.args)
         if saved.save_total_limit != self._save_total_limit:
             saved = copy.copy(saved)
@@ -442,26 +316,20 @@ class TrainerExtensions:
                 torch.save(saved, temporary)
 
     def save_processors(self, *processors) -> None:
-        """save_pretrained() each of `processors` (tokenizer, image processor) into output_dir, with the set."""
+        """Each of `processors` (tokenizer, image processor) saved with the set."""
         with self.publishing() as staging:
             if self.args.should_save:
                 for processor in processors:
                     processor.save_pretrained(staging)
 
     def save_metrics(self, split, metrics, combined=True):
-        """As Trainer.save_metrics ({split}_results.json, merged into all_results.json), published with the set.
-
-        A new model's all_results.json starts afresh: the previous model's eval/test results do not describe it.
-        Every record names the environment and versions it ran with (an evaluation alone too).
-        """
+        """As Trainer.save_metrics, published with the set; a new model's all_results.json starts afresh."""
         with self.publishing() as staging:
             if not self.is_world_process_zero():
                 return
             if "device_type" not in metrics:  # (the train metrics hold it already: `train`)
                 metrics = {**describe_run(self.args), **metrics}
-            metrics = divergence.finite_or_none(metrics)  # (null, never a bare NaN: not JSON)
-            with open(os.path.join(staging, f"{split}_results.json"), "w") as f:
-                json.dump(metrics, f, indent=4, sort_keys=True, allow_nan=False)
+            _write_json(os.path.join(staging, f"{split}_results.json"), metrics)
             if combined:  # merged into this set's all_results.json, else the published one (unless replaced)
                 path = os.path.join(staging, "all_results.json")
                 if not os.path.exists(path) and not self._publishing_model:
@@ -470,14 +338,7 @@ class TrainerExtensions:
                 if os.path.exists(path):
                     with open(path) as f:
                         combined_metrics = json.load(f)
-                with open(os.path.join(staging, "all_results.json"), "w") as f:
-                    json.dump(
-                        divergence.finite_or_none({**combined_metrics, **metrics}),
-                        f,
-                        indent=4,
-                        sort_keys=True,
-                        allow_nan=False,
-                    )
+                _write_json(os.path.join(staging, "all_results.json"), {**combined_metrics, **metrics})
 
     def save_state(self):
         with self.publishing() as staging:
@@ -486,14 +347,8 @@ class TrainerExtensions:
                 self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
 
     def log(self, logs, *args, **kwargs):
-        """As Trainer.log, with null for a non-finite number (an evaluation of a broken model): the log history
-        goes into trainer_state.json, which must stay JSON.
-
-        The end of a resumed training (`train_loss` in the train metrics, the dict `train()` returns) averages
-        every step of the run: the Trainer's sum starts at the resume, the checkpoint's sum adds the steps before.
-        That summary loses the Trainer's own samples and steps per second (warm-up included): the run reports
-        one throughput, the kit's (`train`), on every backend.
-        """
+        """As Trainer.log, non-finite numbers as null (trainer_state.json stays JSON); a resumed run's `train_loss`
+        over every step; the Trainer's own samples and steps per second (warm-up included) left to the kit's."""
         if "train_loss" in logs and self._resumed_loss_sum is not None:
             logs["train_loss"] = self._training_loss_sum() / max(self.state.global_step, 0.001)
         if "train_runtime" in logs:
@@ -502,11 +357,9 @@ class TrainerExtensions:
         return super().log(divergence.finite_or_none(logs), *args, **kwargs)
 
     def _finite_state(self) -> None:
-        """The trainer state's numbers that reach trainer_state.json, finite or null."""
         self.state.log_history = divergence.finite_or_none(self.state.log_history)
         self.state.best_metric = divergence.finite_or_none(self.state.best_metric)
 
-    # ownership: what this run writes into output_dir is recorded first ---------------------------------
     def _save_checkpoint(self, model, trial):
         """As the backend's, then the recipe and, last, the manifest: the checkpoint counts from then on; then
         rotation (--save_total_limit) over the checkpoints runs wrote."""
@@ -516,16 +369,12 @@ class TrainerExtensions:
             run_directory.record_written(run_dir, [os.path.basename(checkpoint)])
             checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
         # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
-        loss_sum = next(
-            callback for callback in self.callback_handler.callbacks if isinstance(callback, TrainingLossSum)
-        )
+        loss_sum = next(c for c in self.callback_handler.callbacks if isinstance(c, TrainingLossSum))
         loss_sum.loss_sum = self._training_loss_sum()
         # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
         self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())
         self._finite_state()
-        with disk_space.removed_when_disk_full(
-            checkpoint, "a checkpoint", after=lambda: _resume_from(run_dir, self.recipe)
-        ):
+        with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=self._resume_from):
             self._checkpoint_being_saved = checkpoint
             try:
                 super()._save_checkpoint(model, trial)
@@ -552,7 +401,6 @@ class TrainerExtensions:
         self._rotate_checkpoints_written()
 
     def _written_checkpoints(self) -> list[str]:
-        """The checkpoints in output_dir that runs of these scripts wrote, by step."""
         written = set(run_directory.read_record(self.args.output_dir)["written"])
         return [path for path in run_directory.checkpoints(self.args.output_dir) if os.path.basename(path) in written]
 
@@ -569,6 +417,24 @@ class TrainerExtensions:
             limit = max(limit, 2)
         _delete_checkpoints(checkpoints[: len(checkpoints) - limit])
 
+    def _last_complete(self) -> Optional[str]:
+        """The newest complete checkpoint in output_dir (of this run's recipe, when it has one), or None."""
+
+        def another_recipe(checkpoint: str) -> Optional[str]:
+            return None if run_recipe.read(checkpoint) == self.recipe else "saved by another recipe"
+
+        refuse = None if self.recipe is None else another_recipe
+        return run_directory.newest_complete_checkpoint(self.args.output_dir, refuse)[0]
+
+    def _resume_from(self) -> str:
+        """What a run stopped by a full disk can resume from, for its one-line message."""
+        last = self._last_complete()
+        if last is None:
+            return "; no complete checkpoint is left to resume from"
+        return (
+            f"; the last complete checkpoint, {last}, is intact: free some space and rerun the same command to resume"
+        )
+
     def create_model_card(self, *args, **kwargs):
         if self.is_world_process_zero():
             run_directory.record_written(self.args.output_dir, ["README.md"])
@@ -576,14 +442,8 @@ class TrainerExtensions:
 
 
 class TrainingLossSum(TrainerCallback, ExportableState):
-    """The sum of every step's training loss, kept in each checkpoint's trainer_state.json.
-
-    The Trainer's `train_loss` is its running loss sum over the steps, but a resumed run's sum starts at 0 at
-    the resume: the mean would count only the steps after it. The trainer writes the sum into this callback
-    before each checkpoint (`loss_sum`, saved as its state); a resumed training starts its sum from it
-    (`saved_in`), so `train_loss` is the mean over all steps of the run. A checkpoint without it (an earlier
-    version's) resumes as before, with a warning.
-    """
+    """The sum of every step's training loss, kept in each checkpoint's trainer_state.json: the Trainer's own sum
+    starts at 0 when a run resumes."""
 
     def __init__(self, loss_sum: float = 0.0):
         self.loss_sum = float(loss_sum)
@@ -608,8 +468,7 @@ class TrainingLossSum(TrainerCallback, ExportableState):
 
 
 class _AfterEachStep(TrainerCallback):
-    """The trainer's own callback, added last: at the end of each optimizer step and epoch, what the callbacks
-    decided (log, save, evaluate) is known and not yet done."""
+    """Added last: at each step's and epoch's end, what the callbacks decided is known and not yet done."""
 
     def __init__(self, trainer: TrainerExtensions):
         self.trainer = trainer
@@ -620,23 +479,13 @@ class _AfterEachStep(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer._after_step(control)
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self.trainer._after_step(control)
+    on_epoch_end = on_step_end
 
 
 @contextmanager
 def _resumed_epoch_keeps_its_order(trainer_class):
-    """While training: accelerate's skip_first_batches, as the Trainer calls it, keeping the epoch.
-
-    Resumed mid-epoch, transformers 4.55 (and GaudiTrainer) sets the epoch on its data loader (the sampler
-    draws epoch e's order from the seed + e), then skips the batches already trained with
-    `skip_first_batches`, which builds a new loader whose epoch counter starts at 0; at its first batch that
-    loader sets the sampler's epoch to 0 again. A run resumed in its second or later epoch then trained on the
-    first epoch's order. Here the new loader takes the epoch of the one it skips in: the same order as an
-    uninterrupted run. Nothing else changes: an uninterrupted run never skips batches. (Swapped only in the
-    modules of this trainer's own classes, only while this trainer trains. transformers 5.x sets the epoch on
-    the skipping loader itself, after `get_resumed_dataloader`: there the swap changes nothing.)
-    """
+    """While training, in the modules of the trainer's classes: accelerate's skip_first_batches handing the new
+    loader the epoch of the one it skips in (why: docs/ARCHITECTURE.md, "Private APIs of other libraries")."""
     original = accelerate.skip_first_batches
 
     def skip_first_batches(dataloader, num_batches=0):
@@ -663,24 +512,6 @@ def _delete_checkpoints(checkpoints: list[str], keep=()) -> None:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def _last_complete_checkpoint_if_any(output_dir: str, recipe=None):
-    """The newest complete checkpoint in output_dir (of `recipe`, when given), or None (also when output_dir does
-    not exist yet)."""
-
-    def another_recipe(checkpoint: str) -> Optional[str]:
-        return None if run_recipe.read(checkpoint) == recipe else "saved by another recipe"
-
-    return run_directory.newest_complete_checkpoint(output_dir, None if recipe is None else another_recipe)[0]
-
-
-def _resume_from(output_dir: str, recipe=None) -> str:
-    """What a run stopped by a full disk can resume from, for its one-line message."""
-    last = _last_complete_checkpoint_if_any(output_dir, recipe)
-    if last is None:
-        return "; no complete checkpoint is left to resume from"
-    return f"; the last complete checkpoint, {last}, is intact: free some space and rerun the same command to resume"
-
-
 @contextmanager
 def _one_line_image_errors():
     """An ImageLoadError re-raised from a DataLoader worker carries the worker's traceback: keep its message only."""
@@ -690,17 +521,14 @@ def _one_line_image_errors():
         raise ImageLoadError(error.reason) from None
 
 
-def _batch_size(batch) -> int:
-    ids = batch.get("input_ids") if isinstance(batch, dict) else None
-    return int(ids.shape[0]) if ids is not None else 0
+def _write_json(path: str, record: dict) -> None:
+    """`record` as JSON, null for a non-finite number (never a bare NaN: not JSON)."""
+    with open(path, "w") as f:
+        json.dump(divergence.finite_or_none(record), f, indent=4, sort_keys=True, allow_nan=False)
 
 
 class SummedAccumulation:
-    """Gradient accumulation as GaudiTrainer does it, for the CUDA script's Trainer: the micro-batches' losses are
-    summed, not divided by the accumulation steps first. optimum-habana 1.21.2's `training_step` divides only
-    with lazy mode and `--pipelining_fwd_bwd` (a Gaudi-only flag the CUDA script refuses); transformers'
-    divides by `current_gradient_accumulation_steps`, which this step sees as 1. Same gradients, same clipping,
-    same logged loss (the sum of a step's micro-batch losses) on both backends."""
+    """The CUDA script's gradient accumulation as GaudiTrainer's (1.21.2): the micro-batches' losses summed."""
 
     def training_step(self, model, inputs, *args, **kwargs):
         steps, self.current_gradient_accumulation_steps = self.current_gradient_accumulation_steps, 1

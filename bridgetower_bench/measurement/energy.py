@@ -1,32 +1,6 @@
-"""Energy over the throughput window, read from the device's own counter: measured, never estimated.
-
-One small reader per source, each wrapping the one library call or file it reads:
-
-    nvml-energy          NVIDIA: the board's energy counter (NVML `nvmlDeviceGetTotalEnergyConsumption`,
-                         millijoules since the driver loaded; Volta or newer), read at the window's two ends.
-    hlml-power-sampled   Gaudi: the device's power (HLML `hlmlDeviceGetPowerUsage`, milliwatts), sampled by a
-                         background thread from the window's start to its end and integrated over time.
-    rapl                 CPU: the RAPL package counters (`/sys/class/powercap/intel-rapl:N/energy_uj`,
-                         microjoules, wrapping at `max_energy_range_uj`), read at both ends and at every step
-                         end in between, so that a wrap is never missed.
-
-`EnergyMeter` is driven by `ThroughputCallback` (throughput.py): `prepare()` when training begins (the
-library is loaded and the device found outside the window), `start()` when the window opens, `poll()` at
-every counted step end, `stop()` when it closes; both ends come right after the device was synchronised.
-Its `metrics()` are saved with the train metrics:
-
-    energy_source              nvml-energy / hlml-power-sampled / rapl, or "not measured"
-    energy_reason              why not, when not measured ("no NVML (nvidia-ml-py not installed)", ...)
-    energy_joules              joules the measured device(s) used over the window
-    energy_joules_per_sample   those joules / the samples those devices trained in the window
-    energy_watts_per_device    those joules / the window's seconds / the devices measured
-    energy_devices_measured    each process measures the device it trains on: 1 here; with several processes
-                               throughput.py sums every rank's (when every one measured)
-
-The libraries (`nvidia-ml-py`, `habana-pyhlml`) are optional: imported only on their backend, when a run
-trains there; without them the run trains as before and says why energy is not measured. Why these readers and
-not zeus's `ZeusMonitor`: docs/ARCHITECTURE.md, "Written here, though a package exists".
-"""
+"""The device's energy over the throughput window, read from its own counter (measured, never estimated), one
+reader per source; a library a reader needs is optional, imported when a run trains on its backend. Why not zeus:
+docs/ARCHITECTURE.md, "Written here, though a package exists"."""
 
 from __future__ import annotations
 
@@ -41,29 +15,21 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-NVML_SOURCE, HLML_SOURCE, RAPL_SOURCE = "nvml-energy", "hlml-power-sampled", "rapl"
 NOT_MEASURED = "not measured"
 POWERCAP_ROOT = "/sys/class/powercap"
-HLML_SAMPLE_SECONDS = 0.05  # HLML power samples: 20 per second
 
 
 class NotMeasured(Exception):
     """No counter for this run; the message says why (it goes into `energy_reason`)."""
 
 
-# ---------------------------------------------------------------------------------------------
-# NVIDIA: the board's energy counter through NVML
-# ---------------------------------------------------------------------------------------------
-
-
 class NvmlEnergyCounter:
-    """Joules of one GPU since the driver loaded: NVML's millijoule counter (a 64-bit count, no wrap)."""
+    """NVIDIA: NVML's millijoule counter of one GPU (since the driver loaded; no wrap), read at the window's ends."""
 
-    source = NVML_SOURCE
+    source = "nvml-energy"
 
     def __init__(self, nvml, handle):
         self.nvml, self.handle = nvml, handle
-        self.reading = 0.0
 
     @classmethod
     def open(cls, device) -> NvmlEnergyCounter:
@@ -91,9 +57,6 @@ class NvmlEnergyCounter:
     def start(self) -> None:
         self._start = self.read()
 
-    def poll(self) -> None:
-        pass  # the counter keeps its own total: the two ends are enough
-
     def stop(self) -> float:
         return self.read() - self._start
 
@@ -106,27 +69,16 @@ def _cuda_uuid(device) -> str:
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Gaudi: the device's power through HLML, sampled
-# ---------------------------------------------------------------------------------------------
-
-
 class HlmlPowerSampler:
-    """Joules of one HPU over the window: its power (mW) sampled every `interval` s, integrated (trapezoids)."""
+    """Gaudi: one HPU's power (mW) sampled by a thread every `interval` s over the window, integrated."""
 
-    source = HLML_SOURCE
+    source = "hlml-power-sampled"
 
-    def __init__(
-        self,
-        read_milliwatts: Callable[[], float],
-        interval: float = HLML_SAMPLE_SECONDS,
-        clock: Callable[[], float] = time.perf_counter,
-    ):
+    def __init__(self, read_milliwatts: Callable[[], float], interval=0.05, clock=time.perf_counter):
         self.read_milliwatts, self.interval, self.clock = read_milliwatts, interval, clock
         self.samples: list[tuple[float, float]] = []  # (seconds, watts)
         self._stop_event = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
         self.error: Optional[str] = None
 
     @classmethod
@@ -144,8 +96,7 @@ class HlmlPowerSampler:
             raise NotMeasured(f"HLML cannot open the HPUs: {error}") from None
         if not matching:
             raise NotMeasured(f"HLML lists no HPU with module ID {module}")
-        handle = matching[0]
-        sampler = cls(lambda: pyhlml.hlmlDeviceGetPowerUsage(handle))
+        sampler = cls(lambda: pyhlml.hlmlDeviceGetPowerUsage(matching[0]))
         sampler.sample()  # fails here, before the window, where the device has no power reading
         sampler.samples.clear()
         return sampler
@@ -155,8 +106,7 @@ class HlmlPowerSampler:
             watts = self.read_milliwatts() / 1000.0
         except Exception as error:
             raise NotMeasured(f"HLML power reading failed: {error}") from None
-        with self._lock:
-            self.samples.append((self.clock(), watts))
+        self.samples.append((self.clock(), watts))
 
     def _run(self) -> None:
         while not self._stop_event.wait(self.interval):
@@ -174,9 +124,6 @@ class HlmlPowerSampler:
         self._thread = threading.Thread(target=self._run, name="hlml-power-sampler", daemon=True)
         self._thread.start()
 
-    def poll(self) -> None:
-        pass  # the thread samples
-
     def stop(self) -> float:
         self._stop_event.set()
         self._thread.join()
@@ -187,7 +134,6 @@ class HlmlPowerSampler:
 
 
 def integrate_power(samples: list[tuple[float, float]]) -> float:
-    """Joules from (seconds, watts) samples: the trapezoid rule between consecutive samples."""
     return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(samples, samples[1:]))
 
 
@@ -209,19 +155,14 @@ def hpu_module_id(environ: Mapping[str, str]) -> int:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# CPU: RAPL package counters
-# ---------------------------------------------------------------------------------------------
-
-
 class RaplCounter:
-    """Joules of the CPU packages: the sum of every RAPL package domain's counter, wrap-arounds included."""
+    """CPU: every RAPL package domain's counter, read at every step end too, so that no wrap-around is missed."""
 
-    source = RAPL_SOURCE
+    source = "rapl"
 
     def __init__(self, domains: list[str]):
         self.domains = domains  # directories such as /sys/class/powercap/intel-rapl:0
-        self.ranges = [_read_int(os.path.join(d, "max_energy_range_uj")) for d in domains]
+        self.ranges = [int(_read_text(os.path.join(d, "max_energy_range_uj"))) for d in domains]
         self.names = [_read_text(os.path.join(d, "name")) for d in domains]
 
     @classmethod
@@ -246,7 +187,7 @@ class RaplCounter:
 
     def _read_raw(self) -> list[int]:
         try:
-            return [_read_int(os.path.join(d, "energy_uj")) for d in self.domains]
+            return [int(_read_text(os.path.join(d, "energy_uj"))) for d in self.domains]
         except PermissionError:
             raise NotMeasured("RAPL not readable: permission denied") from None
         except (OSError, ValueError) as error:
@@ -273,22 +214,13 @@ def _read_text(path: str) -> str:
         return f.read().strip()
 
 
-def _read_int(path: str) -> int:
-    return int(_read_text(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# The meter the throughput window drives
-# ---------------------------------------------------------------------------------------------
-
-
-def open_source(device, world_size: int, environ: Mapping[str, str] = os.environ):
+def open_source(device, world_size: int):
     """The energy reader for the device this process trains on; NotMeasured (with the reason) when there is none."""
     kind = getattr(device, "type", str(device))
     if kind == "cuda":
         return NvmlEnergyCounter.open(device)
     if kind == "hpu":
-        return HlmlPowerSampler.open(environ)
+        return HlmlPowerSampler.open()
     if kind == "cpu":
         if world_size > 1:
             raise NotMeasured(f"RAPL counts the whole CPU, shared here by {world_size} training processes")
@@ -297,13 +229,12 @@ def open_source(device, world_size: int, environ: Mapping[str, str] = os.environ
 
 
 class EnergyMeter:
-    """Energy of the throughput window; never stops training: a failing reader becomes a `not measured` reason."""
+    """Energy of the throughput window, driven by throughput.py (a reader's `poll` optional); never stops training:
+    a failing reader becomes a `not measured` reason."""
 
     def __init__(self, open_reader: Callable[[], object]):
         self.open_reader = open_reader
-        self.reader = None
-        self.reason: Optional[str] = None
-        self.joules: Optional[float] = None
+        self.reader, self.reason, self.joules = None, None, None
         self.running = False  # between start() and stop()
 
     @classmethod
@@ -336,7 +267,7 @@ class EnergyMeter:
             self.running = self.reader is not None
 
     def poll(self) -> None:
-        if self.running:
+        if self.running and hasattr(self.reader, "poll"):
             self._guard(self.reader.poll)
 
     def stop(self) -> None:
@@ -351,11 +282,8 @@ class EnergyMeter:
     def metrics(self, samples: int, seconds: float) -> dict:
         """Fields for train_results.json: the window's joules per sample and watts per device, or why not."""
         if self.joules is None:
-            return self.not_measured(
-                "the counted window did not end at the run's last step"
-                if self.running
-                else "the counted window never opened"
-            )
+            ended = "did not end at the run's last step" if self.running else "never opened"
+            return self.not_measured(f"the counted window {ended}")
         record = {
             "energy_source": self.reader.source,
             "energy_joules": self.joules,

@@ -1,4 +1,4 @@
-"""What ran where: backend, execution mode, devices, driver and software versions, saved with every run's train metrics."""
+"""What ran where, saved with every record (the fields: docs/ARCHITECTURE.md, "Saved metrics")."""
 
 from __future__ import annotations
 
@@ -14,11 +14,7 @@ from bridgetower_bench.guards import cuda_device
 from bridgetower_bench.guards.execution_mode import mode_that_ran
 
 
-BACKENDS = {"hpu": "gaudi", "cuda": "cuda", "cpu": "cpu"}
-
-
 def device_name(device: torch.device) -> str:
-    """A human name for the training device: the GPU or HPU model, or the CPU model."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "hpu":
@@ -28,28 +24,24 @@ def device_name(device: torch.device) -> str:
             return hthpu.get_device_name()
         except (ImportError, AttributeError):
             return "HPU"
-    return "CPU " + _cpu_model()
-
-
-def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        model = None
+    return "CPU " + (model if model is not None else platform.processor() or platform.machine())
+
+
+def _installed(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def software_versions() -> dict:
-    versions = {"python": platform.python_version()}
-    for dist in ("torch", "torchvision", "transformers", "datasets", "accelerate", "optimum-habana"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    return versions
+    dists = ("torch", "torchvision", "transformers", "datasets", "accelerate", "optimum-habana")
+    return {"python": platform.python_version(), **{d: v for d in dists if (v := _installed(d)) is not None}}
 
 
 def nvidia_driver_version() -> Optional[str]:
@@ -69,14 +61,6 @@ def gaudi_driver_version() -> Optional[str]:
     except Exception:  # optimum-habana absent, or an hl-smi answer it cannot parse
         return None
     return None if found is None else str(found)
-
-
-def gaudi_software_version() -> Optional[str]:
-    """The Intel Gaudi software (SynapseAI) version: the installed habana-torch-plugin's, as optimum-habana reads it."""
-    try:
-        return metadata.version("habana-torch-plugin")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def device_count(device: torch.device) -> Optional[int]:
@@ -109,19 +93,15 @@ def device_memory_bytes(device: torch.device) -> Optional[int]:
 
 
 def environment(device: torch.device, torch_compile: bool = False) -> dict:
-    """What every record names its environment with: backend (gaudi / cuda / cpu), the execution mode that
-    ran (lazy / eager / eager+compile on Gaudi, n/a elsewhere) and whether torch.compile was on, torch's
-    version, the CUDA version torch was built with, the Intel Gaudi software version, the driver (NVIDIA or
-    Gaudi, read without using the device; None on a CPU run), the device's name, how many of its kind are
-    visible and one's memory in bytes. Values that do not apply or cannot be read are None."""
+    """What every record names its environment with; None where a value does not apply or cannot be read."""
     driver = {"cuda": nvidia_driver_version, "hpu": gaudi_driver_version}.get(device.type, lambda: None)()
     return {
-        "backend": BACKENDS.get(device.type, device.type),
+        "backend": {"hpu": "gaudi"}.get(device.type, device.type),
         "execution_mode": mode_that_ran(device.type, torch_compile),
         "torch_compile": bool(torch_compile),
         "version_torch": torch.__version__,
         "version_cuda": torch.version.cuda,
-        "version_intel_gaudi": gaudi_software_version(),
+        "version_intel_gaudi": _installed("habana-torch-plugin"),  # the Intel Gaudi software's version
         "driver_version": driver,
         "device_name": device_name(device),
         "device_count": device_count(device),

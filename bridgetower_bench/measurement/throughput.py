@@ -1,39 +1,5 @@
-"""Steady-state throughput and the share of time spent waiting for data.
-
-`ThroughputCallback` counts only the optimizer steps after the first `throughput_warmup_steps`
-(compilation, cache warm-up and worker start-up are excluded, as GaudiTrainer does), and
-accumulates the time the training loop spends blocked on the next batch during those steps.
-
-    samples/s          = samples fetched for the counted steps / (end of last step - end of warm-up)
-    data_wait_fraction = time blocked on the loader during that window / that window
-
-Epoch starts are accounted for apart: the first optimizer step of every epoch after the first one this
-`train()` call trains ("epoch-start steps") waits for a fresh pass of the loader (without persistent
-workers, for new worker processes), where the other steps find batches prefetched. Inside the window:
-
-    data_wait_seconds_epoch_start  = time blocked on the loader in the epoch-start steps
-    data_wait_fraction_epoch_start = that / the window
-    data_wait_seconds_steady, data_wait_fraction_steady: the same for every other counted step
-
-so the two fractions add up to `data_wait_fraction`. `throughput_epoch_starts` counts the epoch-start
-steps in the window and `throughput_steps_per_epoch` is the run's optimizer steps per epoch.
-
-Both ends of the window wait for the device to finish the work queued so far (`synchronize_device`), and
-no other step does: the host may run ahead of the device (it does once the Trainer's per-step NaN check
-is off, `--logging_nan_inf_filter False`), and the clock must read when the device is done, not when the
-host has queued the step.
-
-With an `energy` meter (energy.py), the device's energy is read over the same window: the counter is read
-right after each end's synchronisation (and polled at every counted step end in between), so that
-`energy_joules_per_sample` and `energy_watts_per_device` describe exactly the steps samples/s counts.
-
-With several processes (`gather`: the Trainer's accelerator.gather), every rank's share (its samples, window,
-data wait and joules) is gathered once, when the figures are made. The job's figures are rank 0's samples/s
-and data wait, as with one process, and its energy is every device's (the sum, when every rank measured
-its device). A job on several nodes adds `per_node`: for each node, in the order of its first rank, its
-processes, samples/s (its ranks' samples over its longest window), mean data-wait fraction and joules.
-A process's node is the launcher's node rank (torchrun's GROUP_RANK, DeepSpeed's CROSS_RANK), else its host.
-"""
+"""Steady-state throughput, the data wait and the device's energy (energy.py) over the steps after the warm-up, for
+a process, its job and each of the job's nodes (the figures: docs/ARCHITECTURE.md, "Saved metrics")."""
 
 from __future__ import annotations
 
@@ -43,7 +9,7 @@ import os
 import socket
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -57,16 +23,10 @@ logger = logging.getLogger(__name__)
 
 class ThroughputCallback(TrainerCallback):
     def __init__(
-        self,
-        warmup_steps: int = 0,
-        world_size: int = 1,
-        clock: Callable[[], float] = time.perf_counter,
-        synchronize: Optional[Callable[[torch.device], None]] = None,
-        energy: Optional[EnergyMeter] = None,
-        gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        self, warmup_steps=0, world_size=1, clock=time.perf_counter, synchronize=None, energy=None, gather=None
     ):
         self.warmup_steps = max(0, int(warmup_steps))
-        self.energy = energy
+        self.energy: Optional[EnergyMeter] = energy
         self.gather = gather  # several processes: every rank's tensor, in rank order, along the first dimension
         self.device: Optional[torch.device] = None
         self.world_size = world_size
@@ -91,7 +51,6 @@ class ThroughputCallback(TrainerCallback):
         self._step_wait = 0.0
         self._step_is_epoch_start = False
 
-    # Trainer events ------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._reset(first_step=state.global_step)
         self.device = args.device
@@ -119,7 +78,7 @@ class ThroughputCallback(TrainerCallback):
         self._step_wait, self._step_is_epoch_start = 0.0, False
         window_starts = state.global_step - self.first_step == self.warmup_steps
         last_step = bool(state.max_steps) and state.global_step >= state.max_steps
-        if window_starts or last_step:
+        if window_starts or last_step:  # the clock reads when the device is done, not when the host queued the step
             self.synchronize(args.device)
         now = self.clock()
         self.last_step, self.last_step_end = state.global_step, now
@@ -133,7 +92,6 @@ class ThroughputCallback(TrainerCallback):
             elif self.window_start is not None:
                 self.energy.poll()
 
-    # Called by the trainer around every fetch of a batch -------------------------------------------
     def record_fetch(self, seconds: float, num_samples: int) -> None:
         self._step_wait += seconds
         self.all_wait_seconds += seconds
@@ -142,39 +100,29 @@ class ThroughputCallback(TrainerCallback):
             self.wait_seconds += seconds
             self.counted_samples += num_samples
 
-    # Results ------------------------------------------------------------------------------------
     def metrics(self) -> dict:
-        """Figures for train_results.json. Falls back to every step (and says so) when warm-up covers them all."""
+        """Figures for train_results.json: this process's samples/s times the world size, the job's energy (every
+        rank's when each measured), each node's. Falls back to every step (and says so) when warm-up covers them all."""
         steps_run = self.last_step - self.first_step
-        counted_steps = steps_run - self.warmup_steps
+        counted = steps_run > self.warmup_steps
         if self.last_step_end is None or steps_run == 0:
             return {}
-        energy = {}
-        if counted_steps > 0:
-            elapsed, samples, wait, warmup = (
-                self.last_step_end - self.window_start,
-                self.counted_samples,
-                self.wait_seconds,
-                self.warmup_steps,
-            )
-            if self.energy is not None:  # this process's device over this process's samples
-                energy = self.energy.metrics(samples=self.counted_samples, seconds=max(elapsed, 1e-9))
+        if counted:
+            start, samples, wait = self.window_start, self.counted_samples, self.wait_seconds
         else:
             logger.warning(
                 "throughput_warmup_steps=%d covers all %d steps of this run: throughput counts every step instead",
                 self.warmup_steps,
                 steps_run,
             )
-            elapsed, samples, wait, warmup = (
-                self.last_step_end - self.train_start,
-                self.all_samples,
-                self.all_wait_seconds,
-                0,
-            )
-            counted_steps = steps_run
-            if self.energy is not None:
-                energy = self.energy.not_measured("the warm-up covers every step: no counted window")
-        elapsed = max(elapsed, 1e-9)
+            start, samples, wait = self.train_start, self.all_samples, self.all_wait_seconds
+        warmup = self.warmup_steps if counted else 0
+        elapsed = max(self.last_step_end - start, 1e-9)
+        energy = {}
+        if self.energy is not None and counted:  # this process's device over this process's samples
+            energy = self.energy.metrics(samples=samples, seconds=elapsed)
+        elif self.energy is not None:
+            energy = self.energy.not_measured("the warm-up covers every step: no counted window")
         shares = self._every_rank(samples, elapsed, wait)
         if len(shares) > 1 and "energy_joules" in energy and not any(math.isnan(joules) for *_, joules in shares):
             energy.update(job_energy(shares))
@@ -183,12 +131,11 @@ class ThroughputCallback(TrainerCallback):
         epoch_starts = [step for step in self.epoch_start_steps if step >= first_counted]
         epoch_start_wait = sum(self.step_waits.get(step, 0.0) for step in epoch_starts)
         steady_wait = max(0.0, wait - epoch_start_wait)
-        shape = {"throughput_steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}
         return {
             "train_samples_per_second": node_samples / elapsed,
             "train_samples_per_second_per_device": node_samples / elapsed / self.world_size,
             "throughput_warmup_steps": warmup,
-            "throughput_counted_steps": counted_steps,
+            "throughput_counted_steps": steps_run - warmup,
             "throughput_counted_samples": node_samples,
             "throughput_counted_seconds": elapsed,
             "data_wait_fraction": min(1.0, wait / elapsed),
@@ -197,7 +144,7 @@ class ThroughputCallback(TrainerCallback):
             "data_wait_fraction_epoch_start": min(1.0, epoch_start_wait / elapsed),
             "data_wait_seconds_steady": steady_wait,
             "data_wait_fraction_steady": min(1.0, steady_wait / elapsed),
-            **shape,
+            **({"throughput_steps_per_epoch": self.steps_per_epoch} if self.steps_per_epoch else {}),
             "world_size": self.world_size,
             **energy,
             **per_node(shares),
@@ -271,6 +218,6 @@ def synchronize_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type != "cpu":  # hpu (habana_frameworks registers torch.hpu), xpu, mps
-        backend = getattr(torch, device.type, None)
-        if backend is not None and hasattr(backend, "synchronize"):
-            backend.synchronize()
+        synchronize = getattr(getattr(torch, device.type, None), "synchronize", None)
+        if synchronize is not None:
+            synchronize()
