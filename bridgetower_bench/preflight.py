@@ -150,10 +150,11 @@ def find_problems(
     num_proc = num_proc or 1
     checker = _ImageChecker(num_proc, check_image)
     # forkserver: the workers start from a clean process, not a fork of this one, whose threads (tokenizers,
-    # loaders, torch) may hold locks that a forked child would wait on forever
-    with (
-        multiprocessing.get_context("forkserver").Pool(num_proc) if num_proc > 1 else contextlib.nullcontext()
-    ) as pool:
+    # loaders, torch) may hold locks that a forked child would wait on forever; that process imports this module
+    # once, and each worker forks from it without importing torch again
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    with context.Pool(num_proc) if num_proc > 1 else contextlib.nullcontext() as pool:
         checker.pool = pool
         for split, dataset in splits.items():
             columns = dataset.select_columns(list(dict.fromkeys([image_column, caption_column])))
