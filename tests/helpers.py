@@ -152,10 +152,11 @@ class ForkedRun:
     the signals it gets, its exit status or the signal that ended it) without an interpreter's start and the
     libraries' imports (seconds each), the script's main() run in it as `run_script` runs it here. Its stdout and
     stderr go to files in `logs` as it writes them (`lines` follows stdout; `merged`: stderr too, in stdout's
-    file). `before`: called in the child first.
+    file). `before`: called in the child first. `new_session`: the child leads a process group of its own (with
+    the loader workers it starts), which `os.killpg(run.pid, ...)` signals as a whole.
     For what a fresh interpreter does (its imports, the exit of `python` itself), start `python` instead."""
 
-    def __init__(self, kind: str, args: list, logs, before=None, merged: bool = False):
+    def __init__(self, kind: str, args: list, logs, before=None, merged: bool = False, new_session: bool = False):
         _needs_optimum_habana(kind)
         self.args = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
         logs = Path(tempfile.mkdtemp(prefix="forked-", dir=logs))
@@ -166,11 +167,14 @@ class ForkedRun:
         if self.pid == 0:  # the child: never returns into the test
             status = 1
             try:
+                if new_session:
+                    os.setsid()
                 with open(self.stdout_path, "w", buffering=1) as out, open(self.stderr_path, "w", buffering=1) as err:
                     try:
                         if before is not None:
                             before()
-                        status = _in_process(kind, self.args, {}, streams=(out, out if merged else err)).returncode
+                        streams = (out, out if merged else err)
+                        status = _in_process(kind, self.args, {}, streams=streams, ending=True).returncode
                     except BaseException:  # (the test's own code failed, not the run: its traceback for the test)
                         traceback.print_exc(file=err)
             finally:
@@ -357,12 +361,14 @@ def _refusal_missed(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None):
+def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None, ending: bool = False):
     """This process made to look, for a run here, as a fresh `python` started with the run's environment in `cwd`
     looks: yields (stdout, stderr), the run's captured output. Put back afterwards: sys.argv, sys.path, os.environ,
     the working directory, signal handlers, logging, warnings filters, torch's threads, determinism flags and
     random generators (and Python's and numpy's), accelerate's state, the output directory locks the run held
-    (what the process's exit releases). `streams`: (stdout, stderr) to write to instead of new buffers."""
+    (what the process's exit releases). `streams`: (stdout, stderr) to write to instead of new buffers. `ending`:
+    the process ends after the run (`ForkedRun`): the signal handlers stay as the run left them, as in `python`
+    (a second Ctrl-C while the run exits is ignored, not raised in the put-back)."""
     import datasets.config
 
     from bridgetower_bench.output_dir import run_directory
@@ -411,8 +417,9 @@ def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None):
         os.environ.update(environ)
         for name, value in cache_paths.items():
             setattr(datasets.config, name, value)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        if not ending:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
         torch.set_rng_state(generators[0])
@@ -440,7 +447,7 @@ def _exit_status(run) -> int:
 
 
 def _in_process(
-    kind: str, argv: list, changes: dict, refused: bool = False, streams=None
+    kind: str, argv: list, changes: dict, refused: bool = False, streams=None, ending: bool = False
 ) -> subprocess.CompletedProcess:
     """The script's main() with `argv`, in this process, as `python <argv>` would run it (_as_in_a_process)."""
     from bridgetower_bench import arguments
@@ -451,7 +458,7 @@ def _in_process(
         # transformers' model code for the rest of the process
         raise ValueError("a Gaudi-script run with --use_habana and no --use_cpu needs process=True or refused=True")
     module = script_module(kind)
-    with _as_in_a_process(changes, REPO, gaudi=kind == "gaudi", streams=streams) as (stdout, stderr):
+    with _as_in_a_process(changes, REPO, kind == "gaudi", streams, ending) as (stdout, stderr):
         with mock.patch.object(arguments, "parse_arguments", _refusal_missed) if refused else contextlib.nullcontext():
             sys.argv = list(argv[1:])
             # the script's `if __name__ == "__main__":` line

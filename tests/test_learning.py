@@ -39,10 +39,16 @@ MIN_EXTRA_HITS = 10  # out of 2 * VALIDATION_CARTOONS rankings; see the module d
 
 
 @pytest.fixture(scope="module")
-def learnable(tmp_path_factory):
-    """A tiny model and a data set it can learn from in a few hundred CPU steps (about 10 s to build)."""
+def learnable_model(tmp_path_factory):
+    """The tiny model with the options that let it learn (the module docstring)."""
+    path = tmp_path_factory.mktemp("learnable") / "model"
+    return make_tiny_model(path, image_size=IMAGE_SIZE, dropout=0.0, vision_position_scale=10)
+
+
+@pytest.fixture(scope="module")
+def learnable(learnable_model, tmp_path_factory):
+    """The learnable model and a data set it can learn from in a few hundred CPU steps (about 10 s to build)."""
     root = tmp_path_factory.mktemp("learnable")
-    model = make_tiny_model(root / "model", image_size=IMAGE_SIZE, dropout=0.0, vision_position_scale=10)
     dataset = make_synthetic_dataset(
         root / "dataset",
         train_rows=TRAIN_CARTOONS,
@@ -53,7 +59,7 @@ def learnable(tmp_path_factory):
         image_side_range=(160, 260),
         stroke_scale=2.0,
     )
-    return {"model": model, "dataset": dataset, "image_cache": root / "decoded-images"}
+    return {"model": learnable_model, "dataset": dataset, "image_cache": root / "decoded-images"}
 
 
 def script_args(learnable, output_dir, *extra) -> list:
@@ -103,16 +109,16 @@ def test_a_few_hundred_cpu_steps_raise_validation_recall_at_1_beyond_chance(lear
 # --- the fixture options this test relies on -------------------------------------------------------
 
 
-def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_positions(learnable, tmp_path):
+def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_positions(learnable_model, tmp_path):
     from safetensors.torch import load_file
     from transformers import BridgeTowerConfig
 
     default = make_tiny_model(tmp_path / "default", image_size=IMAGE_SIZE)
-    config, default_config = (BridgeTowerConfig.from_pretrained(d).text_config for d in (learnable["model"], default))
+    config, default_config = (BridgeTowerConfig.from_pretrained(d).text_config for d in (learnable_model, default))
     assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.0, 0.0)
     assert (default_config.hidden_dropout_prob, default_config.attention_probs_dropout_prob) == (0.1, 0.1)
 
-    weights, default_weights = (load_file(str(d / "model.safetensors")) for d in (learnable["model"], default))
+    weights, default_weights = (load_file(str(d / "model.safetensors")) for d in (learnable_model, default))
     positions = "bridgetower.vision_model.visual.embeddings.position_embedding.weight"
     assert torch.allclose(weights[positions], 10 * default_weights[positions])
     assert [k for k in weights if not torch.equal(weights[k], default_weights[k])] == [positions]

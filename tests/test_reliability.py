@@ -7,7 +7,6 @@ import os
 import re
 import runpy
 import signal
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -27,11 +26,11 @@ from helpers import (
     CPU_FLAGS,
     REPO,
     SCRIPTS,
+    ForkedRun,
     embedded,
     jpeg_bytes,
     read_json,
     run_script,
-    script_env,
     trainer_on,
     write_csv,
 )
@@ -473,26 +472,16 @@ def test_a_signal_sent_twice_or_to_every_process_ends_the_run_in_one_line(
     send = (lambda pid: os.killpg(pid, signum)) if to_the_group else (lambda pid: os.kill(pid, signum))
     out = tmp_path / "out"
     command = train_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
-    cmd = [sys.executable, str(REPO / SCRIPTS["cuda"]), *command, "--do_train", *CPU_FLAGS["cuda"]]
-    with open(tmp_path / "stderr.txt", "w") as stderr:
-        process = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=script_env(False),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            start_new_session=True,
-        )
-        for line in process.stdout:
-            if "'loss'" in line:  # training
-                for _ in range(times):
-                    send(process.pid)
-                    time.sleep(0.05)
-                break
-        stdout, _ = process.communicate(timeout=300)
-    text = (tmp_path / "stderr.txt").read_text()
-    assert process.returncode == 128 + signum and "Traceback" not in text, text[-3000:]
+    run = ForkedRun("cuda", [*command, "--do_train", *CPU_FLAGS["cuda"]], tmp_path, new_session=True)
+    for line in run.lines():
+        if "'loss'" in line:  # training
+            for _ in range(times):
+                send(run.pid)
+                time.sleep(0.05)
+            break
+    result = run.wait(timeout=300)
+    stdout, text = result.stdout, result.stderr
+    assert result.returncode == 128 + signum and "Traceback" not in text, text[-3000:]
     name = signal.Signals(signum).name
     ended = re.findall(
         rf"(?:Stopped at once by {name}: what was being saved is incomplete and is never used\. Rerun the same "
