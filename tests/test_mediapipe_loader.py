@@ -3,7 +3,7 @@
 Its modules: which loader runs (mediapipe_availability), the image files (mediapipe_image_files), the
 inputs on a data set (mediapipe_inputs), the graph (mediapipe_graph), the loader (mediapipe_dataloader)
 and the trainer mixin (mediapipe_trainer). The fake (``fake_habana``) stands in for
-habana_frameworks.mediapipe/torch with the API names mediapipe_graph.py documents; its "device" decodes
+habana_frameworks.mediapipe/torch with the API names mediapipe/graph.py documents; its "device" decodes
 a solid-colour JPEG to its mean colour, so the tests can check that decoded images, tokens and rows stay
 aligned and are normalised with the right constants.
 """
@@ -335,7 +335,7 @@ def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
 
 
 # ----------------------------------------------------------------------------------------
-# a fake Habana stack, with the API names mediapipe_graph.py documents
+# a fake Habana stack, with the API names mediapipe/graph.py documents
 # ----------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from transformers import Trainer
 from helpers import BOTH_ROUTES, optimum_habana
 
 
-# Trainer methods the kit overrides (bridgetower_bench/trainer.py) or calls (trainer.py, mediapipe_trainer.py) ->
+# Trainer methods the kit overrides (bridgetower_bench/trainer.py) or calls (trainer.py, mediapipe/trainer.py) ->
 # the parameters it relies on, in order. The same on transformers 4.55 (GaudiTrainer's too) and 5.x.
 TRAINER_METHODS = {
     "_get_train_sampler": ["self", "train_dataset"],  # overridden; called by the media-pipeline loader
