@@ -23,27 +23,6 @@ from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, read_json, run_script, script_env
 
 
-# Runs the script unchanged, recording which rows of the training set the DataLoader fetched in this rank.
-RECORDING_WRAPPER = """
-import json, os, runpy, sys
-import datasets
-
-fetched = []
-original = datasets.Dataset.__getitems__
-
-def recording(self, keys):
-    fetched.extend(int(k) for k in keys)
-    return original(self, keys)
-
-datasets.Dataset.__getitems__ = recording
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    with open(os.path.join(os.environ["FETCHED_ROWS_DIR"], "rank%s.json" % os.environ.get("RANK", "0")), "w") as f:
-        json.dump(fetched, f)
-"""
-
 ROWS, STEPS, WARMUP = 16, 4, 1
 
 
@@ -68,24 +47,24 @@ def args(fixtures, output_dir, per_device_batch):
     )
 
 
-# Runs the script unchanged, but rank 1 alone sends itself SIGTERM while fetching its third batch (step 2 or 3),
-# rank 0 saves checkpoints slowly (as on a network filesystem), and each rank notes when it leaves the script.
+# Runs the script unchanged, but each rank records which rows of the training set its DataLoader fetched; rank 1
+# alone sends itself SIGTERM while fetching its third batch (step 2 or 3); rank 0 saves checkpoints slowly (as on a
+# network filesystem); and each rank notes when it leaves the script.
 SIGNALLING_WRAPPER = """
-import os, runpy, signal, sys, time
+import json, os, runpy, signal, sys, time
 import datasets, transformers
 
-rank = os.environ["RANK"]
-if rank == "1":
-    original_fetch, fetches = datasets.Dataset.__getitems__, []
+rank, fetched = os.environ["RANK"], []
+original_fetch = datasets.Dataset.__getitems__
 
-    def fetch_then_signal(self, keys):
-        fetches.append(len(keys))
-        if len(fetches) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return original_fetch(self, keys)
+def fetch(self, keys):
+    fetched.append([int(k) for k in keys])
+    if rank == "1" and len(fetched) == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return original_fetch(self, keys)
 
-    datasets.Dataset.__getitems__ = fetch_then_signal
-else:
+datasets.Dataset.__getitems__ = fetch
+if rank == "0":
     original_save = transformers.Trainer._save_optimizer_and_scheduler
 
     def slow_save(self, output_dir):
@@ -97,6 +76,8 @@ sys.argv = sys.argv[1:]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
+    with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rows" + rank), "w") as f:
+        json.dump([row for batch in fetched for row in batch], f)
     with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rank" + rank), "w") as f:
         f.write(repr(time.time()))
 """
@@ -217,58 +198,6 @@ def assert_each_node_ended(codes, text, script, status, job, port):
     assert (codes[1] == status and re.fullmatch(ended, ends[1][1])) or ends[1] == (1, lost), text[1][-3000:]
 
 
-def test_two_nodes_through_c10d_make_one_run_that_sees_every_row_once_per_epoch(fixtures, tmp_path):
-    wrapper = tmp_path / "record_rows.py"
-    wrapper.write_text(RECORDING_WRAPPER)
-    fetched_dir, out = tmp_path / "fetched", tmp_path / "run"
-    fetched_dir.mkdir()
-    flags = args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo"]
-    flags[flags.index("--max_steps") + 1] = str(2 * STEPS)  # two epochs of 4 steps
-    env = {**script_env(gaudi=False), "FETCHED_ROWS_DIR": str(fetched_dir)}
-    port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
-    commands = [node_command(port, "one-run", rank, wrapper, REPO / SCRIPTS["cuda"], *flags) for rank in (0, 1)]
-    nodes = start_nodes(commands, logs, env)
-    codes = [node.wait(timeout=600) for node in nodes]
-    text = [log.read_text() for log in logs]
-    assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
-
-    # Each epoch: disjoint shards across the two nodes' ranks that together hold every row once.
-    ranks = [json.loads((fetched_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
-    per_epoch = ROWS // 2
-    assert [len(rows) for rows in ranks] == [2 * per_epoch] * 2
-    for epoch in (0, 1):
-        shards = [rows[epoch * per_epoch : (epoch + 1) * per_epoch] for rows in ranks]
-        assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(ROWS))
-
-    # One run: the metrics reported once, for the whole job, and one published model.
-    assert sum(t.count("***** train metrics *****") for t in text) == 1
-    metrics = read_json(out / "train_results.json")
-    assert metrics["world_size"] == 2
-    assert metrics["throughput_counted_samples"] == (2 * STEPS - WARMUP) * 2 * 2
-    # Each node's own figures beside the job's: one process each, its samples over its own window.
-    nodes = metrics["per_node"]
-    assert [(n["node"], n["processes"]) for n in nodes] == [(0, 1), (1, 1)]
-    for node in nodes:
-        assert 0 < node["train_samples_per_second"] and 0 <= node["data_wait_fraction"] <= 1
-        assert "energy_joules" not in node  # RAPL is not read with several processes on one CPU
-    printed = [line.split() for t in text for line in t.splitlines() if line.lstrip().startswith("node ")]
-    assert [words[:5] for words in printed] == [
-        ["node", "0", "=", "1", "process(es),"],
-        ["node", "1", "=", "1", "process(es),"],
-    ]
-    assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial-*"))
-
-    # The same samples as one process with the same global batch: counted + warm-up = every sample seen.
-    one_flags = args(fixtures, tmp_path / "one", per_device_batch=4)
-    one_flags[one_flags.index("--max_steps") + 1] = str(2 * STEPS)
-    run_script("cuda", one_flags)
-    one = read_json(tmp_path / "one" / "train_results.json")
-    assert "per_node" not in one  # one node: its figures are the job's
-    for figures, per_device, world in ((one, 4, 1), (metrics, 2, 2)):
-        assert figures["throughput_counted_steps"] == 2 * STEPS - WARMUP
-        assert figures["throughput_counted_samples"] + WARMUP * per_device * world == 2 * STEPS * 4 == 2 * ROWS
-
-
 def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_in_one_line(fixtures, tmp_path):
     # Node-local disks: the same path on each node names two directories; here, two paths on one machine.
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
@@ -341,7 +270,9 @@ def test_a_node_that_never_joins_ends_the_job_after_the_join_timeout_in_one_line
     )
 
 
-def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_checkpoint(fixtures, tmp_path):
+def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_the_same_command_finishes(
+    fixtures, tmp_path
+):
     wrapper = tmp_path / "signal_rank1.py"
     wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
     out, exits = tmp_path / "run", tmp_path / "exits"
@@ -373,6 +304,12 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     # Rank 1 had nothing to save, yet left only once rank 0's checkpoint was complete (its manifest is written
     # last): had it left first, its launcher would have torn the job down in the middle of rank 0's save.
     assert float((exits / "rank1").read_text()) >= manifest.stat().st_mtime
+    # Each epoch (4 steps; 10 were trained): disjoint shards across the two nodes' ranks, every row once.
+    ranks = [json.loads((exits / f"rows{r}").read_text()) for r in (0, 1)]
+    per_epoch = ROWS // 2
+    for epoch in (0, 1):
+        shards = [rows[epoch * per_epoch : (epoch + 1) * per_epoch] for rows in ranks]
+        assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(ROWS))
 
     # The same command on both nodes (without the signalling wrapper) resumes from it and finishes the run.
     logs, port = [tmp_path / "resumed0.log", tmp_path / "resumed1.log"], free_port()
@@ -381,7 +318,32 @@ def test_a_signal_on_one_node_stops_every_node_at_one_step_with_a_complete_check
     text = [log.read_text() for log in logs]
     assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
     assert sum(f"resuming training at {out / 'checkpoint-10'}" in log for log in text) == 2  # each node's rank
-    assert read_json(out / "trainer_state.json")["global_step"] == 12 and (out / "model.safetensors").is_file()
+    assert read_json(out / "trainer_state.json")["global_step"] == 12
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial-*"))  # one published model
+
+    # One run: the metrics reported once, for the whole job; the samples add up (this call's 2 steps, 1 warm-up).
+    assert sum(t.count("***** train metrics *****") for t in text) == 1
+    metrics = read_json(out / "train_results.json")
+    assert metrics["world_size"] == 2 and metrics["throughput_counted_steps"] == 2 - WARMUP
+    assert metrics["throughput_counted_samples"] + WARMUP * 2 * 2 == 2 * 2 * 2
+    # Each node's own figures beside the job's: one process each, its samples over its own window.
+    nodes = metrics["per_node"]
+    assert [(n["node"], n["processes"]) for n in nodes] == [(0, 1), (1, 1)]
+    for node in nodes:
+        assert 0 < node["train_samples_per_second"] and 0 <= node["data_wait_fraction"] <= 1
+        assert "energy_joules" not in node  # RAPL is not read with several processes on one CPU
+    printed = [line.split() for t in text for line in t.splitlines() if line.lstrip().startswith("node ")]
+    assert [words[:5] for words in printed] == [
+        ["node", "0", "=", "1", "process(es),"],
+        ["node", "1", "=", "1", "process(es),"],
+    ]
+
+    # One process with the same global batch counts the same samples (no per-node figures: one node).
+    one_flags = args(fixtures, tmp_path / "one", per_device_batch=4)
+    run_script("cuda", one_flags)
+    one = read_json(tmp_path / "one" / "train_results.json")
+    assert "per_node" not in one
+    assert one["throughput_counted_samples"] + WARMUP * 4 == STEPS * 4 == ROWS
 
 
 def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_and_under_slurm():
