@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except UserInputError as error:
         sys.stderr.flush()
         print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr, flush=True)
-        _leave_the_process_group()
+        _leave_the_process_group(2)
         sys.exit(2)
     except KeyboardInterrupt as error:
         signum = getattr(error, "signum", signal.SIGINT)  # resilience.StoppedAtOnce names a second SIGTERM
@@ -35,16 +36,26 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except SystemExit as exiting:
         if exiting.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # stopped by a signal, its line printed
             _ignore_stop_signals()
-        _leave_the_process_group()
+        if exiting.code is None or isinstance(exiting.code, int):
+            _leave_the_process_group(exiting.code or 0)
         raise
-    _leave_the_process_group()
+    _leave_the_process_group(0)
 
 
-def _leave_the_process_group() -> None:
-    """Left to the interpreter's exit while another rank is gone, the group's threads can abort it (exit status 134)."""
+def _leave_the_process_group(status: int) -> None:
+    """Left to the interpreter's exit while another rank is gone, the group's threads can abort it (exit status 134).
+    Gloo's can even once it is destroyed (`<no Python frame>`: 2 of 124 CPU runs of two processes, none of 90 since):
+    such a process ends here, its exit handlers run and its output flushed, without the interpreter's teardown."""
     distributed = sys.modules.get("torch.distributed")
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        distributed.destroy_process_group()
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    gloo = distributed.get_backend() == "gloo"
+    distributed.destroy_process_group()
+    if gloo:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _ignore_stop_signals() -> None:

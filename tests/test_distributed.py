@@ -51,7 +51,7 @@ def args(fixtures, output_dir, per_device_batch):
 # alone sends itself SIGTERM while fetching its third batch (step 2 or 3); rank 0 saves checkpoints slowly (as on a
 # network filesystem); and each rank notes when it leaves the script.
 SIGNALLING_WRAPPER = """
-import json, os, runpy, signal, sys, time
+import atexit, json, os, runpy, signal, sys, time
 import datasets, transformers
 
 rank, fetched = os.environ["RANK"], []
@@ -72,14 +72,16 @@ if rank == "0":
         return original_save(self, output_dir)
 
     transformers.Trainer._save_optimizer_and_scheduler = slow_save
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
+
+@atexit.register  # (a distributed CPU run ends through its exit handlers, without the interpreter's teardown)
+def note_rows_and_exit_time():
     with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rows" + rank), "w") as f:
         json.dump([row for batch in fetched for row in batch], f)
     with open(os.path.join(os.environ["EXIT_TIMES_DIR"], "rank" + rank), "w") as f:
         f.write(repr(time.time()))
+
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
