@@ -36,26 +36,29 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
     except SystemExit as exiting:
         if exiting.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # stopped by a signal, its line printed
             _ignore_stop_signals()
-        if exiting.code is None or isinstance(exiting.code, int):
-            _leave_the_process_group(exiting.code or 0)
+        _leave_the_process_group(exiting.code)
         raise
     _leave_the_process_group(0)
 
 
-def _leave_the_process_group(status: int) -> None:
+def _leave_the_process_group(code) -> None:
     """Left to the interpreter's exit while another rank is gone, the group's threads can abort it (exit status 134).
     Gloo's can even once it is destroyed (`<no Python frame>`: 2 of 124 CPU runs of two processes, none of 90 since):
-    such a process ends here, its exit handlers run and its output flushed, without the interpreter's teardown."""
+    such a process ends here, its exit handlers run and its output flushed, without the interpreter's teardown,
+    with the status `sys.exit(code)` gives (a message: printed, 1)."""
     distributed = sys.modules.get("torch.distributed")
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return
     gloo = distributed.get_backend() == "gloo"
     distributed.destroy_process_group()
     if gloo:
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status)
+        os._exit(code or 0)
 
 
 def _ignore_stop_signals() -> None:

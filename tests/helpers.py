@@ -207,16 +207,24 @@ class ForkedRun:
         return self.returncode
 
     def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-                raise AssertionError(f"{self.args} did not end in {timeout} s")
-            time.sleep(0.05)
+        if self.poll() is None:
+            self.returncode = os.waitstatus_to_exitcode(wait_for_child(self.pid, timeout, " ".join(self.args)))
         return subprocess.CompletedProcess(
             self.args, self.returncode, self.stdout_path.read_text(), self.stderr_path.read_text()
         )
+
+
+def wait_for_child(pid: int, seconds: float, what: str) -> int:
+    """The wait status of child process `pid`; killed, and an AssertionError naming `what`, if it runs `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"{what} hung for {seconds} s")
 
 
 _modules: dict = {}

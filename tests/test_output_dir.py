@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from helpers import (
     run_script,
     run_stopped_at,
     script_env,
+    wait_for_child,
 )
 from stop_at_rename import stop_at
 
@@ -260,18 +260,6 @@ def _published_generation(out) -> int:
     return int(generations["weights"])
 
 
-def _wait(pid, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"the publishing child hung for {seconds} s")
-
-
 def test_a_kill_at_every_rename_and_removal_of_the_final_save_leaves_one_complete_set(fixtures, tmp_path):
     from transformers import AutoImageProcessor, AutoTokenizer
 
@@ -300,7 +288,7 @@ def test_a_kill_at_every_rename_and_removal_of_the_final_save_leaves_one_complet
                 status = 0
             finally:
                 os._exit(status)
-        status = _wait(pid, seconds=120)
+        status = wait_for_child(pid, 120, "the publishing child")
         if os.WIFEXITED(status):
             assert os.WEXITSTATUS(status) == 0
             break  # `step` is past the last step: the publication ran to its end
