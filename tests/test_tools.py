@@ -15,6 +15,30 @@ from bridgetower_bench.tools import image_bench
 from helpers import REPO, run_tool, script_env
 
 
+# The tools that run no model: they check paths, tables and JSON, or start and watch other processes.
+NO_MODEL_TOOLS = (
+    "bench compare fixtures gaudi_check launch_gaudi make_cuda_script nvidia_check upstream_diff "
+    "sweep.bench_report sweep.cost sweep.cost_report"
+)
+
+
+def test_the_tools_that_run_no_model_start_without_torch_transformers_or_datasets():
+    # a refusal, a table or a dry run in a fraction of a second, not after seconds of imports (a fresh interpreter)
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\nprint(*sys.modules)"
+    tools = [f"bridgetower_bench.tools.{name}" for name in NO_MODEL_TOOLS.split()]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *tools],
+        cwd=REPO,
+        env=script_env(False),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = {name.split(".")[0] for name in result.stdout.split()}
+    assert not loaded & {"torch", "torchvision", "transformers", "datasets"}, loaded
+
+
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
     result = run_tool("image_bench", ["--images", 2, "--repeat", 1, "--json", tmp_path / "bench.json"])
     assert result.returncode == 0, result.stderr[-3000:]

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, Optional
 
-import torch
 from filelock import FileLock, Timeout
 
 from bridgetower_bench.output_dir import atomic_files, checkpoint_manifest, disk_space
@@ -177,6 +176,8 @@ def refuse_unless_shared(output_dir: str, device) -> None:
     """With several processes, after `claim`: each one must find in output_dir the lock the first one took (its
     token), else the job's nodes do not share the directory (a disk of each node's own, or another mount): no
     checkpoint could be complete there, so every process stops in one line, naming the ranks that do not see it."""
+    import torch  # here only: the tools that check paths import this module and start without torch
+
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return
     try:
