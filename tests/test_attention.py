@@ -13,7 +13,7 @@ from transformers.models.bridgetower.modeling_bridgetower import (
 
 from bridgetower_bench.modeling.attention import SdpaBridgeTowerSelfAttention, use_attention
 from bridgetower_bench.tools import fixtures as fixture_builders
-from helpers import DEVICES
+from helpers import BOTH_ROUTES, DEVICES
 
 
 def tiny_model(dropout=0.0, device="cpu"):
@@ -45,6 +45,7 @@ def loss_and_grads(model, inputs):
     return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize("device", DEVICES)
 def test_sdpa_trains_exactly_like_eager_with_padded_captions(device):
     model, inputs = tiny_model(device=device), batch(device=device)
@@ -112,6 +113,7 @@ def test_attention_weights_requested_fall_back_to_eager():
     assert text_layer_weights[1, :, :, 5:].abs().max() == 0  # the padded keys get no weight
 
 
+@BOTH_ROUTES
 def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -24,6 +24,7 @@ from bridgetower_bench.tools.fixtures import (
     make_synthetic_dataset,
     make_tiny_model,
 )
+from helpers import BOTH_ROUTES
 
 
 CAPTION = "Two houses and a tree on the left side of a city street."
@@ -97,6 +98,7 @@ def test_tiny_model_loads_offline_and_gives_a_finite_contrastive_loss(model_dir,
     assert torch.isfinite(out.loss)
 
 
+@BOTH_ROUTES
 def test_tokenizer_round_trips_a_caption_with_roberta_special_tokens(model_dir):
     from transformers import AutoTokenizer
 

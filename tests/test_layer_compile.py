@@ -13,7 +13,7 @@ from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerForC
 
 from bridgetower_bench.modeling.layer_compile import compile_repeated_layers, repeated_layers
 from bridgetower_bench.tools import fixtures as fixture_builders
-from helpers import assert_throughput_adds_up, base_args, read_json, run_script
+from helpers import BOTH_ROUTES, assert_throughput_adds_up, base_args, read_json, run_script
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,7 @@ def test_an_unknown_backend_is_refused_by_name(two_layer_model):
         compile_repeated_layers(model, backend="inductorr")
 
 
+@BOTH_ROUTES
 def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_model, tmp_path):
     out = tmp_path / "run"
     args = base_args(

@@ -397,10 +397,8 @@ def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
         show_progress=False,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        vocab_file, merges_file = bpe.save_model(tmp)
-        tokenizer = RobertaTokenizerFast(
-            vocab_file=vocab_file, merges_file=merges_file, model_max_length=TOKENIZER_MAX_LENGTH
-        )
+        bpe.save_model(tmp)  # vocab.json and merges.txt, loaded by directory: 5.x ignores vocab_file= and merges_file=
+        tokenizer = RobertaTokenizerFast.from_pretrained(tmp, model_max_length=TOKENIZER_MAX_LENGTH)
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer
 
