@@ -234,7 +234,8 @@ class _ImageChecker:
         elif isinstance(path, (str, os.PathLike)) and os.fspath(path):
             payload = os.fspath(path)
             key = ("path", payload)
-            self.file_stats[payload] = _file_identity(payload, self.started_ns)
+            if key not in self.rows_of:  # before its decode: the cache knows the file as the check read it
+                self.file_stats[payload] = _file_identity(payload, self.started_ns)
         else:
             key, payload = ("none",), None
         if key not in self.rows_of:

@@ -183,6 +183,31 @@ def test_a_second_check_of_the_same_splits_reads_the_cache_and_logs_what_it_chec
     assert "Preflight: the 5 rows of train, validation were checked before" in caplog.text
 
 
+def test_the_cache_knows_a_file_by_what_it_was_when_checked_not_when_a_later_row_shows_it(tmp_path, monkeypatch):
+    """A file rewritten after its decode, then shown by a later row: the next check decodes it again."""
+    monkeypatch.setattr(preflight, "_IMAGES_PER_ROUND", 1)  # each distinct image decoded as soon as a row shows it
+    first, second = tmp_path / "first.jpg", tmp_path / "second.jpg"
+    first.write_bytes(GOOD)
+    second.write_bytes(OTHER)
+    original = preflight.image_problem
+
+    def decode_then_cut_first(payload, **budget):
+        reason = original(payload, **budget)
+        if payload == str(first):
+            first.write_bytes(TRUNCATED)  # changed after the check read it, before row 2 shows it
+        return reason
+
+    monkeypatch.setattr(preflight, "image_problem", decode_then_cut_first)
+    splits = {
+        "train": datasets.Dataset.from_dict({"image": [str(first), str(second), str(first)], "caption": list("abc")})
+    }
+    problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
+    assert problems == []  # what the check read was whole
+    monkeypatch.setattr(preflight, "image_problem", original)
+    problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
+    assert image_rows(problems) == [("train", 0), ("train", 2)]
+
+
 def test_an_empty_split_is_refused_and_a_one_row_split_is_checked(tmp_path):
     one_row = embedded([GOOD], ["a"])
     assert preflight.check_splits({"train": one_row}, "image", "caption", cache_dir=tmp_path)["train"] is one_row
