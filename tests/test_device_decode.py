@@ -32,7 +32,7 @@ from bridgetower_bench.images.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.trainer import TrainerExtensions
-from helpers import DEVICES, assert_throughput_adds_up, needs_cuda
+from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, needs_cuda
 
 
 SIZE = 294  # BridgeTower's image size: the real geometry
@@ -320,13 +320,14 @@ class RecordingModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, pixel_values, return_loss=True):
         self.seen.append((self.training, input_ids[:, 0].tolist(), pixel_values.detach().cpu()))
-        return {"loss": (self.weight * pixel_values.float().mean()) ** 2}
+        return {"loss": (self.weight * pixel_values.float().mean()).square().sum()}  # a scalar, as a model gives
 
 
 class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
     pass
 
 
+@BOTH_ROUTES
 @pytest.mark.parametrize(
     "device, decode_ahead, workers",
     [
