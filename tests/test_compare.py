@@ -92,6 +92,19 @@ def test_cli_prints_runs_side_by_side(tmp_path, capsys):
     )
 
 
+def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, capsys):
+    node = {"processes": 8, "train_samples_per_second": 400.0, "data_wait_fraction": 0.1}
+    one = _write_run(tmp_path, "one", {"train_results.json": {"train_samples_per_second": 900.0, "world_size": 16}})
+    two = _write_run(
+        tmp_path,
+        "two",
+        {"train_results.json": {"train_samples_per_second": 800.0, "world_size": 16, "per_node": [node, node]}},
+    )
+    assert compare.main([one, two]) == 0
+    out = capsys.readouterr().out
+    assert "| world_size | 16 | 16 |" in out and "| nodes | 1 | 2 |" in out
+
+
 def test_cli_reports_a_missing_directory_by_name(tmp_path, capsys):
     good = _run(tmp_path, "good", 100.0, 0.3)
 

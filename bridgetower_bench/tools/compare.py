@@ -46,6 +46,7 @@ THROUGHPUT_KEYS = (
     "data_wait_fraction_epoch_start",
     "data_wait_fraction_steady",
     "world_size",
+    "nodes",
     "per_device_train_batch_size",
     "loader",
     "image_pipeline",
@@ -101,6 +102,9 @@ def load_run(run_dir: str | os.PathLike) -> dict:
         merged.update(content)
     if not found:
         raise ValueError(f"no results in {run_dir}: expected one of {', '.join(RESULT_FILES)}")
+    if "world_size" in merged:  # a training run: a run across nodes lists each node's figures in per_node
+        per_node = merged.get("per_node")
+        merged.setdefault("nodes", len(per_node) if isinstance(per_node, list) and per_node else 1)
     return merged
 
 
