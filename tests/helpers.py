@@ -12,7 +12,6 @@ message run here. A run stopped by a signal is a process forked from this one (`
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.metadata
 import importlib.util
 import io
@@ -141,9 +140,10 @@ def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess
     removal of a path named `name` in --output_dir (tests/stop_at_rename.py): `.publishing` is the final
     publication's commit point."""
     output_dir = args[args.index("--output_dir") + 1]
-    stop = functools.partial(
-        stop_at, output_dir, lambda count, path: os.path.basename(path) == name, getattr(signal, signame)
-    )
+
+    def stop():
+        stop_at(output_dir, lambda count, path: os.path.basename(path) == name, getattr(signal, signame))
+
     return ForkedRun(kind, args, Path(output_dir).parent, before=stop).wait()
 
 
@@ -161,6 +161,7 @@ class ForkedRun:
         self.args = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
         logs = Path(tempfile.mkdtemp(prefix="forked-", dir=logs))
         self.stdout_path, self.stderr_path = logs / "stdout.txt", logs / "stderr.txt"
+        self.stdout_path.touch(), self.stderr_path.touch()  # both there before the child runs (`lines` opens one)
         self.returncode = None
         sys.stdout.flush(), sys.stderr.flush()
         self.pid = os.fork()
@@ -181,19 +182,23 @@ class ForkedRun:
                 os._exit(status)
 
     def lines(self, timeout: float = 300):
-        """stdout's lines as the run writes them, until it ends."""
+        """stdout's lines as the run writes them, until it ends (then the rest of the file); killed after `timeout` s."""
         deadline = time.monotonic() + timeout
-        while not self.stdout_path.exists():
-            time.sleep(0.02)
         with open(self.stdout_path) as f:
+            line = ""  # a line read before its end was written is completed by the next reads
             while time.monotonic() < deadline:
-                line = f.readline()
+                line += f.readline()
                 if line.endswith("\n"):
                     yield line
+                    line = ""
                 elif self.poll() is not None:
+                    yield from (line + f.read()).splitlines(keepends=True)
                     return
                 else:
                     time.sleep(0.05)
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         raise AssertionError(f"{self.args} wrote no line for {timeout} s")
 
     def send_signal(self, signum) -> None:
