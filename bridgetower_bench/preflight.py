@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 
 from bridgetower_bench.data import cache_dir as bench_cache_dir
 from bridgetower_bench.images.images import resize_geometry, upright
-from bridgetower_bench.output_dir.atomic_files import write_json_atomically
+from bridgetower_bench.output_dir.atomic_files import read_json, write_json_atomically
 from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.user_errors import UserInputError
 
@@ -134,9 +134,7 @@ def find_problems(
     key = hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=12).hexdigest()
     cache_file = Path(bench_cache_dir("preflight", cache_dir)) / f"{key}.json"
     names = ", ".join(splits)
-    cached = {}
-    with contextlib.suppress(OSError, ValueError):
-        cached = {} if overwrite_cache else json.loads(cache_file.read_text())
+    cached = {} if overwrite_cache else read_json(cache_file, {})
     if cached.get("settings") == settings:  # the outcome, unless an image file changed since
         checked_at_ns = cached.get("checked_at_ns", 0)
         if all(_file_identity(path, checked_at_ns) == identity for path, identity in cached.get("files", {}).items()):
@@ -167,12 +165,13 @@ def find_problems(
                 checker.add(image, (split, row))
         found += [(split, row, image_column, reason) for (split, row), reason in checker.finish()]
     # A split cut from the data as loaded (select, train_test_split) maps its rows back through `_indices`.
-    source_rows = {s: d._indices.column(0).to_pylist() if d._indices is not None else None for s, d in splits.items()}
+    indices = {split: dataset._indices for split, dataset in splits.items()}  # (looked up for bad rows only)
     problems = [
-        Problem(split, row, column, reason, source_rows[split][row] if source_rows[split] is not None else None)
+        Problem(split, row, column, reason, None if indices[split] is None else indices[split].column(0)[row].as_py())
         for split, row, column, reason in found
     ]
-    problems.sort(key=lambda p: (list(splits).index(p.split), p.row, p.column != image_column))
+    order = {split: i for i, split in enumerate(splits)}
+    problems.sort(key=lambda p: (order[p.split], p.row, p.column != image_column))
     rows = sum(len(dataset) for dataset in splits.values())
     logger.info(
         f"Preflight: checked {rows} rows of {names} ({len(checker.rows_of)} distinct images) in "
@@ -234,11 +233,11 @@ class _ImageChecker:
         elif isinstance(path, (str, os.PathLike)) and os.fspath(path):
             payload = os.fspath(path)
             key = ("path", payload)
-            if key not in self.rows_of:  # before its decode: the cache knows the file as the check read it
-                self.file_stats[payload] = _file_identity(payload, self.started_ns)
         else:
             key, payload = ("none",), None
         if key not in self.rows_of:
+            if key[0] == "path":  # before its decode: the cache knows the file as the check read it
+                self.file_stats[payload] = _file_identity(payload, self.started_ns)
             if payload is None:
                 self._failed[key] = "no image (empty cell: neither embedded bytes nor a path)"
             else:

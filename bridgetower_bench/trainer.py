@@ -285,7 +285,8 @@ class TrainerExtensions:
         held, self._holding_pushes = self._holding_pushes, True  # no push from a staging directory
         try:
             with publication or self.publishing() as staging:  # (another directory: a publication of its own)
-                self._publishing_model = self._publishing_model or not elsewhere
+                if not elsewhere:
+                    self._publishing_model = True
                 super().save_model(staging)
                 self._save_training_args(staging)
                 if not elsewhere and self.recipe is not None and self.args.should_save:

@@ -270,7 +270,7 @@ def _decode_into(
         # forkserver, as the preflight pool: a fork of this process could inherit a lock that one of its
         # threads (torch's, a tokenizer's, a loader's) held at the fork, and the worker would wait forever
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])  # (imported once, not by each worker)
+        context.set_forkserver_preload([__name__])  # (if this pool starts the server; else preflight's has torch)
         initargs = (pixels_path, pipeline, image_size, True)
         with context.Pool(workers, initializer=_open_decoder, initargs=initargs) as pool:
             for _ in pool.imap_unordered(_decode_one, tasks, chunksize=chunksize):

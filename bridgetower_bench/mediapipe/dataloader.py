@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
+from torch.utils.data import BatchSampler
 
 from bridgetower_bench.mediapipe.availability import mediapipe_unavailable_reason
 from bridgetower_bench.mediapipe.graph import build_pipeline, media_api, release_pipeline
@@ -43,15 +44,12 @@ class SamplerBatchReader:
             self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
-        samples = len(self.sampler)
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
 
     def __iter__(self):
-        indices = [int(index) for index in self.sampler]
-        for start in range(0, len(indices), self.batch_size):
-            rows = indices[start : start + self.batch_size]
-            if len(rows) == self.batch_size or not self.drop_last:
-                yield [self.file_paths[i] for i in rows], self.input_ids[rows], self.attention_mask[rows]
+        for rows in BatchSampler(self.sampler, self.batch_size, self.drop_last):
+            rows = [int(index) for index in rows]
+            yield [self.file_paths[i] for i in rows], self.input_ids[rows], self.attention_mask[rows]
 
 
 class MediaPipeDataLoader(DataLoaderStateMixin):

@@ -60,7 +60,8 @@ def write(checkpoint: str, required: list) -> Optional[str]:
         if name != MANIFEST_NAME and PARTIAL_MARK not in os.path.basename(name)
     ]
     choices = [entry if isinstance(entry, tuple) else (entry,) for entry in required]
-    absent = [" or ".join(entry) for entry in choices if not set(names).intersection(entry)]
+    present = set(names)
+    absent = [" or ".join(entry) for entry in choices if not present.intersection(entry)]
     if absent:
         return f"it has no {', '.join(absent)}"
     paths = {name: os.path.join(checkpoint, name) for name in names}
