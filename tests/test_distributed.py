@@ -88,9 +88,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 # The README's multi-GPU command: tools/launch_cuda.py, torchrun with one-line endings -------------------------
 
 
+def one_node(processes, *script_and_flags):
+    """launch_cuda on this machine alone (`--standalone`) with `processes` processes."""
+    launch = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node"]
+    return launch + [str(processes)] + [str(a) for a in script_and_flags]
+
+
 def launch_cuda(fixtures, out, *flags):
-    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
-    command += [str(REPO / SCRIPTS["cuda"]), *base_args(fixtures, out), "--do_train", *flags]
+    command = one_node(2, REPO / SCRIPTS["cuda"], *base_args(fixtures, out), "--do_train", *flags)
     # script_env hides every GPU (CUDA_VISIBLE_DEVICES empty): the no-GPU refusal on any machine
     return subprocess.run(command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600)
 
@@ -109,8 +114,7 @@ def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(tmp_pat
     script.write_text(
         "import sys\nprint('refusing.py: error: argument --learning_rate', file=sys.stderr)\nsys.exit(2)\n"
     )
-    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
-    command += [str(script), "--use_cpu", "--learning_rate", "abc"]
+    command = one_node(2, script, "--use_cpu", "--learning_rate", "abc")
     result = subprocess.run(
         command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600
     )
@@ -128,8 +132,7 @@ def test_a_signal_to_launch_cuda_reaches_the_processes_which_checkpoint_and_it_e
     out = tmp_path / "out"
     flags = args(fixtures, out, per_device_batch=2)
     flags[flags.index("--max_steps") + 1] = "10000"
-    command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "1"]
-    command += [str(REPO / SCRIPTS["cuda"]), *flags]
+    command = one_node(1, REPO / SCRIPTS["cuda"], *flags)
     with open(tmp_path / "log", "w") as log:
         launcher = subprocess.Popen(
             command, cwd=REPO, env=script_env(gaudi=False), stdout=log, stderr=subprocess.STDOUT
