@@ -217,7 +217,7 @@ def test_gaudi_launcher_hands_the_nodes_the_users_deepspeed_env_and_the_eager_mo
         (None, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
         (None, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
         ("gaudi-a slots=8\n# rack 2\n", [], "--hostfile hostfile, line 2: '# rack 2' is not `HOST slots=N`"),
-        ("gaudi-a slots=8\ngaudi-a slots=4\n", [], "--hostfile hostfile, line 2: gaudi-a is already on an earlier"),
+        ("gaudi-a slots=8\ngaudi-a slots=4\n", [], "--hostfile hostfile, line 2: gaudi-a is the node of line 1 again"),
         ("gaudi-a slots=9\n", [], "--hostfile hostfile, line 1: slots=9: a Gaudi node has 1 to 8 HPUs"),
         ("\n\n", [], "--hostfile hostfile: no `HOST slots=N` line"),
     ],

@@ -129,7 +129,7 @@ from bridgetower_bench.redaction import redact_args, redact_text, scrub, secret_
 from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.retrieval import summarise_quality
 from bridgetower_bench.tools import tool_paths
-from bridgetower_bench.tools.launch_gaudi import hostfile_nodes
+from bridgetower_bench.tools.hosts import hostfile_nodes, machine, port
 from bridgetower_bench.tools.sweep import cost_report
 from bridgetower_bench.tools.sweep.bench_report import (
     FAILED,
@@ -429,7 +429,7 @@ class Plan:
         if self.script == "gaudi":
             hostfile = ["--hostfile", str(hostfile_path(output_dir)), "--num_nodes", str(variant.nodes)]
             return launch + hostfile + ["--world_size", str(self.processes(variant))]
-        endpoint = f"{self.hosts[0]}:{self.rdzv_port}"
+        endpoint = f"{machine(self.hosts[0])}:{self.rdzv_port}"
         rendezvous = ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", variant.run_id]
         return launch + ["--nnodes", str(variant.nodes), "--nproc_per_node", str(self.nproc)] + rendezvous
 
@@ -730,6 +730,7 @@ def default_devices(preset: str, script: str, device: str, nproc: int) -> list[i
 def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) -> tuple[list[str], list[int]]:
     """--hostfile's hosts and the --nodes counts above 1 (the curve across nodes), or UserInputError."""
     counts = args.nodes or []
+    args.rdzv_port = port(args.rdzv_port, "--rdzv-port")
     several = sorted({n for n in counts if n > 1})
     if any(n < 1 for n in counts):
         raise UserInputError(f"--nodes {','.join(map(str, counts))}: node counts must be 1 or more")
@@ -1511,9 +1512,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="How a CUDA run across nodes starts on each node: this command, the host, then the shell line to run "
         "there (default: ssh -tt; the terminal makes a closed connection hang up the node's processes).",
     )
-    parser.add_argument(
-        "--rdzv-port", type=int, default=29500, help="Port of a CUDA run's c10d rendezvous on the first node."
-    )
+    parser.add_argument("--rdzv-port", default=29500, help="Port of a CUDA run's c10d rendezvous on the first node.")
     parser.add_argument("--repeats", type=int, default=1, help="Runs of every configuration; tables show the median.")
     parser.add_argument(
         "--eval", action="store_true", help="Also evaluate (--do_eval): retrieval recall lands in the results."

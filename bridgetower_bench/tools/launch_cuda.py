@@ -38,6 +38,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from bridgetower_bench.guards.cuda_device import refuse_without_gpu
 from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
+from bridgetower_bench.tools.hosts import endpoint, host, port
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -51,6 +52,18 @@ def refusal(script_argv: list[str]) -> Optional[str]:
         refuse_without_gpu(script_argv)
     except UserInputError as error:
         return f"{os.path.basename(script_argv[0])}: error: {error}"
+    return None
+
+
+def address_refusal(args) -> Optional[str]:
+    """One line for a rendezvous endpoint, master address or port that is not a host and a port, else None."""
+    try:
+        if args.rdzv_endpoint:
+            endpoint(args.rdzv_endpoint, "--rdzv_endpoint")
+        host(args.master_addr, "--master_addr")
+        port(args.master_port, "--master_port")
+    except UserInputError as error:
+        return f"{PROG}: error: {error}"
     return None
 
 
@@ -74,7 +87,7 @@ def rendezvous_failure(args, error: Exception) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
-    line = refusal([args.training_script, *args.training_script_args])
+    line = address_refusal(args) or refusal([args.training_script, *args.training_script_args])
     if line:
         print(line, file=sys.stderr, flush=True)
         return 2

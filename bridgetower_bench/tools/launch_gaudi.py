@@ -24,7 +24,6 @@ import argparse
 import base64
 import json
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -32,12 +31,10 @@ import tempfile
 
 from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
 from bridgetower_bench.guards.habana_software import require_habana_software
-from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.tools import tool_paths
-from bridgetower_bench.user_errors import UserInputError
+from bridgetower_bench.tools.hosts import hostfile_nodes, machine, port
 
 
-HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # a hostfile line, as both DeepSpeed and optimum-habana read it
 # DeepSpeed's launcher passes to the nodes only the variables named with these prefixes (Habana's build adds three
 # PT_HPU_ names, none of them PT_HPU_LAZY_MODE) and the lines of its environment files, `.deepspeed_env` in the home, then
 # the working directory (the name from DS_ENV_FILE when set)
@@ -60,11 +57,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--use_mpi", action="store_true", help="Start one process per HPU with mpirun (as the published runs)."
     )
-    parser.add_argument("--master_port", type=int, default=29500, help="Port of the rank-0 process.")
+    parser.add_argument("--master_port", default=29500, help="Port of the rank-0 process (1 to 65535).")
     parser.add_argument("--dry_run", action="store_true", help="Print the command that would run, and exit.")
     parser.add_argument("training_script", help="The script to run, e.g. run_bridgetower.py.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="The script's own flags.")
     args = parser.parse_args(argv)
+    args.master_port = port(args.master_port, "--master_port")  # bad hosts and ports: one line (tool_paths.run)
     if args.hostfile is not None:
         args.nodes = check_several_nodes(parser, args)
     elif args.num_nodes is not None:
@@ -77,38 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def hostfile_nodes(path: str, gaudi: bool = True) -> dict[str, int]:
-    """The nodes of a DeepSpeed hostfile and their devices, in its order (the first node runs rank 0); bad input
-    raises UserInputError naming the file (and the line). `gaudi`: a node has at most 8 devices (HPUs)."""
-    try:
-        text = read_regular_file(path).decode()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserInputError(f"--hostfile {path}: {getattr(error, 'strerror', None) or error}") from None
-    nodes = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        entry = HOSTFILE_LINE.fullmatch(line)
-        if entry is None:  # optimum-habana's runner reads every other line so (no comments)
-            raise UserInputError(f"--hostfile {path}, line {number}: {line!r} is not `HOST slots=N`")
-        host, slots = entry[1], int(entry[2])
-        if host in nodes:
-            raise UserInputError(f"--hostfile {path}, line {number}: {host} is already on an earlier line")
-        if gaudi and not 1 <= slots <= 8:
-            raise UserInputError(f"--hostfile {path}, line {number}: slots={slots}: a Gaudi node has 1 to 8 HPUs")
-        nodes[host] = slots
-    if not nodes:
-        raise UserInputError(f"--hostfile {path}: no `HOST slots=N` line")
-    return nodes
-
-
 def check_several_nodes(parser, args) -> dict[str, int]:
     """The hostfile's nodes, once the flags agree with it and DeepSpeed's launcher can start them."""
-    try:
-        nodes = hostfile_nodes(args.hostfile)
-    except UserInputError as error:
-        parser.error(str(error))
+    nodes = hostfile_nodes(args.hostfile)
     if args.num_nodes is not None and args.num_nodes != len(nodes):
         parser.error(f"--num_nodes={args.num_nodes}: --hostfile {args.hostfile} gives {len(nodes)} nodes")
     if args.world_size is not None and args.world_size != sum(nodes.values()):
@@ -199,19 +168,21 @@ def print_node_commands(args, runner) -> int:
     """What `--hostfile` runs: the command on this node, then the one pdsh runs on each node (as DeepSpeed's
     launcher writes it) and the variables DeepSpeed's per-node launcher gives each of that node's processes."""
     nodes, cwd = args.nodes, os.path.abspath(".")
-    master_addr = next(iter(nodes))
+    master_addr = shlex.quote(machine(next(iter(nodes))))  # hosts are checked (tools/hosts.py); quoted all the same
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")]))}
-    exports = [f"{key}={value}" for key, value in environ.items() if key.startswith(DEEPSPEED_EXPORTED_PREFIXES)]
-    exports += args.nodes_environment
+    exports = [(key, value) for key, value in environ.items() if key.startswith(DEEPSPEED_EXPORTED_PREFIXES)]
+    exports += [[part.strip() for part in line.split("=", 1)] for line in args.nodes_environment if "=" in line]
     world_info = base64.urlsafe_b64encode(json.dumps({h: list(range(n)) for h, n in nodes.items()}).encode()).decode()
     print(f"# on this node: {DEEPSPEED_ENV_FILE}=<a temporary file: {'; '.join(args.nodes_environment)}>")
     print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + runner._commands[0])
     first_rank = 0
     for node_rank, (host, slots) in enumerate(nodes.items()):
-        print(f"# node {node_rank}: {host}, ranks {first_rank}-{first_rank + slots - 1}, started by pdsh over ssh")
         print(
-            "".join(f"export {line.strip()}; " for line in exports)
-            + f"cd {shlex.quote(cwd)}; {sys.executable} -u -m deepspeed.launcher.launch --world_info={world_info} "
+            f"# node {node_rank}: {shlex.quote(host)}, ranks {first_rank}-{first_rank + slots - 1}, started by pdsh over ssh"
+        )
+        print(
+            "".join(f"export {key}={shlex.quote(value)}; " for key, value in exports)
+            + f"cd {shlex.quote(cwd)}; {shlex.quote(sys.executable)} -u -m deepspeed.launcher.launch --world_info={world_info} "
             f"--node_rank={node_rank} --master_addr={master_addr} --master_port={args.master_port} --no_local_rank "
             + runner._commands[0]
         )
