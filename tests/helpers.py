@@ -57,6 +57,26 @@ DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 BOTH_ROUTES = pytest.mark.both_routes
 
 
+def pinned(package: str, requirements: str) -> str:
+    """The version `requirements` (or a file it includes with -r) pins `package` to (`==`): the tests' one reader
+    of the pins, so that a version bump is an edit of the requirements files alone."""
+    from packaging.requirements import Requirement
+
+    for line in (REPO / requirements).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            with contextlib.suppress(LookupError):
+                return pinned(package, line[3:].strip())
+        elif line and not line.startswith("-"):
+            requirement = Requirement(line)
+            if requirement.name == package:
+                exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+                if len(exact) != 1:
+                    raise LookupError(f"{requirements} does not pin {package} to one version: {line}")
+                return exact[0]
+    raise LookupError(f"{requirements} does not list {package}")
+
+
 def _needs_optimum_habana(kind: str) -> None:
     if kind != "gaudi":
         return

@@ -16,7 +16,7 @@ import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
 from bridgetower_bench.tools import self_check
-from helpers import CPU_FLAGS, REPO, SHIM, all_strings, run_script, script_env, script_module
+from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, script_env, script_module
 
 
 HABANA_ONLY_FLAGS = {
@@ -105,9 +105,11 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert environment["step_environment"] == {"PT_HPU_LAZY_MODE": "1"}
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
-    assert stack["optimum-habana"]["result"] == "ok" and stack["optimum-habana"]["detail"].startswith("1.21.2")
-    for pinned in ("transformers", "accelerate", "datasets"):
-        assert stack[pinned]["result"] == "ok", stack[pinned]
+    assert stack["optimum-habana"]["result"] == "ok" and stack["optimum-habana"]["detail"].startswith(
+        pinned("optimum-habana", "requirements-gaudi.txt")
+    )
+    for name in ("transformers", "accelerate", "datasets"):
+        assert stack[name]["result"] == "ok", stack[name]
     assert stack["torch"]["result"] == "ok"
     assert stack["Gaudi driver"]["result"] == "warning"  # no hl-smi here
     assert (
@@ -258,12 +260,14 @@ def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monk
 
 
 def test_gaudi_software_and_pins_are_compared_not_installed():
-    assert gc.compare_gaudi_software("1.24.2", "1.24.0", "1.21.2").result == "ok"
-    mismatch = gc.compare_gaudi_software("1.23.0", "1.24.0", "1.21.2")
+    optimum_habana = pinned("optimum-habana", "requirements-gaudi.txt")
+    assert gc.compare_gaudi_software("1.24.2", "1.24.0", optimum_habana).result == "ok"
+    mismatch = gc.compare_gaudi_software("1.23.0", "1.24.0", optimum_habana)
     assert mismatch.result == "warning" and "validated with 1.24.0" in mismatch.detail
-    assert gc.compare_gaudi_software(None, "1.24.0", "1.21.2").result == "warning"
+    assert gc.compare_gaudi_software(None, "1.24.0", optimum_habana).result == "warning"
 
-    versions = {"transformers": "4.56.0", "accelerate": "1.10.1"}
+    pins = {name: f"{name}=={pinned(name, 'requirements-gaudi.txt')}" for name in ("transformers", "accelerate")}
+    versions = {"transformers": "99.0", "accelerate": pinned("accelerate", "requirements-gaudi.txt")}
 
     def installed(name):
         if name not in versions:
@@ -273,11 +277,11 @@ def test_gaudi_software_and_pins_are_compared_not_installed():
     def row(line):
         return self_check.requirement_row(line, "requirements-gaudi.txt", installed)
 
-    assert row("transformers==4.55.4").result == "warning"
-    assert row("accelerate==1.10.1").result == "ok"
-    missing = row("optimum-habana==1.21.2")
+    assert row(pins["transformers"]).result == "warning"
+    assert row(pins["accelerate"]).result == "ok"
+    missing = row(f"optimum-habana=={optimum_habana}")
     assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
-    assert {"optimum-habana==1.21.2", "transformers==4.55.4"} <= set(
+    assert {f"optimum-habana=={optimum_habana}", pins["transformers"]} <= set(
         self_check.pinned_requirements(gc.REQUIREMENT_FILES)
     )
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import nvidia_check as nc
-from helpers import REPO, all_strings, script_env
+from helpers import REPO, all_strings, pinned, script_env
 
 
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
@@ -36,12 +36,16 @@ def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
     assert not out.exists()
 
 
+TORCH_CU126 = pinned("torch", "requirements-cuda12.txt")  # "<version>+cu126"
+TORCH_CU130 = pinned("torch", "requirements-cuda.txt") + "+cu130"
+
+
 def two_a100_40gb(**changes):
     facts = dict(
         count=2,
         names=["NVIDIA A100-SXM4-40GB"] * 2,
         memory_gib=[39.39, 39.39],
-        torch="2.14.1+cu126",
+        torch=TORCH_CU126,
         cuda="12.6",
         bf16=True,
         driver="535.104.05",
@@ -107,7 +111,9 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
         ["--output_dir", str(out)],
         probe=two_a100_40gb,
         runner=reports(outcomes),
-        installed=installed_as({"torch": "2.14.1+cu126", "torchvision": "0.29.1+cu126"}),
+        installed=installed_as(
+            {"torch": TORCH_CU126, "torchvision": pinned("torchvision", "requirements-cuda12.txt")}
+        ),
     )
     printed = capsys.readouterr().out
     assert status == 0, printed
@@ -118,7 +124,7 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["GPUs"]["detail"] == "2 x NVIDIA A100-SXM4-40GB (39.4 GiB, compute capability 8.0)"
     assert stack["NVIDIA driver"]["result"] == "ok" and stack["NVIDIA driver"]["detail"].startswith(
-        "535.104.05 (from nvidia-smi); torch 2.14.1+cu126 is built for CUDA 12.6, which needs driver 525.60.13 or newer"
+        f"535.104.05 (from nvidia-smi); torch {TORCH_CU126} is built for CUDA 12.6, which needs driver 525.60.13 or newer"
     )
     assert "route: requirements-cuda12.txt" in stack["torch build"]["detail"]
     assert stack["torch"]["result"] == "ok" and stack["torchvision"]["result"] == "ok"  # the cu126 pins of that route
@@ -167,7 +173,7 @@ def test_a_decoder_that_did_not_run_fails_and_the_large_step_shows_its_peak(no_f
         count=1,
         names=["NVIDIA H200"],
         memory_gib=[139.8],
-        torch="2.14.1+cu130",
+        torch=TORCH_CU130,
         cuda="13.0",
         driver="580.95.05",
         driver_source="NVML",
@@ -195,7 +201,7 @@ def test_a_decoder_that_did_not_run_fails_and_the_large_step_shows_its_peak(no_f
 
 
 def test_an_old_driver_a_missing_bf16_and_a_failed_decoder_are_named(no_fixture_builds):
-    gpus = two_a100_40gb(torch="2.14.1+cu130", cuda="13.0", bf16=False, jpeg="failed: RuntimeError: nvjpeg")
+    gpus = two_a100_40gb(torch=TORCH_CU130, cuda="13.0", bf16=False, jpeg="failed: RuntimeError: nvjpeg")
     rows = {row.name: row for row in nc.stack_rows(gpus)}
     assert rows["NVIDIA driver"].result == "failed" and rows["NVIDIA driver"].detail.startswith("535.104.05, too old")
     assert rows["bf16"].result == "failed"
@@ -204,17 +210,16 @@ def test_an_old_driver_a_missing_bf16_and_a_failed_decoder_are_named(no_fixture_
 
 def test_the_pins_checked_are_those_of_the_route_installed(no_fixture_builds):
     """The current route (today's transformers) was once reported off the pinned route's pins."""
-    gpus = two_a100_40gb(torch="2.14.1+cu130", cuda="13.0")
-    for transformers, route, accelerate in (
-        ("5.24.0", "requirements-cuda-current.txt", "1.16.0"),
-        ("4.55.4", "requirements-cuda.txt", "1.10.1"),
-    ):
-        installed = installed_as({"transformers": transformers, "accelerate": accelerate, "torch": "2.14.1+cu130"})
+    gpus = two_a100_40gb(torch=TORCH_CU130, cuda="13.0")
+    for route in ("requirements-cuda-current.txt", "requirements-cuda.txt"):
+        versions = {name: pinned(name, route) for name in ("transformers", "accelerate")}
+        installed = installed_as({**versions, "torch": TORCH_CU130})
         rows = {row.name: row for row in nc.stack_rows(gpus, installed=installed)}
         assert f"route: {route}" in rows["torch build"].detail
         assert rows["transformers"].result == rows["accelerate"].result == "ok", rows["transformers"].detail
-    rows = {row.name: row for row in nc.stack_rows(gpus, installed=installed_as({"transformers": "4.57.0"}))}
-    assert rows["transformers"].result == "warning" and rows["transformers"].detail == "4.57.0, pinned: ==4.55.4"
+    rows = {row.name: row for row in nc.stack_rows(gpus, installed=installed_as({"transformers": "99.0"}))}
+    assert rows["transformers"].result == "warning"
+    assert rows["transformers"].detail == f"99.0, pinned: =={pinned('transformers', 'requirements-cuda.txt')}"
 
 
 def test_memory_plan_without_a_gpu(capsys):
