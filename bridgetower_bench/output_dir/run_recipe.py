@@ -27,9 +27,9 @@ def _names(*groups: str) -> tuple:
     return tuple(name for group in groups for name in group.split())
 
 
-# What changes the weights, and what does not, over both install routes' transformers lines (README). Every field
-# of the scripts' argument classes is in exactly one of these lists (tests/test_run_recipe.py checks it against the
-# installed libraries); a field in none of them is in the recipe, named in a warning (`describe`).
+# What changes the weights, and what does not, over both install routes' transformers lines (README). Every name
+# listed is a field of one route's argument classes, in one list only (tests/test_run_recipe.py); a field in none
+# of them (a later release's) is in the recipe, named in a warning (`describe`), until it is sorted here.
 MODEL_ARGUMENTS = _names(
     # which weights, captions' tokens, mean/std; which weights train
     "model_name_or_path model_revision config_name tokenizer_name image_processor_name",
