@@ -165,7 +165,9 @@ def free_port() -> int:
 def node_command(port, job, node_rank, *script_and_flags, **rdzv_conf):
     command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--nnodes", "2", "--nproc_per_node", "1"]
     command += ["--node_rank", str(node_rank), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
-    command += ["--rdzv_id", job] + [f"--rdzv_conf={k}={v}" for k, v in rdzv_conf.items()]
+    command += ["--rdzv_id", job] + [f"--rdzv_conf={','.join(f'{k}={v}' for k, v in rdzv_conf.items())}"] * bool(
+        rdzv_conf
+    )
     return command + [str(a) for a in script_and_flags]
 
 
@@ -269,10 +271,69 @@ def test_a_node_that_never_joins_ends_the_job_after_the_join_timeout_in_one_line
         command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        f"launch_cuda: this node waits at the rendezvous 'alone' at 127.0.0.1:{port} for the job's 2 nodes, at most "
+        "63 s (--rdzv_conf join_timeout=S,read_timeout=S)"
+    ) in result.stderr.splitlines()
     assert result.stderr.splitlines()[-1] == (
         f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
         "in time (join_timeout)"
     )
+
+
+LISTENER = "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[1]))); print(1, flush=True)"
+LISTENER += "; time.sleep(120)"
+
+
+def listening(port: int, *name: str) -> subprocess.Popen:
+    """A program that holds the port and never answers (its command line ends with `name`)."""
+    holder = subprocess.Popen([sys.executable, "-c", LISTENER, str(port), *name], stdout=subprocess.PIPE, text=True)
+    holder.stdout.readline()  # listening
+    return holder
+
+
+def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
+    script, port = tmp_path / "never_started.py", free_port()
+    script.write_text("raise SystemExit('started')\n")
+    holder = listening(port)
+    try:
+        taken = subprocess.run(
+            node_command(port, "taken", 0, script, "--use_cpu"), capture_output=True, text=True, timeout=60
+        )
+    finally:
+        holder.kill()
+    assert taken.returncode == 2 and taken.stderr.splitlines() == [
+        f"launch_cuda: error: --rdzv_endpoint 127.0.0.1:{port}: port {port} is taken by "
+        f"{os.path.basename(sys.executable)} (pid {holder.pid}), not a "
+        "rendezvous: choose a free port"
+    ], taken.stderr
+    command = node_command(port, "nowhere", 0, script, "--use_cpu")
+    command[command.index("--rdzv_endpoint") + 1] = "no-such-node.invalid:29500"
+    nowhere = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert nowhere.returncode == 2 and len(nowhere.stderr.splitlines()) == 1, nowhere.stderr
+    assert nowhere.stderr.startswith(
+        "launch_cuda: error: --rdzv_endpoint no-such-node.invalid:29500: no-such-node.invalid does not resolve ("
+    )
+
+
+def test_a_rendezvous_store_that_never_answers_ends_the_node_after_the_bound_in_one_line(tmp_path):
+    # A listener that looks like a torchrun to the port check (its command line says so) but never answers:
+    # torchrun's own timeouts do not end such a wait; the launcher's bound (join + read timeouts) does.
+    script, port = tmp_path / "never_started.py", free_port()
+    script.write_text("raise SystemExit('started')\n")
+    holder = listening(port, "torchrun-lookalike")
+    try:
+        command = node_command(port, "mute", 0, script, "--use_cpu", join_timeout=2, read_timeout=2)
+        started = time.monotonic()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"launch_cuda: the rendezvous 'mute' at 127.0.0.1:{port} did not form in 4 s: ending this node"
+    )
+    assert took < 60, took
 
 
 def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_the_same_command_finishes(

@@ -106,6 +106,7 @@ def environment(device: torch.device, torch_compile: bool = False) -> dict:
         "device_name": device_name(device),
         "device_count": device_count(device),
         "device_memory_bytes": device_memory_bytes(device),
+        "cpu_threads": torch.get_num_threads(),  # torch's intra-op threads (OMP_NUM_THREADS): CPU kernels' order
     }
 
 

@@ -22,10 +22,15 @@ The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nn
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import sys
+import threading
+import time
 from typing import Optional
 
+import psutil
 from torch.distributed import DistNetworkError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -61,10 +66,97 @@ def address_refusal(args) -> Optional[str]:
         if args.rdzv_endpoint:
             endpoint(args.rdzv_endpoint, "--rdzv_endpoint")
         host(args.master_addr, "--master_addr")
-        port(args.master_port, "--master_port")
+        if args.master_port is not None:
+            port(args.master_port, "--master_port")
     except UserInputError as error:
         return f"{PROG}: error: {error}"
     return None
+
+
+RESOLVE_SECONDS = 10  # the bound on looking up the endpoint's host before any wait starts
+
+
+def rendezvous_settings(args) -> tuple[int, int]:
+    """The job's most nodes and the longest this node waits for them: torchrun's join_timeout (default 600 s, a
+    cluster's nodes starting minutes apart) plus its store's read_timeout (default 60 s), as --rdzv_conf sets them."""
+    conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
+    seconds = sum(
+        int(float(conf.get(name, default))) for name, default in (("join_timeout", 600), ("read_timeout", 60))
+    )
+    return torchrun.parse_min_max_nnodes(args.nnodes)[1], seconds
+
+
+def endpoint_problem(args) -> Optional[str]:
+    """One line when the c10d endpoint cannot keep a rendezvous: its host does not resolve within
+    RESOLVE_SECONDS, or its port on this machine is held by a program other than a torchrun of this user."""
+    name, number = endpoint(args.rdzv_endpoint, "--rdzv_endpoint")
+    number = number or 29400  # torchrun's default c10d port
+    found: list = []
+    lookup = threading.Thread(target=lambda: found.append(_addresses(name, number)), daemon=True)
+    lookup.start()
+    lookup.join(RESOLVE_SECONDS)
+    if not found or isinstance(found[0], str):
+        reason = found[0] if found else f"no answer in {RESOLVE_SECONDS} s"
+        return f"{PROG}: error: --rdzv_endpoint {args.rdzv_endpoint}: {name} does not resolve ({reason})"
+    for family, address in found[0]:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, number))
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:
+                    continue  # not an address of this machine: the node keeping the rendezvous is another one
+                holder = _listener(number)
+                if holder is not None:
+                    return (
+                        f"{PROG}: error: --rdzv_endpoint {args.rdzv_endpoint}: port {number} is taken by "
+                        f"{holder}, not a rendezvous: choose a free port"
+                    )
+    return None
+
+
+def _addresses(name: str, number: int):
+    try:
+        return {(info[0], info[4][0]) for info in socket.getaddrinfo(name, number, type=socket.SOCK_STREAM)}
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def _listener(number: int) -> Optional[str]:
+    """`program (pid N)` listening on the TCP port, unless it is torchrun (launch_cuda) or cannot be seen."""
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == number and connection.pid:
+            try:
+                command = " ".join(psutil.Process(connection.pid).cmdline())
+                name = psutil.Process(connection.pid).name()
+            except psutil.Error:
+                return None
+            if "torch.distributed.run" in command or "launch_cuda" in command or "torchrun" in command:
+                return None
+            return f"{name} (pid {connection.pid})"
+    return None
+
+
+def watch_the_rendezvous(args, nodes: int, seconds: int) -> None:
+    """Say where this node waits and for how long at most; end the launch in one line if no process has started
+    by then (a store that never answers would keep torchrun waiting for ever)."""
+    where = f"the rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint}"
+    print(
+        f"{PROG}: this node waits at {where} for the job's {nodes} nodes, at most {seconds} s "
+        "(--rdzv_conf join_timeout=S,read_timeout=S)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def watch():
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if psutil.Process().children():  # the rendezvous formed: torchrun started this node's processes
+                return
+            time.sleep(1)
+        print(f"{PROG}: {where} did not form in {seconds} s: ending this node", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def first_status(failure: ChildFailedError) -> int:
@@ -88,9 +180,15 @@ def rendezvous_failure(args, error: Exception) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     line = address_refusal(args) or refusal([args.training_script, *args.training_script_args])
+    if not line and args.rdzv_backend == "c10d" and args.rdzv_endpoint and not args.standalone:
+        line = endpoint_problem(args)
     if line:
         print(line, file=sys.stderr, flush=True)
         return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # every process's threads, whatever the processes per node
+    nodes, seconds = rendezvous_settings(args)
+    if nodes > 1 and not args.standalone:
+        watch_the_rendezvous(args, nodes, seconds)
     try:
         torchrun.run(args)
     except ChildFailedError as failure:
