@@ -1,8 +1,8 @@
 """The benchmark sweep's report: tables, the comparison with the published figures, and the chart.
 
 `summarise(rows)` turns the sweep's rows (results.json) into cells, which `render_table`,
-`render_vs_published` and `render_chart` write as table.md, vs_published.md and chart.png (tools/bench.py's
-`render_all` adds the cost and energy sections of tools/cost_report.py). Cells are the median over repeats
+`render_vs_published` and `render_chart` write as table.md, vs_published.md and chart.png (report.py's
+`render_all` adds the cost and energy sections of cost_report.py). Cells are the median over repeats
 of one configuration on one device.
 """
 
