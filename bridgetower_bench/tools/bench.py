@@ -34,8 +34,10 @@ Written to --out (default bench_out/<timestamp>):
     chart_scaling.png    samples/s per device against the device count, labelled with the scaling efficiency
     chart_cost.png       samples/s per device against USD per 1M samples (with --price/--prices) and joules per
                          sample (where the runs measured energy), the published rows marked
-No price is built in (docs/COST.md). Credential values are replaced by REDACTED in the records, and paths are
-written relative to --out (`$OUT/...` in commands) or to the repository.
+No price is built in (--price DEVICE=USD_PER_HOUR, --prices FILE: docs/COST.md); energy per sample comes from the
+device's counter where one exists (NVML, HLML, RAPL), else the rows say `not measured` and why. Credential values
+are replaced by REDACTED in the records, and paths are written relative to --out (`$OUT/...` in commands) or to
+the repository.
 
 Rerunning into the same --out resumes: finished rows are kept and only the missing runs are made; settings that
 would change what a kept row measured are refused (exit status 2). One sweep at a time per --out; its runs die

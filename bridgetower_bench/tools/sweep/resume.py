@@ -24,7 +24,7 @@ from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.tools.sweep.bench_report import OK, add_scaling_efficiency, summarise
 from bridgetower_bench.tools.sweep.commands import Plan, Variant, shareable_args
 from bridgetower_bench.tools.sweep.cost import COST_COLUMNS, cost_fields
-from bridgetower_bench.tools.sweep.rows import RUN_FIGURES, read_json
+from bridgetower_bench.tools.sweep.rows import DEVICE_KEYS, RUN_FIGURES, read_json
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -34,14 +34,7 @@ CSV_COLUMNS = (
     "status",
     "returncode",
     "error",
-    "device_name",
-    "device_type",
-    "backend",
-    "execution_mode",
-    "torch_compile",
-    "device_count",
-    "device_memory_bytes",
-    "driver_version",
+    *DEVICE_KEYS,
     "script",
     "preset",
     "world_size",

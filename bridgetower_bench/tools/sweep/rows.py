@@ -32,8 +32,8 @@ RUN_FIGURES = (
     "data_wait_seconds_steady",
     "train_loss",
 )
-# Keys copied from train_results.json into a run's row.
-TRAIN_KEYS = (
+# The device a run recorded (bridgetower_bench.measurement.run_record): in its row and in results.csv.
+DEVICE_KEYS = (
     "device_name",
     "device_type",
     "backend",
@@ -42,6 +42,10 @@ TRAIN_KEYS = (
     "device_count",
     "device_memory_bytes",
     "driver_version",
+)
+# Keys copied from train_results.json into a run's row.
+TRAIN_KEYS = (
+    *DEVICE_KEYS,
     "world_size",
     "per_device_train_batch_size",
     "loader",
