@@ -279,17 +279,32 @@ def render_table(summary: Summary) -> str:
     body = [[device] + [cell_text(summary, device, c) for c in summary.columns] for device in summary.devices]
     parts = ["# BridgeTower fine-tuning throughput (samples/s, whole node)", "", _markdown_table(header, body), ""]
     parts.append(_notes(summary))
-    if summary.environments:
-        parts += [
-            "",
-            "## Environment (as the runs recorded it)",
-            "",
-            _markdown_table(
-                ["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
-                [[device] + cells for device, cells in summary.environments.items()],
-            ),
-        ]
+    parts += _environment_section(summary)
+    parts += _data_wait_section(summary, header)
+    parts += _epoch_start_section(summary)
+    parts += _spread_section(summary, header)
+    parts += _recall_section(summary, header)
+    parts += _failures_section(summary)
+    return "\n".join(parts) + "\n"
 
+
+def _environment_section(summary: Summary) -> list[str]:
+    """table.md's environment of each device, as the runs recorded it."""
+    if not summary.environments:
+        return []
+    return [
+        "",
+        "## Environment (as the runs recorded it)",
+        "",
+        _markdown_table(
+            ["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
+            [[device] + cells for device, cells in summary.environments.items()],
+        ),
+    ]
+
+
+def _data_wait_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's data wait of each cell (median)."""
     wait_rows = []
     for device in summary.devices:
         wait = []
@@ -297,75 +312,88 @@ def render_table(summary: Summary) -> str:
             cell = summary.cells.get((device, column))
             wait.append(f"{100 * statistics.median(cell.data_wait):.0f}%" if cell and cell.data_wait else "-")
         wait_rows.append([device] + wait)
-    parts += ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
+    return ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
 
+
+def _epoch_start_section(summary: Summary) -> list[str]:
+    """table.md's data wait at epoch starts beside the steady state, where runs counted epoch starts."""
     split_rows = []
     for device in summary.devices:
         for column in summary.columns:
             cell = summary.cells.get((device, column))
             if cell and cell.epoch_start_runs:
                 split_rows.append([device, column] + _split_cells(cell.epoch_start_runs))
-    if split_rows:
-        parts += [
-            "",
-            "## Data wait at epoch starts beside the steady state (median)",
-            "",
-            "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
-            "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
-            "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.",
-            "",
-            _markdown_table(
-                [
-                    "device",
-                    "configuration",
-                    "epoch starts counted",
-                    "wait at epoch starts",
-                    "steady wait",
-                    "ratio",
-                    "seconds lost at epoch starts",
-                    "per epoch-start step",
-                    "per steady step",
-                ],
-                split_rows,
-            ),
-        ]
+    if not split_rows:
+        return []
+    return [
+        "",
+        "## Data wait at epoch starts beside the steady state (median)",
+        "",
+        "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
+        "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
+        "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.",
+        "",
+        _markdown_table(
+            [
+                "device",
+                "configuration",
+                "epoch starts counted",
+                "wait at epoch starts",
+                "steady wait",
+                "ratio",
+                "seconds lost at epoch starts",
+                "per epoch-start step",
+                "per steady step",
+            ],
+            split_rows,
+        ),
+    ]
 
-    if any(len(cell.node) > 1 for cell in summary.cells.values()):
-        spread_rows = [
-            [device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices
-        ]
-        parts += [
-            "",
-            "## Spread over repeats (min-max samples/s, number of finished runs)",
-            "",
-            _markdown_table(header, spread_rows),
-        ]
 
-    if any(cell.recall for cell in summary.cells.values()):
-        recall_rows = [
-            [device]
-            + [
-                f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
-                if (device, c) in summary.cells and summary.cells[(device, c)].recall
-                else "-"
-                for c in summary.columns
-            ]
-            for device in summary.devices
-        ]
-        parts += [
-            "",
-            "## Retrieval quality: eval image->text recall@1 (median)",
-            "",
-            _markdown_table(header, recall_rows),
-        ]
+def _spread_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's spread over repeats, where a cell has several finished runs."""
+    if not any(len(cell.node) > 1 for cell in summary.cells.values()):
+        return []
+    spread_rows = [
+        [device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices
+    ]
+    return [
+        "",
+        "## Spread over repeats (min-max samples/s, number of finished runs)",
+        "",
+        _markdown_table(header, spread_rows),
+    ]
 
-    if summary.failures:
-        parts += ["", "## Failed runs", ""]
-        parts += [
-            f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}"
-            for r in summary.failures
+
+def _recall_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's eval recall@1, where the runs evaluated."""
+    if not any(cell.recall for cell in summary.cells.values()):
+        return []
+    recall_rows = [
+        [device]
+        + [
+            f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
+            if (device, c) in summary.cells and summary.cells[(device, c)].recall
+            else "-"
+            for c in summary.columns
         ]
-    return "\n".join(parts) + "\n"
+        for device in summary.devices
+    ]
+    return [
+        "",
+        "## Retrieval quality: eval image->text recall@1 (median)",
+        "",
+        _markdown_table(header, recall_rows),
+    ]
+
+
+def _failures_section(summary: Summary) -> list[str]:
+    """table.md's failed runs, each with its error and log."""
+    if not summary.failures:
+        return []
+    return ["", "## Failed runs", ""] + [
+        f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}" for r in summary.failures
+    ]
 
 
 def _split_cells(runs: Sequence[dict]) -> list[str]:
