@@ -19,6 +19,11 @@ from PIL import Image
 from bridgetower_bench import published
 from bridgetower_bench.tools import bench
 from bridgetower_bench.tools.sweep import bench_report
+from bridgetower_bench.tools.sweep import commands as sweep_commands
+from bridgetower_bench.tools.sweep import plan as sweep_plan
+from bridgetower_bench.tools.sweep import presets as sweep_presets
+from bridgetower_bench.tools.sweep import resume as sweep_resume
+from bridgetower_bench.tools.sweep import rows as sweep_rows
 from bridgetower_bench.user_errors import UserInputError
 from helpers import REPO
 
@@ -211,7 +216,7 @@ def stand_in_plan(tmp_path, workers, image_pipelines=("upstream",), repeats=1):
         script="cuda",
         device="cpu",
         nproc=1,
-        variants=bench.expand_matrix(list(workers), ["torch"], list(image_pipelines), repeats=repeats),
+        variants=sweep_commands.expand_matrix(list(workers), ["torch"], list(image_pipelines), repeats=repeats),
         base_args=[],
         script_path=script,
         expected_device_name="CPU stand-in",
@@ -331,7 +336,7 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
     assert [r["run_id"] for r in rows] == [v.run_id for v in wider.variants]
     assert rows[0] == first[0] and saved_rows(out) == rows
     assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [
-        bench.asdict(v) for v in wider.variants
+        dataclasses.asdict(v) for v in wider.variants
     ]
 
     # A narrower rerun runs nothing new and drops no row.
@@ -351,7 +356,7 @@ def test_an_interrupted_run_is_made_again_by_the_rerun(ctrl_c_raises, tmp_path):
     starts(tmp_path)
 
     plan = stand_in_plan(tmp_path, workers=[0, 1])
-    plan.variants = [plan.variants[0], bench.Variant(7)]
+    plan.variants = [plan.variants[0], sweep_commands.Variant(7)]
     plan.env["STAND_IN_FAIL"] = "1"  # the rerun of workers=7 fails at once instead of hanging
     rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
     assert starts(tmp_path) == ["w7-torch-upstream-r1"]
@@ -423,7 +428,7 @@ def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_o
     )
     plan.expected_device_name = ""  # as a dry run plans it
     out.mkdir()
-    bench.write_results(out, plan, [{"run_id": plan.variants[0].run_id, "status": "ok"}])
+    sweep_resume.write_results(out, plan, [{"run_id": plan.variants[0].run_id, "status": "ok"}])
 
     assert (
         bench.main(
@@ -470,7 +475,7 @@ time.sleep(60)
 def held_run_directory(tmp_path):
     """held_run_directory(path): a live process holding that run directory's lock, as a training run does."""
     script = tmp_path / "hold.py"
-    script.write_text(HOLD_RUN_DIRECTORY.format(repo=str(bench.REPO)))
+    script.write_text(HOLD_RUN_DIRECTORY.format(repo=str(sweep_commands.REPO)))
     holders = []
 
     def start(path):
@@ -490,7 +495,7 @@ def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path,
     plan = stand_in_plan(tmp_path, workers=[0])
     monkeypatch.setattr(bench, "make_plan", lambda args, **kw: plan)
 
-    with bench.sweep_lock(out):  # a sweep running (flock: a second open of the file is refused, in any process)
+    with sweep_resume.sweep_lock(out):  # a sweep running (flock: a second open of the file is refused, in any process)
         code = bench.main(["--out", str(out)])
 
     error = capsys.readouterr().err
@@ -523,7 +528,8 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from bridgetower_bench.tools import bench
-plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, variants=[bench.Variant(7)], base_args=[],
+from bridgetower_bench.tools.sweep import commands as sweep_commands
+plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, variants=[sweep_commands.Variant(7)], base_args=[],
                   script_path=Path(sys.argv[1]))
 bench.run_sweep(plan, Path(sys.argv[2]))
 """
@@ -541,14 +547,14 @@ def _running(pid):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
     driver = tmp_path / "sweep_of_one.py"
-    driver.write_text(SWEEP_OF_ONE.format(repo=str(bench.REPO)))
+    driver.write_text(SWEEP_OF_ONE.format(repo=str(sweep_commands.REPO)))
     script = stand_in_plan(tmp_path, workers=[7]).script_path
     sweep = subprocess.Popen(
         [sys.executable, str(driver), str(script), str(tmp_path / "out")],
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
-    run = int(wait_for(tmp_path / "out" / "runs" / bench.Variant(7).run_id / "pid"))
+    run = int(wait_for(tmp_path / "out" / "runs" / sweep_commands.Variant(7).run_id / "pid"))
     try:
         assert _running(run)
         sweep.kill()
@@ -731,7 +737,7 @@ def plan_for(argv, accelerator):
 def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
     plan = plan_for(["--preset", "blog"], accelerator="hpu")
 
-    labels = [bench.configuration_label(v.workers, v.loader) for v in plan.variants]
+    labels = [bench_report.configuration_label(v.workers, v.loader) for v in plan.variants]
     assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
     command = plan.command(plan.variants[-1], tmp_path / "run")
     assert command[:7] == [
@@ -773,7 +779,7 @@ def readme_command(section: str, marker: str) -> list[str]:
     import re
     import shlex
 
-    text = (bench.REPO / "README.md").read_text()
+    text = (sweep_commands.REPO / "README.md").read_text()
     body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     for block in re.findall(r"```bash\n(.*?)```", body, re.S):
         for command in block.replace("\\\n", " ").splitlines():
@@ -828,7 +834,9 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
-    command = " ".join(plan_for([], accelerator="cpu").command(bench.Variant(0, "torch", "upstream", 1), tmp_path))
+    command = " ".join(
+        plan_for([], accelerator="cpu").command(sweep_commands.Variant(0, "torch", "upstream", 1), tmp_path)
+    )
     assert "--per_device_train_batch_size 8 --max_seq_length 32" in command
     tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
     data = load_dataset(str(fixtures["dataset"]), "matching", cache_dir=str(tmp_path / "hf-cache"))
@@ -926,7 +934,7 @@ def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
 
 def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(tmp_path):
     def shape(argv):
-        command = plan_for(argv, accelerator="cpu").command(bench.Variant(2), tmp_path)
+        command = plan_for(argv, accelerator="cpu").command(sweep_commands.Variant(2), tmp_path)
         value = {
             flag: int(command[command.index(flag) + 1])
             for flag in (
@@ -943,9 +951,9 @@ def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(t
     steps_per_epoch, epoch_starts = shape([])
     assert 24 <= steps_per_epoch <= 26, "the published run: about 9.8k rows / 384 per step"
     assert len(epoch_starts) >= 2 and epoch_starts[0] == steps_per_epoch + 1
-    assert bench.local_train_rows() >= steps_per_epoch * 8, "the fixture has the rows the preset asks for"
+    assert sweep_presets.local_train_rows() >= steps_per_epoch * 8, "the fixture has the rows the preset asks for"
     assert shape(["--shape", "within-epoch"])[1] == [], "the short variant stays inside the first epoch"
-    assert "2 epoch start(s) counted (steps 25, 49)" in bench.describe_shape("published")
+    assert "2 epoch start(s) counted (steps 25, 49)" in sweep_presets.describe_shape("published")
 
 
 def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
@@ -1017,8 +1025,8 @@ def test_last_error_line_prefers_the_child_exception_over_launcher_noise():
             "=====",
         ]
     )
-    assert bench.last_error_line(log) == "[rank0]: ValueError: --image_column foo not found"
-    assert bench.last_error_line("all fine\nlast words\n") == "last words"
+    assert sweep_rows.last_error_line(log) == "[rank0]: ValueError: --image_column foo not found"
+    assert sweep_rows.last_error_line("all fine\nlast words\n") == "last words"
 
 
 def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
@@ -1040,7 +1048,7 @@ def test_a_diverged_run_shows_its_one_line_not_an_earlier_error():
             "some shutdown chatter",
         ]
     )
-    assert bench.last_error_line(log).startswith("Training diverged at step 2 of 6")
+    assert sweep_rows.last_error_line(log).startswith("Training diverged at step 2 of 6")
 
 
 # The sweep never turns a GPU or Gaudi run into a CPU run unless --device cpu asks ---------------------------
@@ -1073,28 +1081,28 @@ def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypat
     from bridgetower_bench.guards import cuda_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/hl-smi" if name == "hl-smi" else None)
+    monkeypatch.setattr(sweep_plan.shutil, "which", lambda name: "/usr/bin/hl-smi" if name == "hl-smi" else None)
     with pytest.raises(
         UserInputError, match=r"no usable HPU: a Gaudi driver is here .* run inside Habana's container"
     ):
-        bench.detect_accelerator()
+        sweep_plan.detect_accelerator()
 
-    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sweep_plan.shutil, "which", lambda name: None)
     monkeypatch.setattr(bench.os.path, "isdir", lambda path: False)
     monkeypatch.setattr(cuda_device, "driver_libraries", lambda: ["cuda", "nvidia-ml"])
     monkeypatch.setattr(
         cuda_device, "ask_driver", lambda: cuda_device.DriverAnswer("nvidia-smi", version="470.82.01", gpus=8)
     )
     with pytest.raises(UserInputError, match=r"no usable NVIDIA GPU: the NVIDIA driver is 470.82.01, too old"):
-        bench.detect_accelerator()
+        sweep_plan.detect_accelerator()
 
     monkeypatch.setattr(cuda_device, "driver_libraries", lambda: [])
     monkeypatch.setattr(cuda_device, "ask_driver", lambda: None)
-    assert bench.detect_accelerator() == "cpu"
+    assert sweep_plan.detect_accelerator() == "cpu"
 
 
 def test_the_blog_preset_without_an_accelerator_is_refused_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     assert bench.main(["--preset", "blog", "--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
@@ -1108,7 +1116,7 @@ def test_the_sweeps_runs_fork_without_the_tokenizers_warning(monkeypatch, capsys
     # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
     # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     assert bench.main(["--dry-run", "--workers", "0"]) == 0
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
@@ -1216,7 +1224,7 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
 def test_a_curve_across_nodes_the_hostfile_cannot_give_is_refused_in_one_line(
     argv, text, message, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     path = hostfile(tmp_path, *([text] if text else []))
     argv = [arg.format(hostfile=path) for arg in argv]
     assert bench.main(argv + ["--out", str(tmp_path / "out")]) == 2
@@ -1227,7 +1235,7 @@ def test_a_curve_across_nodes_the_hostfile_cannot_give_is_refused_in_one_line(
 
 
 def test_a_dry_run_across_nodes_prints_each_nodes_command(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     out, nodes = tmp_path / "out", ["--nodes", "1,2", "--hostfile", hostfile(tmp_path)]
     argv = ["--dry-run", "--workers", "0", "--image-pipelines", "upstream", "--devices", "0", "--out", str(out)]
     assert bench.main(argv + nodes + ["--extra-args", "--hub_token hf_secret_value"]) == 0
@@ -1238,7 +1246,7 @@ def test_a_dry_run_across_nodes_prints_each_nodes_command(tmp_path, monkeypatch,
     assert [words[:3] for words in node_lines] == [["ssh", "-tt", "gpu-a"], ["ssh", "-tt", "gpu-b"]]
     for words in node_lines:  # one shell line per node: from the kit's directory, with the run's variables
         line = shlex.split(words[3])
-        assert line[:3] == ["cd", str(bench.REPO), "&&"] and "HF_HUB_OFFLINE=1" in line
+        assert line[:3] == ["cd", str(sweep_commands.REPO), "&&"] and "HF_HUB_OFFLINE=1" in line
         start = line.index(sys.executable)
         assert line[start + 1 : start + 13] == [
             *("-m", "bridgetower_bench.tools.launch_cuda", "--nnodes", "2", "--nproc_per_node", "1"),
@@ -1246,7 +1254,7 @@ def test_a_dry_run_across_nodes_prints_each_nodes_command(tmp_path, monkeypatch,
         ]
         assert line[start + 13] == str(bench.SCRIPTS["cuda"]) and str(out / "runs" / run) in line
 
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "hpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "hpu")
     assert bench.main(argv + nodes + ["--nproc", "2"]) == 0
     launches = [line for line in capsys.readouterr().out.splitlines() if "launch_gaudi --hostfile" in line]
     assert len(launches) == 1 and launches[0].startswith(  # one launch: DeepSpeed's launcher reaches the nodes
@@ -1261,7 +1269,7 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
     plan.script, plan.device, plan.nproc, plan.hosts = "gaudi", "hpu", 2, ["gaudi-a", "gaudi-b", "gaudi-c"]
     (tmp_path / "out").mkdir()
     earlier = dict(row(10.0, 0, world_size=2), run_id=plan.variants[0].run_id)  # a row of a sweep before --nodes
-    bench.write_results(tmp_path / "out", plan, [earlier])
+    sweep_resume.write_results(tmp_path / "out", plan, [earlier])
     plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
 
     old, across = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]

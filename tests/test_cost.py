@@ -11,6 +11,8 @@ from PIL import Image
 
 from bridgetower_bench.tools import bench, compare
 from bridgetower_bench.tools.sweep import bench_report, cost, cost_report
+from bridgetower_bench.tools.sweep import commands as sweep_commands
+from bridgetower_bench.tools.sweep import plan as sweep_plan
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -234,7 +236,7 @@ def sweep(tmp_path, given, env=None):
         nproc=1,
         base_args=[],
         script_path=script,
-        variants=bench.expand_matrix([0, 1], ["torch"], ["upstream"], repeats=1),
+        variants=sweep_commands.expand_matrix([0, 1], ["torch"], ["upstream"], repeats=1),
         expected_device_name="CPU stand-in",
         prices=given,
         env=env or {},
@@ -340,7 +342,7 @@ def readme_pricing_examples() -> list[tuple[list[str], str]]:
     import re
     import shlex
 
-    text = (bench.REPO / "README.md").read_text().replace("\\\n", " ")
+    text = (sweep_commands.REPO / "README.md").read_text().replace("\\\n", " ")
     found = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():
@@ -357,6 +359,6 @@ def test_the_readmes_pricing_examples_run_on_the_machine_they_name(monkeypatch, 
     for argv, comment in examples:
         named = [kind for words, kind in machines.items() if words in comment]
         assert named, f"the README's example {' '.join(argv)} does not say where it runs: {comment!r}"
-        monkeypatch.setattr(bench, "detect_accelerator", lambda: named[0])
+        monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: named[0])
         assert bench.main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
         assert f" on {named[0]} x" in capsys.readouterr().out

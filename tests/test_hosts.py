@@ -5,6 +5,7 @@ import os
 import pytest
 
 from bridgetower_bench.tools import bench, hosts
+from bridgetower_bench.tools.sweep import plan as sweep_plan
 from bridgetower_bench.user_errors import UserInputError
 from helpers import run_tool
 
@@ -184,7 +185,7 @@ def test_the_cuda_launcher_refuses_what_is_no_host_or_port(tmp_path, argv, messa
     ],
 )
 def test_the_sweep_refuses_what_is_no_host_or_port(tmp_path, monkeypatch, capsys, argv, hostfile, message):
-    monkeypatch.setattr(bench, "detect_accelerator", lambda: "cpu")
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     (tmp_path / "hostfile").write_text(hostfile)
     argv = ["--nodes", "1,2", "--hostfile", str(tmp_path / "hostfile"), *argv, "--out", str(tmp_path / "out")]
     try:

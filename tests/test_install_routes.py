@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.guards import cuda_device
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools.sweep import presets as sweep_presets
 from helpers import BOTH_ROUTES, REPO, run_script
 
 
@@ -116,7 +116,7 @@ def test_overwrite_output_dir_is_a_flag_of_the_cuda_scripts_arguments_on_this_ro
 def published_command(fixtures, out):
     """The published flags as the sweep runs them (`bench --preset blog`: the README's command less the device
     flags), --overwrite_output_dir included, scaled to the tiny fixtures on the CPU."""
-    args = bench.blog_preset_args()
+    args = sweep_presets.blog_preset_args()
     at = args.index("--dataset_revision")
     del args[at : at + 2]  # (a data set in a local directory has no revisions)
     scaled = {

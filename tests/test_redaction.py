@@ -13,6 +13,8 @@ from transformers import HfArgumentParser
 from bridgetower_bench import redaction
 from bridgetower_bench.tools import bench
 from bridgetower_bench.tools.fixtures import script_arguments
+from bridgetower_bench.tools.sweep import commands as sweep_commands
+from bridgetower_bench.tools.sweep import presets as sweep_presets
 from helpers import REPO, run_script
 
 
@@ -115,7 +117,7 @@ def test_a_command_line_as_typed_is_redacted_quotes_and_all(text, shown):
 def test_a_sweep_refusing_extra_args_it_cannot_split_does_not_print_their_token(tmp_path):
     """The refusal once echoed the text whole, token included, when its quotes did not close."""
     with pytest.raises(ValueError) as refused:
-        bench.parse_extra_args("--token 'hf_abcdef --seed 1")
+        sweep_presets.parse_extra_args("--token 'hf_abcdef --seed 1")
     assert str(refused.value) == "--extra-args '--token REDACTED': No closing quotation"
 
 
@@ -301,7 +303,7 @@ def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, mo
         script="cuda",
         device="cpu",
         nproc=1,
-        variants=bench.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
+        variants=sweep_commands.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
         base_args=[],
         extra_args=["--token", token],
         script_path=script,

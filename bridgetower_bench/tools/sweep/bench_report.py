@@ -1,8 +1,8 @@
 """The benchmark sweep's report: tables, the comparison with the published figures, and the chart.
 
 `summarise(rows)` turns the sweep's rows (results.json) into cells, which `render_table`,
-`render_vs_published` and `render_chart` write as table.md, vs_published.md and chart.png (tools/bench.py's
-`render_all` adds the cost and energy sections of tools/cost_report.py). Cells are the median over repeats
+`render_vs_published` and `render_chart` write as table.md, vs_published.md and chart.png (report.py's
+`render_all` adds the cost and energy sections of cost_report.py). Cells are the median over repeats
 of one configuration on one device.
 """
 
@@ -279,17 +279,32 @@ def render_table(summary: Summary) -> str:
     body = [[device] + [cell_text(summary, device, c) for c in summary.columns] for device in summary.devices]
     parts = ["# BridgeTower fine-tuning throughput (samples/s, whole node)", "", _markdown_table(header, body), ""]
     parts.append(_notes(summary))
-    if summary.environments:
-        parts += [
-            "",
-            "## Environment (as the runs recorded it)",
-            "",
-            _markdown_table(
-                ["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
-                [[device] + cells for device, cells in summary.environments.items()],
-            ),
-        ]
+    parts += _environment_section(summary)
+    parts += _data_wait_section(summary, header)
+    parts += _epoch_start_section(summary)
+    parts += _spread_section(summary, header)
+    parts += _recall_section(summary, header)
+    parts += _failures_section(summary)
+    return "\n".join(parts) + "\n"
 
+
+def _environment_section(summary: Summary) -> list[str]:
+    """table.md's environment of each device, as the runs recorded it."""
+    if not summary.environments:
+        return []
+    return [
+        "",
+        "## Environment (as the runs recorded it)",
+        "",
+        _markdown_table(
+            ["device"] + [heading for heading, _ in ENVIRONMENT_COLUMNS],
+            [[device] + cells for device, cells in summary.environments.items()],
+        ),
+    ]
+
+
+def _data_wait_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's data wait of each cell (median)."""
     wait_rows = []
     for device in summary.devices:
         wait = []
@@ -297,75 +312,88 @@ def render_table(summary: Summary) -> str:
             cell = summary.cells.get((device, column))
             wait.append(f"{100 * statistics.median(cell.data_wait):.0f}%" if cell and cell.data_wait else "-")
         wait_rows.append([device] + wait)
-    parts += ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
+    return ["", "## Time the training loop waited for data (median)", "", _markdown_table(header, wait_rows)]
 
+
+def _epoch_start_section(summary: Summary) -> list[str]:
+    """table.md's data wait at epoch starts beside the steady state, where runs counted epoch starts."""
     split_rows = []
     for device in summary.devices:
         for column in summary.columns:
             cell = summary.cells.get((device, column))
             if cell and cell.epoch_start_runs:
                 split_rows.append([device, column] + _split_cells(cell.epoch_start_runs))
-    if split_rows:
-        parts += [
-            "",
-            "## Data wait at epoch starts beside the steady state (median)",
-            "",
-            "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
-            "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
-            "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.",
-            "",
-            _markdown_table(
-                [
-                    "device",
-                    "configuration",
-                    "epoch starts counted",
-                    "wait at epoch starts",
-                    "steady wait",
-                    "ratio",
-                    "seconds lost at epoch starts",
-                    "per epoch-start step",
-                    "per steady step",
-                ],
-                split_rows,
-            ),
-        ]
+    if not split_rows:
+        return []
+    return [
+        "",
+        "## Data wait at epoch starts beside the steady state (median)",
+        "",
+        "Epoch-start steps: the first optimizer step of every epoch after the first, inside the counted window; "
+        "steady: every other counted step. Shares are of the whole counted time (they add up to the data wait "
+        "above); per step: mean wait of one such step; ratio: epoch-start share / steady share.",
+        "",
+        _markdown_table(
+            [
+                "device",
+                "configuration",
+                "epoch starts counted",
+                "wait at epoch starts",
+                "steady wait",
+                "ratio",
+                "seconds lost at epoch starts",
+                "per epoch-start step",
+                "per steady step",
+            ],
+            split_rows,
+        ),
+    ]
 
-    if any(len(cell.node) > 1 for cell in summary.cells.values()):
-        spread_rows = [
-            [device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices
-        ]
-        parts += [
-            "",
-            "## Spread over repeats (min-max samples/s, number of finished runs)",
-            "",
-            _markdown_table(header, spread_rows),
-        ]
 
-    if any(cell.recall for cell in summary.cells.values()):
-        recall_rows = [
-            [device]
-            + [
-                f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
-                if (device, c) in summary.cells and summary.cells[(device, c)].recall
-                else "-"
-                for c in summary.columns
-            ]
-            for device in summary.devices
-        ]
-        parts += [
-            "",
-            "## Retrieval quality: eval image->text recall@1 (median)",
-            "",
-            _markdown_table(header, recall_rows),
-        ]
+def _spread_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's spread over repeats, where a cell has several finished runs."""
+    if not any(len(cell.node) > 1 for cell in summary.cells.values()):
+        return []
+    spread_rows = [
+        [device] + [_spread(summary.cells.get((device, c))) for c in summary.columns] for device in summary.devices
+    ]
+    return [
+        "",
+        "## Spread over repeats (min-max samples/s, number of finished runs)",
+        "",
+        _markdown_table(header, spread_rows),
+    ]
 
-    if summary.failures:
-        parts += ["", "## Failed runs", ""]
-        parts += [
-            f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}"
-            for r in summary.failures
+
+def _recall_section(summary: Summary, header: list[str]) -> list[str]:
+    """table.md's eval recall@1, where the runs evaluated."""
+    if not any(cell.recall for cell in summary.cells.values()):
+        return []
+    recall_rows = [
+        [device]
+        + [
+            f"{statistics.median(summary.cells[(device, c)].recall):.3f}"
+            if (device, c) in summary.cells and summary.cells[(device, c)].recall
+            else "-"
+            for c in summary.columns
         ]
-    return "\n".join(parts) + "\n"
+        for device in summary.devices
+    ]
+    return [
+        "",
+        "## Retrieval quality: eval image->text recall@1 (median)",
+        "",
+        _markdown_table(header, recall_rows),
+    ]
+
+
+def _failures_section(summary: Summary) -> list[str]:
+    """table.md's failed runs, each with its error and log."""
+    if not summary.failures:
+        return []
+    return ["", "## Failed runs", ""] + [
+        f"- {r['run_id']} (return code {r['returncode']}): {r['error']} — log: {r['log']}" for r in summary.failures
+    ]
 
 
 def _split_cells(runs: Sequence[dict]) -> list[str]:
@@ -416,6 +444,43 @@ def _notes(summary: Summary) -> str:
 
 def render_vs_published(summary: Summary, meta: Mapping) -> str:
     """vs_published.md: our cells beside the published figures (docs/PUBLISHED.md), whole node and per device (published = node / devices)."""
+    header, node_rows, device_rows, speedup_rows = _beside_published(summary)
+    parts = [
+        "# This run beside the published figures",
+        "",
+        _recipe_table(summary, meta),
+        "",
+        _verdict(summary, meta) + (f" Shape of these runs: {meta['shape']}." if meta.get("shape") else ""),
+        "",
+        "## Whole node, samples/s",
+        "",
+        _markdown_table(header, node_rows),
+        "",
+        f"## Per device, samples/s (published: node / {published.DEVICES})",
+        "",
+        _markdown_table(header, device_rows),
+        "",
+        "## Speedup against workers=0 of the same device",
+        "",
+        _markdown_table(header, speedup_rows),
+        "",
+        "n/a: not published for that device; -: not run (or no run finished).",
+        "",
+        f"## Upstream's CI baselines (optimum-habana 1.21 line, {published.DEVICES} devices)",
+        "",
+        _markdown_table(
+            ["device", "samples/s (node)", "samples/s per device"],
+            [[d, _fmt(v), _fmt(v / published.DEVICES)] for d, v in published.CI_BASELINES.items()],
+        ),
+        "",
+        f"Its command adds `{published.CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _beside_published(summary: Summary) -> tuple[list[str], list[list[str]], list[list[str]], list[list[str]]]:
+    """vs_published.md's three tables: the header, then the rows of whole-node samples/s, per-device samples/s and
+    speedups, our devices beside the published ones."""
     rows_order = list(summary.columns) + [c for c in published.CONFIGS if c not in summary.columns]
     published_devices = list(published.THROUGHPUT)
     ours = summary.devices
@@ -453,82 +518,60 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         + [published_speedup(d, c) for d in published_devices]
         for c in rows_order
     ]
+    return header, node_rows, device_rows, speedup_rows
 
-    model = meta.get("model", "?")
+
+def _verdict(summary: Summary, meta: Mapping) -> str:
+    """How this run's figures compare with the published ones: directly, per device, or by their speedups."""
     world_sizes = summary.notes.get("world_size", [])
     if meta.get("preset") != "blog":
-        verdict = (
-            "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
-        )
-    elif world_sizes == [published.DEVICES]:
-        verdict = "The published recipe at the published scale: the numbers compare directly."
-    else:
-        verdict = (
-            f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
-            f"{published.DEVICES}: compare the per-device figures."
-        )
-    parts = [
-        "# This run beside the published figures",
-        "",
-        _markdown_table(
-            ["", "this run", "published"],
+        return "Not the published recipe (a different model, data or scale): compare the speedups, not the samples/s."
+    if world_sizes == [published.DEVICES]:
+        return "The published recipe at the published scale: the numbers compare directly."
+    return (
+        f"The published recipe on {', '.join(map(str, world_sizes)) or '?'} device(s) instead of "
+        f"{published.DEVICES}: compare the per-device figures."
+    )
+
+
+def _recipe_table(summary: Summary, meta: Mapping) -> str:
+    """This run's model, devices, batch and shape beside the published run's."""
+    return _markdown_table(
+        ["", "this run", "published"],
+        [
             [
-                ["model", model, f"{published.MODEL} ({published.TRAINED_PARAMETERS / 1e6:.0f} M parameters)"],
-                [
-                    "devices",
-                    ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?",
-                    str(published.DEVICES),
-                ],
-                [
-                    "per-device batch",
-                    ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?",
-                    str(published.BATCH),
-                ],
-                [
-                    "warm-up steps",
-                    ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?",
-                    str(published.WARMUP_STEPS),
-                ],
-                [
-                    "optimizer steps per epoch",
-                    ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
-                    f"about {math.ceil(published.TRAIN_ROWS / (published.BATCH * published.DEVICES))} (about "
-                    f"{published.TRAIN_ROWS / 1000:g}k rows / {published.BATCH} x {published.DEVICES}, the last batch partial)",
-                ],
-                [
-                    "epoch starts counted",
-                    ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
-                    f"{published.EPOCHS - 1} ({published.EPOCHS} epochs)",
-                ],
+                "model",
+                meta.get("model", "?"),
+                f"{published.MODEL} ({published.TRAINED_PARAMETERS / 1e6:.0f} M parameters)",
             ],
-        ),
-        "",
-        verdict + (f" Shape of these runs: {meta['shape']}." if meta.get("shape") else ""),
-        "",
-        "## Whole node, samples/s",
-        "",
-        _markdown_table(header, node_rows),
-        "",
-        f"## Per device, samples/s (published: node / {published.DEVICES})",
-        "",
-        _markdown_table(header, device_rows),
-        "",
-        "## Speedup against workers=0 of the same device",
-        "",
-        _markdown_table(header, speedup_rows),
-        "",
-        "n/a: not published for that device; -: not run (or no run finished).",
-        "",
-        f"## Upstream's CI baselines (optimum-habana 1.21 line, {published.DEVICES} devices)",
-        "",
-        _markdown_table(
-            ["device", "samples/s (node)", "samples/s per device"],
-            [[d, _fmt(v), _fmt(v / published.DEVICES)] for d, v in published.CI_BASELINES.items()],
-        ),
-        "",
-        f"Its command adds `{published.CI_EXTRA_FLAGS}` to the published flags and leaves out `--do_predict`.",
-    ]
-    return "\n".join(parts) + "\n"
+            [
+                "devices",
+                ", ".join(str(n) for n in summary.notes.get("world_size", [])) or "?",
+                str(published.DEVICES),
+            ],
+            [
+                "per-device batch",
+                ", ".join(str(n) for n in summary.notes.get("per_device_train_batch_size", [])) or "?",
+                str(published.BATCH),
+            ],
+            [
+                "warm-up steps",
+                ", ".join(str(n) for n in summary.notes.get("throughput_warmup_steps", [])) or "?",
+                str(published.WARMUP_STEPS),
+            ],
+            [
+                "optimizer steps per epoch",
+                ", ".join(str(n) for n in summary.notes.get("throughput_steps_per_epoch", [])) or "?",
+                f"about {math.ceil(published.TRAIN_ROWS / (published.BATCH * published.DEVICES))} (about "
+                f"{published.TRAIN_ROWS / 1000:g}k rows / {published.BATCH} x {published.DEVICES}, the last batch partial)",
+            ],
+            [
+                "epoch starts counted",
+                ", ".join(str(n) for n in summary.notes.get("throughput_epoch_starts", [])) or "?",
+                f"{published.EPOCHS - 1} ({published.EPOCHS} epochs)",
+            ],
+        ],
+    )
 
 
 _WORKERS_HEADING = re.compile(r"^(workers=\d+)(.*)$")

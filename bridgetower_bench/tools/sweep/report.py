@@ -1,0 +1,37 @@
+"""The sweep's report: table.md, vs_published.md and the charts, from bench_report.py and cost_report.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.tools.sweep import cost_report
+from bridgetower_bench.tools.sweep.bench_report import (
+    render_chart,
+    render_scaling,
+    render_scaling_chart,
+    render_table,
+    render_vs_published,
+    summarise,
+)
+
+
+def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
+    """Write the report: table.md, vs_published.md and chart.png (bench_report.py), and where there are
+    prices (`meta["prices"]`) or energy figures their sections and chart_cost.png (cost_report.py);
+    return the table text."""
+    summary = summarise(rows)
+    cost_table, cost_vs_published, _ = cost_report.render(out, summary, meta)
+    table = render_table(summary) + render_scaling(summary) + cost_table
+    write_atomically(out / "table.md", table)
+    write_atomically(out / "vs_published.md", render_vs_published(summary, meta) + cost_vs_published)
+    render_chart(summary, out / "chart.png")
+    render_scaling_chart(summary, out / "chart_scaling.png")
+    return table
+
+
+if __name__ == "__main__":
+    from bridgetower_bench.tools import tool_paths
+
+    tool_paths.not_a_command()

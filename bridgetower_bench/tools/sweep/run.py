@@ -1,0 +1,231 @@
+"""Running the sweep: every variant still to run, one subprocess (or one per node) each, supervised: its output
+into its log (secrets scrubbed), stopped with all its processes on Ctrl-C, and dying with the sweep.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Optional
+
+from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.redaction import scrub, secret_values
+from bridgetower_bench.tools.sweep.bench_report import INTERRUPTED, OK
+from bridgetower_bench.tools.sweep.commands import REPO, Plan, Variant, hostfile_path
+from bridgetower_bench.tools.sweep.resume import plan_resume, refuse_held_run_dirs, sweep_lock, write_results
+from bridgetower_bench.tools.sweep.rows import collect_row, describe_row
+
+
+def run_sweep(
+    plan: Plan, out: Path, keep_weights: bool = False, echo: Callable[[str], None] = print
+) -> tuple[list[dict], bool]:
+    """Run every variant that `out` has no finished row of, in order; results.json/csv are rewritten after each
+    run and keep the earlier sweeps' rows. Holds --out's lock throughout. Returns (every row, interrupted)."""
+    with sweep_lock(out):
+        kept, variants, to_run = plan_resume(plan, out)
+        refuse_held_run_dirs(to_run, out)
+        rows = dict(kept)
+        finished = sum(1 for v in plan.variants if v not in to_run)
+        if finished:
+            echo(f"{finished} of {len(plan.variants)} run(s) already finished in {out} (kept); {len(to_run)} to run")
+        interrupted = False
+        for i, variant in enumerate(to_run, 1):
+            rows[variant.run_id] = run_variant(plan, variant, out, keep_weights, f"[{i}/{len(to_run)}]", echo)
+            write_results(out, plan, _in_order(rows, variants), variants)
+            if rows[variant.run_id]["status"] == INTERRUPTED:
+                interrupted = True
+                break
+        if not to_run:
+            write_results(out, plan, _in_order(rows, variants), variants)
+        return _in_order(rows, variants), interrupted
+
+
+def _in_order(rows: Mapping[str, dict], variants: Sequence[Variant]) -> list[dict]:
+    """The rows in the matrix's order (rows of variants no longer known, last)."""
+    order = {v.run_id: i for i, v in enumerate(variants)}
+    return sorted(rows.values(), key=lambda row: order.get(row["run_id"], len(order)))
+
+
+def run_variant(
+    plan: Plan, variant: Variant, out: Path, keep_weights: bool, progress: str, echo: Callable[[str], None]
+) -> dict:
+    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it)."""
+    run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
+    command = plan.command(variant, run_dir)
+    echo(f"{progress} start  {variant.label}, repeat {variant.repeat} (log: {log_path})")
+    refuse_held_run_dirs([variant], out)  # claimed since the sweep started: leave it alone
+    if run_dir.exists():  # left by an unfinished run of an earlier sweep: its results must not pass for this run's
+        shutil.rmtree(run_dir)
+    if variant.nodes and plan.script == "gaudi":  # launch_gaudi's nodes: the hostfile's first, --nproc HPUs each
+        hostfile = hostfile_path(run_dir)
+        hostfile.parent.mkdir(exist_ok=True)
+        write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
+    started = time.perf_counter()
+    try:
+        env = plan.run_env(variant)
+        returncode: Optional[int] = run_process(
+            plan.node_commands(variant, command),
+            env,
+            log_path,
+            plan.shown_command(command, out, variant),
+            frozenset(secret_values(command, env)),
+        )
+    except KeyboardInterrupt:
+        returncode = None
+    row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
+    if not keep_weights:
+        _discard_weights(run_dir)
+    echo(f"{progress} {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
+    return row
+
+
+def _discard_weights(run_dir: Path) -> None:
+    """Delete saved weights and checkpoints of a finished run: the metrics are what the sweep keeps."""
+    if not run_dir.is_dir():
+        return
+    for path in run_dir.iterdir():
+        if path.is_dir() and path.name.startswith("checkpoint-"):
+            shutil.rmtree(path)
+        elif path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+            path.unlink()
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Stop a run's processes and every process they started (each its own process group): SIGINT, then SIGTERM,
+    then SIGKILL, each to the groups still there."""
+    left = list(procs)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        for proc in list(left):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                left.remove(proc)
+        deadline = time.monotonic() + grace_s
+        for proc in list(left):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                left.remove(proc)
+            except subprocess.TimeoutExpired:
+                continue
+        if not left:
+            return
+
+
+# prctl(2) option: the signal this process gets when the thread that started it ends (Linux).
+PR_SET_PDEATHSIG = 1
+# What a run gets when the sweep dies: SIGTERM, as from a plain `kill` (a training run saves a checkpoint at
+# its next step and exits; torchrun and mpirun pass it to their ranks, which SIGKILL would orphan).
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+
+
+def dies_with_this_process() -> dict:
+    """Popen options that make the child get PARENT_DEATH_SIGNAL when this process ends, however it ends.
+
+    Linux only (prctl PR_SET_PDEATHSIG, set in the child between fork and exec); elsewhere no options. If
+    this process ended before the child set it, the child signals itself at once. The kernel sends it when
+    the thread that started the child ends: start runs from a thread that lives as long as the sweep.
+    """
+    if not sys.platform.startswith("linux"):
+        return {}
+    libc = ctypes.CDLL(None, use_errno=True)  # looked up before the fork: the child only calls it
+    prctl, parent = libc.prctl, os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+
+    return {"preexec_fn": set_parent_death_signal}
+
+
+def run_process(
+    commands: Sequence[list[str]],
+    env: dict,
+    log_path: Path,
+    shown_command: Optional[str] = None,
+    secrets: frozenset = frozenset(),
+) -> int:
+    """Run `commands` together (one, or one per node of a run across nodes) with their output in `log_path`;
+    return the first non-zero exit status in their order, else 0. Ctrl-C stops them (and their children) and is
+    re-raised.
+
+    The log starts with `shown_command`'s lines (default: the commands), each after `$ `. Several commands'
+    output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets` or several commands,
+    the output passes through the sweep line by line, each secret replaced by a placeholder on its way to the log.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    several = len(commands) > 1
+    piped = bool(secrets) or several
+    with open(log_path, "wb") as log:
+        shown = shown_command.splitlines() if shown_command else [shlex.join(command) for command in commands]
+        log.write(("".join(f"$ {line}\n" for line in shown) + "\n").encode())
+        log.flush()
+        procs = [_start(command, env, subprocess.PIPE if piped else log) for command in commands]
+        lock = threading.Lock()
+        copies = [
+            threading.Thread(
+                target=_copy_lines,
+                args=(proc.stdout, log, lock, f"[node {i}] ".encode() if several else b"", secrets),
+                daemon=True,
+            )
+            for i, proc in enumerate(procs)
+            if piped
+        ]
+        for copy in copies:
+            copy.start()
+        try:
+            statuses = [proc.wait() for proc in procs]
+            for copy in copies:
+                copy.join()
+        except BaseException:
+            _stop(procs)
+            for copy in copies:  # a process outside the run's groups (torchrun's ranks) may keep a pipe open
+                copy.join(timeout=10)
+            raise
+        return next((status for status in statuses if status), 0)
+
+
+def _start(command: list[str], env: dict, stdout) -> subprocess.Popen:
+    """Start one of a run's commands from the repository root, its output (stderr too) into `stdout`.
+
+    Its own session: the terminal's Ctrl-C reaches only us, and `_stop` signals the run's whole process
+    group (launcher, ranks, loader workers) without signalling us. Being outside our group, the run gets
+    a parent-death signal instead: if we are killed (even by SIGKILL) it is stopped too. No stdin: a
+    remote shell would read the terminal (ssh -tt would make it raw, and Ctrl-C would no longer reach us).
+    """
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **dies_with_this_process(),
+    )
+
+
+def _copy_lines(stream, log, lock: threading.Lock, prefix: bytes, secrets: frozenset) -> None:
+    """A run's output into its log, line by line: secrets scrubbed, a terminal's line ends (ssh -tt) made plain."""
+    for line in stream:
+        with lock:
+            try:
+                log.write(prefix + scrub(line.replace(b"\r\n", b"\n"), secrets))
+                log.flush()
+            except ValueError:  # the log is closed: the run was stopped and the sweep has moved on
+                return
+
+
+if __name__ == "__main__":
+    from bridgetower_bench.tools import tool_paths
+
+    tool_paths.not_a_command()
