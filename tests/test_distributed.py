@@ -17,10 +17,11 @@ import sys
 import time
 
 import psutil
+import torch
 
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, read_json, run_script, script_env
+from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
@@ -428,3 +429,26 @@ def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_a
     slurm = commands[1]
     assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]  # one launcher per node
     assert options.rdzv_id == "$SLURM_JOB_ID" and options.rdzv_endpoint == "$HEAD:29500"
+
+
+def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_with_the_same_threads(
+    fixtures, tmp_path
+):
+    # Without OMP_NUM_THREADS, torchrun sets one thread per process only with several processes per node and
+    # accelerate gives a lone process every core: CPU kernels then reduce in another order. launch_cuda sets one.
+    env = {key: value for key, value in script_env(gaudi=False).items() if key != "OMP_NUM_THREADS"}
+    flags = args(fixtures, tmp_path / "nodes", per_device_batch=2) + ["--ddp_backend", "gloo"]
+    logs, port = [tmp_path / "node0.log", tmp_path / "node1.log"], free_port()
+    commands = [node_command(port, "threads", r, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
+    assert codes == [0, 0], "".join(log.read_text()[-3000:] for log in logs)
+    flags[flags.index("--output_dir") + 1] = str(tmp_path / "one")
+    one = subprocess.run(
+        one_node(2, REPO / SCRIPTS["cuda"], *flags), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    for run in ("nodes", "one"):
+        assert read_json(tmp_path / run / "train_results.json")["cpu_threads"] == 1
+    two_nodes, one_node_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
+    assert two_nodes.keys() == one_node_weights.keys()
+    assert all(torch.equal(two_nodes[name], one_node_weights[name]) for name in two_nodes)
