@@ -230,6 +230,32 @@ def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_
     )
 
 
+# Rank 1 of the job is given another learning rate (as a node started with other flags would be).
+OTHER_FLAGS_WRAPPER = """
+import os, runpy, sys
+sys.argv = sys.argv[1:] + (["--learning_rate", "1e-3"] if os.environ["RANK"] == "1" else [])
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_processes_of_one_job_given_another_recipe_are_stopped_in_one_line_naming_it(fixtures, tmp_path):
+    wrapper = tmp_path / "other_flags.py"
+    wrapper.write_text(OTHER_FLAGS_WRAPPER)
+    flags = args(fixtures, tmp_path / "out", per_device_batch=2) + ["--ddp_backend", "gloo"]
+    command = one_node(2, wrapper, REPO / SCRIPTS["cuda"], *flags)
+    result = subprocess.run(
+        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    refusals = [line for line in result.stderr.splitlines() if "run different recipes" in line]
+    assert len(refusals) == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]  # each process's one line
+    assert refusals[0].endswith(
+        "error: the job's processes run different recipes (rank 1: --learning_rate 5e-05 → 0.001): give every node "
+        "the same command, kit and libraries"
+    )
+    assert not (tmp_path / "out" / "recipe.json").exists()
+
+
 def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fixtures, tmp_path):
     flags = args(fixtures, tmp_path / "run", per_device_batch=2) + ["--ddp_backend", "gloo"]
     flags[flags.index("--max_steps") + 1] = "10000"

@@ -471,3 +471,16 @@ def test_every_argument_listed_is_an_argument_of_a_script_and_in_the_recipe_or_o
     assert not in_recipe & not_in, "an argument is both in and out of the recipe"
     assert set(run_recipe.BEST_MODEL_ARGUMENTS) <= not_in
     assert sorted((in_recipe | not_in) - fields - TRANSFORMERS_5_ONLY) == [], "an argument listed that no script has"
+
+
+def test_ranks_of_one_job_with_another_recipe_or_library_are_named_with_what_differs():
+    recipe = {"learning_rate": 1e-5, "seed": 42, "scripts_version": "0.1.0"}
+    mine = run_recipe.job_recipe(recipe)
+    assert mine["version_transformers"] == transformers.__version__ and mine["learning_rate"] == 1e-5
+    assert run_recipe.different_recipes([mine, dict(mine), dict(mine)]) is None
+    faster = {**mine, "learning_rate": 1e-3}
+    newer = {**mine, "version_transformers": "9.9.9", "scripts_version": "0.2.0"}
+    assert run_recipe.different_recipes([mine, faster, mine, newer]) == (
+        "rank 1: --learning_rate 1e-05 → 0.001; "
+        f"rank 3: the scripts' version 0.1.0 → 0.2.0, transformers's version {transformers.__version__} → 9.9.9"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import logging
 import os
@@ -177,6 +178,8 @@ def _name(key: str) -> str:
         return f"the {key[len('data_fingerprint_') :]} split's data (datasets fingerprint)"
     if key in _LABELS:
         return _LABELS[key]
+    if key.startswith("version_") and key[len("version_") :] in LIBRARIES:
+        return f"{key[len('version_') :]}'s version"
     return f"--{key}" if key in KNOWN_ARGUMENTS else f"--{key} ({_UNKNOWN})"
 
 
@@ -200,6 +203,54 @@ def read(directory: str) -> Optional[dict]:
 
 def write(directory: str, recipe: dict) -> None:
     write_json_atomically(os.path.join(directory, RECIPE_NAME), recipe)
+
+
+# The libraries whose version every node of a job must share (a node with another build trains another model).
+LIBRARIES = ("torch", "torchvision", "transformers", "accelerate", "datasets", "optimum-habana")
+
+
+def job_recipe(recipe: dict) -> dict:
+    """What every rank of a job must share: the recipe (the kit's version included) and the libraries' versions."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[f"version_{name}"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[f"version_{name}"] = None
+    return {**recipe, **versions}
+
+
+def different_recipes(everyone: list) -> Optional[str]:
+    """The ranks whose `job_recipe` is not rank 0's, each with the differing entries (rank 0's → theirs), or None."""
+    first = everyone[0]
+    differing = [
+        f"rank {rank}: {differences(first, theirs)}" for rank, theirs in enumerate(everyone) if theirs != first
+    ]
+    return "; ".join(differing) or None
+
+
+def refuse_unless_one_recipe(recipe: dict, device) -> None:
+    """With several processes: every rank must run rank 0's recipe with the same kit and libraries, else every
+    process stops in one line naming the ranks and the entries (two nodes given different flags would otherwise
+    train one job with two learning rates, and `recipe.json` record rank 0's alone). A hash is compared on the
+    device; the recipes themselves are gathered only when one differs."""
+    import torch  # here only: the tools that check paths import this package and start without torch
+
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return
+    mine = job_recipe(recipe)
+    digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).digest()
+    hashed = torch.tensor([int.from_bytes(digest[i : i + 3], "big") for i in (0, 3)], dtype=torch.int32, device=device)
+    hashes = [torch.zeros_like(hashed) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(hashes, hashed)
+    if all(torch.equal(h, hashes[0]) for h in hashes):
+        return
+    everyone = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, mine)
+    raise UserInputError(
+        f"the job's processes run different recipes ({different_recipes(everyone)}): give every node the same "
+        "command, kit and libraries"
+    )
 
 
 class RunPlan(NamedTuple):
@@ -273,6 +324,7 @@ def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
 def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> RunPlan:
     """What this run does with --output_dir: reuse its model, resume a checkpoint, or start afresh (docs/RUNS.md)."""
     recipe = describe(model_args, data_args, training_args, dataset)
+    refuse_unless_one_recipe(recipe, training_args.device)
     if not training_args.do_train:  # (evaluation alone into a directory holding a trained model evaluates it)
         return _evaluation_only(output_dir, recipe, model_args)
     if training_args.resume_from_checkpoint:
