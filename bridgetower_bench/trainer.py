@@ -4,11 +4,8 @@ libraries")."""
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,7 +17,6 @@ import torch
 from torch.utils.data import RandomSampler
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.training_args import ParallelMode
 
 from bridgetower_bench.guards import divergence, gpu_memory
@@ -29,9 +25,7 @@ from bridgetower_bench.images.images import normalize_on_device
 from bridgetower_bench.measurement.energy import EnergyMeter
 from bridgetower_bench.measurement.run_record import describe_run
 from bridgetower_bench.measurement.throughput import ThroughputCallback, node_line
-from bridgetower_bench.output_dir import checkpoint_manifest, disk_space, run_directory, run_recipe
-from bridgetower_bench.output_dir.atomic_files import atomic_path
-from bridgetower_bench.redaction import without_secrets
+from bridgetower_bench.output_dir.run_output import RunOutput
 
 
 logger = logging.getLogger(__name__)
@@ -42,7 +36,7 @@ class TrainerExtensions:
         self, *args, image_mean=None, image_std=None, loader="torch", image_pipeline="upstream", recipe=None, **kwargs
     ):
         super().__init__(*args, **kwargs)
-        self.recipe = recipe  # what makes this run's model (run_recipe.describe): saved with it and every checkpoint
+        self.run_output = RunOutput(self.args, recipe)  # everything written into output_dir goes through it
         self.image_mean = tuple(image_mean) if image_mean is not None else None
         self.image_std = tuple(image_std) if image_std is not None else None
         self.run_facts = {
@@ -62,13 +56,9 @@ class TrainerExtensions:
         self.divergence = divergence.DivergenceWatch()
         for callback in (self.throughput, self.stop_on_signal, TrainingLossSum(), _AfterEachStep(self)):
             self.add_callback(callback)  # _AfterEachStep last: it sees what the other callbacks decided
-        self._save_total_limit = self.args.save_total_limit  # the run's; the Trainer's own rotation is off (`train`)
         self._resumed_loss_sum = None  # the losses of the steps resumed from, when the checkpoint holds them
-        self._checkpoint_being_saved = None  # inside `_save_checkpoint`: its directory
         self._holding_pushes = False  # a push waits until the set being saved is published (`save_model`)
-        self._staging = None  # inside `publishing()`: where the files being published are saved
         self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
-        self._publishing_model = False
         self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
 
     def _get_train_sampler(self, *args, **kwargs):
@@ -105,7 +95,7 @@ class TrainerExtensions:
 
     def _stop_if_diverged(self) -> None:
         diverged = self.divergence.check(
-            self.state.max_steps, self.args.output_dir, self._last_complete, world_size=self.args.world_size
+            self.state.max_steps, self.args.output_dir, self.run_output.last_complete, world_size=self.args.world_size
         )
         if diverged is not None:
             for callback in self.callback_handler.callbacks:  # the progress bar ends before the line, not after it
@@ -185,24 +175,20 @@ class TrainerExtensions:
         # on the device (`training_step`): the loss summed since the last logging step, as the Trainer sums it, and
         # the last step's gradient norm before clipping (the logged sum: `_training_begins`)
         self._losses, self._grad_norm = torch.zeros((), device=self.args.device), None
-        self.args.save_total_limit = None  # the Trainer's rotation off: ours follows each manifest
-        try:
-            with _resumed_epoch_keeps_its_order(type(self)):
-                result = super().train(*args, **kwargs)
-            self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
-        except BaseException as error:
-            self.stop_on_signal.restore()
-            if isinstance(error, ImageLoadError):
-                raise self._checkpoint_after_image_error(error) from None
-            if isinstance(error, torch.OutOfMemoryError) and gpu_memory.on_gpu(self.args):
-                if self._first_step in (None, self.state.global_step):  # before this call's first step ended
-                    raise gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need) from None
-            raise
-        finally:
-            self.args.save_total_limit = self._save_total_limit
-        best = self.state.best_model_checkpoint
-        if self.args.should_save and best is not None and self._save_total_limit == 1:  # as the Trainer ends
-            _delete_checkpoints(self._written_checkpoints(), keep=[best])
+        with self.run_output.training():
+            try:
+                with _resumed_epoch_keeps_its_order(type(self)):
+                    result = super().train(*args, **kwargs)
+                self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
+            except BaseException as error:
+                self.stop_on_signal.restore()
+                if isinstance(error, ImageLoadError):
+                    raise self._checkpoint_after_image_error(error) from None
+                if isinstance(error, torch.OutOfMemoryError) and gpu_memory.on_gpu(self.args):
+                    if self._first_step in (None, self.state.global_step):  # before this call's first step ended
+                        raise gpu_memory.out_of_memory_at_first_step(error, self.args, self._memory_need) from None
+                raise
+        self.run_output.trained(self.state.best_model_checkpoint)
         self._end_the_run(self.stop_on_signal.interruption(self.state, self.args.output_dir))
         self.stop_on_signal.training_done = True
         if not self._catching_signals:  # the caller's handlers back, with a signal caught since the last step
@@ -254,16 +240,14 @@ class TrainerExtensions:
     def publishing(self):
         """What save_model, save_processors, save_metrics and save_state save inside it appears in output_dir as one
         set, or not at all (each alone outside one); a signal meanwhile ends the run once the set is published."""
-        if self._staging is not None:  # nested: part of the enclosing publication
-            yield self._staging
+        if self.run_output.staging is not None:  # nested: part of the enclosing publication
+            yield self.run_output.staging
             return
         self.stop_on_signal.install()
         try:
-            with run_directory.publication(self.args.output_dir, publish=self.args.should_save) as staging:
-                self._staging = staging
+            with self.run_output.published() as staging:
                 yield staging
         finally:
-            self._staging, self._publishing_model = None, False
             self.stop_on_signal.restore()
         self._end_the_run(self.stop_on_signal.stopped_after_saving(self.args.output_dir))
 
@@ -278,19 +262,12 @@ class TrainerExtensions:
 
     def save_model(self, output_dir=None, *args, **kwargs):
         """The final model, published with the set and its recipe; a checkpoint's weights are written in place."""
-        if self._checkpoint_being_saved is not None:
+        if self.run_output.checkpoint_being_saved is not None:
             return super().save_model(output_dir, *args, **kwargs)
-        elsewhere = output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir)
-        publication = run_directory.publication(output_dir, publish=self.args.should_save) if elsewhere else None
         held, self._holding_pushes = self._holding_pushes, True  # no push from a staging directory
         try:
-            with publication or self.publishing() as staging:  # (another directory: a publication of its own)
-                if not elsewhere:
-                    self._publishing_model = True
+            with self.run_output.final_model(output_dir, self.publishing) as staging:
                 super().save_model(staging)
-                self._save_training_args(staging)
-                if not elsewhere and self.recipe is not None and self.args.should_save:
-                    run_recipe.write(staging, self.recipe)
         finally:
             self._holding_pushes = held
         if self.args.push_to_hub and not held:  # (held: a push saving the model before it uploads)
@@ -305,17 +282,6 @@ class TrainerExtensions:
         finally:
             self._holding_pushes = False
 
-    def _save_training_args(self, directory: str) -> None:
-        """The training_args.bin beside the weights as the run's: its --save_total_limit, no credential."""
-        saved = without_secrets(self.args)
-        if saved.save_total_limit != self._save_total_limit:
-            saved = copy.copy(saved)
-            saved.save_total_limit = self._save_total_limit
-        path = os.path.join(directory, "training_args.bin")
-        if saved is not self.args and self.args.should_save and os.path.exists(path):
-            with atomic_path(path) as temporary:
-                torch.save(saved, temporary)
-
     def save_processors(self, *processors) -> None:
         """Each of `processors` (tokenizer, image processor) saved with the set."""
         with self.publishing() as staging:
@@ -325,21 +291,12 @@ class TrainerExtensions:
 
     def save_metrics(self, split, metrics, combined=True):
         """As Trainer.save_metrics, published with the set; a new model's all_results.json starts afresh."""
-        with self.publishing() as staging:
+        with self.publishing():
             if not self.is_world_process_zero():
                 return
             if "device_type" not in metrics:  # (the train metrics hold it already: `train`)
                 metrics = {**describe_run(self.args), **metrics}
-            _write_json(os.path.join(staging, f"{split}_results.json"), metrics)
-            if combined:  # merged into this set's all_results.json, else the published one (unless replaced)
-                path = os.path.join(staging, "all_results.json")
-                if not os.path.exists(path) and not self._publishing_model:
-                    path = os.path.join(self.args.output_dir, "all_results.json")
-                combined_metrics = {}
-                if os.path.exists(path):
-                    with open(path) as f:
-                        combined_metrics = json.load(f)
-                _write_json(os.path.join(staging, "all_results.json"), {**combined_metrics, **metrics})
+            self.run_output.results(split, metrics, combined)
 
     def save_state(self):
         with self.publishing() as staging:
@@ -362,83 +319,20 @@ class TrainerExtensions:
         self.state.best_metric = divergence.finite_or_none(self.state.best_metric)
 
     def _save_checkpoint(self, model, trial):
-        """As the backend's, then the recipe and, last, the manifest: the checkpoint counts from then on; then
-        rotation (--save_total_limit) over the checkpoints runs wrote."""
-        run_dir = self.args.output_dir
-        checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self.args.should_save:
-            run_directory.record_written(run_dir, [os.path.basename(checkpoint)])
-            checkpoint_manifest.remove(checkpoint)  # (a directory of the same name being written again)
+        """As the backend's, the loss sum in its state, inside the run directory's checkpoint (`RunOutput.checkpoint`:
+        recorded first; the recipe and, last, the manifest; then rotation over the checkpoints runs wrote)."""
         # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
         loss_sum = next(c for c in self.callback_handler.callbacks if isinstance(c, TrainingLossSum))
         loss_sum.loss_sum = self._training_loss_sum()
         # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
         self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())
         self._finite_state()
-        with disk_space.removed_when_disk_full(checkpoint, "a checkpoint", after=self._resume_from):
-            self._checkpoint_being_saved = checkpoint
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self._checkpoint_being_saved = None
-            if self.args.world_size > 1 and torch.distributed.is_initialized():
-                torch.distributed.barrier()  # every rank's RNG state is saved
-            if not self.args.should_save:
-                return
-            self._save_training_args(checkpoint)
-            if self.recipe is not None:
-                run_recipe.write(checkpoint, self.recipe)
-            required = checkpoint_manifest.required_files(
-                save_only_model=self.args.save_only_model,
-                world_size=self.args.world_size,
-                save_on_each_node=self.args.save_on_each_node,
-            )
-            if self.recipe is not None:
-                required.append(run_recipe.RECIPE_NAME)
-            problem = checkpoint_manifest.write(checkpoint, required)
-            if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
-                logger.warning(f"{checkpoint} does not count for resuming: {problem}")
-                return
-        self._rotate_checkpoints_written()
-
-    def _written_checkpoints(self) -> list[str]:
-        written = set(run_directory.read_record(self.args.output_dir)["written"])
-        return [path for path in run_directory.checkpoints(self.args.output_dir) if os.path.basename(path) in written]
-
-    def _rotate_checkpoints_written(self) -> None:
-        """--save_total_limit as the Trainer keeps it (the newest, and the best one before it), over ours only."""
-        limit, best = self._save_total_limit, self.state.best_model_checkpoint
-        checkpoints = self._written_checkpoints()
-        if not limit or limit <= 0 or len(checkpoints) <= limit:
-            return
-        best = os.path.join(self.args.output_dir, os.path.basename(best)) if best is not None else None
-        if best in checkpoints[:-1]:  # kept second to last, so that the newest stays to resume from
-            checkpoints.remove(best)
-            checkpoints.insert(len(checkpoints) - 1, best)
-            limit = max(limit, 2)
-        _delete_checkpoints(checkpoints[: len(checkpoints) - limit])
-
-    def _last_complete(self) -> Optional[str]:
-        """The newest complete checkpoint in output_dir (of this run's recipe, when it has one), or None."""
-
-        def another_recipe(checkpoint: str) -> Optional[str]:
-            return None if run_recipe.read(checkpoint) == self.recipe else "saved by another recipe"
-
-        refuse = None if self.recipe is None else another_recipe
-        return run_directory.newest_complete_checkpoint(self.args.output_dir, refuse)[0]
-
-    def _resume_from(self) -> str:
-        """What a run stopped by a full disk can resume from, for its one-line message."""
-        last = self._last_complete()
-        if last is None:
-            return "; no complete checkpoint is left to resume from"
-        return (
-            f"; the last complete checkpoint, {last}, is intact: free some space and rerun the same command to resume"
-        )
+        with self.run_output.checkpoint(self.state):
+            super()._save_checkpoint(model, trial)
 
     def create_model_card(self, *args, **kwargs):
         if self.is_world_process_zero():
-            run_directory.record_written(self.args.output_dir, ["README.md"])
+            self.run_output.model_card()
         return super().create_model_card(*args, **kwargs)
 
 
@@ -506,13 +400,6 @@ def _resumed_epoch_keeps_its_order(trainer_class):
             module.skip_first_batches = original
 
 
-def _delete_checkpoints(checkpoints: list[str], keep=()) -> None:
-    for checkpoint in checkpoints:
-        if not any(os.path.exists(kept) and os.path.samefile(checkpoint, kept) for kept in keep):
-            logger.info(f"Deleting older checkpoint [{checkpoint}] due to args.save_total_limit")
-            shutil.rmtree(checkpoint, ignore_errors=True)
-
-
 @contextmanager
 def _one_line_image_errors():
     """An ImageLoadError re-raised from a DataLoader worker carries the worker's traceback: keep its message only."""
@@ -520,12 +407,6 @@ def _one_line_image_errors():
         yield
     except ImageLoadError as error:
         raise ImageLoadError(error.reason) from None
-
-
-def _write_json(path: str, record: dict) -> None:
-    """`record` as JSON, null for a non-finite number (never a bare NaN: not JSON)."""
-    with open(path, "w") as f:
-        json.dump(divergence.finite_or_none(record), f, indent=4, sort_keys=True, allow_nan=False)
 
 
 class SummedAccumulation:
