@@ -435,7 +435,7 @@ def test_decode_ahead_close_waits_for_the_batch_read_ahead():
 
 
 def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
-    from bridgetower_bench.tools.gpu_ceiling import CEILING_LOADER, main
+    from gpu_ceiling import CEILING_LOADER, main
 
     metrics = main(
         [
@@ -466,7 +466,7 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_
 
 
 def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
-    from bridgetower_bench.tools.gpu_ceiling import main
+    from gpu_ceiling import main
 
     common = [
         "--model_name_or_path",

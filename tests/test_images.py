@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
+import image_fidelity
 from bridgetower_bench.images import images
 from bridgetower_bench.images.images import (
     IMAGE_PIPELINES,
@@ -25,7 +26,6 @@ from bridgetower_bench.images.images import (
     resize_geometry,
     to_rgb,
 )
-from bridgetower_bench.tools import image_fidelity
 from helpers import encode
 
 
@@ -97,7 +97,7 @@ def test_fast_matches_upstream_on_real_photos():
 
 
 # What docs/UPSTREAM.md and the README state of `fast` against upstream (measured over 24 images per size with
-# `python -m bridgetower_bench.tools.image_fidelity`), with a small margin: (no image's mean over, worst pixel), /255.
+# `python lab/image_fidelity.py`), with a small margin: (no image's mean over, worst pixel), /255.
 STATED_FAST_BOUNDS = {
     ("normal", "embedded"): (0.29, 4.7),
     ("thumbnail", "embedded"): (0.27, 21.5),

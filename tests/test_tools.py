@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bridgetower_bench.tools import image_bench
+import image_bench
 from helpers import REPO, run_tool, script_env
 
 

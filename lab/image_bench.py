@@ -1,7 +1,7 @@
 """Micro-benchmark of the image pipelines, one core: speed and fidelity to upstream.
 
-    python -m bridgetower_bench.tools.image_bench [--images N] [--repeat R] [--image-size 294] [--json out.json]
-                                            [--without-simplejpeg]
+    python lab/image_bench.py [--images N] [--repeat R] [--image-size 294] [--json out.json]
+                              [--without-simplejpeg]
 
 For two image sets - synthetic line-art cartoons (``bridgetower_bench.tools.cartoons.draw_cartoon``,
 800 x 650 JPEGs like the DESIGN notes' measurements) and real photographs shipped by installed

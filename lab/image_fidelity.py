@@ -1,6 +1,6 @@
 """The image pipelines' pixels beside upstream's, measured: what docs/UPSTREAM.md and the README state.
 
-    python -m bridgetower_bench.tools.image_fidelity [--images 24] [--image-size 294] [--json out.json]
+    python lab/image_fidelity.py [--images 24] [--image-size 294] [--json out.json]
 
 Two measurements, in 1/255 of a pixel value (images compared before normalisation, in [0, 1] x 255):
 
@@ -346,9 +346,7 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.image_fidelity", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=24, help="cartoons per size (default 24)")
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
