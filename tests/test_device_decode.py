@@ -35,6 +35,9 @@ from bridgetower_bench.trainer import TrainerExtensions
 from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, needs_cuda
 
 
+# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; device decoding stays on torchvision's
+# decode_jpeg (nvJPEG) until a GPU can check the move.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 SIZE = 294  # BridgeTower's image size: the real geometry
 # The fidelity bound of the image-pipeline issue: mean |difference| <= 0.5/255 in 0..1 pixel units
 # (images normalised, then the difference read back in pixel units: divided by 1/std).
