@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 benchmark of BridgeTower Large contrastive training on one GPU (random weights, synthetic cartoons):
 # samples/s, MFU, data_wait_fraction and peak GPU memory for dataloader workers 0/1/2 x image paths
-# {upstream, fast, device decode}, next to the data-free ceiling (bridgetower_bench/tools/gpu_ceiling.py).
+# {upstream, fast, device decode}, next to the data-free ceiling (lab/gpu_ceiling.py).
 #
 # The ceiling is measured for each training set-up, which changes how fast the model trains, not what it
 # computes. A set-up is a dash-joined list of parts: "eager" (the script's defaults, which are
@@ -209,7 +209,7 @@ mkdir -p "$RUNS"
 if [[ $CHECK == 1 ]]; then
     stamp "device decode check"
     photo=$("$PYTHON" -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
-    timeout 90 "$PYTHON" -m bridgetower_bench.tools.device_decode_check "$DATA"/matching/train-*.parquet $photo --limit 193 \
+    timeout 90 "$PYTHON" lab/device_decode_check.py "$DATA"/matching/train-*.parquet $photo --limit 193 \
         --batch-size "$BATCH" --json "$OUT/device_decode_check.json" 2>&1 | grep -v Warning || echo "device decode check failed"
 fi
 
@@ -248,7 +248,7 @@ run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics lan
 }
 
 ceiling() {  # ceiling SETUP REPEAT: the data-free ceiling of one training set-up
-    run "ceiling_$1_r$2" "$1" "$RUN_TIMEOUT_S" "$PYTHON" -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
+    run "ceiling_$1_r$2" "$1" "$RUN_TIMEOUT_S" "$PYTHON" lab/gpu_ceiling.py --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps "$STEPS" \
         --throughput_warmup_steps "$WARMUP" --logging_steps 10 --save_strategy no --report_to none --seed 42
 }
@@ -289,7 +289,7 @@ stamp "loader matrix with the '$BEST' set-up (ceiling $BEST_SPS samples/s)"
 set -- $WORKERS
 matrix_run "$1" device
 if [[ $PROFILE == 1 ]]; then
-    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" "$PYTHON" -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path "$MODEL" \
+    run ceiling_profile "$BEST" "$RUN_TIMEOUT_S" "$PYTHON" lab/gpu_ceiling.py --model_name_or_path "$MODEL" \
         "${DEVICE_FLAGS[@]}" --per_device_train_batch_size "$BATCH" --max_steps 8 --throughput_warmup_steps 5 \
         --profile_steps 3 --logging_steps 10 --save_strategy no --report_to none --seed 42
 fi

@@ -504,20 +504,26 @@ def _in_process(
 def run_tool(
     tool: str, args: list, cwd=REPO, process: bool = False, gaudi: bool = False
 ) -> subprocess.CompletedProcess:
-    """`python -m bridgetower_bench.tools.<tool> <args>` in `cwd`, with the scripts' run environment (and the
-    Habana shim where `gaudi`): in this process through runpy, as `-m` runs it (its `__main__` block, sys.argv[0]
-    its file), with what it changes put back (_as_in_a_process); or with process=True a subprocess."""
-    module = f"bridgetower_bench.tools.{tool}"
-    argv = [sys.executable, "-m", module, *map(str, args)]
+    """`python -m bridgetower_bench.tools.<tool> <args>`, or `python lab/<tool>.py <args>` for a script of the lab,
+    in `cwd`, with the scripts' run environment (and the Habana shim where `gaudi`): in this process through runpy,
+    as `python` runs it (its `__main__` block; the lab's siblings importable, as pytest's pythonpath has lab/), with
+    what it changes put back (_as_in_a_process); or with process=True a subprocess."""
+    module, script = f"bridgetower_bench.tools.{tool}", REPO / "lab" / f"{tool}.py"
+    command = [str(script)] if script.exists() else ["-m", module]
+    argv = [sys.executable, *command, *map(str, args)]
     if process:
         return subprocess.run(argv, cwd=cwd, env=script_env(gaudi), capture_output=True, text=True, timeout=600)
     if gaudi:
         script_module("gaudi")  # optimum.habana imported through the Gaudi script, its changes undone after
     with _as_in_a_process({}, cwd, gaudi) as (stdout, stderr):
-        # (a tool the tests imported runs afresh as __main__, as `-m` runs it; runpy warns of that)
-        warnings.filterwarnings("ignore", "'bridgetower_bench.tools.", RuntimeWarning)
-        sys.argv = [module, *argv[3:]]
-        returncode = _exit_status(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+        if script.exists():
+            sys.argv = argv[1:]
+            returncode = _exit_status(lambda: runpy.run_path(str(script), run_name="__main__"))
+        else:
+            # (a tool the tests imported runs afresh as __main__, as `-m` runs it; runpy warns of that)
+            warnings.filterwarnings("ignore", "'bridgetower_bench.tools.", RuntimeWarning)
+            sys.argv = [module, *argv[3:]]
+            returncode = _exit_status(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
 
 

@@ -845,26 +845,6 @@ def test_a_tools_count_below_one_is_refused_by_its_parser(tool, args, places, tm
     assert result.stderr.strip().splitlines()[-1].endswith(f"error: {args[-2]} must be at least 1; got {args[-1]}")
 
 
-def _tool_modules():
-    tools = REPO / "bridgetower_bench" / "tools"
-    paths = (path.relative_to(tools).with_suffix("") for path in tools.rglob("*.py") if path.stem != "__init__")
-    return sorted(".".join(path.parts) for path in paths)
-
-
-@pytest.mark.parametrize("module", _tool_modules())
-def test_python_m_on_a_module_under_tools_runs_a_command_or_says_it_is_none(module, tmp_path):
-    """Six library modules once took `python -m` with any arguments, printed nothing and exited 0."""
-    source = (REPO / "bridgetower_bench" / "tools" / f"{module.replace('.', '/')}.py").read_text()
-    assert 'if __name__ == "__main__":' in source, f"{module}: `python -m` on it would do nothing"
-    if "def main(" in source:
-        return
-    result = run_tool(module, ["--anything"], cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"{module.rpartition('.')[2]}: error: python -m bridgetower_bench.tools.{module} is not a command: it is a "
-        "module the tools import (README.md lists the commands)"
-    ]
-
-
 @pytest.fixture
 def read_only_place(tmp_path):
     """A directory nobody may create anything in: a read-only tmpfs where it can be mounted (root may write into

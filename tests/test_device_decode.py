@@ -35,6 +35,9 @@ from bridgetower_bench.trainer import TrainerExtensions
 from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, needs_cuda
 
 
+# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; device decoding stays on torchvision's
+# decode_jpeg (nvJPEG) until a GPU can check the move.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 SIZE = 294  # BridgeTower's image size: the real geometry
 # The fidelity bound of the image-pipeline issue: mean |difference| <= 0.5/255 in 0..1 pixel units
 # (images normalised, then the difference read back in pixel units: divided by 1/std).
@@ -435,7 +438,7 @@ def test_decode_ahead_close_waits_for_the_batch_read_ahead():
 
 
 def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
-    from bridgetower_bench.tools.gpu_ceiling import CEILING_LOADER, main
+    from gpu_ceiling import CEILING_LOADER, main
 
     metrics = main(
         [
@@ -466,7 +469,7 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_
 
 
 def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
-    from bridgetower_bench.tools.gpu_ceiling import main
+    from gpu_ceiling import main
 
     common = [
         "--model_name_or_path",

@@ -24,9 +24,6 @@ from bridgetower_bench.images.images import make_image_transform
 from helpers import noise_jpeg
 
 
-# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
-
 SIZE = 16
 
 

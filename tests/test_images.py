@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
+import image_fidelity
 from bridgetower_bench.images import images
 from bridgetower_bench.images.images import (
     IMAGE_PIPELINES,
@@ -25,11 +26,10 @@ from bridgetower_bench.images.images import (
     resize_geometry,
     to_rgb,
 )
-from bridgetower_bench.tools import image_fidelity
 from helpers import encode
 
 
-# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; `fast` uses decode_jpeg on purpose.
+# torchvision 0.29 deprecates its image decoders in favour of TorchCodec; upstream's route for files is read_image.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -97,7 +97,7 @@ def test_fast_matches_upstream_on_real_photos():
 
 
 # What docs/UPSTREAM.md and the README state of `fast` against upstream (measured over 24 images per size with
-# `python -m bridgetower_bench.tools.image_fidelity`), with a small margin: (no image's mean over, worst pixel), /255.
+# `python lab/image_fidelity.py`), with a small margin: (no image's mean over, worst pixel), /255.
 STATED_FAST_BOUNDS = {
     ("normal", "embedded"): (0.29, 4.7),
     ("thumbnail", "embedded"): (0.27, 21.5),
@@ -194,7 +194,7 @@ def jpegs_of_every_kind() -> dict[str, bytes]:
 
 
 def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
-    """simplejpeg and torchvision's decode_jpeg are the same libjpeg-turbo decode: identical output."""
+    """simplejpeg and Pillow are the same libjpeg-turbo decode: identical output."""
     pytest.importorskip("simplejpeg")
     jpegs = jpegs_of_every_kind()
     fast = FastTransform(294)
@@ -653,7 +653,7 @@ def test_an_rgb_image_with_a_transparent_colour_turns_white_there():
     img = Image.new("RGB", (2, 1), (0, 0, 0))
     img.putpixel((1, 0), (200, 10, 10))
     img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
-    assert list(images.to_rgb(img).getdata()) == [(255, 255, 255), (200, 10, 10)]
+    assert np.asarray(images.to_rgb(img)).tolist() == [[[255, 255, 255], [200, 10, 10]]]
     opaque = Image.new("RGB", (2, 1), (0, 0, 0))
     assert images.to_rgb(opaque) is opaque  # nothing to do
 
@@ -667,7 +667,7 @@ def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
 
 def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
     monkeypatch.setattr(images, "simplejpeg", None)
-    assert images.jpeg_decoder() == "torchvision decode_jpeg"
+    assert images.jpeg_decoder() == "PIL"
     assert images.jpeg_decoder(draft=True) == "PIL draft"
 
 

@@ -90,7 +90,7 @@ def test_cuda_script_trains_with_sdpa_and_compiled_layers(fixtures, two_layer_mo
 
 
 def test_the_ceiling_takes_the_same_speed_options(two_layer_model, tmp_path, caplog):
-    from bridgetower_bench.tools.gpu_ceiling import main
+    from gpu_ceiling import main
 
     torch._dynamo.reset()
     with caplog.at_level("INFO", logger="bridgetower_bench"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridgetower_bench.tools import mediapipe_geometry as mg
+import mediapipe_geometry as mg
 
 
 def jpeg(img):

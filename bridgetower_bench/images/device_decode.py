@@ -1,5 +1,5 @@
 """JPEG decoding on the training device (nvJPEG through torchvision), one batch ahead on a side stream
-(docs/ARCHITECTURE.md, "Device decoding"; checked on a GPU by ``tools/device_decode_check.py``)."""
+(docs/ARCHITECTURE.md, "Device decoding"; checked on a GPU by ``lab/device_decode_check.py``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps
-from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
@@ -19,7 +18,7 @@ from bridgetower_bench.images.jpeg_headers import JPEG_MAGIC, read_jpeg_header
 from bridgetower_bench.regular_files import NotARegularFile, read_regular_file
 
 
-try:  # optional: without it JPEGs go to torchvision's decode_jpeg, or PIL's draft for fast-draft
+try:  # optional: without it JPEGs go to Pillow (at a reduced scale for fast-draft where it helps)
     import simplejpeg
 except ImportError:
     simplejpeg = None
@@ -209,8 +208,6 @@ class FastTransform:
                 decoded = self._decode_simplejpeg(data) if simplejpeg is not None else None
                 if decoded is None and self.draft:
                     decoded = self._decode_drafted(data, label)
-                if decoded is None and (pixels := _decode_jpeg_or_none(data)) is not None:
-                    decoded = pixels, (pixels.shape[-1], pixels.shape[-2])
             if decoded is not None:  # pixels as stored: turned upright here
                 pixels, (width, height) = decoded
                 orientation = jpeg_orientation(data)
@@ -267,18 +264,8 @@ class FastTransform:
         return pil_to_uint8_tensor(to_rgb(img)), full_size
 
 
-def _decode_jpeg_or_none(data: bytes) -> torch.Tensor | None:
-    """A JPEG decoded by torchvision; None when it declines (e.g. odd progressive files) and for CMYK, which PIL
-    converts as in ``upstream``. Grey stays 1-channel (a third of the resize), replicated as PIL's L -> RGB."""
-    try:
-        decoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
-    except RuntimeError:
-        return None
-    return decoded if decoded.shape[0] in (1, 3) else None
-
-
 def pil_to_uint8_tensor(img: Image.Image) -> torch.Tensor:
-    """An RGB PIL image as a uint8 (3, H, W) tensor (channels-last memory, as decode_jpeg gives)."""
+    """An RGB PIL image as a uint8 (3, H, W) tensor (channels-last memory, as the JPEG decoders give)."""
     return torch.from_numpy(np.array(img)).permute(2, 0, 1)  # np.array: torch warns about PIL's read-only buffer
 
 
@@ -320,7 +307,7 @@ def jpeg_decoder(draft: bool = False) -> str:
     pixels are the same whichever it is, ``fast-draft`` ones (``draft=True``) are not (other DCT scales)."""
     if simplejpeg is not None:
         return f"simplejpeg {simplejpeg.__version__}"
-    return "PIL draft" if draft else "torchvision decode_jpeg"
+    return "PIL draft" if draft else "PIL"
 
 
 def make_image_transform(

@@ -453,9 +453,3 @@ def sample_image_size(rng: np.random.Generator, side_range: tuple[int, int] = IM
     long_side = int(rng.integers(low + (high - low) // 4, high + 1))
     short_side = int(max(low, round(long_side / rng.uniform(1.05, 1.6))))
     return (long_side, short_side) if rng.random() < 0.7 else (short_side, long_side)
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

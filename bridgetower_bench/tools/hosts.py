@@ -134,9 +134,3 @@ def hostfile_nodes(path: str, gaudi: bool = True) -> dict[str, int]:
     if not nodes:
         raise UserInputError(f"--hostfile {path}: no `HOST slots=N` line")
     return nodes
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

@@ -407,9 +407,3 @@ def run_check(backend: Backend, args: argparse.Namespace, argv, runner: Optional
     write_atomically(json_path, json.dumps(report, indent=2) + "\n")
     print(f"record: {json_path} ({'passed' if report['passed'] else 'FAILED'}; attach it to a bug report)")
     return 0 if report["passed"] else 1
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

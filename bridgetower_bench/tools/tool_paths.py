@@ -13,8 +13,7 @@ Each raises a UserInputError naming the flag and the path. `positive_counts(pars
 tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error. `run(main)` runs a tool's main() from its
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
-result is the exit status. `not_a_command()`: the `__main__` block of a module the tools import but that is
-no command (`python -m` on it ends in one line, exit status 2, instead of doing nothing).
+result is the exit status.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from bridgetower_bench.output_dir.disk_space import describe_bytes, free_bytes
 from bridgetower_bench.output_dir.run_directory import uncreatable
@@ -93,8 +93,7 @@ def positive_counts(parser, args, *flags: str) -> None:
 
 def run(main: Callable[[], object]) -> None:
     """Run a tool's main() and exit with its status (an int result; 0 otherwise), bad paths in one line."""
-    spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
-    prog = (spec.name if spec is not None else main.__module__).rpartition(".")[2]
+    prog = Path(sys.modules[main.__module__].__file__).stem  # `python -m` or `python lab/NAME.py` alike
     try:
         status = main()
     except UserInputError as error:
@@ -109,20 +108,7 @@ def run(main: Callable[[], object]) -> None:
     sys.exit(status if isinstance(status, int) else 0)
 
 
-def not_a_command() -> None:
-    """End `python -m` on a module that is no command: one line, exit status 2."""
-    name = sys.modules["__main__"].__spec__.name
-    _fail(
-        name.rpartition(".")[2],
-        f"python -m {name} is not a command: it is a module the tools import (README.md lists the commands)",
-    )
-
-
 def _fail(prog: str, message: str) -> None:
     sys.stdout.flush()
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-if __name__ == "__main__":
-    not_a_command()

@@ -784,9 +784,3 @@ def render_scaling_chart(summary: Summary, path: Path) -> bool:
     ax.legend(fontsize=8)
     save_figure(fig, path)
     return True
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

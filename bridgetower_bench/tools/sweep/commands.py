@@ -272,9 +272,3 @@ def shareable_command(command: Sequence[str], out: Path) -> str:
         return "".join([shlex.quote(head) if head else "", placeholder, shlex.quote(tail) if tail else ""])
 
     return " ".join(quote(arg) for arg in shareable_args(command, out))
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

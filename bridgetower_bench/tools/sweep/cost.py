@@ -270,9 +270,3 @@ def cost_fields(row: Mapping, prices: Prices) -> dict:
             for node in row["per_node"]
         ]
     return fields
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

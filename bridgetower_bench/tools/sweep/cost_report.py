@@ -346,9 +346,3 @@ def render(out: Path, summary: Summary, meta: Mapping) -> tuple[str, str, bool]:
     prices = meta.get("prices") or Prices()
     wrote_chart = render_cost_chart(summary, prices, out / "chart_cost.png")
     return render_table_sections(summary, prices), render_vs_published_section(summary, prices), wrote_chart
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

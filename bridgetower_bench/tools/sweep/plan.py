@@ -249,9 +249,3 @@ def _run_env(preset: str, script: str, device: str) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
         env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
     return env
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

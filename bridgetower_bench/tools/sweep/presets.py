@@ -221,9 +221,3 @@ def persistent_settings(args: argparse.Namespace) -> list[bool]:
     """--persistent-workers as booleans; by default both for the local preset, upstream's (no) for the blog one."""
     chosen = args.persistent_workers or (["no", "yes"] if args.preset == "local" else ["no"])
     return [choice == "yes" for choice in dict.fromkeys(chosen)]
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

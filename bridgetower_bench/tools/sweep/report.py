@@ -29,9 +29,3 @@ def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:
     render_chart(summary, out / "chart.png")
     render_scaling_chart(summary, out / "chart_scaling.png")
     return table
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

@@ -243,9 +243,3 @@ def write_results(out: Path, plan: Plan, rows: list[dict], variants: Optional[Se
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()} for row in rows)
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

@@ -188,9 +188,3 @@ def describe_row(row: dict) -> str:
     if row["status"] == INTERRUPTED:
         return f"{label}: interrupted after {row['wall_seconds']:.0f} s"
     return f"{label}: FAILED (return code {row['returncode']}) after {row['wall_seconds']:.0f} s: {row['error']}  [log: {row['log']}]"
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

@@ -223,9 +223,3 @@ def _copy_lines(stream, log, lock: threading.Lock, prefix: bytes, secrets: froze
                 log.flush()
             except ValueError:  # the log is closed: the run was stopped and the sweep has moved on
                 return
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

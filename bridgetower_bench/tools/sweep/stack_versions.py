@@ -36,9 +36,3 @@ def versions_note(records: Iterable[Mapping]) -> Optional[str]:
         f"Not like for like: these runs ran different library versions ({'; '.join(differing)}); "
         "see each run's version_* fields."
     )
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

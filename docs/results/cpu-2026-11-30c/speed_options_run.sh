@@ -10,7 +10,7 @@ for round in 1 2; do
     flags=()
     [[ $setup == sdpa ]] && flags=(--attn_implementation sdpa)
     [[ $setup == sdpa-compiled ]] && flags=(--attn_implementation sdpa --compile_layers inductor)
-    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python -m bridgetower_bench.tools.gpu_ceiling \
+    OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 .venv/bin/python lab/gpu_ceiling.py \
       --model_name_or_path "$W/model/tiny-bridgetower" --output_dir "$W/out_$setup" --use_cpu \
       --per_device_train_batch_size 8 --max_steps 30 --throughput_warmup_steps 10 \
       --report_to none --save_strategy no --seed 42 "${flags[@]}" > "$W/log_${setup}_$round.txt" 2>&1

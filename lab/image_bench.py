@@ -1,17 +1,16 @@
 """Micro-benchmark of the image pipelines, one core: speed and fidelity to upstream.
 
-    python -m bridgetower_bench.tools.image_bench [--images N] [--repeat R] [--image-size 294] [--json out.json]
-                                            [--without-simplejpeg]
+    python lab/image_bench.py [--images N] [--repeat R] [--image-size 294] [--json out.json]
+                              [--without-simplejpeg]
 
 For two image sets - synthetic line-art cartoons (``bridgetower_bench.tools.cartoons.draw_cartoon``,
 800 x 650 JPEGs like the DESIGN notes' measurements) and real photographs shipped by installed
 packages (matplotlib's ``grace_hopper.jpg``; scikit-learn's ``china.jpg`` and ``flower.jpg``
 when it is installed) - it measures images/s on one core (``torch.set_num_threads(1)``) for
 the ``upstream``, ``fast`` and ``fast-draft`` pipelines, a decoded-image-cache lookup, and
-the decode-only rates of PIL, torchvision's ``decode_jpeg`` and, when it is installed,
-``simplejpeg`` (to RGBX, as ``fast`` uses it): the ceiling for any pipeline that decodes;
-``fast`` is compared with that of the decoder it uses (``--without-simplejpeg`` measures
-the fallback decoders). Passes over the images are interleaved across methods and the
+the decode-only rates of PIL and, when it is installed, ``simplejpeg`` (to RGBX, as ``fast``
+uses it): the ceiling for any pipeline that decodes; ``fast`` is compared with that of the
+decoder it uses (``--without-simplejpeg`` measures the fallback, PIL). Passes over the images are interleaved across methods and the
 best pass of ``--repeat`` counts, which keeps figures comparable on a shared machine.
 Fidelity is the mean and max absolute deviation of ``fast``/``fast-draft`` from
 ``upstream``, in 1/255 pixel units.
@@ -33,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import decode_jpeg
 
 from bridgetower_bench.images import images
 from bridgetower_bench.images.image_cache import open_decoded_image_cache
@@ -102,17 +100,13 @@ def decode_with_pil(row: dict) -> Image.Image:
     return img
 
 
-def decode_with_torchvision(row: dict) -> torch.Tensor:
-    return decode_jpeg(torch.frombuffer(bytearray(row["bytes"]), dtype=torch.uint8))
-
-
 def decode_with_simplejpeg(row: dict) -> np.ndarray:
     return images.simplejpeg.decode_jpeg(row["bytes"], "RGBX")
 
 
 def fast_decode_method() -> str:
     """The decode-only method that measures the JPEG decoder ``fast`` uses."""
-    return "decode_jpeg" if images.simplejpeg is None else "decode simplejpeg"
+    return "decode PIL" if images.simplejpeg is None else "decode simplejpeg"
 
 
 def method_functions(image_size: int, cache: Callable) -> dict[str, Callable[[Any], Any]]:
@@ -123,7 +117,6 @@ def method_functions(image_size: int, cache: Callable) -> dict[str, Callable[[An
         "fast-draft": make_image_transform("fast-draft", image_size, *fidelity_free),
         "cached": cache,
         "decode PIL": decode_with_pil,
-        "decode_jpeg": decode_with_torchvision,
     }
     if images.simplejpeg is not None:
         functions["decode simplejpeg"] = decode_with_simplejpeg

@@ -1,6 +1,6 @@
 """Does the device decoder give the host `fast` pipeline's pixels, and how fast? A check for real hardware.
 
-    python -m bridgetower_bench.tools.device_decode_check IMAGES_OR_PARQUET... [--device cuda] [--image-size 294]
+    python lab/device_decode_check.py IMAGES_OR_PARQUET... [--device cuda] [--image-size 294]
 
 Decodes the images with the device loader's ``decode_batch`` and with the host ``fast`` pipeline, and prints
 their pixel deviation and both speeds as json.
@@ -99,9 +99,7 @@ def compare_with_host(
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.device_decode_check", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="+", help="image files and/or parquet files with an image column")
     parser.add_argument("--column", default="image", help="image column of the parquet files")
     parser.add_argument("--limit", type=int, default=192, help="use at most this many images")

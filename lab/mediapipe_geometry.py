@@ -1,6 +1,6 @@
 """How far the media pipeline's image geometry lands from upstream's, measured on CPU.
 
-    python -m bridgetower_bench.tools.mediapipe_geometry [--images N] [--image-size 294]
+    python lab/mediapipe_geometry.py [--images N] [--image-size 294]
 
 With ``--mediapipe_dataloader`` the HPU decoder is asked for the centred square of side
 min(width, height), resized to S x S (``CENTER_CROP`` with ``resize=[S, S]``, see

@@ -1,6 +1,6 @@
 """Does a dataloader worker's own memory grow with the decode-once cache? A benchmark that prints figures.
 
-    python -m bridgetower_bench.tools.cache_memory_bench [--small 64] [--large 1024] [--workers 2]
+    python lab/cache_memory_bench.py [--small 64] [--large 1024] [--workers 2]
 
 Builds two decoded-image caches (a small and a large one, distinct images), reads every entry through
 a torch DataLoader with `--workers` worker processes, and reports each worker's own memory

@@ -8,7 +8,7 @@ are done and stops it ``steps`` steps later, then writes to ``out_dir``
   ratio, then the operators and kernels that take the most device time (CPU time on a CPU run);
 * ``profile_trace.json``: the timeline, for chrome://tracing or Perfetto.
 
-The data-free ceiling uses it (``python -m bridgetower_bench.tools.gpu_ceiling ... --profile_steps 3``) to show
+The data-free ceiling uses it (``python lab/gpu_ceiling.py ... --profile_steps 3``) to show
 why the step runs at the MFU it does: a device busy most of the wall time points at the kernels; a device
 often idle points at the host (Python dispatch, synchronisations).
 """
@@ -94,9 +94,3 @@ def _device_sort_key(averages) -> str:
         if averages and hasattr(averages[0], "self_device_time_total")
         else "self_cuda_time_total"
     )
-
-
-if __name__ == "__main__":
-    from bridgetower_bench.tools import tool_paths
-
-    tool_paths.not_a_command()

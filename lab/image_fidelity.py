@@ -1,6 +1,6 @@
 """The image pipelines' pixels beside upstream's, measured: what docs/UPSTREAM.md and the README state.
 
-    python -m bridgetower_bench.tools.image_fidelity [--images 24] [--image-size 294] [--json out.json]
+    python lab/image_fidelity.py [--images 24] [--image-size 294] [--json out.json]
 
 Two measurements, in 1/255 of a pixel value (images compared before normalisation, in [0, 1] x 255):
 
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFilter
 
-from bridgetower_bench.images.images import make_image_transform, resize_geometry
+from bridgetower_bench.images.images import make_image_transform, pil_to_uint8_tensor, resize_geometry
 from bridgetower_bench.output_dir.atomic_files import write_atomically
 from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
@@ -211,9 +211,7 @@ def summary(differences: list[torch.Tensor]) -> dict[str, float]:
 def uint8_kernel_pixels(data: bytes, image_size: int) -> torch.Tensor:
     """Upstream's float filter and geometry run as torch's uint8 kernel runs them: horizontal pass, rounded and
     clamped to 0..255, then vertical pass, rounded and clamped; cropped. Float in [0, 1]."""
-    from torchvision.io import decode_jpeg
-
-    pixels = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8)).float()[None]
+    pixels = pil_to_uint8_tensor(Image.open(io.BytesIO(data)).convert("RGB")).float()[None]
     height, width = pixels.shape[-2:]
     new_w, new_h, top, left = resize_geometry(width, height, image_size)
     bicubic = torch.ops.aten._upsample_bicubic2d_aa
@@ -346,9 +344,7 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m bridgetower_bench.tools.image_fidelity", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=24, help="cartoons per size (default 24)")
     parser.add_argument("--image-size", type=int, default=294, help="crop size (BridgeTower Large: 294)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")

@@ -7,7 +7,7 @@ pipelines' batches are). Its samples/s is what the benchmark's runs would reach 
 a run's samples/s over it is that run's loading efficiency. Throughput is counted exactly as in the
 runs (after ``--throughput_warmup_steps``) and saved as ``train_results.json`` in ``--output_dir``.
 
-    python -m bridgetower_bench.tools.gpu_ceiling --model_name_or_path DIR --output_dir OUT --bf16 \\
+    python lab/gpu_ceiling.py --model_name_or_path DIR --output_dir OUT --bf16 \\
         --per_device_train_batch_size 48 --max_steps 13 --throughput_warmup_steps 3 --report_to none
 """
 
@@ -27,8 +27,8 @@ from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.modeling.attention import use_attention
 from bridgetower_bench.modeling.layer_compile import compile_repeated_layers
 from bridgetower_bench.tools import tool_paths
-from bridgetower_bench.tools.step_profile import StepProfiler
 from bridgetower_bench.trainer import TrainerExtensions
+from step_profile import StepProfiler
 
 
 logger = logging.getLogger(__name__)
