@@ -229,7 +229,7 @@ def different_recipes(everyone: list) -> Optional[str]:
     return "; ".join(differing) or None
 
 
-def refuse_unless_one_recipe(recipe: dict, device) -> None:
+def refuse_unless_one_recipe(recipe: dict, training_args) -> None:
     """With several processes: every rank must run rank 0's recipe with the same kit and libraries, else every
     process stops in one line naming the ranks and the entries (two nodes given different flags would otherwise
     train one job with two learning rates, and `recipe.json` record rank 0's alone). A hash is compared on the
@@ -240,7 +240,9 @@ def refuse_unless_one_recipe(recipe: dict, device) -> None:
         return
     mine = job_recipe(recipe)
     digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).digest()
-    hashed = torch.tensor([int.from_bytes(digest[i : i + 3], "big") for i in (0, 3)], dtype=torch.int32, device=device)
+    hashed = torch.tensor(
+        [int.from_bytes(digest[i : i + 3], "big") for i in (0, 3)], dtype=torch.int32, device=training_args.device
+    )
     hashes = [torch.zeros_like(hashed) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(hashes, hashed)
     if all(torch.equal(h, hashes[0]) for h in hashes):
@@ -324,7 +326,7 @@ def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
 def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> RunPlan:
     """What this run does with --output_dir: reuse its model, resume a checkpoint, or start afresh (docs/RUNS.md)."""
     recipe = describe(model_args, data_args, training_args, dataset)
-    refuse_unless_one_recipe(recipe, training_args.device)
+    refuse_unless_one_recipe(recipe, training_args)
     if not training_args.do_train:  # (evaluation alone into a directory holding a trained model evaluates it)
         return _evaluation_only(output_dir, recipe, model_args)
     if training_args.resume_from_checkpoint:
