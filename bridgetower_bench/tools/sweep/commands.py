@@ -213,11 +213,17 @@ class Plan:
         """The variables a run needs on top of the environment it starts in."""
         env = dict(self.env)
         if self.device == "cpu" and variant is not None and "OMP_NUM_THREADS" not in os.environ:
-            # On a CPU the loader workers and the training processes share the cores: give training the
-            # cores the workers leave (at least one), or every step fights the workers for them.
-            cores = os.cpu_count() or 1
-            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // (variant.devices or self.nproc)))
+            env["OMP_NUM_THREADS"] = str(self.cpu_threads(variant))
         return env
+
+    def cpu_threads(self, variant: Variant) -> int:
+        """A CPU run's threads per training process: the cores its loader workers leave (at least one), shared by
+        the most processes any run of the plan starts on one machine, whatever this run's count. So the scaling
+        curve's one-device run trains with the threads of each process of its other points (its efficiency
+        compares like with like), and the matrix's rows with the same divisor (a process of workers=0 gets as many
+        threads on the matrix as on the curve)."""
+        most = max((v.devices or self.nproc) for v in self.variants)
+        return max(1, ((os.cpu_count() or 1) - variant.workers) // most)
 
     def run_env(self, variant: Optional[Variant] = None) -> dict:
         return {**os.environ, **self.node_env(variant)}

@@ -42,6 +42,7 @@ DEVICE_KEYS = (
     "device_count",
     "device_memory_bytes",
     "driver_version",
+    "cpu_threads",  # threads per training process (torch's, OMP_NUM_THREADS): the scaling curve compares them
 )
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Optional
+
+import psutil
 
 from bridgetower_bench.output_dir.atomic_files import write_atomically
 from bridgetower_bench.redaction import scrub, secret_values
@@ -69,7 +72,7 @@ def run_variant(
         hostfile = hostfile_path(run_dir)
         hostfile.parent.mkdir(exist_ok=True)
         write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), cpu_seconds()
     try:
         env = plan.run_env(variant)
         returncode: Optional[int] = run_process(
@@ -81,11 +84,29 @@ def run_variant(
         )
     except KeyboardInterrupt:
         returncode = None
-    row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
+    wall = time.perf_counter() - started
+    row = collect_row(plan, variant, returncode, run_dir, log_path, command, wall, out)
+    row.update(other_cpu_cores=other_cpu_cores(cpu_before, cpu_seconds(), wall), cpu_count=os.cpu_count())
     if not keep_weights:
         _discard_weights(run_dir)
     echo(f"{progress} {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
     return row
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, those of this process and of its children that ended)."""
+    times = psutil.cpu_times()
+    # Linux counts guest time inside user time; idle and I/O wait are no work.
+    idle = sum(getattr(times, name, 0.0) for name in ("idle", "iowait", "guest", "guest_nice"))
+    own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(times) - idle, sum(usage.ru_utime + usage.ru_stime for usage in own)
+
+
+def other_cpu_cores(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """The cores other programs kept busy, on average, between two `cpu_seconds` readings `wall` seconds apart:
+    the machine's busy time less the sweep's and its run's (a run's processes that outlive it are not counted)."""
+    busy, own = (b - a for a, b in zip(before, after))
+    return round(max(0.0, busy - own) / wall, 2) if wall > 0 else 0.0
 
 
 def _discard_weights(run_dir: Path) -> None:
