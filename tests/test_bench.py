@@ -291,6 +291,7 @@ def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp
 
     assert first[0]["train_samples_per_second"] == 20.0
     assert second[0]["status"] == "failed" and "train_samples_per_second" not in second[0]
+    assert second[0]["error"] == "exited 3 and printed nothing"  # a failed row always says why
 
 
 def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, tmp_path):
@@ -1246,6 +1247,7 @@ def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is
     "argv, text, message",
     [
         (["--nodes", "1,2"], None, "--nodes 2: several nodes need --hostfile"),
+        (["--remote-start-timeout", "0"], None, "--remote-start-timeout 0: a number of seconds above 0"),
         (["--nodes", "1,3", "--hostfile", "{hostfile}"], None, "--nodes 3: --hostfile {hostfile} gives 2 node(s)"),
         (["--nodes", "1", "--hostfile", "{hostfile}"], None, "--hostfile {hostfile}: --nodes names no count above 1"),
         (
@@ -1331,3 +1333,32 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
     )
     with open(tmp_path / "out" / "results.csv") as f:
         assert [r["nodes"] for r in csv.DictReader(f)] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "shell, reason",
+    [
+        ("silent", "node 0 (gpu-a), node 1 (gpu-b) printed nothing within --remote-start-timeout 2 s"),
+        ("false", "node 0 (gpu-a): false exited 1 before the run started"),
+    ],
+)
+def test_a_remote_shell_that_never_starts_the_run_fails_its_row_with_the_reason(tmp_path, shell, reason):
+    silent = tmp_path / "silent"  # a remote shell that hangs before the node's line runs: connecting, prompting
+    silent.write_text(f"#!/bin/sh\necho $$ >> {tmp_path}/pids\nexec sleep 600\n")
+    silent.chmod(0o755)
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.hosts, plan.remote_start_timeout = ["gpu-a", "gpu-b"], 2.0
+    plan.remote_shell = [str(silent)] if shell == "silent" else ["false"]
+    plan.variants = [dataclasses.replace(plan.variants[0], nodes=2)]
+
+    started = time.monotonic()
+    [across] = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]
+
+    assert time.monotonic() - started < 20  # the bound, then the stop's SIGINT
+    assert (across["status"], across["nodes"]) == ("failed", 2) and across["error"].startswith(reason)
+    assert (tmp_path / "out" / across["log"]).read_text().endswith(f"bench: {across['error']}\n")
+    assert not starts(tmp_path), "no training started"
+    if shell == "silent":  # both nodes' shells were stopped
+        for pid in map(int, (tmp_path / "pids").read_text().split()):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)

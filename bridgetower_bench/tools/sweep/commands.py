@@ -162,6 +162,7 @@ class Plan:
     hosts: list[str] = field(default_factory=list)  # --hostfile's nodes in its order (the first keeps rank 0's end)
     remote_shell: list[str] = field(default_factory=lambda: ["ssh", "-tt"])  # --remote-shell
     rdzv_port: int = 29500  # --rdzv-port
+    remote_start_timeout: float = 60.0  # --remote-start-timeout: seconds for each node's first line
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -206,7 +207,11 @@ class Plan:
         """What a run starts: `command` here, or on each of `remote_hosts` through --remote-shell, from the kit's
         directory (the same path on every node) with the variables the run needs (`node_env`)."""
         env = [f"{name}={shlex.quote(value)}" for name, value in self.node_env(variant).items()]
-        line = " ".join([f"cd {shlex.quote(str(REPO))} &&", *env, shlex.join(command)])
+        # A line as soon as the node's shell runs: what --remote-start-timeout waits for (the launch may print
+        # nothing until every node has joined its rendezvous).
+        line = " ".join(
+            [f"cd {shlex.quote(str(REPO))} && echo node started: $(uname -n) &&", *env, shlex.join(command)]
+        )
         return [[*self.remote_shell, host, line] for host in self.remote_hosts(variant)] or [command]
 
     def node_env(self, variant: Optional[Variant] = None) -> dict:
