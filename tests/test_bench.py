@@ -155,10 +155,16 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     assert table in printed, "the table is printed at the end"
     assert "## Retrieval quality: eval image->text recall@1" in table
     scaling = table.split("## Scaling: the same recipe on more devices")[1].split("##")[0]
-    assert f"| workers=0 | {runs[0]['device_name']} | 1 | " in scaling and "| 100% |" in scaling
-    assert f"| {100 * curve['scaling_efficiency']:.0f}% |" in scaling.split(f"{runs[0]['device_name']} | 2 | ")[1]
+    # Every run trained with the threads asked for, and measured how busy other programs kept the machine.
+    assert {(r["cpu_threads"], r["cpu_count"]) for r in runs + [curve, across]} == {(1, os.cpu_count())}
+    assert all(r["other_cpu_cores"] >= 0 for r in runs + [curve, across]) and csv_rows[0]["cpu_threads"] == "1"
+    assert f"| workers=0 | {runs[0]['device_name']} | 1 | " in scaling
+    assert f"| {efficiency_cell(runs[0], runs[0])} |" in scaling.split(f"{runs[0]['device_name']} | 1 | ")[1]
+    assert f"| {efficiency_cell(curve, runs[0])} |" in scaling.split(f"{runs[0]['device_name']} | 2 | ")[1]
     across_line = scaling.split(f"| workers=0 | {runs[0]['device_name']} | 2 (2 nodes x 1) | ")[1].split("\n")[0]
-    assert f"| {100 * across['scaling_efficiency']:.0f}% |" in across_line
+    assert f"| {efficiency_cell(across, runs[0])} |" in across_line
+    flagged = any(efficiency_cell(r, runs[0]).startswith("n/a") for r in (runs[0], curve, across))
+    assert ('\n"n/a: ' in scaling) == flagged  # a flagged cell is explained under the table
     each = " / ".join(f"{100 * node['data_wait_fraction']:.0f}%" for node in across["per_node"])
     assert f"% (nodes: {each}) |" in across_line  # the job's data wait, then each node's
     assert f"| {runs[0]['device_name']} 2 nodes x1 | " in table  # a row of its own, beside the one-node x2
@@ -170,6 +176,13 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         with Image.open(out / name) as chart:
             assert chart.size[0] > 100 and chart.size[1] > 100
     assert printed.count("start  workers=") == 3 and "samples/s" in printed and "at 2 epoch start(s)" in printed
+
+
+def efficiency_cell(point, one):
+    """What the scaling section shows for `point` against the one-device run `one`, from their rows' figures."""
+    busy = any(r["other_cpu_cores"] > 0.1 * r["cpu_count"] for r in (point, one))
+    flags = ["busy machine"] * busy + ["above 100%"] * (round(100 * point["scaling_efficiency"]) > 100)
+    return f"n/a: {', '.join(flags)}" if flags else f"{100 * point['scaling_efficiency']:.0f}%"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +291,7 @@ def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp
 
     assert first[0]["train_samples_per_second"] == 20.0
     assert second[0]["status"] == "failed" and "train_samples_per_second" not in second[0]
+    assert second[0]["error"] == "exited 3 and printed nothing"  # a failed row always says why
 
 
 def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, tmp_path):
@@ -1034,7 +1048,11 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
     plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
     threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
-    assert threads == ["8", "6", "6", "4"]  # workers 0, 2, 2 (persistent); the curve's 2 processes of workers 0
+    # workers 0, 2, 2 (persistent), then the curve's 2 processes of workers 0: every run's cores shared by the 2
+    # processes of its largest point, so the curve's one-process run trains with the threads of each of its two
+    assert threads == ["4", "3", "3", "4"]
+    alone = plan_for(["--workers", "0", "2", "--image-pipelines", "fast", "--devices", "0"], accelerator="cpu")
+    assert [alone.run_env(v)["OMP_NUM_THREADS"] for v in alone.variants] == ["8", "6", "6"]  # no curve: 1 process
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
 
@@ -1137,7 +1155,8 @@ def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_devi
     assert all(v.devices is None for v in matrix) and curve == dataclasses.replace(matrix[0], devices=2)
     command = local.command(curve, tmp_path / "run")
     assert command[2:6] == ["bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
-    assert local.run_env(curve)["OMP_NUM_THREADS"] == "1" and local.run_env(matrix[0])["OMP_NUM_THREADS"] == "2"
+    # Every run of the local preset on 2 cores trains with 1 thread (the 2-process point's), the baseline included
+    assert {local.run_env(v)["OMP_NUM_THREADS"] for v in local.variants} == {"1"}
     assert curve.run_id == matrix[0].run_id + "-x2"
 
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 1)
@@ -1193,6 +1212,32 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     )
 
 
+def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is_flagged_not_shown(tmp_path):
+    def cpu_row(sps, world_size, threads=1):
+        return dict(row(sps, 0, device="CPU", world_size=world_size), device_type="cpu", cpu_threads=threads)
+
+    quiet = {"other_cpu_cores": 0.1, "cpu_count": 2}  # others kept 5% of the 2 cores busy: not a busy machine
+    rows = [{**cpu_row(1.0, 1), **quiet}, {**cpu_row(16.58, 2), **quiet}]  # 829%, the measured point
+    section = bench_report.render_scaling(bench_report.summarise(rows))
+    assert "| workers=0 | CPU | 1 | 1.00 | 100% |" in section
+    assert "| workers=0 | CPU | 2 | 8.29 | n/a: above 100% |" in section and "829%" not in section
+    assert '"n/a: above 100%": more devices cannot add more per device' in section and "busy machine" not in section
+
+    rows[0].update(other_cpu_cores=0.5, cpu_threads=2)  # the baseline: others took a quarter of the machine, 2 threads
+    rows[1].update(train_samples_per_second=1.8, train_samples_per_second_per_device=0.9)  # 90%: plausible, no result
+    section = bench_report.render_scaling(bench_report.summarise(rows))
+    assert "| workers=0 | CPU | 1 | 1.00 | n/a: busy machine |" in section
+    assert "| workers=0 | CPU | 2 | 0.90 | n/a: threads differ, busy machine |" in section
+    assert '"n/a: busy machine": while this point or its one-device run trained' in section
+    assert '"n/a: threads differ"' in section and "above 100%" not in section
+    assert bench_report.render_scaling_chart(bench_report.summarise(rows), tmp_path / "chart_scaling.png")
+
+    for r in rows:  # GPU runs: their CPU threads are no measure of them (torchrun gives each rank 1)
+        r.update(device_type="cuda", other_cpu_cores=0.15)  # 0.15 of 2 cores: not above 10%
+    assert "| workers=0 | CPU | 2 | 0.90 | 90% |" in bench_report.render_scaling(bench_report.summarise(rows))
+    assert "n/a" not in bench_report.render_scaling(bench_report.summarise(rows))
+
+
 # ---------------------------------------------------------------------------------------------
 # The curve across nodes (--hostfile, --nodes)
 # ---------------------------------------------------------------------------------------------
@@ -1202,6 +1247,7 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     "argv, text, message",
     [
         (["--nodes", "1,2"], None, "--nodes 2: several nodes need --hostfile"),
+        (["--remote-start-timeout", "0"], None, "--remote-start-timeout 0: a number of seconds above 0"),
         (["--nodes", "1,3", "--hostfile", "{hostfile}"], None, "--nodes 3: --hostfile {hostfile} gives 2 node(s)"),
         (["--nodes", "1", "--hostfile", "{hostfile}"], None, "--hostfile {hostfile}: --nodes names no count above 1"),
         (
@@ -1287,3 +1333,32 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
     )
     with open(tmp_path / "out" / "results.csv") as f:
         assert [r["nodes"] for r in csv.DictReader(f)] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "shell, reason",
+    [
+        ("silent", "node 0 (gpu-a), node 1 (gpu-b) printed nothing within --remote-start-timeout 2 s"),
+        ("false", "node 0 (gpu-a): false exited 1 before the run started"),
+    ],
+)
+def test_a_remote_shell_that_never_starts_the_run_fails_its_row_with_the_reason(tmp_path, shell, reason):
+    silent = tmp_path / "silent"  # a remote shell that hangs before the node's line runs: connecting, prompting
+    silent.write_text(f"#!/bin/sh\necho $$ >> {tmp_path}/pids\nexec sleep 600\n")
+    silent.chmod(0o755)
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.hosts, plan.remote_start_timeout = ["gpu-a", "gpu-b"], 2.0
+    plan.remote_shell = [str(silent)] if shell == "silent" else ["false"]
+    plan.variants = [dataclasses.replace(plan.variants[0], nodes=2)]
+
+    started = time.monotonic()
+    [across] = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]
+
+    assert time.monotonic() - started < 20  # the bound, then the stop's SIGINT
+    assert (across["status"], across["nodes"]) == ("failed", 2) and across["error"].startswith(reason)
+    assert (tmp_path / "out" / across["log"]).read_text().endswith(f"bench: {across['error']}\n")
+    assert not starts(tmp_path), "no training started"
+    if shell == "silent":  # both nodes' shells were stopped
+        for pid in map(int, (tmp_path / "pids").read_text().split()):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)

@@ -215,6 +215,12 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
         "there (default: ssh -tt; the terminal makes a closed connection hang up the node's processes).",
     )
     parser.add_argument("--rdzv-port", default=29500, help="Port of a CUDA run's c10d rendezvous on the first node.")
+    parser.add_argument(
+        "--remote-start-timeout",
+        default=60,
+        help="Seconds each node of a CUDA run across nodes has to print its first line, or the run is stopped and "
+        "its row failed (default: 60; ssh reaches a cluster node in seconds, a slow login in tens of seconds).",
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

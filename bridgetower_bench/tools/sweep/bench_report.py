@@ -679,6 +679,49 @@ def efficiency(cells: Sequence[tuple[tuple[int, int], Cell]], size: tuple[int, i
     return this / one.median_per_device if one is not None and this is not None and one.median_per_device else None
 
 
+# A run's machine was busy when other programs kept more than this share of its cores busy, on average, during the
+# run (its row's other_cpu_cores of cpu_count): their CPU time was taken from the run's, or its loader workers'.
+BUSY_SHARE = 0.1
+# Why a point's efficiency is no result (the table's note): the flag, and what it means.
+EFFICIENCY_FLAGS = {
+    "threads differ": "a CPU run of this point and its one-device run trained with different threads per process "
+    "(cpu_threads in results.csv), so their speeds per device do not compare",
+    "busy machine": f"while this point or its one-device run trained, other programs kept more than "
+    f"{BUSY_SHARE:.0%} of the machine's cores busy (other_cpu_cores of cpu_count in results.csv), so the runs "
+    "shared the CPU with them",
+    "above 100%": "more devices cannot add more per device than the first: the one-device run was held back "
+    "(a busier machine, fewer threads), and the ratio (scaling_efficiency in results.csv) says nothing of scaling",
+}
+
+
+def busy_machine(row: Mapping) -> bool:
+    """Whether other programs kept more than BUSY_SHARE of the run's machine busy during the run."""
+    other, cores = row.get("other_cpu_cores"), row.get("cpu_count")
+    return other is not None and bool(cores) and other > BUSY_SHARE * cores
+
+
+def efficiency_flags(cells: Sequence[tuple[tuple[int, int], Cell]], size: tuple[int, int]) -> list[str]:
+    """The EFFICIENCY_FLAGS that make the efficiency at `size` (devices, nodes) no result: its runs' and the
+    one-device runs' threads (CPU runs), machine, and the ratio itself."""
+    one = dict(cells).get((1, 1))
+    rows = [*dict(cells)[size].rows, *(one.rows if one is not None else [])]
+    threads = {r["cpu_threads"] for r in rows if r.get("device_type") == "cpu" and r.get("cpu_threads") is not None}
+    ratio = efficiency(cells, size)
+    flags = {
+        "threads differ": len(threads) > 1,
+        "busy machine": any(busy_machine(r) for r in rows),
+        "above 100%": ratio is not None and round(100 * ratio) > 100,
+    }
+    return [flag for flag, raised in flags.items() if raised]
+
+
+def efficiency_text(cells: Sequence[tuple[tuple[int, int], Cell]], size: tuple[int, int]) -> str:
+    """The efficiency at `size` as the table and chart show it: "90%", "-" without a one-device run, or where it is
+    no result, why ("n/a: busy machine")."""
+    flags, ratio = efficiency_flags(cells, size), efficiency(cells, size)
+    return f"n/a: {', '.join(flags)}" if flags else f"{100 * ratio:.0f}%" if ratio else "-"
+
+
 def add_scaling_efficiency(summary: Summary) -> None:
     """Each finished run of a curve (its results row, in place) gets `scaling_efficiency`: its samples/s per
     device over the median of the same configuration on one device."""
@@ -699,10 +742,10 @@ def render_scaling(summary: Summary) -> str:
     priced = any(r.get("usd_per_1m_samples") is not None for _, _, cells in curves for _, c in cells for r in c.rows)
     header = ["configuration", "device", "devices", "samples/s per device", "scaling efficiency", "samples/s (all)"]
     header += ["data wait"] + (["USD per 1M samples"] if priced else [])
-    body = []
+    body, flags = [], set()
     for column, name, cells in curves:
         for size, cell in cells:
-            ratio = efficiency(cells, size)
+            flags.update(efficiency_flags(cells, size))
             wait = f"{100 * statistics.median(cell.data_wait):.0f}%" if cell.data_wait else "-"
             nodes = [r["per_node"] for r in cell.rows if r.get("per_node")]  # a run across nodes: each node's wait
             if nodes:
@@ -714,7 +757,7 @@ def render_scaling(summary: Summary) -> str:
                 name,
                 size_label(size),
                 _fmt(cell.median_per_device),
-                f"{100 * ratio:.0f}%" if ratio else "-",
+                efficiency_text(cells, size),
             ]
             line += [_fmt(cell.median), wait] + (
                 [f"{statistics.median(costs):.2f}" if costs else "-"] if priced else []
@@ -731,6 +774,7 @@ def render_scaling(summary: Summary) -> str:
             "much as the first). The data wait is rank 0's share of the counted window spent waiting for its "
             "loader; across nodes, each node's (the mean over its ranks) follows. Every device of a run trains the same per-device batch, so the global batch grows with the "
             "devices.",
+            *[f'\n"n/a: {flag}": {meaning}.' for flag, meaning in EFFICIENCY_FLAGS.items() if flag in flags],
             "",
         ]
     )
@@ -759,10 +803,8 @@ def render_scaling_chart(summary: Summary, path: Path) -> bool:
             xs, ys = [devices for (devices, _), _ in points], [y for _, y in points]
             ax.plot(xs, ys, marker="s" if across else "o", linestyle="--" if across else "-", label=label)
             for (devices, nodes), y in points:
-                ratio = efficiency(cells, (devices, nodes))
-                texts = ([f"{nodes} nodes x {devices // nodes}"] if across else []) + (
-                    [f"{100 * ratio:.0f}%"] if ratio is not None else []
-                )
+                shown = efficiency_text(cells, (devices, nodes))
+                texts = ([f"{nodes} nodes x {devices // nodes}"] if across else []) + ([shown] if shown != "-" else [])
                 if texts and (nodes > 1) == across:  # the shared one-node point: labelled once
                     ax.annotate(
                         ": ".join(texts),

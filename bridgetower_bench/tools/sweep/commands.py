@@ -162,6 +162,7 @@ class Plan:
     hosts: list[str] = field(default_factory=list)  # --hostfile's nodes in its order (the first keeps rank 0's end)
     remote_shell: list[str] = field(default_factory=lambda: ["ssh", "-tt"])  # --remote-shell
     rdzv_port: int = 29500  # --rdzv-port
+    remote_start_timeout: float = 60.0  # --remote-start-timeout: seconds for each node's first line
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -206,18 +207,28 @@ class Plan:
         """What a run starts: `command` here, or on each of `remote_hosts` through --remote-shell, from the kit's
         directory (the same path on every node) with the variables the run needs (`node_env`)."""
         env = [f"{name}={shlex.quote(value)}" for name, value in self.node_env(variant).items()]
-        line = " ".join([f"cd {shlex.quote(str(REPO))} &&", *env, shlex.join(command)])
+        # A line as soon as the node's shell runs: what --remote-start-timeout waits for (the launch may print
+        # nothing until every node has joined its rendezvous).
+        line = " ".join(
+            [f"cd {shlex.quote(str(REPO))} && echo node started: $(uname -n) &&", *env, shlex.join(command)]
+        )
         return [[*self.remote_shell, host, line] for host in self.remote_hosts(variant)] or [command]
 
     def node_env(self, variant: Optional[Variant] = None) -> dict:
         """The variables a run needs on top of the environment it starts in."""
         env = dict(self.env)
         if self.device == "cpu" and variant is not None and "OMP_NUM_THREADS" not in os.environ:
-            # On a CPU the loader workers and the training processes share the cores: give training the
-            # cores the workers leave (at least one), or every step fights the workers for them.
-            cores = os.cpu_count() or 1
-            env["OMP_NUM_THREADS"] = str(max(1, (cores - variant.workers) // (variant.devices or self.nproc)))
+            env["OMP_NUM_THREADS"] = str(self.cpu_threads(variant))
         return env
+
+    def cpu_threads(self, variant: Variant) -> int:
+        """A CPU run's threads per training process: the cores its loader workers leave (at least one), shared by
+        the most processes any run of the plan starts on one machine, whatever this run's count. So the scaling
+        curve's one-device run trains with the threads of each process of its other points (its efficiency
+        compares like with like), and the matrix's rows with the same divisor (a process of workers=0 gets as many
+        threads on the matrix as on the curve)."""
+        most = max((v.devices or self.nproc) for v in self.variants)
+        return max(1, ((os.cpu_count() or 1) - variant.workers) // most)
 
     def run_env(self, variant: Optional[Variant] = None) -> dict:
         return {**os.environ, **self.node_env(variant)}

@@ -5,6 +5,7 @@ cannot use is refused, never benchmarked as a CPU), the script, the loaders, the
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 from typing import Optional
@@ -91,6 +92,7 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
     """--hostfile's hosts and the --nodes counts above 1 (the curve across nodes), or UserInputError."""
     counts = args.nodes or []
     args.rdzv_port = port(args.rdzv_port, "--rdzv-port")
+    args.remote_start_timeout = _seconds(args.remote_start_timeout, "--remote-start-timeout")
     several = sorted({n for n in counts if n > 1})
     if any(n < 1 for n in counts):
         raise UserInputError(f"--nodes {','.join(map(str, counts))}: node counts must be 1 or more")
@@ -113,6 +115,17 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
         if slots < nproc:
             raise UserInputError(f"--hostfile {args.hostfile}: {host} has slots={slots}, fewer than --nproc {nproc}")
     return list(hosts), several
+
+
+def _seconds(text, flag: str) -> float:
+    """A flag's number of seconds, above 0 (UserInputError otherwise)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UserInputError(f"{flag} {text}: a number of seconds above 0, e.g. 60")
+    return seconds
 
 
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
@@ -153,6 +166,7 @@ def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build
         hosts=hosts,
         remote_shell=args.remote_shell,
         rdzv_port=args.rdzv_port,
+        remote_start_timeout=args.remote_start_timeout,
     )
 
 

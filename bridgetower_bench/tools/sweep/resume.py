@@ -55,6 +55,8 @@ CSV_COLUMNS = (
     "version_accelerate",
     "version_datasets",
     "wall_seconds",
+    "other_cpu_cores",  # other programs' CPU use during the run, in cores (the scaling section flags a busy machine)
+    "cpu_count",
     "log",
     "output_dir",
     "command",

@@ -42,6 +42,7 @@ DEVICE_KEYS = (
     "device_count",
     "device_memory_bytes",
     "driver_version",
+    "cpu_threads",  # threads per training process (torch's, OMP_NUM_THREADS): the scaling curve compares them
 )
 # Keys copied from train_results.json into a run's row.
 TRAIN_KEYS = (
@@ -98,8 +99,10 @@ def collect_row(
     command: list[str],
     wall_seconds: float,
     out: Optional[Path] = None,
+    reason: str = "",
 ) -> dict:
-    """One results row: what was asked, what the run recorded, and whether it worked.
+    """One results row: what was asked, what the run recorded, and whether it worked (failed with `reason` where
+    one is given: the sweep knows why the run did not start).
 
     Paths are relative to `out` (default: the directory above the runs' directory) and the command is
     shown as `shareable_command` shows it."""
@@ -136,7 +139,9 @@ def collect_row(
     non_finite = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
     row.update(dict.fromkeys(non_finite))
 
-    row["status"], row["error"] = _status(returncode, log_path, train, non_finite, row["output_dir"])
+    row["status"], row["error"] = (
+        (FAILED, reason) if reason else _status(returncode, log_path, train, non_finite, row["output_dir"])
+    )
     return row
 
 
@@ -151,7 +156,7 @@ def _status(
         error = last_error_line(log_text.split("\n", 2)[-1])  # skip the "$ command" line
         if returncode < 0:
             error = f"killed by signal {signal.Signals(-returncode).name}" + (f"; {error}" if error else "")
-        return FAILED, error
+        return FAILED, error or f"exited {returncode} and printed nothing"
     if "train_samples_per_second" not in train:
         return FAILED, f"exited 0 but {output_dir}/train_results.json has no train_samples_per_second"
     if non_finite:

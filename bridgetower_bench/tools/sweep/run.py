@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Optional
+
+import psutil
 
 from bridgetower_bench.output_dir.atomic_files import write_atomically
 from bridgetower_bench.redaction import scrub, secret_values
@@ -69,7 +72,7 @@ def run_variant(
         hostfile = hostfile_path(run_dir)
         hostfile.parent.mkdir(exist_ok=True)
         write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
-    started = time.perf_counter()
+    started, cpu_before, reason = time.perf_counter(), cpu_seconds(), ""
     try:
         env = plan.run_env(variant)
         returncode: Optional[int] = run_process(
@@ -78,14 +81,36 @@ def run_variant(
             log_path,
             plan.shown_command(command, out, variant),
             frozenset(secret_values(command, env)),
+            plan.remote_hosts(variant),
+            plan.remote_start_timeout,
         )
+    except RunDidNotStart as e:
+        returncode, reason = e.status, str(e)
     except KeyboardInterrupt:
         returncode = None
-    row = collect_row(plan, variant, returncode, run_dir, log_path, command, time.perf_counter() - started, out)
+    wall = time.perf_counter() - started
+    row = collect_row(plan, variant, returncode, run_dir, log_path, command, wall, out, reason)
+    row.update(other_cpu_cores=other_cpu_cores(cpu_before, cpu_seconds(), wall), cpu_count=os.cpu_count())
     if not keep_weights:
         _discard_weights(run_dir)
     echo(f"{progress} {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
     return row
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, those of this process and of its children that ended)."""
+    times = psutil.cpu_times()
+    # Linux counts guest time inside user time; idle and I/O wait are no work.
+    idle = sum(getattr(times, name, 0.0) for name in ("idle", "iowait", "guest", "guest_nice"))
+    own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(times) - idle, sum(usage.ru_utime + usage.ru_stime for usage in own)
+
+
+def other_cpu_cores(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:
+    """The cores other programs kept busy, on average, between two `cpu_seconds` readings `wall` seconds apart:
+    the machine's busy time less the sweep's and its run's (a run's processes that outlive it are not counted)."""
+    busy, own = (b - a for a, b in zip(before, after))
+    return round(max(0.0, busy - own) / wall, 2) if wall > 0 else 0.0
 
 
 def _discard_weights(run_dir: Path) -> None:
@@ -147,51 +172,97 @@ def dies_with_this_process() -> dict:
     return {"preexec_fn": set_parent_death_signal}
 
 
+class RunDidNotStart(Exception):
+    """A node of a run across nodes ended or stayed silent before its first line; the run was stopped."""
+
+    def __init__(self, reason: str, status: int):
+        super().__init__(reason)
+        self.status = status
+
+
 def run_process(
     commands: Sequence[list[str]],
     env: dict,
     log_path: Path,
     shown_command: Optional[str] = None,
     secrets: frozenset = frozenset(),
+    hosts: Sequence[str] = (),
+    start_timeout: float = 60.0,
 ) -> int:
     """Run `commands` together (one, or one per node of a run across nodes) with their output in `log_path`;
     return the first non-zero exit status in their order, else 0. Ctrl-C stops them (and their children) and is
-    re-raised.
+    re-raised. With `hosts` (commands[i] is a remote shell to hosts[i]), each command must print a line within
+    `start_timeout` seconds and before it exits, or the run is stopped, as by Ctrl-C, and RunDidNotStart raised.
 
     The log starts with `shown_command`'s lines (default: the commands), each after `$ `. Several commands'
-    output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets` or several commands,
-    the output passes through the sweep line by line, each secret replaced by a placeholder on its way to the log.
+    output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets`, `hosts` or several
+    commands, the output passes through the sweep line by line, each secret replaced by a placeholder on its way
+    to the log.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     several = len(commands) > 1
-    piped = bool(secrets) or several
+    piped = bool(secrets) or several or bool(hosts)
     with open(log_path, "wb") as log:
         shown = shown_command.splitlines() if shown_command else [shlex.join(command) for command in commands]
         log.write(("".join(f"$ {line}\n" for line in shown) + "\n").encode())
         log.flush()
         procs = [_start(command, env, subprocess.PIPE if piped else log) for command in commands]
-        lock = threading.Lock()
+        lock, first_lines = threading.Lock(), [threading.Event() for _ in procs]
         copies = [
             threading.Thread(
                 target=_copy_lines,
-                args=(proc.stdout, log, lock, f"[node {i}] ".encode() if several else b"", secrets),
+                args=(proc.stdout, log, lock, f"[node {i}] ".encode() if several else b"", secrets, first_line),
                 daemon=True,
             )
-            for i, proc in enumerate(procs)
+            for i, (proc, first_line) in enumerate(zip(procs, first_lines))
             if piped
         ]
         for copy in copies:
             copy.start()
         try:
+            if hosts:
+                not_started = _wait_for_first_lines(procs, copies, first_lines, commands, hosts, start_timeout)
+                if not_started:
+                    raise RunDidNotStart(*not_started)
             statuses = [proc.wait() for proc in procs]
             for copy in copies:
                 copy.join()
-        except BaseException:
+        except BaseException as e:
             _stop(procs)
             for copy in copies:  # a process outside the run's groups (torchrun's ranks) may keep a pipe open
                 copy.join(timeout=10)
+            if isinstance(e, RunDidNotStart):
+                with lock:
+                    log.write(f"\nbench: {e}\n".encode())
+                e.status = e.status or next((proc.returncode for proc in procs if proc.returncode), 0)
             raise
         return next((status for status in statuses if status), 0)
+
+
+def _wait_for_first_lines(
+    procs: Sequence[subprocess.Popen],
+    copies: Sequence[threading.Thread],
+    first_lines: Sequence[threading.Event],
+    commands: Sequence[list[str]],
+    hosts: Sequence[str],
+    timeout: float,
+) -> Optional[tuple[str, int]]:
+    """Wait, `timeout` seconds at most, for each remote command's first line of output; None once every one has
+    printed, else (why the run did not start, the exit status of the node that ended)."""
+    shell = Path(commands[0][0]).name
+    deadline = time.monotonic() + timeout
+    while True:
+        silent = [i for i, first_line in enumerate(first_lines) if not first_line.is_set()]
+        if not silent:
+            return None
+        for i in silent:  # ended, and its output too, without a line
+            if procs[i].poll() is not None and not copies[i].is_alive() and not first_lines[i].is_set():
+                status = procs[i].returncode
+                return f"node {i} ({hosts[i]}): {shell} exited {status} before the run started", status
+        if time.monotonic() >= deadline:
+            nodes = ", ".join(f"node {i} ({hosts[i]})" for i in silent)
+            return f"{nodes} printed nothing within --remote-start-timeout {timeout:g} s: the run was stopped", 0
+        first_lines[silent[0]].wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 def _start(command: list[str], env: dict, stdout) -> subprocess.Popen:
@@ -214,9 +285,13 @@ def _start(command: list[str], env: dict, stdout) -> subprocess.Popen:
     )
 
 
-def _copy_lines(stream, log, lock: threading.Lock, prefix: bytes, secrets: frozenset) -> None:
-    """A run's output into its log, line by line: secrets scrubbed, a terminal's line ends (ssh -tt) made plain."""
+def _copy_lines(
+    stream, log, lock: threading.Lock, prefix: bytes, secrets: frozenset, first_line: threading.Event
+) -> None:
+    """A run's output into its log, line by line: secrets scrubbed, a terminal's line ends (ssh -tt) made plain;
+    `first_line` set once a line has come."""
     for line in stream:
+        first_line.set()
         with lock:
             try:
                 log.write(prefix + scrub(line.replace(b"\r\n", b"\n"), secrets))
