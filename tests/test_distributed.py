@@ -19,9 +19,20 @@ import time
 import psutil
 import torch
 
+from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    base_args,
+    load_weights,
+    read_json,
+    run_script,
+    script_env,
+    script_module,
+)
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
@@ -454,6 +465,7 @@ def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_a
         assert options.training_script == SCRIPTS["cuda"] and "--output_dir" in options.training_script_args
     slurm = commands[1]
     assert slurm[:5] == ["srun", "--nodes", "2", "--ntasks-per-node", "1"]  # one launcher per node
+    assert slurm[5:7] == ["--cpus-per-task", "$SLURM_CPUS_PER_TASK"]  # srun no longer inherits it (Slurm 22.05)
     assert options.rdzv_id == "$SLURM_JOB_ID" and options.rdzv_endpoint == "$HEAD:29500"
 
 
@@ -478,3 +490,60 @@ def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_w
     two_nodes, one_node_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
     assert two_nodes.keys() == one_node_weights.keys()
     assert all(torch.equal(two_nodes[name], one_node_weights[name]) for name in two_nodes)
+
+
+SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
+
+
+def test_the_sbatch_file_runs_the_published_command_once_per_node_with_its_cpus_and_gpus(tmp_path):
+    from torch.distributed import run as torchrun
+    from transformers import HfArgumentParser
+
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0  # bash's syntax check
+    # sbatch reads the `#SBATCH` lines before the first command
+    head = SBATCH.read_text().split("\nset -euo pipefail\n")[0].splitlines()
+    assert all(line.startswith("#") for line in head)
+    directives = dict(line[len("#SBATCH ") :].partition("=")[::2] for line in head if line.startswith("#SBATCH --"))
+    assert (directives["--nodes"], directives["--ntasks-per-node"]) == ("2", "1")  # one launch_cuda per node
+    assert int(directives["--cpus-per-task"]) >= int(directives["--gpus-per-node"])  # a core per rank at least
+    # The script as Slurm runs it, with stand-ins for scontrol and srun: srun records the words it is given.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\n[ "$*" = "show hostnames gpu-[a-b]" ] && printf "gpu-a\\ngpu-b\\n"\n'
+    )
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "srun.txt"}\n')
+    for program in ("scontrol", "srun"):
+        (bin_dir / program).chmod(0o755)
+    slurm = {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242"}
+    slurm["SLURM_CPUS_PER_TASK"] = directives["--cpus-per-task"]  # as sbatch sets it from the directive
+    env = {**os.environ, **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("OUTPUT_DIR", None)
+    ran = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    words = (tmp_path / "srun.txt").read_text().splitlines()
+    python = words.index(".venv/bin/python")
+    assert words[:python] == [
+        *("--nodes", "2", "--ntasks-per-node", "1"),
+        *("--cpus-per-task", directives["--cpus-per-task"]),  # given again: srun no longer inherits it (22.05)
+        "--kill-on-bad-exit=1",
+    ]
+    assert words[python + 1 : python + 3] == ["-m", "bridgetower_bench.tools.launch_cuda"]
+    options = torchrun.parse_args(words[python + 3 :])
+    assert (options.nnodes, options.nproc_per_node) == ("2", directives["--gpus-per-node"])  # a rank per GPU
+    assert (options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id) == ("c10d", "gpu-a:29500", "4242")
+    assert options.training_script == SCRIPTS["cuda"]
+    # The README's published 8-GPU command's flags, --output_dir in the submission directory (the nodes share it)
+    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
+    (published,) = [
+        line for line in readme.splitlines() if "launch_cuda --nproc_per_node 8 run_bridgetower_cuda" in line
+    ]
+    published = shlex.split(published)
+    published = published[published.index(SCRIPTS["cuda"]) + 1 :]
+    flags = options.training_script_args
+    at = published.index("--output_dir")
+    assert flags[at : at + 2] == ["--output_dir", f"{tmp_path}/runs/cuda-x2"]
+    assert flags[:at] + flags[at + 2 :] == published[:at] + published[at + 2 :]
+    script = script_module("cuda")
+    parser = HfArgumentParser((script.ModelArguments, script.DataTrainingArguments, WarmupTrainingArguments))
+    parser.parse_args(flags)  # every flag is one of the CUDA script's, with a value of its type (else SystemExit)

@@ -182,11 +182,13 @@ def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node
         "PT_HPU_LAZY_MODE=1 deepspeed --hostfile hostfile --master_addr gaudi-a --no_local_rank --master_port 29500 "
         + script
     )
+    # no DeepSpeed importable here (the stand-in is only a program on PATH): only the environment file's lines
+    assert result.stdout.strip().splitlines()[-9].startswith("# DeepSpeed cannot be imported by this Python: ")
     world = base64.urlsafe_b64encode(json.dumps({"gaudi-a": list(range(8)), "gaudi-b": list(range(8))}).encode())
     for node, (host, ranks) in enumerate([("gaudi-a", "0-7"), ("gaudi-b", "8-15")]):
         header, command, processes = lines[2 + 3 * node : 5 + 3 * node]
         assert header == f"# node {node}: {host}, ranks {ranks}, started by pdsh over ssh"
-        assert "export PT_HPU_LAZY_MODE=1; " in command  # DeepSpeed's launcher would not pass it on its own
+        assert command.startswith("export PT_HPU_LAZY_MODE=1; cd ")  # DeepSpeed would not pass it on its own
         assert command.endswith(
             f"; cd {two_nodes}; {sys.executable} -u -m deepspeed.launcher.launch --world_info={world.decode()} "
             f"--node_rank={node} --master_addr=gaudi-a --master_port=29500 --no_local_rank {script}"
@@ -208,6 +210,62 @@ def test_gaudi_launcher_hands_the_nodes_the_users_deepspeed_env_and_the_eager_mo
     node_commands = [line for line in result.stdout.splitlines() if "deepspeed.launcher.launch" in line]
     assert len(node_commands) == 2
     assert all("export HCCL_SOCKET_IFNAME=eth1; export PT_HPU_LAZY_MODE=0; cd " in c for c in node_commands)
+
+
+# A stand-in for the installed DeepSpeed: the public names its launcher reads, as HabanaAI/DeepSpeed's release
+# branches define them (runner.EXPORT_ENVS, runner.EXCLUDE_ENVS, accelerator.get_accelerator().export_envs()).
+STAND_IN_DEEPSPEED = {
+    "__init__.py": "",
+    "launcher/__init__.py": "",
+    "launcher/runner.py": (
+        "EXPORT_ENVS = ['MLFLOW', 'PYTHON', 'MV2', 'UCX']\n"
+        "EXCLUDE_ENVS = {'AISC_JOB_NAME': ['NCCL_IB_HCA', 'UCX_NET_DEVICES']}\n"
+    ),
+    "accelerator/__init__.py": (
+        "import os\n\n\nclass Accelerator:\n    def export_envs(self):\n"
+        "        return os.environ['STAND_IN_EXPORT_ENVS'].split()\n\n\n"
+        "def get_accelerator():\n    return Accelerator()\n"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "accelerator_prefixes, held_back, forwarded, not_forwarded",
+    [
+        ("", False, ["UCX_NET_DEVICES=mlx5_0:1", "MV2_X=1"], ["NCCL_SOCKET_IFNAME"]),  # Habana's: HPU lists none
+        ("NCCL", False, ["NCCL_SOCKET_IFNAME=ib0", "UCX_NET_DEVICES=mlx5_0:1"], []),  # a CUDA accelerator's
+        ("", True, ["MV2_X=1"], ["UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME"]),  # EXCLUDE_ENVS: its key is set
+    ],
+    ids=["hpu", "cuda", "held-back"],
+)
+def test_gaudi_launchers_dry_run_forwards_the_variables_the_installed_deepspeed_forwards(
+    two_nodes, monkeypatch, accelerator_prefixes, held_back, forwarded, not_forwarded
+):
+    package = two_nodes / "site" / "deepspeed"
+    for name, text in STAND_IN_DEEPSPEED.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(two_nodes / "site"))
+    monkeypatch.setenv("STAND_IN_EXPORT_ENVS", accelerator_prefixes)
+    for name, value in [("NCCL_SOCKET_IFNAME", "ib0"), ("UCX_NET_DEVICES", "mlx5_0:1"), ("MV2_X", "1")]:
+        monkeypatch.setenv(name, value)
+    if held_back:
+        monkeypatch.setenv("AISC_JOB_NAME", "job")
+    args = ["--hostfile", "hostfile", "--dry_run", "run_bridgetower.py", "--use_habana"]
+    result = run_tool("launch_gaudi", args, cwd=two_nodes, gaudi=True, process=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DeepSpeed cannot be imported" not in result.stdout
+    node_commands = [line for line in result.stdout.splitlines() if "deepspeed.launcher.launch" in line]
+    assert len(node_commands) == 2
+    for command in node_commands:
+        exported = dict(
+            part.removeprefix("export ").split("=", 1) for part in command.split("; ") if "export " in part
+        )
+        assert exported["PYTHONPATH"].split(os.pathsep)[0] == str(two_nodes)  # DeepSpeed's runner prepends it
+        assert exported["PT_HPU_LAZY_MODE"] == "1"  # from the environment file, whatever DeepSpeed forwards
+        for variable in forwarded:
+            assert variable.split("=", 1) in [list(item) for item in exported.items()], (variable, command)
+        assert not set(not_forwarded) & set(exported), command
 
 
 @pytest.mark.parametrize(

@@ -35,11 +35,9 @@ from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.hosts import hostfile_nodes, machine, port
 
 
-# DeepSpeed's launcher passes to the nodes only the variables named with these prefixes (Habana's build adds three
-# PT_HPU_ names, none of them PT_HPU_LAZY_MODE) and the lines of its environment files, `.deepspeed_env` in the home, then
-# the working directory (the name from DS_ENV_FILE when set)
-DEEPSPEED_EXPORTED_PREFIXES = ("MLFLOW", "NCCL", "PYTHON", "MV2", "UCX", "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES")
-DEEPSPEED_EXPORTED_PREFIXES += ("PT_HPU_LAZY_ACC_PAR_MODE", "PT_HPU_ENABLE_WEIGHT_CPU_PERMUTE")
+# DeepSpeed's launcher passes to the nodes the lines of its environment files (`.deepspeed_env` in the home, then the
+# working directory; the name from DS_ENV_FILE when set) and the variables whose names start with the prefixes its
+# version lists: deepspeed_forwarded_names() reads them from the DeepSpeed installed here
 DEEPSPEED_ENV_FILE = "DS_ENV_FILE"
 
 
@@ -121,6 +119,24 @@ def nodes_environment(parser, mode: str, environ=os.environ) -> list[str]:
     return [*lines, f"{LAZY_MODE_VARIABLE}={mode}"]
 
 
+def deepspeed_forwarded_names(environ=os.environ) -> list[str] | None:
+    """The names of `environ`'s variables the installed DeepSpeed's launcher passes to the nodes, as its runner
+    picks them: those starting with a prefix of its EXPORT_ENVS or of its accelerator's export_envs() (where its
+    version has that method), less the names its EXCLUDE_ENVS holds back (where it has that table). None where
+    DeepSpeed cannot be imported here: then which variables it passes is not known."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.launcher import runner
+    except ImportError:
+        return None
+    accelerator = get_accelerator()
+    prefixes = tuple(runner.EXPORT_ENVS) + tuple(getattr(accelerator, "export_envs", list)())
+    held_back = {
+        name for key, names in getattr(runner, "EXCLUDE_ENVS", {}).items() if key in environ for name in names
+    }
+    return [name for name in environ if name.startswith(prefixes) and name not in held_back]
+
+
 def children_mode_variable(environ=os.environ) -> str:
     """PT_HPU_LAZY_MODE for the processes launched: as set, else 1 (lazy mode, upstream's CI's)."""
     return environ.get(LAZY_MODE_VARIABLE) or "1"
@@ -170,7 +186,13 @@ def print_node_commands(args, runner) -> int:
     nodes, cwd = args.nodes, os.path.abspath(".")
     master_addr = shlex.quote(machine(next(iter(nodes))))  # hosts are checked (tools/hosts.py); quoted all the same
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")]))}
-    exports = [(key, value) for key, value in environ.items() if key.startswith(DEEPSPEED_EXPORTED_PREFIXES)]
+    forwarded = deepspeed_forwarded_names(environ)
+    if forwarded is None:
+        print(
+            "# DeepSpeed cannot be imported by this Python: which of this node's variables its launcher passes to "
+            "the nodes is not known; below, only the environment file's lines"
+        )
+    exports = [(key, environ[key]) for key in forwarded or []]
     exports += [[part.strip() for part in line.split("=", 1)] for line in args.nodes_environment if "=" in line]
     world_info = base64.urlsafe_b64encode(json.dumps({h: list(range(n)) for h, n in nodes.items()}).encode()).decode()
     print(f"# on this node: {DEEPSPEED_ENV_FILE}=<a temporary file: {'; '.join(args.nodes_environment)}>")
