@@ -123,7 +123,11 @@ def _addresses(name: str, number: int):
 
 def _listener(number: int) -> Optional[str]:
     """`program (pid N)` listening on the TCP port, unless it is torchrun (launch_cuda) or cannot be seen."""
-    for connection in psutil.net_connections(kind="tcp"):
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.Error:  # (a system that shows other processes' sockets to root only: not known, not refused)
+        return None
+    for connection in connections:
         if connection.status == psutil.CONN_LISTEN and connection.laddr.port == number and connection.pid:
             try:
                 command = " ".join(psutil.Process(connection.pid).cmdline())
