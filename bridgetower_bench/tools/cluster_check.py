@@ -9,8 +9,9 @@ runs this module from this kit's directory with this interpreter (the same paths
 quoted. Two calls per node, all nodes at once, each bounded by `--timeout`:
 
 1. the node's report (JSON): the kit (its version and a hash of the scripts and the package), the versions of
-   the libraries a run imports, the devices (GPUs, HPUs, CPU cores), and `--output_dir`: there, and a token file
-   written into it; on the first node, whether the rendezvous port is free;
+   the libraries every rank of a job must share (`run_recipe.LIBRARIES`), the devices (GPUs, HPUs, CPU cores),
+   and `--output_dir`: there, and a token file written into it; on the first node, whether the rendezvous port
+   is free;
 2. the rendezvous, once every node answered: each node reads every node's token (one directory, shared), joins
    a TCP store at the first node's port, then one all_reduce of ones across the nodes (one process per node,
    `--backend`) must sum to the node count.
@@ -39,11 +40,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.output_dir.run_recipe import LIBRARIES, job_recipe
 from bridgetower_bench.redaction import shareable
 from bridgetower_bench.tools import hosts, self_check, tool_paths
 from bridgetower_bench.tools.self_check import FAILED, OK, REPO, SKIPPED, Row
@@ -51,7 +52,6 @@ from bridgetower_bench.user_errors import UserInputError
 
 
 TOOL = "cluster_check"
-LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "optimum-habana")
 KIT_FILES = ("run_bridgetower.py", "run_bridgetower_cuda.py", "pyproject.toml")
 BACKEND_DEVICES = {"nccl": "gpus", "hccl": "hpus"}  # what a node needs `slots` of for the backend
 NODE_SHARE = 0.8  # of --timeout, for a node's own waits: it says why before the caller's bound ends the call
@@ -88,13 +88,6 @@ def kit() -> dict:
             digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     return {"path": str(REPO), "version": version and version[1], "hash": digest.hexdigest()[:16]}
-
-
-def installed(name: str) -> Optional[str]:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def devices() -> dict:
@@ -142,7 +135,7 @@ def port_problem(port: int) -> str:
 def node_report(args) -> None:
     values = {
         "kit": kit(),
-        "libraries": {name: installed(name) for name in LIBRARIES},
+        "libraries": {key.removeprefix("version_"): version for key, version in job_recipe({}).items()},
         "devices": devices(),
         "output_dir_problem": output_dir_problem(args.output_dir, args.token, args.index),
     }
