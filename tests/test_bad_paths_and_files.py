@@ -723,6 +723,10 @@ TOOL_CASES = {
         ["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
         "--json={dir} is a directory; give a file name to write",
     ),
+    "cluster_check --json <a directory>": (
+        ["cluster_check", "--nodes", "localhost", "--output_dir", "{dir}", "--json", "{dir}"],
+        "--json={dir} is a directory; give a file name to write",
+    ),
     "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
     "gpu_ceiling --output_dir <a file>": (
         ["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],

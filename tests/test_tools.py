@@ -17,7 +17,7 @@ from helpers import REPO, run_tool, script_env
 
 # The tools that run no model: they check paths, tables and JSON, or start and watch other processes.
 NO_MODEL_TOOLS = (
-    "bench compare fixtures gaudi_check launch_gaudi make_cuda_script nvidia_check upstream_diff "
+    "bench cluster_check compare fixtures gaudi_check launch_gaudi make_cuda_script nvidia_check upstream_diff "
     "sweep.bench_report sweep.cost sweep.cost_report"
 )
 

@@ -285,18 +285,26 @@ def run_steps(backend: Backend, steps: list[Step], count: int, output_dir: Path,
 
 def format_table(rows: list[Row]) -> str:
     header = ("check / step", "result", "seconds", "samples/s", "loader", "mode", "detail")
-    cells = [header] + [
-        (
-            row.name,
-            row.result,
-            "" if row.seconds is None else f"{row.seconds:.1f}",
-            "" if row.samples_per_second is None else f"{row.samples_per_second:.1f}",
-            short_loader(row.loader),
-            row.execution_mode or "",
-            row.detail,
-        )
-        for row in rows
-    ]
+    return columns(
+        header,
+        [
+            (
+                row.name,
+                row.result,
+                "" if row.seconds is None else f"{row.seconds:.1f}",
+                "" if row.samples_per_second is None else f"{row.samples_per_second:.1f}",
+                short_loader(row.loader),
+                row.execution_mode or "",
+                row.detail,
+            )
+            for row in rows
+        ],
+    )
+
+
+def columns(header: tuple, lines: list[tuple]) -> str:
+    """A table of text cells in aligned columns (the last one, the detail, left ragged)."""
+    cells = [header, *lines]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header) - 1)]
     return (
         "\n".join(
