@@ -279,7 +279,9 @@ def script_module(kind: str):
                 raise RuntimeError("optimum.habana was imported before the Gaudi script: its changes cannot be undone")
             script_module("cuda")  # the libraries both scripts use imported first, as they are before optimum.habana
             before = _library_names()
-        with _gaudi_imports() if kind == "gaudi" else contextlib.nullcontext():
+        # (the libraries' own handlers made by the import, on the stderr of the test that happens to import it, are
+        # unmade after it: each run makes its own on its capture, _library_handlers_to)
+        with _gaudi_imports() if kind == "gaudi" else contextlib.nullcontext(), _library_handlers_put_back():
             spec = importlib.util.spec_from_file_location(f"_bridgetower_script_{kind}", REPO / SCRIPTS[kind])
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
@@ -339,21 +341,55 @@ def _reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+def _library_logging_modules() -> list:
+    """The loaded logging modules of the libraries that make one handler of their own per process (transformers',
+    optimum's, diffusers': `_default_handler`, made by the library's first `get_logger` with the stderr of that
+    moment, its `flush` bound to that stream). Read through the modules' `__dict__` (a lazy module's attribute
+    look-up would import)."""
+    names = ("_default_handler", "_configure_library_root_logger", "_get_library_root_logger")
+    return [m for m in list(sys.modules.values()) if all(n in getattr(m, "__dict__", {}) for n in names)]
+
+
 @contextlib.contextmanager
-def _logging_put_back():
-    """Every logger's level, handlers and propagation, and each handler's stream and formatter, as they were. While
-    the run lasts, the root logger has no handler (pytest's own are set aside), so that the script's
-    `logging.basicConfig` writes to this run's capture, as in a fresh process."""
+def _library_handlers_put_back():
+    """A library's own handler made in the block (its logging first configured there) unmade afterwards: taken off
+    its logger and forgotten by the library, so that the next `get_logger` (or run) makes one on the stderr of
+    that moment, and none outlives the stream it was made with (a run's capture, a test's `capsys`)."""
+    before = {m.__name__: vars(m)["_default_handler"] for m in _library_logging_modules()}
+    try:
+        yield
+    finally:
+        for module in _library_logging_modules():
+            made = vars(module)["_default_handler"]
+            if made is not None and made is not before.get(module.__name__):
+                module._get_library_root_logger().removeHandler(made)
+                module._default_handler = before.get(module.__name__)
+
+
+_NO_FLUSH = object()  # (a handler without a `flush` of its own: StreamHandler's, which flushes its stream)
+
+
+@contextlib.contextmanager
+def logging_put_back():
+    """Every logger's level, handlers and propagation, each handler's stream, `flush`, formatter and level, and the
+    libraries' own handlers (_library_handlers_put_back), as they were. While the run lasts, the root logger has no
+    handler (pytest's own are set aside), so that the script's `logging.basicConfig` writes to this run's capture,
+    as in a fresh process. (A test that calls a script's main() itself puts logging back with it too.)"""
     loggers = [logging.getLogger()] + [
         logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
     ]
     saved = {id(lg): (lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled) for lg in loggers}
-    handlers = {id(h): (h, vars(h).get("stream"), h.formatter, h.level) for lg in loggers for h in lg.handlers}
+    own = [vars(m)["_default_handler"] for m in _library_logging_modules()]
+    handlers = {
+        id(h): (h, vars(h).get("stream"), vars(h).get("flush", _NO_FLUSH), h.formatter, h.level)
+        for h in [h for lg in loggers for h in lg.handlers] + [h for h in own if h is not None]
+    }
     root = logging.getLogger()
     root.handlers = []
     root.setLevel(logging.WARNING)
     try:
-        yield
+        with _library_handlers_put_back():
+            yield
     finally:
         for logger in list(logging.Logger.manager.loggerDict.values()):
             if isinstance(logger, logging.Logger) and id(logger) not in saved:  # made by the run
@@ -361,19 +397,31 @@ def _logging_put_back():
         for logger, level, kept, propagate, disabled in saved.values():
             logger.setLevel(level)
             logger.handlers, logger.propagate, logger.disabled = kept, propagate, disabled
-        for handler, stream, formatter, level in handlers.values():
+        for handler, stream, flush, formatter, level in handlers.values():
             if stream is not None:
                 handler.stream = stream
+            if flush is _NO_FLUSH:
+                vars(handler).pop("flush", None)
+            else:
+                handler.flush = flush
             handler.formatter, handler.level = formatter, level
 
 
 def _library_handlers_to(stream) -> None:
     """The handlers the libraries (transformers, datasets, optimum, evaluate, ...) create once per process, with the
-    stderr of that moment: to this run's capture, where a fresh process's would write."""
-    for logger in logging.Logger.manager.loggerDict.values():
-        for handler in getattr(logger, "handlers", []):
-            if type(handler) is logging.StreamHandler:
-                handler.stream = stream
+    stderr of that moment: to this run's capture, where a fresh process's would write, their `flush` included
+    (transformers' and optimum's bind it to that stderr's). A library whose own handler is not made yet (its
+    logging unmade after the run or the import that made it, _library_handlers_put_back) makes it now, as its
+    import did in a fresh process."""
+    for module in _library_logging_modules():
+        if vars(module)["_default_handler"] is None:
+            module._configure_library_root_logger()
+    own = [vars(m)["_default_handler"] for m in _library_logging_modules()]
+    for handler in [h for lg in logging.Logger.manager.loggerDict.values() for h in getattr(lg, "handlers", [])] + own:
+        if type(handler) is logging.StreamHandler:
+            handler.stream = stream
+            if "flush" in vars(handler):
+                handler.flush = stream.flush
 
 
 def _process_warning_filters() -> None:
@@ -419,7 +467,7 @@ def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None, endi
     _reset_accelerate()
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_logging_put_back())
+            stack.enter_context(logging_put_back())
             stack.enter_context(warnings.catch_warnings())
             _process_warning_filters()
             stack.enter_context(contextlib.redirect_stdout(stdout))
@@ -533,7 +581,7 @@ def optimum_habana():
     habana_frameworks importable, optimum-habana's names in accelerate): imported through the Gaudi script once
     (script_module), so that what its import changes in other libraries is undone after the block."""
     script_module("gaudi")
-    with _gaudi_imports():
+    with _gaudi_imports(), _library_handlers_put_back():
         yield importlib.import_module("optimum.habana")
 
 

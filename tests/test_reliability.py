@@ -29,6 +29,7 @@ from helpers import (
     ForkedRun,
     embedded,
     jpeg_bytes,
+    logging_put_back,
     read_json,
     run_script,
     trainer_on,
@@ -358,19 +359,21 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
     args = train_args(fixtures, tmp_path / "out", max_steps=1, max_train_samples=4, save_strategy="no")
     cache = ["--cache_dir", str(REPO / ".cache" / "hf_datasets")]
     monkeypatch.setattr(sys, "argv", [SCRIPTS["cuda"], *args, "--do_train", *cache, *CPU_FLAGS["cuda"]])
-    try:
-        if ending == "published":
-            script["main"]()
-        elif ending == "failed there":
-            with pytest.raises(_FailAfterTraining):
+    # (the logging that main() sets up, transformers' verbosity included, is not left to the tests after this one)
+    with logging_put_back():
+        try:
+            if ending == "published":
                 script["main"]()
-        else:
-            with pytest.raises(resilience.TrainingInterrupted) as stopped:
-                script["main"]()
-            assert stopped.value.code == 128 + signal.SIGTERM
-        assert (tmp_path / "out" / "model.safetensors").exists() is (ending != "failed there")
-    finally:
-        run_directory.release_all()  # what the process's exit does
+            elif ending == "failed there":
+                with pytest.raises(_FailAfterTraining):
+                    script["main"]()
+            else:
+                with pytest.raises(resilience.TrainingInterrupted) as stopped:
+                    script["main"]()
+                assert stopped.value.code == 128 + signal.SIGTERM
+            assert (tmp_path / "out" / "model.safetensors").exists() is (ending != "failed there")
+        finally:
+            run_directory.release_all()  # what the process's exit does
     assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
 
 

@@ -3,6 +3,8 @@
 The Gaudi script runs optimum-habana's real GaudiTrainer behind tests/habana_shim (see its README).
 """
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -12,6 +14,7 @@ import sys
 import pytest
 import torch
 
+import helpers
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import (
     BOTH_ROUTES,
@@ -20,11 +23,13 @@ from helpers import (
     SCRIPTS,
     assert_throughput_adds_up,
     base_args,
+    command,
     load_weights,
     read_json,
     resumed_at,
     run_killed_while_publishing,
     run_script,
+    script_module,
 )
 
 
@@ -233,3 +238,68 @@ def test_loader_workers_forked_after_tokenizing_print_no_tokenizers_warning(fixt
     result = run_script(kind, args + CPU_FLAGS[kind], process=True, env=env)
     assert "Running tokenizer on train dataset" in result.stderr, "the captions were not tokenized in this run"
     assert "huggingface/tokenizers" not in result.stdout + result.stderr
+
+
+# What optimum-habana's GaudiTrainingArguments logs through optimum's logger on one process (--log_level info): a
+# library logger's line.
+OPTIMUM_LINE = "average_tokens_across_devices is True but world size is 1"
+
+
+@contextlib.contextmanager
+def library_logging_unmade():
+    """The logging of the libraries that make a handler of their own once per process (transformers', optimum's:
+    helpers._library_logging_modules) not made yet for the block, as in a process where none of them has logged,
+    and as it was afterwards."""
+    saved = []
+    for module in helpers._library_logging_modules():
+        logger = module._get_library_root_logger()
+        handler = vars(module)["_default_handler"]
+        saved.append((module, handler, logger, logger.level, list(logger.handlers), logger.propagate))
+        logger.removeHandler(handler)
+        module._default_handler = None
+    try:
+        yield
+    finally:
+        for module, handler, logger, level, handlers, propagate in saved:
+            module._default_handler = handler
+            logger.setLevel(level)
+            logger.handlers, logger.propagate = handlers, propagate
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_library_logger_one_run_configured_logs_to_the_next_runs_output(kind, fixtures, tmp_path):
+    """Two runs in this process, back to back. The libraries' logging (transformers', and optimum's for the Gaudi
+    script) is first configured during the first, whose output streams are closed after it (as a forked run's files
+    are, or a test's capture); the second logs through those libraries' loggers: to its own output, with no
+    `Logging error` (a handler left on the first run's closed stream)."""
+    script_module(kind)
+    args = command(fixtures, tmp_path / "first", kind, max_steps=1, log_level="info")
+    with library_logging_unmade():
+        first = (io.StringIO(), io.StringIO())
+        argv = [sys.executable, str(REPO / SCRIPTS[kind]), *map(str, args)]
+        assert helpers._in_process(kind, argv, {}, streams=first).returncode == 0, first[1].getvalue()[-3000:]
+        assert "loading configuration file" in first[1].getvalue()  # transformers' logger, configured in the run
+        for stream in first:
+            stream.close()
+        second = run_script(kind, command(fixtures, tmp_path / "second", kind, max_steps=1, log_level="info"))
+    assert "Logging error" not in second.stdout + second.stderr, second.stderr[-3000:]
+    assert "loading configuration file" in second.stderr
+    if kind == "gaudi":
+        assert OPTIMUM_LINE in second.stderr
+
+
+def test_a_library_handler_made_on_a_capture_closed_since_writes_to_the_runs_output(fixtures, tmp_path):
+    """The libraries' own handlers made while `sys.stderr` was a test's capture (`capsys`), closed with that test:
+    as the Gaudi script's first import in a pytest worker (helpers.script_module) left optimum's when a test with
+    `capsys` happened to import it. A later run logs through them to its own output, with no `Logging error` (the
+    handlers' `flush`, bound to the closed capture's)."""
+    script_module("gaudi")
+    with library_logging_unmade():
+        capture = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")  # (as `capsys`'s: once closed, no flush either)
+        with contextlib.redirect_stderr(capture):
+            for module in helpers._library_logging_modules():
+                module.get_logger()  # (a library's first logger makes its handler, on the stderr of the moment)
+        capture.close()
+        result = run_script("gaudi", command(fixtures, tmp_path / "out", "gaudi", max_steps=1, log_level="info"))
+    assert "Logging error" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert OPTIMUM_LINE in result.stderr
