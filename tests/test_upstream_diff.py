@@ -2,6 +2,7 @@
 
 import hashlib
 import io
+import re
 
 import pytest
 
@@ -42,8 +43,59 @@ def upstream_file(tmp_path):
     return path
 
 
-def test_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
+def _steps(text: str) -> list[tuple[str, str]]:
+    """(upstream step, our step) pairs of a step section, wrapped lines joined."""
+    pairs, label = [], None
+    for line in text.splitlines():
+        match = re.match(r"^ *(upstream|ours|calls)  (.*)$", line)
+        if match:
+            label = match.group(1)
+            pairs += [["", ""]] if label == "upstream" else []
+        if label != "calls" and (match or line.startswith(" " * 10)):
+            pairs[-1][label == "ours"] = f"{pairs[-1][label == 'ours']} {match.group(2) if match else line}".strip()
+    return [tuple(pair) for pair in pairs]
+
+
+def test_the_account_gives_each_step_argument_and_difference_with_its_reason(upstream_file, capsys):
     assert upstream_diff.main(["--upstream", str(upstream_file)]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= upstream_diff.WIDTH for line in out.splitlines()[1:])  # the first names --upstream
+    assert "+++" not in out and "docs/UPSTREAM.md" in out.splitlines()[1] and "--full" in out.splitlines()[1]
+    steps = dict(_steps(out.split("== Arguments")[0]))
+    assert steps["1. Parse input arguments"] == (
+        "1. Parse the arguments: flags, or a single .json file holding all of them."
+    )  # the first sentence of our step's comment, not its first line
+    assert steps["(none: ours only)"].startswith("11. Prediction: the same on the test split")
+    assert steps["11. Write Training Stats and push to hub."] == "12. Model card."
+    assert steps["13. Something new"] == "(no step of ours mapped)"
+    arguments = out.split("== Arguments")[1].split("== Deliberate differences")[0]
+    assert "--token (type differs): str = None -> Optional[str] = None, annotation only" in arguments
+    assert "--image_pipeline (ours only): host image path" in arguments
+    assert "--only_upstream (upstream only): int = 3 -> -; not in docs/UPSTREAM.md" in arguments
+    assert "model_name_or_path" not in arguments
+    rows = upstream_diff.markdown_table(upstream_diff.NOTES.read_text(), upstream_diff.DIFFERENCES_TABLE)
+    lines = out.split("== Deliberate differences")[1].strip().splitlines()[1:]
+    assert len(lines) == len(rows) > 30
+    for number, (line, (label, *_, why)) in enumerate(zip(lines, rows), 1):
+        prefix = f"{number:>4}. {label.replace('`', '')}: "
+        assert line.startswith(prefix) and line[len(prefix) :] and line[len(prefix) :] in why.replace("`", "")
+
+
+def test_the_reasons_are_read_from_the_notes(upstream_file, tmp_path, monkeypatch, capsys):
+    notes = upstream_diff.NOTES.read_text().replace("| pointless copy |", "| a reason written for this test |")
+    monkeypatch.setattr(upstream_diff, "NOTES", tmp_path / "UPSTREAM.md")
+    upstream_diff.NOTES.write_text(notes.replace("`--image_pipeline {", "`--image_pipelines {"))
+    assert upstream_diff.main(["--upstream", str(upstream_file)]) == 0
+    out = capsys.readouterr().out
+    assert "embedded image bytes: a reason written for this test" in out
+    assert "--image_pipeline (ours only): not in docs/UPSTREAM.md" in out
+    upstream_diff.NOTES.write_text(notes.replace("## Differences from the upstream example", "## Other"))
+    assert upstream_diff.main(["--upstream", str(upstream_file)]) == 2
+    assert "no section '## Differences from the upstream example'" in capsys.readouterr().err
+
+
+def test_full_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
+    assert upstream_diff.main(["--upstream", str(upstream_file), "--full"]) == 0
     out = capsys.readouterr().out
     digest = hashlib.sha256(UPSTREAM_LIKE.encode()).hexdigest()
     assert f"sha256 {digest[:12]}..., not the pinned file" in out
@@ -59,15 +111,14 @@ def test_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
     steps = out.split("== Where upstream's steps live now")[1]
     assert "1. Parse input arguments" in steps and "arguments.parse_arguments" in steps
     assert "4. Load dataset" in steps and "data.load_raw_datasets" in steps
-    line_11 = next(line for line in steps.splitlines() if line.startswith("11."))
-    assert "12. Model card." in line_11
-    assert "(no step of ours mapped)" in next(line for line in steps.splitlines() if line.startswith("13."))
+    assert ("11. Write Training Stats and push to hub.", "12. Model card.") in _steps(steps)
 
 
 def test_one_section(upstream_file, capsys):
     assert upstream_diff.main(["--upstream", str(upstream_file), "--section", "steps"]) == 0
     out = capsys.readouterr().out
     assert "== Where upstream's steps live now" in out and "== Arguments" not in out and "== Unified diff" not in out
+    assert "calls  guards.execution_mode.check_lazy_mode_variable, arguments.parse_arguments," in out
 
 
 class _Response(io.BytesIO):

@@ -1,17 +1,20 @@
-"""Diff the Gaudi script against upstream's example: arguments, the unified diff, where each step went.
+"""Compare the Gaudi script with upstream's example: a short account by default, the full diff with --full.
 
     python -m bridgetower_bench.tools.upstream_diff                 # fetches upstream at the pinned commit
     python -m bridgetower_bench.tools.upstream_diff --upstream run_bridgetower.py   # a local copy instead
+    python -m bridgetower_bench.tools.upstream_diff --full          # the argument table, the unified diff, ...
 
 Upstream is optimum-habana's ``examples/contrastive-image-text/run_bridgetower.py``. Fetched, it is
 taken from GitHub at ``UPSTREAM_COMMIT`` and must have ``UPSTREAM_SHA256``; a local copy is compared as
 it is (its hash is printed, with whether it is the pinned file). Neither file is imported: the argument
-dataclasses are read with ``ast``, so nothing of upstream runs. Three sections:
+dataclasses are read with ``ast``, so nothing of upstream runs.
 
-* ``arguments``: every field of both scripts' argument dataclasses, with its type and default;
-* ``diff``: the unified diff from upstream's file to ours;
-* ``steps``: upstream's numbered steps (``# N. ...`` comments), each with the step of our script that
-  does its work and the package functions that step calls.
+The account, in lines of at most ``WIDTH`` characters: each upstream step (``# N. ...`` comments) beside
+the step of ours that does its work, our prediction step included; each argument that differs, with its
+reason; each deliberate difference with its reason. The reasons are read from docs/UPSTREAM.md (its
+"Flags this port adds" and "Differences from the upstream example" tables), their one home. ``--full``
+(or ``--section``) prints instead every field of both scripts' argument dataclasses, the unified diff
+from upstream's file to ours, and the package functions each of our steps calls.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import difflib
 import hashlib
 import re
 import sys
+import textwrap
 import urllib.request
 from pathlib import Path
 
@@ -36,8 +40,12 @@ UPSTREAM_URL = (
 )
 UPSTREAM_SHA256 = "10ae69f6342119d98c9434f0921805b0923a99e69d775311e2a5c57a9c81ab28"
 OUR_SCRIPT = Path(__file__).resolve().parents[2] / "run_bridgetower.py"
+NOTES = Path(__file__).resolve().parents[2] / "docs" / "UPSTREAM.md"
+NOTES_LABEL = "docs/UPSTREAM.md"
+FLAGS_TABLE, DIFFERENCES_TABLE = "## Flags this port adds", "## Differences from the upstream example"
 PACKAGE = "bridgetower_bench"
 SECTIONS = ("arguments", "diff", "steps")
+WIDTH = 100  # the account's lines fit a terminal; --full's diff keeps the sources' lines as they are
 
 # Upstream's step (at the pinned commit) -> the step of our script that does its work. Our script keeps
 # upstream's order and numbers; prediction on the test split is our step 11, so upstream's last step (the
@@ -45,6 +53,8 @@ SECTIONS = ("arguments", "diff", "steps")
 OUR_STEP_OF_UPSTREAM_STEP = {n: n for n in range(1, 11)} | {11: 12}
 
 _STEP_COMMENT = re.compile(r"^\s*# (\d+)\. (.*)$")
+_STEP_CONTINUED = re.compile(r"^\s*#   +(\S.*)$")  # our steps' comments go on, indented, over several lines
+_CLAUSE_END = re.compile(r"[.;:](?=\s)|\s\(")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,13 +171,36 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def numbered_steps(source: str) -> list[tuple[int, str, int]]:
-    """(number, title, line) of every ``# N. title`` comment, in order."""
-    steps = []
-    for line_number, line in enumerate(source.splitlines(), start=1):
+    """(number, title, line) of every ``# N. title`` comment, its indented continuation lines joined, in order."""
+    steps, lines = [], source.splitlines()
+    for line_number, line in enumerate(lines, start=1):
         match = _STEP_COMMENT.match(line)
         if match:
-            steps.append((int(match.group(1)), match.group(2).strip(), line_number))
+            title = [match.group(2).strip()]
+            for following in lines[line_number:]:
+                continued = _STEP_CONTINUED.match(following)
+                if not continued:
+                    break
+                title.append(continued.group(1).strip())
+            steps.append((int(match.group(1)), " ".join(title), line_number))
     return steps
+
+
+def first_sentence(text: str) -> str:
+    match = re.match(r"(.*?\.)(\s|$)", text)
+    return match.group(1) if match else text
+
+
+def shorten(text: str, room: int) -> str | None:
+    """``text``'s first clause (to its first ``.``, ``;``, ``:`` or `` (``), without backticks, or its part up to a
+    comma when the clause does not fit in ``room`` characters; None when not even that fits."""
+    text = text.replace("`", "").strip()
+    match = _CLAUSE_END.search(text)
+    clause = (text[: match.start()] if match else text).rstrip(".")
+    if len(clause) <= room:
+        return clause
+    cut = clause.rfind(", ", 0, room + 1)
+    return clause[:cut] if cut > 0 else None
 
 
 def package_calls_by_step(tree: ast.Module, source: str) -> dict[int, list[str]]:
@@ -212,18 +245,115 @@ def _step_at(steps: list[tuple[int, str, int]], line: int) -> int | None:
     return current
 
 
-def step_map(upstream_source: str, our_source: str, our_tree: ast.Module) -> list[tuple[str, str, str]]:
-    """Rows (upstream step, our step, package functions it calls)."""
-    our_titles = {number: title for number, title, _ in numbered_steps(our_source)}
+def step_map(upstream_source: str, our_source: str, our_tree: ast.Module) -> list[tuple[str, str, list[str]]]:
+    """Rows (upstream step, our step, package functions it calls) for every step of both scripts, in our order;
+    upstream's steps with no step of ours at the end."""
+    our_steps = {number: first_sentence(title) for number, title, _ in numbered_steps(our_source)}
     calls = package_calls_by_step(our_tree, our_source)
-    rows = []
+    upstream_of = {}
+    unmapped = []
     for number, title, _ in numbered_steps(upstream_source):
         ours = OUR_STEP_OF_UPSTREAM_STEP.get(number)
-        if ours is None or ours not in our_titles:
-            rows.append((f"{number}. {title}", "(no step of ours mapped)", ""))
+        if ours in our_steps:
+            upstream_of.setdefault(ours, []).append(f"{number}. {title}")
+        else:
+            unmapped.append((f"{number}. {title}", "(no step of ours mapped)", []))
+    rows = [
+        (" / ".join(upstream_of.get(number, ["(none: ours only)"])), f"{number}. {title}", calls.get(number, []))
+        for number, title in our_steps.items()
+    ]
+    return rows + unmapped
+
+
+def _wrapped(label: str, text: str) -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=f"{label:>8}  ", subsequent_indent=" " * 10)
+
+
+def render_steps(rows: list[tuple[str, str, list[str]]], with_calls: bool) -> list[str]:
+    lines = []
+    for upstream, ours, calls in rows:
+        lines += _wrapped("upstream", upstream) + _wrapped("ours", ours)
+        if with_calls:
+            lines += _wrapped("calls", ", ".join(calls) or "-")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# The account: each difference with its reason, read from docs/UPSTREAM.md
+# ------------------------------------------------------------------------------------------------
+
+
+def markdown_table(notes: str, heading: str) -> list[list[str]]:
+    """The cells of each row of the first table under ``heading`` (its header and rule left out)."""
+    lines = notes.splitlines()
+    if heading not in lines:
+        raise ValueError(f"{NOTES_LABEL}: no section {heading!r}")
+    rows = []
+    for line in lines[lines.index(heading) + 1 :]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+        elif rows:
+            break
+    if len(rows) < 3:
+        raise ValueError(f"{NOTES_LABEL}: no table under {heading!r}")
+    return rows[2:]
+
+
+def argument_lines(rows, flags: dict[str, str], differences: list[list[str]]) -> list[str]:
+    """One line per argument that differs: what differs, and why (a row of the notes, or what the flag does)."""
+    lines = []
+    for name, theirs, mine, verdict in rows:
+        if verdict == "same":
             continue
-        rows.append((f"{number}. {title}", f"{ours}. {our_titles[ours]}", ", ".join(calls.get(ours, [])) or "-"))
-    return rows
+        prefix = f"  --{name} ({verdict}): "
+        room = WIDTH - len(prefix)
+        row = next((i for i, cells in enumerate(differences, 1) if f"`--{name}`" in " ".join(cells[:2])), None)
+        if row is not None:
+            reason = f"difference {row}: " + (shorten(differences[row - 1][-1], room - 15) or "")
+        elif f"--{name}" in flags:
+            reason = shorten(flags[f"--{name}"], room) or f"{NOTES_LABEL}, {FLAGS_TABLE[3:]}"
+        elif verdict == "type differs" and theirs.endswith(" = None") and mine == f"Optional[{theirs[:-7]}] = None":
+            reason = f"{theirs} -> {mine}, annotation only"
+        else:
+            reason = ("" if verdict == "ours only" else f"{theirs} -> {mine}; ") + f"not in {NOTES_LABEL}"
+        lines.append((prefix + reason).rstrip(": "))
+    return lines
+
+
+def difference_lines(differences: list[list[str]]) -> list[str]:
+    """One line per row of the notes' differences table: its number, what differs, and why."""
+    lines = []
+    for number, (label, *_, why) in enumerate(differences, 1):
+        prefix = f"{number:>4}. {label.replace('`', '')}: "
+        lines.append(prefix + (shorten(why, WIDTH - len(prefix)) or f"see row {number}"))
+    return lines
+
+
+def account(upstream_source: str, our_source: str, notes: str, upstream_label: str, our_label: str) -> str:
+    upstream_tree = parse_source(upstream_source, upstream_label)
+    our_tree = parse_source(our_source, our_label)
+    flags = {
+        flag: row[-1] for row in markdown_table(notes, FLAGS_TABLE) for flag in re.findall(r"`(--[a-z0-9_]+)", row[0])
+    }
+    differences = markdown_table(notes, DIFFERENCES_TABLE)
+    rows = compare_arguments(argument_fields(upstream_tree), argument_fields(our_tree))
+    upstream_count = sum(theirs != "-" for _, theirs, _, _ in rows)
+    same = sum(verdict == "same" for *_, verdict in rows)
+    return "\n".join(
+        [
+            f"Reasons in full: {NOTES_LABEL}. Every argument, the unified diff, the functions called: --full.",
+            "",
+            "== Steps: upstream's, and where each lives now",
+            *render_steps(step_map(upstream_source, our_source, our_tree), with_calls=False),
+            "",
+            f"== Arguments: {same} of upstream's {upstream_count} the same; the others, and ours only",
+            *argument_lines(rows, flags, differences),
+            "",
+            f'== Deliberate differences ({NOTES_LABEL}, "{DIFFERENCES_TABLE[3:]}", row by row)',
+            *difference_lines(differences),
+            "",
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,13 +383,11 @@ def report(upstream_source: str, our_source: str, upstream_label: str, our_label
         )
         parts += ["== Unified diff, upstream -> ours", "", "".join(diff).rstrip("\n"), ""]
     if "steps" in sections:
+        rows = step_map(upstream_source, our_source, our_tree)
         parts += [
-            "== Where upstream's steps live now",
+            "== Where upstream's steps live now, and the package functions called there",
             "",
-            _table(
-                ("upstream step", "our step", "package functions called there"),
-                step_map(upstream_source, our_source, our_tree),
-            ),
+            *render_steps(rows, True),
             "",
         ]
     return "\n".join(parts)
@@ -277,7 +405,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--ours", default=str(OUR_SCRIPT), help="our Gaudi script (default: this checkout's run_bridgetower.py)"
     )
-    parser.add_argument("--section", choices=SECTIONS + ("all",), default="all", help="print one section only")
+    parser.add_argument(
+        "--full", action="store_true", help="every argument, the unified diff, the functions each step calls"
+    )
+    parser.add_argument("--section", choices=SECTIONS, default=None, help="one part of --full only")
     return parser.parse_args(argv)
 
 
@@ -289,16 +420,20 @@ def main(argv=None) -> int:
         else:
             upstream_source, upstream_label = read_source(args.upstream, "--upstream"), args.upstream
         our_source = read_source(args.ours, "--ours")
-        sections = SECTIONS if args.section == "all" else (args.section,)
-        text = report(upstream_source, our_source, upstream_label, "ours/run_bridgetower.py", sections)
+        if args.full or args.section:
+            sections = (args.section,) if args.section else SECTIONS
+            text = report(upstream_source, our_source, upstream_label, "ours/run_bridgetower.py", sections)
+        else:
+            notes = read_source(NOTES, NOTES_LABEL)
+            text = account(upstream_source, our_source, notes, upstream_label, "ours/run_bridgetower.py")
     except ValueError as error:
         print(f"upstream_diff: {error}", file=sys.stderr)
         return 2
     if args.upstream is not None:
         digest = hashlib.sha256(upstream_source.encode("utf-8")).hexdigest()
         pinned = "the pinned file" if digest == UPSTREAM_SHA256 else f"not the pinned file ({UPSTREAM_SHA256[:12]}...)"
-        print(f"upstream: {args.upstream}, sha256 {digest[:12]}..., {pinned}\n")
-    print(text)
+        print(f"upstream: {args.upstream}, sha256 {digest[:12]}..., {pinned}")
+    print(text.rstrip("\n"))
     return 0
 
 
