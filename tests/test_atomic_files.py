@@ -103,6 +103,19 @@ def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_pa
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in nodes.values())  # no temporary left
 
 
+def test_a_write_to_a_symbolic_link_writes_where_it_points(tmp_path):
+    (tmp_path / "runs").mkdir()
+    target, link = tmp_path / "runs" / "results.json", tmp_path / "results.json"
+    link.symlink_to(Path("runs") / "results.json")  # relative, dangling: the target is created
+    write_atomically(link, "{}")
+    target_inode = target.stat().st_ino
+    write_atomically(link, '{"again": 1}')  # an existing target: replaced, the link kept
+    assert link.is_symlink() and link.read_text() == '{"again": 1}' and target.stat().st_ino != target_inode
+    assert sorted(os.listdir(tmp_path)) == ["results.json", "runs"] and os.listdir(tmp_path / "runs") == [
+        "results.json"
+    ]
+
+
 def test_a_node_swapped_in_while_writing_is_not_renamed_over(tmp_path):
     path = tmp_path / "results.json"
     with pytest.raises(atomic_files.NotARegularFile, match="FIFO"):

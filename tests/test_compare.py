@@ -258,3 +258,13 @@ def test_runs_of_different_library_versions_are_shown_and_said_to_differ(tmp_pat
 
     assert compare.main([pinned, pinned]) == 0
     assert "Not like for like" not in capsys.readouterr().out
+
+
+def test_json_named_by_a_symbolic_link_is_written_where_it_points(tmp_path, capsys):
+    run = _run(tmp_path, "r1", 600.0, 0.3)
+    (tmp_path / "shared").mkdir()
+    target, link = tmp_path / "shared" / "comparison.json", tmp_path / "comparison.json"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    assert compare.main([run, "--json", str(link)]) == 0
+    assert link.is_symlink() and set(json.loads(target.read_text())["runs"]) == {"r1"}

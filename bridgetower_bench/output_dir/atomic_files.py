@@ -90,8 +90,11 @@ def _refuse_unless_regular(path) -> None:
 def atomic_path(path, fsync: bool = False) -> Iterator[str]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one step, on failure it vanishes.
     `path` must be absent or a regular file (a device such as /dev/null, a FIFO: never renamed over), checked before
-    the yield and before the rename. `fsync=True`: a machine crash cannot leave `path` renamed but empty."""
+    the yield and before the rename; a symbolic link stays, and what it points to is written (beside its target).
+    `fsync=True`: a machine crash cannot leave `path` renamed but empty."""
     _refuse_unless_regular(path)
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     temporary = temp_path(path)
     try:
         try:
