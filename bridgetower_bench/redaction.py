@@ -44,13 +44,31 @@ def redact_args(args: Sequence[str]) -> list[str]:
     return redacted
 
 
-# A flag and its value as a shell line writes them: `--flag value`, `--flag=value`, the value quoted or not; a
-# quote left open runs to the end (a line that shlex cannot split still has its credentials found).
-_FLAG_IN_TEXT = re.compile(r"""(--[\w.-]+)(=|\s+)("[^"]*(?:"|$)|'[^']*(?:'|$)|[^\s"'-]\S*)""")
+# One word of a shell line: quoted and unquoted parts run together (`"--hub_token"=x`, `'hf'_abc`); a quote left
+# open runs to the end (a line that shlex cannot split, stray quotes and all, still has its credentials found).
+_SHELL_WORD = re.compile(r"""(?:"[^"]*(?:"|$)|'[^']*(?:'|$)|\\.|[^\s"'\\])+""")
+_QUOTING = re.compile(r"""["'\\]""")
+# A flag and its value anywhere, inside quotes too (`'--hub_token hf_abc` is one word to the shell, quote left open).
+_FLAG_IN_TEXT = re.compile(r"""(--[\w.-]+)(=|\s+)("[^"]*(?:"|$)|'[^']*(?:'|$)|[^\s"'-][^\s"']*)""")
 
 
 def redact_text(text: str) -> str:
-    """A command line as typed (even one shlex cannot split) with credential values, quotes included, redacted."""
+    """Text holding a command line as typed (even one shlex cannot split) with each credential flag's value, quotes
+    included, redacted: the word after the flag (unless it is a flag), or what follows its `=`; inside quotes too."""
+    parts, end, value_follows = [], 0, False
+    for word in _SHELL_WORD.finditer(text):
+        bare = _QUOTING.sub("", word[0])
+        flag, eq, _ = bare.partition("=")
+        secret = bare.startswith("--") and is_secret_name(flag)
+        shown = word[0]
+        if value_follows and not bare.startswith("--"):
+            shown = REDACTED
+        elif secret and eq:
+            shown = f"{word[0].partition('=')[0]}={REDACTED}"
+        value_follows = secret and not eq
+        parts += [text[end : word.start()], shown]
+        end = word.end()
+    text = "".join(parts) + text[end:]
     return _FLAG_IN_TEXT.sub(lambda m: f"{m[1]}{m[2]}{REDACTED}" if is_secret_name(m[1]) else m[0], text)
 
 

@@ -368,3 +368,34 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     assert token not in result.stdout + result.stderr and hub not in result.stdout + result.stderr, "nor in its output"
     assert _files_containing(output_dir, [token, hub]) == []
     assert config.read_bytes() == before, "the user's configuration file is never modified"
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("'--hub_token hf_abcdef", "'--hub_token REDACTED"),  # the flag inside a quote left open
+        ('"--hub_token" hf_abcdef \'', '"--hub_token" REDACTED \''),  # the flag quoted, a stray quote after
+        ('--hub_token ""hf_abcdef "', '--hub_token REDACTED "'),  # quoted and unquoted parts of one word
+        ("--hub_token 'hf'_abc\"def", "--hub_token REDACTED"),
+        ('"--hub_token"=hf_abcdef \'', '"--hub_token"=REDACTED \''),
+        ("x '--seed 1 --hub_token=hf_abcdef", "x '--seed 1 --hub_token=REDACTED"),
+        ('"--hub_token hf_abcdef" --seed 1', '"--hub_token REDACTED" --seed 1'),
+    ],
+)
+def test_a_credential_inside_stray_quotes_is_redacted(text, shown):
+    assert redaction.redact_text(text) == shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--extra-args", "'--hub_token hf_abcdef --seed 1"],  # shlex cannot split it: the text is echoed
+        ["--extra-args", "--seed 1", "--hub_token", "hf_abcdef"],  # argparse's own refusal echoes the arguments
+        ["--extra-args", "--seed 1", "--hub_token='hf_abcdef"],
+    ],
+)
+def test_no_sweep_refusal_prints_a_credential(argv, capsys):
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["--dry-run", *argv])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "hf_abcdef" not in err and "REDACTED" in err

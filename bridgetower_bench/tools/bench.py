@@ -65,9 +65,9 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
-from bridgetower_bench.redaction import redact_args
+from bridgetower_bench.redaction import redact_args, redact_text
 from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.sweep.bench_report import OK
 from bridgetower_bench.tools.sweep.commands import (
@@ -96,8 +96,15 @@ def device_counts(text: str) -> list[int]:
     return [] if counts == [0] else counts
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own refusals (`unrecognized arguments: --hub_token ...`) with credential values redacted."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact_text(message))
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m bridgetower_bench.tools.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -317,7 +324,7 @@ def _report(out: Path, rows: list[dict], plan: Plan) -> None:
 
 def _refuse(parser: argparse.ArgumentParser, error: UserInputError) -> int:
     """A refusal in one line (no usage text), exit status 2."""
-    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    print(f"{parser.prog}: error: {redact_text(str(error))}", file=sys.stderr)
     return 2
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bridgetower_bench.output_dir.disk_space import describe_bytes, free_bytes
 from bridgetower_bench.output_dir.run_directory import uncreatable
+from bridgetower_bench.redaction import redact_text
 from bridgetower_bench.regular_files import not_regular_reason
 from bridgetower_bench.user_errors import UserInputError
 
@@ -110,5 +111,5 @@ def run(main: Callable[[], object]) -> None:
 
 def _fail(prog: str, message: str) -> None:
     sys.stdout.flush()
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {redact_text(message)}", file=sys.stderr, flush=True)
     sys.exit(2)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 from bridgetower_bench import published
+from bridgetower_bench.redaction import redact_text
 from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.user_errors import UserInputError
 
@@ -228,8 +229,8 @@ def add_price_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse(prog: str, error: Exception) -> NoReturn:
-    """One line, `<prog>: error: <message>`, exit status 2."""
-    print(f"{prog}: error: {error}", file=sys.stderr)
+    """One line, `<prog>: error: <message>` (credential values redacted), exit status 2."""
+    print(f"{prog}: error: {redact_text(str(error))}", file=sys.stderr)
     sys.exit(2)
 
 
