@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
+import transformers
 from transformers import TrainingArguments
 from transformers.training_args import OptimizerNames
 
@@ -25,11 +26,46 @@ from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.user_errors import UserInputError
 
 
+# TrainingArguments flags of the pinned transformers that transformers 5 dropped: how 5.x spells what they did
+# (None: no counterpart). --warmup_ratio and --overwrite_output_dir are not here: WarmupTrainingArguments keeps them.
+DROPPED_IN_TRANSFORMERS_5 = {
+    "no_cuda": "--use_cpu",
+    "per_gpu_train_batch_size": "--per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "--per_device_eval_batch_size",
+    "push_to_hub_model_id": "--hub_model_id",
+    "push_to_hub_organization": "--hub_model_id ORGANIZATION/NAME",
+    "push_to_hub_token": "--hub_token",
+    "include_inputs_for_metrics": "--include_for_metrics inputs",
+    "group_by_length": "--train_sampling_strategy group_by_length",
+    "adafactor": "--optim adafactor",
+    "torchdynamo": "--torch_compile_backend",
+    **dict.fromkeys(
+        "fp16_backend fp16_opt_level fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap half_precision_backend "
+        "include_tokens_per_second jit_mode_eval logging_dir mp_parameters past_index ray_scope save_safetensors "
+        "tpu_metrics_debug tpu_num_cores use_ipex use_legacy_prediction_loop use_mps_device".split()
+    ),
+}
+
+
+def refuse_dropped_flags(parser, names) -> None:
+    """One line for the first of `names` (flags or JSON keys, without dashes) that the parser does not take and the
+    installed transformers dropped, naming its spelling there."""
+    known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
+    for name in names:
+        if name in DROPPED_IN_TRANSFORMERS_5 and name not in known:
+            spelling = DROPPED_IN_TRANSFORMERS_5[name]
+            raise UserInputError(
+                f"--{name}: transformers {transformers.__version__} dropped it"
+                + (f"; use {spelling}" if spelling else ", with no counterpart")
+            )
+
+
 def parse_arguments(parser, argv: list[str]) -> tuple:
     """The dataclasses from the flags or one .json file; what their __post_init__ refuses is a UserInputError."""
     try:
         if len(argv) == 2 and argv[1].endswith(".json"):
             return parse_json_arguments(parser, argv[1])
+        refuse_dropped_flags(parser, [arg[2:].split("=", 1)[0] for arg in argv[1:] if arg.startswith("--")])
         return parser.parse_args_into_dataclasses(args=argv[1:])
     except UserInputError:
         raise
@@ -158,6 +194,18 @@ class WarmupTrainingArguments(TrainingArguments):
             "help": "Compile each repeated layer in place with this torch.compile backend (inductor); instead of --torch_compile."
         },
     )
+    # Gone from TrainingArguments in transformers 5 (which takes a ratio as --warmup_steps below 1, the same
+    # schedule): declared here, the flag keeps its meaning on both install routes, --warmup_steps above 0 winning.
+    if "warmup_ratio" not in TrainingArguments.__dataclass_fields__:
+        warmup_ratio: float = dataclasses.field(
+            default=0.0, metadata={"help": "Linear warm-up over this fraction of the training steps (0 to 1)."}
+        )
+
+        def get_warmup_steps(self, num_training_steps: int) -> int:
+            if self.warmup_steps == 0 and self.warmup_ratio > 0:
+                return math.ceil(num_training_steps * self.warmup_ratio)
+            return super().get_warmup_steps(num_training_steps)
+
     # Gone from TrainingArguments in transformers 5: declared here, the flag keeps its meaning on both install routes.
     if "overwrite_output_dir" not in TrainingArguments.__dataclass_fields__:
         overwrite_output_dir: bool = dataclasses.field(
@@ -169,6 +217,8 @@ class WarmupTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        if not 0 <= self.warmup_ratio <= 1:  # as the pinned transformers refuses it
+            raise ValueError(f"--warmup_ratio={self.warmup_ratio}: must lie between 0 and 1")
         if self.compile_layers and self.torch_compile:
             raise ValueError("--compile_layers and --torch_compile both compile the model: pass one of them")
 
@@ -193,6 +243,7 @@ def parse_json_arguments(parser, json_file: str) -> tuple:
     if not isinstance(config, dict):
         raise UserInputError(f"{path}: a configuration file holds one JSON object mapping argument names to values")
     known = {f.name for dtype in parser.dataclass_types for f in dataclasses.fields(dtype) if f.init}
+    refuse_dropped_flags(parser, config)
     unknown = sorted(set(config) - known)
     if unknown:
         raise UserInputError(

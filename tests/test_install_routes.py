@@ -9,13 +9,15 @@ import os
 import re
 import subprocess
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.arguments import WarmupTrainingArguments, parse_arguments
 from bridgetower_bench.guards import cuda_device
 from bridgetower_bench.tools.sweep import presets as sweep_presets
+from bridgetower_bench.user_errors import UserInputError
 from helpers import BOTH_ROUTES, REPO, run_script
 
 
@@ -111,6 +113,40 @@ def test_overwrite_output_dir_is_a_flag_of_the_cuda_scripts_arguments_on_this_ro
     (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
     (default,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
     assert given.overwrite_output_dir is True and default.overwrite_output_dir is False
+
+
+@BOTH_ROUTES
+def test_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
+    import torch
+    from transformers import HfArgumentParser, Trainer
+
+    parser = HfArgumentParser(WarmupTrainingArguments)
+    common = ["--output_dir", str(tmp_path), "--use_cpu", "--learning_rate", "1"]
+    for flags, warm_up in ((["--warmup_ratio", "0.3"], 3), (["--warmup_ratio", "0.3", "--warmup_steps", "2"], 2)):
+        (args,) = parser.parse_args_into_dataclasses(common + flags)
+        trainer = Trainer(model=torch.nn.Linear(1, 1), args=args)
+        trainer.create_optimizer_and_scheduler(num_training_steps=7)  # 0.3 x 7 = 2.1: 3 steps, as ceil gives
+        rates = [trainer.lr_scheduler.lr_lambdas[0](step) for step in range(warm_up + 2)]
+        assert rates[warm_up] == 1 > rates[warm_up - 1] and rates[warm_up + 1] < 1, flags
+    with pytest.raises(UserInputError, match="--warmup_ratio=1.5: must lie between 0 and 1|warmup_ratio must lie"):
+        parse_arguments(parser, ["script", *common, "--warmup_ratio", "1.5"])
+
+
+@BOTH_ROUTES
+def test_a_flag_this_route_dropped_is_refused_in_one_line_naming_its_spelling(tmp_path):
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser(WarmupTrainingArguments)
+    argv = ["script", "--output_dir", str(tmp_path), "--no_cuda"]
+    if "no_cuda" in TrainingArguments.__dataclass_fields__:  # the pinned route still has it
+        assert parse_arguments(parser, argv)[0].use_cpu
+        return
+    with pytest.raises(UserInputError, match=r"^--no_cuda: transformers 5\.\S+ dropped it; use --use_cpu$"):
+        parse_arguments(parser, argv)
+    config = tmp_path / "args.json"
+    config.write_text('{"output_dir": "out", "logging_dir": "logs"}')
+    with pytest.raises(UserInputError, match=r"^--logging_dir: transformers \S+ dropped it, with no counterpart$"):
+        parse_arguments(parser, ["script", str(config)])
 
 
 def published_command(fixtures, out):
