@@ -130,6 +130,26 @@ def test_train_and_validation_files_of_different_formats_are_refused_and_json_js
     arguments.check_data_arguments(None, "t.csv", "v.CSV")
 
 
+def test_data_dir_picks_the_folder_of_a_data_set_directory_that_is_read(tmp_path):
+    for folder in ("2023", "2024"):
+        (tmp_path / "set" / folder).mkdir(parents=True)
+        (tmp_path / "set" / folder / "train.csv").write_text(f"image_path,caption\n{folder}.jpg,from {folder}\n")
+    common = dict(dataset_config_name=None, dataset_revision="main", cache_dir=str(tmp_path / "cache"), token=None)
+    for folder in ("2023", "2024"):
+        read = data.load_raw_datasets(
+            dataset_name=str(tmp_path / "set"), train_file=None, validation_file=None, data_dir=folder, **common
+        )
+        assert read["train"]["caption"] == [f"from {folder}"]
+
+
+def test_dataset_config_name_picks_the_configuration(fixtures, tmp_path):
+    common = dict(dataset_name=str(fixtures["dataset"]), dataset_revision="main", data_dir=None, train_file=None)
+    common.update(validation_file=None, cache_dir=str(tmp_path), token=None)
+    assert "train" in data.load_raw_datasets(dataset_config_name="matching", **common)
+    with pytest.raises(ValueError, match="'ranking' not found"):
+        data.load_raw_datasets(dataset_config_name="ranking", **common)
+
+
 def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
     common = dict(dataset_config_name=None, dataset_revision="main", data_dir=None, cache_dir=None, token=None)
     with pytest.raises(ValueError, match=r"--train_file=.*nope\.csv: no such file"):

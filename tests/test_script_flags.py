@@ -1,8 +1,11 @@
 """Script flags that change what is trained or how images are loaded, run end to end on the embedded fixtures:
---freeze_vision_model / --freeze_text_model, --device_decode (on CPU), --cache_decoded_images on the Gaudi script.
+--freeze_vision_model / --freeze_text_model, --device_decode (on CPU), --cache_decoded_images on the Gaudi script,
+--config_name, --tokenizer_name, --image_processor_name, --use_fast_tokenizer, --freeze_text_pooler, the sample limits.
 Each run also checks its own throughput arithmetic and that its caches live under the tests' HF_HOME."""
 
+import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +101,46 @@ def test_gaudi_script_trains_from_the_decoded_image_cache(fixtures, tmp_path):
     assert "Reusing the decoded image cache" in second.stdout + second.stderr
     second_train = read_json(tmp_path / "second" / "train_results.json")
     assert second_train["train_loss"] != pytest.approx(first_train["train_loss"], rel=1e-6, abs=0)
+
+
+def test_config_tokenizer_and_image_processor_flags_load_what_they_name_and_the_pooler_flag_keeps_it(
+    fixtures, tmp_path
+):
+    """--config_name, --tokenizer_name and --image_processor_name each name a copy of the model's file with one
+    value changed: the run trains with (and publishes) the copy's. --freeze_text_pooler False keeps the pooler;
+    --use_fast_tokenizer False loads the slow tokenizer, which saves no tokenizer.json."""
+    model = Path(fixtures["model"])
+    changed = {
+        "config_name": ("config.json", "initializer_factor", 0.5),
+        "tokenizer_name": ("tokenizer_config.json", "model_max_length", 77),
+        "image_processor_name": ("preprocessor_config.json", "image_mean", [0.25, 0.5, 0.75]),
+    }
+    flags = []
+    for flag, (name, key, value) in changed.items():
+        copy = tmp_path / flag
+        copy.mkdir()
+        for file in model.iterdir():
+            if file.name != "model.safetensors":
+                (copy / file.name).write_bytes(file.read_bytes())
+        (copy / name).write_text(json.dumps({**read_json(model / name), key: value}))
+        flags += [f"--{flag}", str(copy)]
+    runs = {}
+    for label, extra in (
+        ("named", flags + ["--freeze_text_pooler", "False", "--use_fast_tokenizer", "False"]),
+        ("default", []),
+    ):
+        runs[label] = tmp_path / label
+        run_script("cuda", base_args(fixtures, runs[label], max_steps=1) + ["--do_train", *extra] + CPU_FLAGS["cuda"])
+    for flag, (name, key, value) in changed.items():
+        assert read_json(runs["named"] / name)[key] == value != read_json(runs["default"] / name).get(key), flag
+    assert (runs["default"] / "tokenizer.json").exists() and not (runs["named"] / "tokenizer.json").exists()  # slow
+    pooler = [name for name in load_weights(runs["named"]) if ".text_model.pooler." in name]
+    assert pooler and not [name for name in load_weights(runs["default"]) if ".text_model.pooler." in name]
+
+
+def test_the_sample_limits_cut_the_splits(fixtures, tmp_path):
+    out = tmp_path / "run"
+    args = base_args(fixtures, out, max_train_samples=12, max_eval_samples=4) + ["--do_train", "--do_eval"]
+    log = run_script("cuda", args + CPU_FLAGS["cuda"])
+    shown = re.findall(r"Num examples = (\d+)", log.stdout + log.stderr)
+    assert shown[0] == "12" and shown[-1] == "4" and read_json(out / "trainer_state.json")["global_step"] == 3
