@@ -7,6 +7,7 @@ evaluation alone into a trained run's directory evaluates that run's model.
 """
 
 import dataclasses
+import inspect
 import json
 import re
 import shutil
@@ -471,6 +472,37 @@ def test_every_argument_listed_is_an_argument_of_a_script_and_in_the_recipe_or_o
     assert not in_recipe & not_in, "an argument is both in and out of the recipe"
     assert set(run_recipe.BEST_MODEL_ARGUMENTS) <= not_in
     assert sorted((in_recipe | not_in) - fields - TRANSFORMERS_5_ONLY) == [], "an argument listed that no script has"
+
+
+# The arguments the backends' own step reads (what turns a batch into gradients) that leave the weights as they are.
+STEP_READS_NOT_IN_THE_RECIPE = {
+    "gradient_checkpointing": "the same gradients, recomputed (with fp8, the recomputation in fp8 as the forward)",
+    "torch_empty_cache_steps": "frees the device's cached memory",
+    "past_index": "feeds a model's memory states back (BridgeTower returns none)",
+}
+
+
+def _step_reads(trainer_class) -> set:
+    """The fields of args that trainer_class's own training_step and compute_loss read."""
+    source = "".join(
+        inspect.getsource(trainer_class.__dict__[name])
+        for name in ("training_step", "compute_loss")
+        if name in trainer_class.__dict__
+    )
+    return set(re.findall(r"\bargs\.(\w+)", source))
+
+
+def test_every_argument_the_backends_training_step_reads_is_in_the_recipe_or_known_to_leave_the_weights():
+    """Once --pipelining_fwd_bwd was out of the recipe, though with lazy mode GaudiTrainer's training_step then
+    divides the micro-batches' losses where it otherwise sums them: a resume across it was not refused."""
+    with optimum_habana() as habana:
+        trainers = (transformers.Trainer, habana.GaudiTrainer)
+        fields = {f.name for f in dataclasses.fields(habana.GaudiTrainingArguments)}
+        reads = {cls.__name__: _step_reads(cls) & fields for cls in trainers}
+    assert "pipelining_fwd_bwd" in reads["GaudiTrainer"] and "optim" in reads["Trainer"]  # the reading works
+    in_recipe = set(run_recipe.TRAINING_ARGUMENTS)
+    unsorted = {name: sorted(read - in_recipe - set(STEP_READS_NOT_IN_THE_RECIPE)) for name, read in reads.items()}
+    assert unsorted == {"Trainer": [], "GaudiTrainer": []}, "read by the backend's step: in the recipe, or say why not"
 
 
 def test_ranks_of_one_job_with_another_recipe_or_library_are_named_with_what_differs():

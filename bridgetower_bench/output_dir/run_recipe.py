@@ -60,7 +60,8 @@ TRAINING_ARGUMENTS = _names(
     "torchdynamo use_liger_kernel liger_kernel_config attn_implementation compile_layers deepspeed fsdp fsdp_config",
     "fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap parallelism_config gaudi_config_name sdp_on_bf16 fp8",
     "use_lazy_mode use_compiled_autograd use_regional_compilation distribution_strategy context_parallel_size",
-    "use_zero3_leaf_promotion",
+    # with lazy mode, GaudiTrainer divides the micro-batches' losses by the accumulation steps instead of summing them
+    "use_zero3_leaf_promotion pipelining_fwd_bwd",
     # a resume that does not skip the rows already trained trains on other rows; the final model is the best
     # checkpoint's rather than the last one's
     "ignore_data_skip load_best_model_at_end",
@@ -97,7 +98,7 @@ NOT_IN_THE_RECIPE = _names(
     "gradient_checkpointing gradient_checkpointing_kwargs activation_checkpointing activation_checkpointing_kwargs",
     "use_cache dataloader_multiprocessing_context ddp_static_graph use_hpu_graphs use_hpu_graphs_for_training",
     "compile_from_sec_iteration compile_dynamic cache_size_limit inline_inbuilt_nn_modules",
-    "allow_unspec_int_on_nn_module minimize_memory pipelining_fwd_bwd",
+    "allow_unspec_int_on_nn_module minimize_memory",
     # attention kernels of other models (BridgeTower does not take Habana's fused attention)
     "flash_attention_recompute flash_attention_fast_softmax flash_attention_causal_mask flash_attention_fp8",
     # measuring: throughput and profiles (fp16_backend: a deprecated alias of half_precision_backend, in the recipe)
