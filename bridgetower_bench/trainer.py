@@ -15,7 +15,7 @@ from typing import Optional
 import accelerate
 import torch
 from torch.utils.data import RandomSampler
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.training_args import ParallelMode
 
@@ -201,6 +201,25 @@ class TrainerExtensions:
         result.metrics.update(self.run_facts)
         result.metrics.update(describe_run(self.args))
         return result
+
+    def publish_checkpoint(self, checkpoint: str, *processors) -> dict:
+        """Publish, not training again, the run the checkpoint at the recipe's last step ends (run_recipe.RunPlan's
+        publish_from): the model this trainer was given (loaded from it, or from its best checkpoint), its state, and
+        the trained run's train_loss from the loss sum it holds. Returns the train metrics."""
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        loss_sum = TrainingLossSum.saved_in(self.state)
+        metrics = {
+            "train_loss": None if loss_sum is None else loss_sum / max(self.state.global_step, 0.001),
+            "epoch": self.state.epoch,
+            "total_flos": self.state.total_flos,
+            "published_from": os.path.basename(checkpoint),
+        }
+        with self.catching_signals(), self.publishing():
+            self.save_model()
+            self.save_processors(*processors)
+            self.save_metrics("train", metrics)
+            self.save_state()
+        return metrics
 
     def log_metrics(self, split, metrics):
         """As the Trainer prints them, None as n/a and each node's figures (several nodes) on a line of their own."""
