@@ -87,16 +87,16 @@ def delete_model_and_last_checkpoint(out):
     shutil.rmtree(out / "checkpoint-3")
 
 
-@BOTH_ROUTES
+@pytest.mark.parametrize("kind", [pytest.param("cuda", marks=BOTH_ROUTES), "gaudi"])
 def test_a_finished_run_not_as_published_is_published_again_from_its_checkpoint_not_trained_past_its_last_step(
-    fixtures, tmp_path
+    kind, fixtures, tmp_path
 ):
     """Once resumed from its last checkpoint, the rerun trained step 4 of 3 (a new checkpoint-4, another train_loss):
     with a constant learning rate, the 4-step model published. Each way a published set can be damaged: published
     again from checkpoint-3 as it is, or (that one gone) step 3 trained again from checkpoint-2."""
     recipe = dict(max_steps=3, lr_scheduler_type="constant")
     original = tmp_path / "original"
-    run_script("cuda", command(fixtures, original, **recipe))  # checkpoints 2 and 3, its model
+    run_script(kind, command(fixtures, original, kind, **recipe))  # checkpoints 2 and 3, its model
     weights, train_loss = load_weights(original), read_json(original / "train_results.json")["train_loss"]
     ways = {
         "model.safetensors is missing": lambda out: (out / "model.safetensors").unlink(),
@@ -109,7 +109,7 @@ def test_a_finished_run_not_as_published_is_published_again_from_its_checkpoint_
         out = tmp_path / f"damaged-{n}"
         shutil.copytree(original, out)
         damage(out)
-        rerun = run_script("cuda", command(fixtures, out, **recipe))
+        rerun = run_script(kind, command(fixtures, out, kind, **recipe))
         log = rerun.stdout + rerun.stderr
         if said == "checkpoint-2":
             assert f"resuming training at {out / 'checkpoint-2'}" in log and resumed_at(log, 2), log[-3000:]
@@ -123,7 +123,7 @@ def test_a_finished_run_not_as_published_is_published_again_from_its_checkpoint_
         assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(train_loss, rel=1e-9), said
         published = load_weights(out)
         assert published.keys() == weights.keys() and all(torch.equal(weights[k], published[k]) for k in weights)
-        again = run_script("cuda", command(fixtures, out, **recipe))  # intact now: reused
+        again = run_script(kind, command(fixtures, out, kind, **recipe))  # intact now: reused
         assert "trained as far as asked: not training again" in again.stdout + again.stderr, said
 
 
