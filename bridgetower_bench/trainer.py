@@ -61,7 +61,9 @@ class TrainerExtensions:
         self._holding_pushes = False  # a push waits until the set being saved is published (`save_model`)
         self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
         self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
-        self._resumed_epoch = None  # [micro-batches left, the epoch's last window's] in a resumed epoch to mend
+        # in a resumed epoch whose last window `_sync_the_last_micro_batch` mends: [micro-batches left, the size of
+        # its last window, --gradient_accumulation_steps]
+        self._resumed_epoch = None
 
     def _get_train_sampler(self, *args, **kwargs):
         """On one device, an epoch drawn up to whole batches as GaudiTrainer draws it: both scripts train on the same."""
@@ -169,10 +171,10 @@ class TrainerExtensions:
             self._resumed_epoch = [in_epoch - skipped, in_epoch % ga, ga]
 
     def _sync_the_last_micro_batch(self) -> None:
-        """Before the resumed epoch's last micro-batch, counted `left` from 0: the loop syncs a micro-batch when
-        its count is a multiple of args.gradient_accumulation_steps (read afresh each time), and calls
-        on_step_begin when the count before it is. `left` ends the window; 1 for a window of one, which begins
-        there. Put back once it is trained (`_micro_batch_trained`)."""
+        """Before the resumed epoch's last micro-batch, number `left` of the loop's count: the loop syncs a
+        micro-batch whose count is a multiple of args.gradient_accumulation_steps (read afresh each micro-batch)
+        and begins a step at one whose count before it is. `left` syncs it without beginning a step inside the
+        window; 1 for a window of that micro-batch alone, which begins its step. Put back once it is trained."""
         left, last_window, _ = self._resumed_epoch
         self.args.gradient_accumulation_steps = 1 if last_window == 1 else left
 
