@@ -375,6 +375,8 @@ def main():
                 trainer.save_processors(tokenizer, image_processor)
                 trainer.save_metrics("train", train_result.metrics)
                 trainer.save_state()
+    elif run.publish_from:  # the recipe's training ended in this checkpoint: published as it is
+        trainer.log_metrics("train", trainer.publish_checkpoint(run.publish_from, tokenizer, image_processor))
 
     # 10. Evaluation: contrastive loss plus image<->text retrieval recall on the validation split.
     if training_args.do_eval:

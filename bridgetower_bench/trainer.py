@@ -14,8 +14,9 @@ from typing import Optional
 
 import accelerate
 import torch
+import transformers
 from torch.utils.data import RandomSampler
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.training_args import ParallelMode
 
@@ -60,6 +61,9 @@ class TrainerExtensions:
         self._holding_pushes = False  # a push waits until the set being saved is published (`save_model`)
         self._catching_signals = False  # inside `catching_signals()`: a finished training waits for its publication
         self._memory_need = None  # the known memory need of this run's batch on a GPU (gpu_memory.py)
+        # in a resumed epoch whose last window `_sync_the_last_micro_batch` mends: [micro-batches left, the size of
+        # its last window, --gradient_accumulation_steps]
+        self._resumed_epoch = None
 
     def _get_train_sampler(self, *args, **kwargs):
         """On one device, an epoch drawn up to whole batches as GaudiTrainer draws it: both scripts train on the same."""
@@ -128,6 +132,8 @@ class TrainerExtensions:
         seconds = time.perf_counter() - start
         ids = [batch.get("input_ids") if isinstance(batch, dict) else None for batch in batches]
         self.throughput.record_fetch(seconds, sum(int(i.shape[0]) for i in ids if i is not None))
+        if self._resumed_epoch is not None and self._resumed_epoch[0] == len(batches) == 1:
+            self._sync_the_last_micro_batch()  # (the resumed epoch holds nothing but it)
         return batches, num_items
 
     def get_batch_samples(self, *args, **kwargs):
@@ -143,6 +149,7 @@ class TrainerExtensions:
             if gpu_memory.on_gpu(self.args) and ids is not None:
                 self._memory_need = gpu_memory.check_batch_fits(self.model, int(ids.shape[-1]), self.args)
         loss = super().training_step(model, self._batch_on_device(inputs, training=True), *args, **kwargs)
+        self._micro_batch_trained()
         # the loss summed as the Trainer sums it (--logging_nan_inf_filter included), for divergence and checkpoints
         if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
             self._losses = self._losses + self._losses / (1 + self.state.global_step - self._last_logged_step)
@@ -153,6 +160,37 @@ class TrainerExtensions:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
         return loss
+
+    def _skipped_into_epoch(self, in_epoch: int, skipped: int) -> None:
+        """A resumed epoch skips its first `skipped` of `in_epoch` micro-batches. transformers 4.55's and
+        GaudiTrainer 1.21.2's loop then counts the rest from 0 while it still syncs the epoch's last, partial
+        window only at micro-batch `in_epoch`: it never does, and that window's gradient joins the next epoch's
+        first step. `_sync_the_last_micro_batch` mends it; transformers 5 counts the skipped ones."""
+        ga = self.args.gradient_accumulation_steps
+        if int(transformers.__version__.split(".")[0]) < 5 and in_epoch % ga and skipped < in_epoch:
+            self._resumed_epoch = [in_epoch - skipped, in_epoch % ga, ga]
+
+    def _sync_the_last_micro_batch(self) -> None:
+        """Before the resumed epoch's last micro-batch, number `left` of the loop's count: the loop syncs a
+        micro-batch whose count is a multiple of args.gradient_accumulation_steps (read afresh each micro-batch)
+        and begins a step at one whose count before it is. `left` syncs it without beginning a step inside the
+        window; 1 for a window of that micro-batch alone, which begins its step. Put back once it is trained."""
+        left, last_window, _ = self._resumed_epoch
+        self.args.gradient_accumulation_steps = 1 if last_window == 1 else left
+
+    def _micro_batch_trained(self) -> None:
+        if self._resumed_epoch is None:
+            return
+        self._resumed_epoch[0] -= 1
+        if self._resumed_epoch[0] == 1:
+            self._sync_the_last_micro_batch()
+        elif self._resumed_epoch[0] <= 0:
+            self._resumed_epoch_ended()
+
+    def _resumed_epoch_ended(self) -> None:
+        if self._resumed_epoch is not None:
+            self.args.gradient_accumulation_steps = self._resumed_epoch[2]
+            self._resumed_epoch = None
 
     @contextmanager
     def catching_signals(self):
@@ -177,10 +215,11 @@ class TrainerExtensions:
         self._losses, self._grad_norm = torch.zeros((), device=self.args.device), None
         with self.run_output.training():
             try:
-                with _resumed_epoch_keeps_its_order(type(self)):
+                with _resumed_epoch_keeps_its_order(type(self), self._skipped_into_epoch):
                     result = super().train(*args, **kwargs)
                 self._stop_if_diverged()  # the steps since the last check: nothing trained that diverged is published
             except BaseException as error:
+                self._resumed_epoch_ended()
                 self.stop_on_signal.restore()
                 if isinstance(error, ImageLoadError):
                     raise self._checkpoint_after_image_error(error) from None
@@ -201,6 +240,25 @@ class TrainerExtensions:
         result.metrics.update(self.run_facts)
         result.metrics.update(describe_run(self.args))
         return result
+
+    def publish_checkpoint(self, checkpoint: str, *processors) -> dict:
+        """Publish, not training again, the run the checkpoint at the recipe's last step ends (run_recipe.RunPlan's
+        publish_from): the model this trainer was given (loaded from it, or from its best checkpoint), its state, and
+        the trained run's train_loss from the loss sum it holds. Returns the train metrics."""
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        loss_sum = TrainingLossSum.saved_in(self.state)
+        metrics = {
+            "train_loss": None if loss_sum is None else loss_sum / max(self.state.global_step, 0.001),
+            "epoch": self.state.epoch,
+            "total_flos": self.state.total_flos,
+            "published_from": os.path.basename(checkpoint),
+        }
+        with self.catching_signals(), self.publishing():
+            self.save_model()
+            self.save_processors(*processors)
+            self.save_metrics("train", metrics)
+            self.save_state()
+        return metrics
 
     def log_metrics(self, split, metrics):
         """As the Trainer prints them, None as n/a and each node's figures (several nodes) on a line of their own."""
@@ -378,12 +436,15 @@ class _AfterEachStep(TrainerCallback):
 
 
 @contextmanager
-def _resumed_epoch_keeps_its_order(trainer_class):
+def _resumed_epoch_keeps_its_order(trainer_class, skipped_into_epoch):
     """While training, in the modules of the trainer's classes: accelerate's skip_first_batches handing the new
-    loader the epoch of the one it skips in (why: docs/ARCHITECTURE.md, "Private APIs of other libraries")."""
+    loader the epoch of the one it skips in (why: docs/ARCHITECTURE.md, "Private APIs of other libraries"), and
+    telling `skipped_into_epoch(micro-batches in the epoch, skipped)`."""
     original = accelerate.skip_first_batches
 
     def skip_first_batches(dataloader, num_batches=0):
+        if hasattr(dataloader, "__len__"):
+            skipped_into_epoch(len(dataloader), num_batches)
         skipping = original(dataloader, num_batches)
         if hasattr(dataloader, "iteration") and hasattr(skipping, "iteration"):
             skipping.iteration = dataloader.iteration  # the epoch set_epoch gave the loader it skips in

@@ -3,10 +3,12 @@ with the parameters the kit's overrides and calls pass. A failure names the libr
 read that library's new code, adapt the override or the call, and update the table of versions checked."""
 
 import inspect
+import re
 
 import datasets
 import pytest
 import torch
+import transformers
 from transformers import Trainer
 
 from helpers import BOTH_ROUTES, optimum_habana
@@ -56,6 +58,30 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
     )
     assert "self.iteration" in inspect.getsource(accelerate.data_loader.DataLoaderShard), (
         "accelerate's DataLoaderShard no longer counts its epochs in `iteration`"
+    )
+
+
+@BOTH_ROUTES
+def test_the_training_loop_still_syncs_by_the_accumulation_steps_it_reads_each_micro_batch():
+    # trainer._sync_the_last_micro_batch: on transformers 4.55 (and GaudiTrainer 1.21.2, its copy) a resumed epoch
+    # counts its micro-batches from 0 and its last partial window never syncs; the trainer sets
+    # args.gradient_accumulation_steps for that window's last micro-batch. transformers 5 counts the skipped ones.
+    loops = [getattr(Trainer, "_run_epoch", Trainer._inner_training_loop)]
+    if int(transformers.__version__.split(".")[0]) < 5:
+        with optimum_habana() as habana:
+            loops.append(habana.GaudiTrainer._inner_training_loop)
+    for loop in loops:
+        _counts_from_0_unless_transformers_5(re.sub(r"\bself\.args\b", "args", inspect.getsource(loop)))
+
+
+def _counts_from_0_unless_transformers_5(source: str) -> None:
+    assert "do_sync_step = (step + 1) % args.gradient_accumulation_steps == 0 or (step + 1) == steps_in_epoch" in (
+        source
+    ), "the Trainer no longer decides a micro-batch's sync from args.gradient_accumulation_steps as it reads it"
+    counts_skipped = "step = steps_trained_in_current_epoch - 1" in source
+    assert counts_skipped == (int(transformers.__version__.split(".")[0]) >= 5), (
+        "the Trainer's count of a resumed epoch's micro-batches changed: mend it in trainer.py on the line whose "
+        "count restarts at 0"
     )
 
 

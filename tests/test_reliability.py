@@ -539,8 +539,8 @@ def test_a_failed_publication_leaves_the_previous_files_alone(tmp_path):
         for name in ("config.json", "model.safetensors"):
             with open(os.path.join(staging, name), "w") as f:
                 f.write("new")
-    assert sorted(os.listdir(target)) == [".bridgetower-run.json", "config.json", "model.safetensors"]
-    assert (target / "config.json").read_text() == "new"
+    published = [".bridgetower-run.json", "config.json", run_directory.PUBLISHED_MANIFEST, "model.safetensors"]
+    assert sorted(os.listdir(target)) == published and (target / "config.json").read_text() == "new"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ evaluation alone into a trained run's directory evaluates that run's model.
 """
 
 import dataclasses
+import inspect
 import json
 import re
 import shutil
@@ -70,6 +71,60 @@ def test_a_rerun_with_another_learning_rate_and_seed_into_a_finished_run_is_refu
     same = run_script(kind, command(fixtures, out, kind, "--do_eval"))  # its own recipe: reused, not trained again
     assert "not training again" in same.stdout + same.stderr and "'loss'" not in same.stdout
     assert (out / "model.safetensors").read_bytes() == kept["model.safetensors"]
+
+
+def edit_scripts_version(out):
+    recipe = read_json(out / "recipe.json")
+    (out / "recipe.json").write_text(json.dumps({**recipe, "scripts_version": "0.0.9"}))
+
+
+def cut_model_short(out):
+    cut_short(out / "model.safetensors")
+
+
+def delete_model_and_last_checkpoint(out):
+    (out / "model.safetensors").unlink()
+    shutil.rmtree(out / "checkpoint-3")
+
+
+@pytest.mark.parametrize("kind", [pytest.param("cuda", marks=BOTH_ROUTES), "gaudi"])
+def test_a_finished_run_not_as_published_is_published_again_from_its_checkpoint_not_trained_past_its_last_step(
+    kind, fixtures, tmp_path
+):
+    """Once resumed from its last checkpoint, the rerun trained step 4 of 3 (a new checkpoint-4, another train_loss):
+    with a constant learning rate, the 4-step model published. Each way a published set can be damaged: published
+    again from checkpoint-3 as it is, or (that one gone) step 3 trained again from checkpoint-2."""
+    recipe = dict(max_steps=3, lr_scheduler_type="constant")
+    original = tmp_path / "original"
+    run_script(kind, command(fixtures, original, kind, **recipe))  # checkpoints 2 and 3, its model
+    weights, train_loss = load_weights(original), read_json(original / "train_results.json")["train_loss"]
+    ways = {
+        "model.safetensors is missing": lambda out: (out / "model.safetensors").unlink(),
+        "model.safetensors has ": cut_model_short,
+        "recipe.json is missing": lambda out: (out / "recipe.json").unlink(),
+        "recipe.json has ": edit_scripts_version,
+        "checkpoint-2": delete_model_and_last_checkpoint,
+    }
+    for n, (said, damage) in enumerate(ways.items()):
+        out = tmp_path / f"damaged-{n}"
+        shutil.copytree(original, out)
+        damage(out)
+        rerun = run_script(kind, command(fixtures, out, kind, **recipe))
+        log = rerun.stdout + rerun.stderr
+        if said == "checkpoint-2":
+            assert f"resuming training at {out / 'checkpoint-2'}" in log and resumed_at(log, 2), log[-3000:]
+            assert read_json(out / "trainer_state.json")["log_history"][-2]["step"] == 3
+        else:
+            assert f"its trained model is not as it was published ({said}" in log, log[-3000:]
+            assert f"{out / 'checkpoint-3'} ends this recipe's training (step 3 of 3): publishing it again" in log
+            assert "'loss'" not in rerun.stdout, f"{said}: trained again"
+            assert read_json(out / "train_results.json")["published_from"] == "checkpoint-3"
+        assert not (out / "checkpoint-4").exists() and read_json(out / "trainer_state.json")["global_step"] == 3, said
+        assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(train_loss, rel=1e-9), said
+        published = load_weights(out)
+        assert published.keys() == weights.keys() and all(torch.equal(weights[k], published[k]) for k in weights)
+        again = run_script(kind, command(fixtures, out, kind, **recipe))  # intact now: reused
+        assert "trained as far as asked: not training again" in again.stdout + again.stderr, said
 
 
 def test_a_rerun_on_data_changed_in_place_is_refused_naming_the_data(fixtures, tmp_path):
@@ -242,13 +297,13 @@ def plan(out, **training):
     return run_recipe.plan_run(str(out), *arguments(out, **training))
 
 
-def save_checkpoint(out, step, recipe=None, complete=True):
+def save_checkpoint(out, step, recipe=None, complete=True, last_step=6):
     checkpoint = out / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": last_step}))
     for name in (
         "model.safetensors",
         "config.json",
-        "trainer_state.json",
         "training_args.bin",
         "optimizer.pt",
         "scheduler.pt",
@@ -277,7 +332,7 @@ def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_
     save_checkpoint(out, 6, recipe, complete=False)  # killed while saving
     save_checkpoint(out, 8, other)
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
-        assert plan(out) == (recipe, None, str(out / "checkpoint-4"))
+        assert plan(out) == (recipe, None, str(out / "checkpoint-4"), None)
     assert (
         f"Not resuming from {out / 'checkpoint-8'}: saved by another recipe (--learning_rate 0.0005 → 0.001)"
         in caplog.text
@@ -328,32 +383,80 @@ def test_this_recipes_model_short_of_its_last_step_resumes_its_checkpoint_or_is_
         "it to resume: pass --overwrite_output_dir to train it afresh"
     )
     save_checkpoint(out, 3, recipe)
-    assert plan(out) == (recipe, None, str(out / "checkpoint-3"))
+    assert plan(out) == (recipe, None, str(out / "checkpoint-3"), None)
 
 
-def test_a_published_model_missing_a_file_is_published_again_from_its_checkpoint_or_refused_in_one_line(
-    tmp_path, caplog
+def cut_short(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def changed(path):
+    path.write_bytes(path.read_bytes().swapcase())  # the same size
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda out: (out / "model.safetensors").unlink(), "model.safetensors is missing"),
+        (lambda out: cut_short(out / "model.safetensors"), "model.safetensors has 8 bytes, not the 17 saved"),
+        (
+            lambda out: changed(out / "model.safetensors"),
+            "model.safetensors is not the file saved (its sha256 differs)",
+        ),
+        (lambda out: changed(out / "recipe.json"), "recipe.json is not the file saved (its sha256 differs)"),
+        (lambda out: (out / "model-manifest.json").unlink(), "model-manifest.json is missing"),
+    ],
+)
+def test_a_published_model_not_as_published_is_published_again_from_its_checkpoint_or_refused_in_one_line(
+    damage, why, tmp_path, caplog
 ):
     """A finished run whose model.safetensors was deleted, rerun with its command, once died in transformers'
-    OSError though a complete checkpoint of its recipe was there."""
+    OSError though a complete checkpoint of its recipe was there; one cut short, in a SafetensorError traceback
+    after "not training again"; one resumed from its last checkpoint trained a step past --max_steps."""
     out = tmp_path / "run"
     recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
     publish(out, recipe)
-    assert plan(out) == (recipe, str(out), None)  # intact: reused
-    (out / "model.safetensors").unlink()
-    lacks = f"--output_dir={out}: its trained model lacks model.safetensors (deleted since it was published)"
+    assert plan(out) == (recipe, str(out), None, None)  # intact: reused
+    damage(out)
+    damaged = f"--output_dir={out}: its trained model is not as it was published ({why})"
     with pytest.raises(ValueError) as refused:
         plan(out)
     assert str(refused.value) == (
-        f"{lacks}, and no complete checkpoint of its recipe is there to resume: pass --overwrite_output_dir to "
-        "train it afresh"
+        f"{damaged}, and no complete checkpoint of its recipe is there to publish again: pass --overwrite_output_dir "
+        "to train it afresh"
     )
-    with pytest.raises(ValueError, match=f"^{re.escape(lacks)}: rerun its training command"):
+    with pytest.raises(ValueError, match=f"^{re.escape(damaged)}: rerun its training command"):
         plan(out, do_train=False)  # evaluation alone: not the base model's weights in its place
+    save_checkpoint(out, 4, recipe)
+    with caplog.at_level("WARNING", logger="bridgetower_bench"):
+        assert plan(out) == (recipe, None, str(out / "checkpoint-4"), None)  # short of the last step: resumed
+    assert f"{damaged}: publishing it again from its checkpoints" in caplog.text
     save_checkpoint(out, 6, recipe)
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
-        assert plan(out) == (recipe, None, str(out / "checkpoint-6"))
-    assert f"{lacks}: publishing it again from its checkpoints" in caplog.text
+        assert plan(out) == (recipe, str(out / "checkpoint-6"), None, str(out / "checkpoint-6"))  # not trained again
+    assert f"{out / 'checkpoint-6'} ends this recipe's training (step 6 of 6): publishing it again, not" in caplog.text
+    # --resume_from_checkpoint of the last one: the same; with --load_best_model_at_end, its best checkpoint's model
+    assert plan(out, resume_from_checkpoint=str(out / "checkpoint-6")).publish_from == str(out / "checkpoint-6")
+
+
+def test_a_last_checkpoint_with_load_best_model_at_end_publishes_its_best_checkpoints_model_or_refuses(tmp_path):
+    out = tmp_path / "run"
+    best = dict.fromkeys(run_recipe.BEST_MODEL_ARGUMENTS, None) | dict(load_best_model_at_end=True)
+    recipe = run_recipe.describe(*arguments(out, **best)[:3], arguments(out)[3])
+    save_checkpoint(out, 4, recipe)
+    last = save_checkpoint(out, 6, recipe)
+    state = json.loads((last / "trainer_state.json").read_text())
+    (last / "trainer_state.json").write_text(json.dumps({**state, "best_model_checkpoint": "/elsewhere/checkpoint-4"}))
+    checkpoint_manifest.write(str(last), [])
+    assert plan(out, **best) == (recipe, str(out / "checkpoint-4"), None, str(last))
+    (out / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(ValueError) as refused:
+        plan(out, **best)
+    assert str(refused.value) == (
+        f"{last} ends this recipe's training, but its best checkpoint, {out / 'checkpoint-4'}, cannot be published "
+        "(model.safetensors is missing): pass --overwrite_output_dir to train it afresh"
+    )
 
 
 def test_a_model_of_another_version_replaced_by_a_resumed_checkpoint_is_said_so(tmp_path, caplog):
@@ -362,10 +465,10 @@ def test_a_model_of_another_version_replaced_by_a_resumed_checkpoint_is_said_so(
     publish(out, {**recipe, "scripts_version": "0.0.9"})
     save_checkpoint(out, 4, recipe)
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
-        assert plan(out) == (recipe, None, str(out / "checkpoint-4"))
+        assert plan(out) == (recipe, None, str(out / "checkpoint-4"), None)
     assert (
         f"{out} holds a model of another recipe (the scripts' version 0.0.9 → {recipe['scripts_version']}): this "
-        "recipe's model, resumed from its checkpoint, replaces it when training ends"
+        "recipe's model, from its checkpoint, replaces it"
     ) in caplog.text
 
 
@@ -471,6 +574,37 @@ def test_every_argument_listed_is_an_argument_of_a_script_and_in_the_recipe_or_o
     assert not in_recipe & not_in, "an argument is both in and out of the recipe"
     assert set(run_recipe.BEST_MODEL_ARGUMENTS) <= not_in
     assert sorted((in_recipe | not_in) - fields - TRANSFORMERS_5_ONLY) == [], "an argument listed that no script has"
+
+
+# The arguments the backends' own step reads (what turns a batch into gradients) that leave the weights as they are.
+STEP_READS_NOT_IN_THE_RECIPE = {
+    "gradient_checkpointing": "the same gradients, recomputed (with fp8, the recomputation in fp8 as the forward)",
+    "torch_empty_cache_steps": "frees the device's cached memory",
+    "past_index": "feeds a model's memory states back (BridgeTower returns none)",
+}
+
+
+def _step_reads(trainer_class) -> set:
+    """The fields of args that trainer_class's own training_step and compute_loss read."""
+    source = "".join(
+        inspect.getsource(trainer_class.__dict__[name])
+        for name in ("training_step", "compute_loss")
+        if name in trainer_class.__dict__
+    )
+    return set(re.findall(r"\bargs\.(\w+)", source))
+
+
+def test_every_argument_the_backends_training_step_reads_is_in_the_recipe_or_known_to_leave_the_weights():
+    """Once --pipelining_fwd_bwd was out of the recipe, though with lazy mode GaudiTrainer's training_step then
+    divides the micro-batches' losses where it otherwise sums them: a resume across it was not refused."""
+    with optimum_habana() as habana:
+        trainers = (transformers.Trainer, habana.GaudiTrainer)
+        fields = {f.name for f in dataclasses.fields(habana.GaudiTrainingArguments)}
+        reads = {cls.__name__: _step_reads(cls) & fields for cls in trainers}
+    assert "pipelining_fwd_bwd" in reads["GaudiTrainer"] and "optim" in reads["Trainer"]  # the reading works
+    in_recipe = set(run_recipe.TRAINING_ARGUMENTS)
+    unsorted = {name: sorted(read - in_recipe - set(STEP_READS_NOT_IN_THE_RECIPE)) for name, read in reads.items()}
+    assert unsorted == {"Trainer": [], "GaudiTrainer": []}, "read by the backend's step: in the recipe, or say why not"
 
 
 def test_ranks_of_one_job_with_another_recipe_or_library_are_named_with_what_differs():

@@ -51,13 +51,14 @@ def remove(checkpoint: str) -> None:
         os.remove(path)
 
 
-def write(checkpoint: str, required: list) -> Optional[str]:
-    """List every file of checkpoint with its size and sha256, atomically, last. Returns why it was not written
-    (a required file is missing: the checkpoint does not count), or None."""
+def write(checkpoint: str, required: list, manifest_name: str = MANIFEST_NAME, leave_out=()) -> Optional[str]:
+    """List every file of checkpoint (but `leave_out`) with its size and sha256, atomically, last. Returns why it was
+    not written (a required file is missing: the checkpoint does not count), or None. The published set's manifest
+    too (run_directory.PUBLISHED_MANIFEST)."""
     names = [
         name
         for name in files_under(checkpoint)
-        if name != MANIFEST_NAME and PARTIAL_MARK not in os.path.basename(name)
+        if name != manifest_name and name not in leave_out and PARTIAL_MARK not in os.path.basename(name)
     ]
     choices = [entry if isinstance(entry, tuple) else (entry,) for entry in required]
     present = set(names)
@@ -67,20 +68,20 @@ def write(checkpoint: str, required: list) -> Optional[str]:
     paths = {name: os.path.join(checkpoint, name) for name in names}
     files = {name: {"bytes": os.path.getsize(path), "sha256": sha256(path)} for name, path in paths.items()}
     manifest = json.dumps({"files": files}, indent=4, sort_keys=True) + "\n"
-    write_atomically(os.path.join(checkpoint, MANIFEST_NAME), manifest, fsync=True)
+    write_atomically(os.path.join(checkpoint, manifest_name), manifest, fsync=True)
     return None
 
 
-def incomplete_reason(checkpoint: str) -> Optional[str]:
+def incomplete_reason(checkpoint: str, manifest_name: str = MANIFEST_NAME) -> Optional[str]:
     """Why checkpoint cannot be resumed from (a file missing, cut short or changed since it was saved), or None."""
     try:
-        with open(os.path.join(checkpoint, MANIFEST_NAME)) as f:
+        with open(os.path.join(checkpoint, manifest_name)) as f:
             files = json.load(f)["files"]
         expected = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
     except FileNotFoundError:
-        return f"it has no {MANIFEST_NAME} (its save did not finish)"
+        return f"it has no {manifest_name} (its save did not finish)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"its {MANIFEST_NAME} is unreadable"
+        return f"its {manifest_name} is unreadable"
     for name, (size, digest) in sorted(expected.items()):
         path = os.path.join(checkpoint, name)
         if not os.path.isfile(path):

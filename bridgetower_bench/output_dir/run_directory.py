@@ -30,6 +30,7 @@ RECORD_NAME = ".bridgetower-run.json"
 STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.temp_path)
 PUBLISHING_NAME = ".publishing"
 PUBLICATION_RECORD = ".publication.json"
+PUBLISHED_MANIFEST = "model-manifest.json"  # a published model's files (not its results), as a checkpoint's manifest
 
 _held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether claim created the directory)
 
@@ -279,6 +280,10 @@ def _commit(output_dir: str, staging: str) -> None:
         atomic_files.fsync_path(os.path.join(staging, name))  # the data is on disk before the rename commits it
     record = read_record(output_dir)
     has_model = "config.json" in files  # a new model replaces the previous model's whole set, its results too
+    if has_model:  # its files' sizes and sha256, checked before a run trusts it (`published_model`)
+        results = [name for name in files if name.endswith("results.json")]
+        checkpoint_manifest.write(staging, [], PUBLISHED_MANIFEST, leave_out=results)
+        files = atomic_files.files_under(staging)
     remove = sorted(set(record["current"]) - set(files)) if has_model else []
     current = files if has_model else sorted(set(record["current"]) | set(files))
     record_written(output_dir, {name.split(os.sep)[0] for name in files})
@@ -320,11 +325,12 @@ def finish_publication(output_dir: str) -> None:
 class PublishedModel(NamedTuple):
     files: list  # the files of its published set (and of everything published since)
     finished: bool  # whether it was trained to its last step (trainer_state.json)
-    missing: list  # the model's files of its set (not the results) no longer there: deleted by hand
+    damaged: Optional[str]  # why its model's files (not the results) are not those published, or None
 
 
 def published_model(output_dir: str) -> Optional[PublishedModel]:
-    """The trained model published in output_dir (its set holds train_results.json and config.json), or None."""
+    """The trained model published in output_dir (its set holds train_results.json and config.json), or None; its
+    files checked against the set's manifest (sizes and sha256: the hashing reads the whole model)."""
     current = read_record(output_dir)["current"]
     if "train_results.json" not in current or "config.json" not in current:
         return None
@@ -333,10 +339,16 @@ def published_model(output_dir: str) -> Optional[PublishedModel]:
         finished = state["global_step"] >= state["max_steps"]
     except (KeyError, TypeError):
         finished = False
-    missing = [
-        n for n in current if not n.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, n))
-    ]
-    return PublishedModel(current, finished, missing)
+    if PUBLISHED_MANIFEST in current:
+        damaged = checkpoint_manifest.incomplete_reason(output_dir, PUBLISHED_MANIFEST)
+        if damaged is not None and not os.path.lexists(os.path.join(output_dir, PUBLISHED_MANIFEST)):
+            damaged = f"{PUBLISHED_MANIFEST} is missing"
+    else:  # (a set published without a manifest: its files' presence only)
+        missing = [
+            n for n in current if not n.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, n))
+        ]
+        damaged = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
+    return PublishedModel(current, finished, damaged)
 
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

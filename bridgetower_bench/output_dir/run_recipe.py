@@ -60,7 +60,8 @@ TRAINING_ARGUMENTS = _names(
     "torchdynamo use_liger_kernel liger_kernel_config attn_implementation compile_layers deepspeed fsdp fsdp_config",
     "fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap parallelism_config gaudi_config_name sdp_on_bf16 fp8",
     "use_lazy_mode use_compiled_autograd use_regional_compilation distribution_strategy context_parallel_size",
-    "use_zero3_leaf_promotion",
+    # with lazy mode, GaudiTrainer divides the micro-batches' losses by the accumulation steps instead of summing them
+    "use_zero3_leaf_promotion pipelining_fwd_bwd",
     # a resume that does not skip the rows already trained trains on other rows; the final model is the best
     # checkpoint's rather than the last one's
     "ignore_data_skip load_best_model_at_end",
@@ -97,7 +98,7 @@ NOT_IN_THE_RECIPE = _names(
     "gradient_checkpointing gradient_checkpointing_kwargs activation_checkpointing activation_checkpointing_kwargs",
     "use_cache dataloader_multiprocessing_context ddp_static_graph use_hpu_graphs use_hpu_graphs_for_training",
     "compile_from_sec_iteration compile_dynamic cache_size_limit inline_inbuilt_nn_modules",
-    "allow_unspec_int_on_nn_module minimize_memory pipelining_fwd_bwd",
+    "allow_unspec_int_on_nn_module minimize_memory",
     # attention kernels of other models (BridgeTower does not take Habana's fused attention)
     "flash_attention_recompute flash_attention_fast_softmax flash_attention_causal_mask flash_attention_fp8",
     # measuring: throughput and profiles (fp16_backend: a deprecated alias of half_precision_backend, in the recipe)
@@ -259,6 +260,7 @@ class RunPlan(NamedTuple):
     recipe: dict
     trained_model: Optional[str]  # the directory whose trained model this run uses (not training again), or None
     resume_from: Optional[str]  # the checkpoint training resumes from, or None
+    publish_from: Optional[str] = None  # the checkpoint at the recipe's last step published as it is, or None
 
 
 def _published_model(output_dir: str) -> tuple[Optional[run_directory.PublishedModel], Optional[dict]]:
@@ -267,8 +269,8 @@ def _published_model(output_dir: str) -> tuple[Optional[run_directory.PublishedM
     return model, read(output_dir) if model is not None and RECIPE_NAME in model.files else None
 
 
-def _lacks(output_dir: str, missing: list) -> str:
-    return f"--output_dir={output_dir}: its trained model lacks {', '.join(missing)} (deleted since it was published)"
+def _damaged(output_dir: str, reason: str) -> str:
+    return f"--output_dir={output_dir}: its trained model is not as it was published ({reason})"
 
 
 def _refuse(output_dir: str, what: str, recorded: Optional[dict], recipe: dict):
@@ -282,10 +284,10 @@ def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
     model, recorded = _published_model(output_dir)
     if model is None:
         return RunPlan(recipe, None, None)
-    if model.missing:
+    if model.damaged:
         raise UserInputError(
-            f"{_lacks(output_dir, model.missing)}: rerun its training command (it resumes from the newest complete "
-            "checkpoint of its recipe and publishes the model again), or evaluate another model"
+            f"{_damaged(output_dir, model.damaged)}: rerun its training command (it publishes the model again from "
+            "the newest complete checkpoint of its recipe), or evaluate another model"
         )
     given = model_args.model_name_or_path
     itself = os.path.realpath(os.path.expanduser(given)) == os.path.realpath(output_dir)
@@ -320,7 +322,35 @@ def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
             f"--resume_from_checkpoint={checkpoint} was saved by another recipe ({differences(recorded, recipe)}): "
             "rerun with its arguments, or train afresh with --overwrite_output_dir or another --output_dir"
         )
-    return RunPlan(recipe, None, checkpoint)
+    return _from_checkpoint(checkpoint, recipe)
+
+
+def _from_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
+    """Resume a complete checkpoint of this recipe; one at the recipe's last step (its trainer state's max_steps: the
+    epochs' end too) is published as it is, the Trainer would train a step past it. With --load_best_model_at_end
+    the model published is its best checkpoint's, as the Trainer ends."""
+    state = read_json(os.path.join(checkpoint, "trainer_state.json")) or {}
+    step, last = state.get("global_step"), state.get("max_steps")
+    if not (isinstance(step, int) and isinstance(last, int) and step >= last > 0):
+        logger.warning(
+            f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir to start over."
+        )
+        return RunPlan(recipe, None, checkpoint)
+    model = checkpoint
+    if recipe.get("load_best_model_at_end") and state.get("best_model_checkpoint"):
+        model = os.path.join(os.path.dirname(checkpoint), os.path.basename(state["best_model_checkpoint"]))
+        reason = checkpoint_manifest.incomplete_reason(model) if os.path.isdir(model) else "it is not there"
+        if reason is not None:
+            raise UserInputError(
+                f"{checkpoint} ends this recipe's training, but its best checkpoint, {model}, cannot be published "
+                f"({reason}): pass --overwrite_output_dir to train it afresh"
+            )
+    best = "" if model == checkpoint else f" (the model of its best checkpoint, {os.path.basename(model)})"
+    logger.warning(
+        f"{checkpoint} ends this recipe's training (step {step} of {last}): publishing it again{best}, not training "
+        "again. Pass --overwrite_output_dir to start over."
+    )
+    return RunPlan(recipe, model, None, checkpoint)
 
 
 def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> RunPlan:
@@ -335,8 +365,8 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
         return RunPlan(recipe, None, None)
 
     model, published = _published_model(output_dir)
-    missing = model.missing if model is not None else []
-    if model is not None and model.finished and published == recipe and not missing:
+    damaged = model.damaged if model is not None else None
+    if model is not None and model.finished and published == recipe and not damaged:
         logger.warning(
             f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
             "(--overwrite_output_dir trains it afresh)"
@@ -355,21 +385,18 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
     if checkpoint is not None:
         for name, why in skipped:
             logger.warning(f"Not resuming from {name}: {why}")
-        if missing:
-            logger.warning(f"{_lacks(output_dir, missing)}: publishing it again from its checkpoints")
+        if damaged:
+            logger.warning(f"{_damaged(output_dir, damaged)}: publishing it again from its checkpoints")
         elif model is not None and published != recipe:  # e.g. published by another version of the scripts
             logger.warning(
                 f"{output_dir} holds a model of another recipe ({differences(published, recipe)}): this "
-                "recipe's model, resumed from its checkpoint, replaces it when training ends"
+                "recipe's model, from its checkpoint, replaces it"
             )
-        logger.warning(
-            f"Checkpoint detected, resuming training at {checkpoint}. Pass --overwrite_output_dir to start over."
-        )
-        return RunPlan(recipe, None, checkpoint)
-    if missing and published == recipe:
+        return _from_checkpoint(checkpoint, recipe)
+    if damaged:
         raise UserInputError(
-            f"{_lacks(output_dir, missing)}, and no complete checkpoint of its recipe is there to resume: pass "
-            "--overwrite_output_dir to train it afresh"
+            f"{_damaged(output_dir, damaged)}, and no complete checkpoint of its recipe is there to publish again: "
+            "pass --overwrite_output_dir to train it afresh"
         )
     if model is not None and published == recipe:  # (not finished: its trainer state stops short, or is gone)
         raise UserInputError(
