@@ -63,23 +63,14 @@ coverage: not-in-habana-container $(VENV)/.installed-test
 	$(PY) -m coverage combine -q && $(PY) -m coverage report --format=total && $(PY) -m coverage report | tail -n 45
 
 # Mutation testing (slow; not part of `make test`): mutmut ([tool.mutmut] in pyproject.toml) puts one small bug at a
-# time into the runtime package and runs the tests that reached the mutated function; tests/mutation_report.py then
-# counts, per module, what was killed, what survived as a recorded equivalent (tests/mutation_equivalents.txt), and
-# shows every other survivor with its diff (exit status 1 if there is one).
-# MODULES="measurement.throughput images.images": only these modules' mutants, against the test files that import them
-# (MUTATE_TESTS="tests/test_x.py ..." names others). Without MODULES: every module, against the whole suite.
-# MUTATE_ARGS: more options of `mutmut run`, e.g. --max-children 1. Results are kept in mutants/ (git-ignored).
-MODULES ?=
-MUTATE_TESTS ?= $(sort $(foreach m,$(MODULES),\
-  $(shell grep -lE '^\s*(from|import) bridgetower_bench(\.$(m)\b|$(if $(suffix $(m)),\.$(basename $(m)),) import .*\b$(lastword $(subst ., ,$(m)))\b)' tests/test_*.py)))
-MUTATE_ARGS ?=
+# time into the runtime package and runs the tests that reached the mutated function.
+# MODULES="retrieval measurement.throughput": only these modules' mutants; MUTATE_TESTS="test_retrieval or
+# test_throughput": only these tests (pytest's -k); MUTATE_ARGS: more options of `mutmut run`, e.g. --max-children 1.
+# Results stay in mutants/ (git-ignored): `mutmut results` lists the survivors again, `mutmut show NAME` one's diff.
 mutate: not-in-habana-container $(VENV)/.installed-test
-	@for m in $(MODULES); do test -f bridgetower_bench/$$(echo $$m | tr . /).py || \
-	  { echo "make mutate: MODULES: no module bridgetower_bench.$$m (bridgetower_bench/$$(echo $$m | tr . /).py)" >&2; exit 2; }; done
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-	PYTEST_ADDOPTS='$(if $(strip $(MUTATE_TESTS)),-k "$(subst $() , or ,$(strip $(notdir $(MUTATE_TESTS))))")' \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTEST_ADDOPTS='$(if $(MUTATE_TESTS),-k "$(MUTATE_TESTS)")' \
 	$(VENV)/bin/mutmut run $(MUTATE_ARGS) $(foreach m,$(MODULES),"bridgetower_bench.$(m).*")
-	$(PY) tests/mutation_report.py $(MODULES)
+	$(VENV)/bin/mutmut results
 
 fixtures: $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.fixtures

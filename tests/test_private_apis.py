@@ -176,31 +176,3 @@ def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
     assert chosen._indices.column(0).to_pylist() == [2, 0], (
         "datasets.Dataset._indices no longer maps a selection's rows"
     )
-
-
-def test_mutmut_still_writes_the_results_and_diffs_the_mutation_report_reads():
-    # tests/mutation_report.py (`make mutate`): mutmut has no public API for its results; the report reads the
-    # `exit_code_by_key` of each mutants/**/*.py.meta and asks mutmut.mutation.diff_apply.get_diff_for_mutant
-    # for a mutant's diff, as `mutmut show NAME` does
-    mutmut = pytest.importorskip("mutmut", reason="mutmut is installed by requirements-test.txt (make mutate)")
-    from mutmut.mutation import diff_apply
-
-    function = getattr(diff_apply, "get_diff_for_mutant", None)
-    assert function is not None, "mutmut.mutation.diff_apply no longer has get_diff_for_mutant"
-    assert parameters(function)[0] == "mutant_name" and "path" in parameters(function), (
-        f"mutmut's get_diff_for_mutant parameters changed: {parameters(function)}"
-    )
-    from mutmut.stats import status_by_exit_code
-
-    assert [status_by_exit_code[code] for code in (1, 0, 5, 36, None)] == [
-        "killed",
-        "survived",
-        "no tests",
-        "timeout",
-        "not checked",
-    ], "mutmut.stats.status_by_exit_code reads exit codes differently: check tests/mutation_report.py's REPORTED"
-    import mutmut.__main__ as main_module  # (where mutmut writes and reads the .meta files; no CLI runs on import)
-
-    assert "exit_code_by_key" in inspect.getsource(main_module), (
-        f"mutmut {mutmut.__version__} no longer keeps exit_code_by_key in its .meta files"
-    )
