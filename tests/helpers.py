@@ -825,6 +825,33 @@ def extended_trainer_class():
     return ExtendedTrainer
 
 
+def slow_trainer(out, trainer_class=None, args=(), **trainer_options):
+    """An extended Trainer of SlowModel (30 ms a forward) on 12 rows of SlowData (10 ms a row), on the CPU: 6 steps
+    of 2, the first 2 a warm-up. `args` overrides WarmupTrainingArguments' fields, `trainer_options` the Trainer's."""
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+
+    options = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=2,
+        max_steps=6,
+        throughput_warmup_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=100,
+        dataloader_num_workers=0,
+    )
+    options.update(args)
+    trainer_options = {
+        "model": SlowModel(delay=0.03),
+        "train_dataset": SlowData(12, delay=0.01),
+        "image_mean": (0.5,) * 3,
+        "image_std": (0.25,) * 3,
+        **trainer_options,
+    }
+    return (trainer_class or extended_trainer_class())(args=WarmupTrainingArguments(**options), **trainer_options)
+
+
 def ranks_by_sorting(image_embeds, text_embeds, groups):
     """(image->text rank of each distinct image's best caption, text->image rank of each caption's image), 1-based."""
     groups = list(groups)

@@ -438,30 +438,9 @@ class PowerMeter:
 
 
 def real_training(tmp_path):
-    from bridgetower_bench.arguments import WarmupTrainingArguments
-    from helpers import SlowData, SlowModel, extended_trainer_class
+    from helpers import slow_trainer
 
-    ExtendedTrainer = extended_trainer_class()
-
-    args = WarmupTrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        max_steps=6,
-        throughput_warmup_steps=2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=100,
-        dataloader_num_workers=0,
-    )
-    trainer = ExtendedTrainer(
-        model=SlowModel(delay=0.03),
-        args=args,
-        train_dataset=SlowData(12, delay=0.01),
-        image_mean=(0.5,) * 3,
-        image_std=(0.25,) * 3,
-    )
-    return trainer.train().metrics
+    return slow_trainer(tmp_path).train().metrics
 
 
 def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tmp_path, monkeypatch):

@@ -7,10 +7,9 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback
 
-from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.measurement.throughput import ThroughputCallback, synchronize_device
 from bridgetower_bench.trainer import TrainerExtensions
-from helpers import SlowData, SlowModel, extended_trainer_class
+from helpers import SlowData, SlowModel, slow_trainer
 
 
 class FakeClock:
@@ -96,9 +95,6 @@ def test_window_ends_wait_for_the_device_and_no_other_step_does():
 # --- the same figures from a real transformers Trainer with an artificial per-step delay ----------------
 
 
-ExtendedTrainer = extended_trainer_class()
-
-
 class StepTimes(TrainerCallback):
     def __init__(self):
         self.times = {}
@@ -108,29 +104,9 @@ class StepTimes(TrainerCallback):
 
 
 def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
-    args = WarmupTrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        max_steps=6,
-        throughput_warmup_steps=2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=100,
-        dataloader_num_workers=0,
-    )
     model = SlowModel(delay=0.03)
     steps, after = StepTimes(), StepTimes()  # the step ends' clock just before the kit's callback, and just after
-    trainer = ExtendedTrainer(
-        model=model,
-        args=args,
-        train_dataset=SlowData(12, delay=0.01),
-        callbacks=[steps],
-        image_mean=(0.5, 0.5, 0.5),
-        image_std=(0.25, 0.25, 0.25),
-        loader="torch",
-        image_pipeline="fast",
-    )
+    trainer = slow_trainer(tmp_path, model=model, callbacks=[steps], loader="torch", image_pipeline="fast")
     trainer.add_callback(after)
     metrics = trainer.train().metrics
     window = metrics["throughput_counted_seconds"]
@@ -245,23 +221,12 @@ class EpochStartTrainer(TrainerExtensions, Trainer):
 
 def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_step(tmp_path):
     # 8 rows, batch 2: 4 steps per epoch; 11 steps with 2 warm-up: epochs begin at steps 1, 5 and 9.
-    args = WarmupTrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        max_steps=11,
-        throughput_warmup_steps=2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=100,
-        dataloader_num_workers=0,
-    )
-    trainer = EpochStartTrainer(
+    trainer = slow_trainer(
+        tmp_path,
+        EpochStartTrainer,
+        args={"max_steps": 11},
         model=SlowModel(delay=0.0),
-        args=args,
         train_dataset=SlowData(8, delay=0.0),
-        image_mean=(0.5, 0.5, 0.5),
-        image_std=(0.25, 0.25, 0.25),
     )
     trainer.slow_sampler = SlowEpochStarts(8, delay=0.3)
     metrics = trainer.train().metrics
