@@ -13,6 +13,7 @@ import torch
 from bridgetower_bench import published as experiment
 from bridgetower_bench.guards import gpu_memory as gm
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
+from helpers import trainer_on
 
 
 A100_40GB = ("NVIDIA A100-SXM4-40GB", 39.39)
@@ -157,33 +158,11 @@ class Rows(torch.utils.data.Dataset):
 
 
 def oom_trainer(fixtures, out, monkeypatch, fail_at_call):
-    from transformers import BridgeTowerForContrastiveLearning, Trainer
-
-    from bridgetower_bench import data
-    from bridgetower_bench.arguments import WarmupTrainingArguments
-    from bridgetower_bench.trainer import TrainerExtensions
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
-
     monkeypatch.setattr(gm, "on_gpu", lambda args: True)  # this CPU run plays a 40 GB GPU
     monkeypatch.setattr(gm, "device_memory", lambda device: A100_40GB)
     monkeypatch.setattr(gm, "_reached_gib", lambda error, device: 38.9)
-    args = WarmupTrainingArguments(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        max_steps=3,
-        use_cpu=True,
-        seed=3,
-        report_to="none",
-        save_strategy="steps",
-        save_steps=1,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=True,
-    )
-    model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-    forward, calls = model.forward, []
+    trainer = trainer_on(fixtures, Rows(), out, max_steps=3, save_strategy="steps", save_steps=1)
+    forward, calls = trainer.model.forward, []
 
     def running_out(*a, **k):
         calls.append(1)
@@ -193,15 +172,8 @@ def oom_trainer(fixtures, out, monkeypatch, fail_at_call):
             )
         return forward(*a, **k)
 
-    monkeypatch.setattr(model, "forward", running_out)
-    return BridgeTowerTrainer(
-        model=model,
-        args=args,
-        train_dataset=Rows(),
-        data_collator=data.collate_fn,
-        image_mean=(0.5,) * 3,
-        image_std=(0.5,) * 3,
-    )
+    monkeypatch.setattr(trainer.model, "forward", running_out)
+    return trainer
 
 
 def test_running_out_of_memory_in_the_first_step_is_one_line_and_nothing_is_saved(

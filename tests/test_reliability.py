@@ -224,39 +224,19 @@ class _DeleteImagesAfterFirstStep(TrainerCallback):
 
 
 def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
-    from transformers import AutoTokenizer, BridgeTowerForContrastiveLearning, Trainer
-
-    from bridgetower_bench.arguments import WarmupTrainingArguments
-    from bridgetower_bench.trainer import TrainerExtensions
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
+    from transformers import AutoTokenizer
 
     ds, paths = path_dataset(tmp_path / "images", 24, AutoTokenizer.from_pretrained(fixtures["model"]))
 
     def trainer(callbacks=()):
-        args = WarmupTrainingArguments(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=4,
+        return trainer_on(
+            fixtures,
+            ds,
+            tmp_path / "out",
+            callbacks,
             max_steps=6,
-            use_cpu=True,
-            seed=3,
-            report_to="none",
-            save_strategy="no",
             dataloader_num_workers=1,
             dataloader_prefetch_factor=1,
-            remove_unused_columns=False,
-            disable_tqdm=True,
-        )
-        model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-        return BridgeTowerTrainer(
-            model=model,
-            args=args,
-            train_dataset=ds,
-            data_collator=data.collate_fn,
-            image_mean=(0.5,) * 3,
-            image_std=(0.5,) * 3,
-            callbacks=list(callbacks),
         )
 
     with pytest.raises(ImageLoadError) as raised:
