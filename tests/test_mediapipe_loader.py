@@ -675,27 +675,34 @@ class RowRecordingModel(torch.nn.Module):
         return {"loss": loss, "logits": loss.reshape(1)}
 
 
-def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_path):
+def mediapipe_trainer(tmp_path, model, ds, extensions=False, **overrides):
+    """transformers' Trainer with the MediaPipe mixin (and the kit's TrainerExtensions and arguments where
+    `extensions`) on the CPU, batches of 3 (2 to evaluate), `ds` to train and evaluate on."""
     from transformers import Trainer, TrainingArguments
 
-    class MediaPipeTrainer(MediaPipeTrainerMixin, Trainer):
-        pass
+    from bridgetower_bench.arguments import WarmupTrainingArguments
+    from bridgetower_bench.trainer import TrainerExtensions
 
-    ds = attached_dataset(tmp_path / "images")
-    args = TrainingArguments(
+    options = dict(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=3,
         per_device_eval_batch_size=2,
-        num_train_epochs=2,
         use_cpu=True,
         report_to=[],
         remove_unused_columns=False,
         save_strategy="no",
-        dataloader_num_workers=2,
         disable_tqdm=True,
     )
+    args = (WarmupTrainingArguments if extensions else TrainingArguments)(**{**options, **overrides})
+    bases = (MediaPipeTrainerMixin, TrainerExtensions, Trainer) if extensions else (MediaPipeTrainerMixin, Trainer)
+    return type("MediaPipeTrainer", bases, {})(model=model, args=args, train_dataset=ds, eval_dataset=ds)
+
+
+def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_path):
     model = RowRecordingModel()
-    trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
+    trainer = mediapipe_trainer(
+        tmp_path, model, attached_dataset(tmp_path / "images"), num_train_epochs=2, dataloader_num_workers=2
+    )
     assert trainer.train().global_step == 6
     epochs = [sorted(sum(model.rows_seen[i : i + 3], [])) for i in (0, 3)]
     assert epochs == [list(range(len(COLOURS)))] * 2
@@ -706,28 +713,10 @@ def test_real_trainer_trains_and_evaluates_through_the_mixin(fake_habana, tmp_pa
 
 
 def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana, tmp_path):
-    from transformers import Trainer, TrainingArguments
-
-    class MediaPipeTrainer(MediaPipeTrainerMixin, Trainer):
-        pass
-
     ds = attached_dataset(tmp_path / "images")
     test_ds = attached_dataset(tmp_path / "images")
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=3,
-        per_device_eval_batch_size=2,
-        max_steps=6,
-        eval_strategy="steps",
-        eval_steps=2,
-        use_cpu=True,
-        report_to=[],
-        remove_unused_columns=False,
-        save_strategy="no",
-        disable_tqdm=True,
-    )
     model = RowRecordingModel()
-    trainer = MediaPipeTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds)
+    trainer = mediapipe_trainer(tmp_path, model, ds, max_steps=6, eval_strategy="steps", eval_steps=2)
     trainer.train()  # evaluates at steps 2, 4 and 6
     assert FakeMediaPipe.counts() == (2, 1)  # one training pipeline, released when train() returned; one eval
     for _ in range(3):
@@ -753,14 +742,6 @@ def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana,
 def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fake_habana, tmp_path, monkeypatch):
     import time
 
-    from transformers import Trainer
-
-    from bridgetower_bench.arguments import WarmupTrainingArguments
-    from bridgetower_bench.trainer import TrainerExtensions
-
-    class MediaPipeTrainer(MediaPipeTrainerMixin, TrainerExtensions, Trainer):
-        pass
-
     restarted_after_step = []
     restart = FakeIterator.__iter__
 
@@ -770,20 +751,8 @@ def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fa
         return restart(self)
 
     monkeypatch.setattr(FakeIterator, "__iter__", slow_restart)
-    args = WarmupTrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=3,
-        num_train_epochs=2,
-        use_cpu=True,
-        report_to="none",
-        remove_unused_columns=False,
-        save_strategy="no",
-        disable_tqdm=True,
-        throughput_warmup_steps=1,
-    )
-    trainer = MediaPipeTrainer(
-        model=RowRecordingModel(), args=args, train_dataset=attached_dataset(tmp_path / "images")
-    )
+    model, ds = RowRecordingModel(), attached_dataset(tmp_path / "images")
+    trainer = mediapipe_trainer(tmp_path, model, ds, extensions=True, num_train_epochs=2, throughput_warmup_steps=1)
     metrics = trainer.train().metrics
 
     steps_per_epoch = -(-len(COLOURS) // 3)

@@ -26,6 +26,7 @@ from helpers import (
     run_script,
     run_stopped_at,
     script_env,
+    trainer_on,
     wait_for_child,
 )
 from stop_at_rename import stop_at
@@ -204,19 +205,6 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
 # ---------------------------------------------------------------------------------------------
 
 
-def _trainer(fixtures, out):
-    from transformers import BridgeTowerForContrastiveLearning, Trainer
-
-    from bridgetower_bench.arguments import WarmupTrainingArguments
-    from bridgetower_bench.trainer import TrainerExtensions
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
-
-    args = WarmupTrainingArguments(output_dir=str(out), use_cpu=True, report_to="none", disable_tqdm=True)
-    return BridgeTowerTrainer(model=BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"]), args=args)
-
-
 def _make_generation(trainer, generation):
     """Set number `generation`: every weight equal to it, its loss and step too."""
     with torch.no_grad():
@@ -264,7 +252,7 @@ def test_a_kill_at_every_rename_and_removal_of_the_final_save_leaves_one_complet
     from transformers import AutoImageProcessor, AutoTokenizer
 
     out, pristine = tmp_path / "out", tmp_path / "pristine"
-    trainer = _trainer(fixtures, out)
+    trainer = trainer_on(fixtures, None, out)
     processors = (
         AutoTokenizer.from_pretrained(fixtures["model"]),
         AutoImageProcessor.from_pretrained(fixtures["model"]),
