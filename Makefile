@@ -66,11 +66,11 @@ coverage: not-in-habana-container $(VENV)/.installed-test
 # time into the runtime package and runs the tests that reached the mutated function.
 # MODULES="retrieval measurement.throughput": only these modules' mutants; MUTATE_TESTS="test_retrieval or
 # test_throughput": only these tests (pytest's -k); MUTATE_ARGS: more options of `mutmut run`, e.g. --max-children 1.
-# Results stay in mutants/ (git-ignored): `mutmut results` lists the survivors again, `mutmut show NAME` one's diff.
+# mutmut run ends with each mutant's result; they stay in mutants/ (git-ignored): `mutmut results` lists those not
+# killed, `mutmut show NAME` one's diff.
 mutate: not-in-habana-container $(VENV)/.installed-test
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTEST_ADDOPTS='$(if $(MUTATE_TESTS),-k "$(MUTATE_TESTS)")' \
 	$(VENV)/bin/mutmut run $(MUTATE_ARGS) $(foreach m,$(MODULES),"bridgetower_bench.$(m).*")
-	$(VENV)/bin/mutmut results
 
 fixtures: $(VENV)/.installed-cuda
 	$(PY) -m bridgetower_bench.tools.fixtures
