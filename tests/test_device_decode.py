@@ -437,39 +437,10 @@ def test_decode_ahead_close_waits_for_the_batch_read_ahead():
 # ------------------------------------------------------------------------------------------------------
 
 
-def test_gpu_ceiling_trains_on_a_fixed_batch_and_saves_throughput(fixtures, tmp_path):
+def test_gpu_ceiling_trains_on_a_fixed_batch_saves_throughput_and_profiles_the_steps_after_the_warm_up(
+    fixtures, tmp_path
+):
     from gpu_ceiling import CEILING_LOADER, main
-
-    metrics = main(
-        [
-            "--model_name_or_path",
-            str(fixtures["model"]),
-            "--output_dir",
-            str(tmp_path),
-            "--use_cpu",
-            "--per_device_train_batch_size",
-            "2",
-            "--max_steps",
-            "3",
-            "--throughput_warmup_steps",
-            "1",
-            "--max_seq_length",
-            "16",
-            "--report_to",
-            "none",
-            "--save_strategy",
-            "no",
-        ]
-    )
-    assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
-    assert metrics["loader"] == CEILING_LOADER
-    assert (tmp_path / "train_results.json").exists()
-    with pytest.raises(ValueError, match="--max_steps"):
-        main(["--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu"])
-
-
-def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
-    from gpu_ceiling import main
 
     common = [
         "--model_name_or_path",
@@ -488,10 +459,15 @@ def test_gpu_ceiling_profiles_the_steps_after_the_warm_up(fixtures, tmp_path):
         "--save_strategy",
         "no",
     ]
-    main(common + ["--output_dir", str(tmp_path), "--profile_steps", "2"])
+    metrics = main(common + ["--output_dir", str(tmp_path), "--profile_steps", "2"])
+    assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
+    assert metrics["loader"] == CEILING_LOADER
+    assert (tmp_path / "train_results.json").exists()
     table = (tmp_path / "profile.txt").read_text()
     assert table.startswith("profiled 2 optimizer step(s) on cpu:")
     assert "aten::" in table and "Self CPU" in table  # the operators that took the time
     assert '"traceEvents"' in (tmp_path / "profile_trace.json").read_text()[:2000]
+    with pytest.raises(ValueError, match="--max_steps"):
+        main(["--model_name_or_path", str(fixtures["model"]), "--output_dir", str(tmp_path), "--use_cpu"])
     with pytest.raises(ValueError, match="--profile_steps 3 must be 0, or fit after the 1 warm-up steps"):
         main(common + ["--output_dir", str(tmp_path / "too_many"), "--profile_steps", "3"])
