@@ -264,7 +264,7 @@ class _SignalDuringLastEvaluation(TrainerCallback):
     def on_prediction_step(self, args, state, control, **kwargs):
         if state.global_step == state.max_steps and not getattr(self, "sent", False):
             self.sent = True
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
 
 
 def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops(fixtures, tmp_path):
@@ -331,7 +331,7 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
         if ending == "failed there":
             raise _FailAfterTraining(split)
         if ending != "published":
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
         return log_metrics(self, split, metrics)
 
     monkeypatch.setattr(transformers.Trainer, "log_metrics", log_metrics_then)
@@ -424,9 +424,9 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
     with catching(stop):
         stop.on_step_end(args, state, control)
         assert not control.should_training_stop
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         with pytest.raises(resilience.StoppedAtOnce) as at_once:  # a second Ctrl-C interrupts at once
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         assert at_once.value.signum == signal.SIGINT and isinstance(at_once.value, KeyboardInterrupt)
         stop.on_step_end(args, state, control)
     assert control.should_save and control.should_training_stop
@@ -741,7 +741,7 @@ def test_the_first_signal_says_what_happens_next(caplog):
         with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
             step = 10 if last_step_done else 4
             stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         assert said in caplog.text and "(send it again to stop at once)" in caplog.text
         assert stop.received == signal.SIGINT
 
@@ -814,7 +814,7 @@ def test_a_signal_during_the_first_step_of_a_second_train_call_stops_training(ca
     stop = resilience.StopOnSignal()
     stop.training_done = True  # what the trainer sets once a first train() call finished
     with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
-        os.kill(os.getpid(), signal.SIGINT)  # before the first step of the next call ends
+        signal.raise_signal(signal.SIGINT)  # before the first step of the next call ends
     assert "SIGINT received: training stops and saves a checkpoint after the current step" in caplog.text
 
 
