@@ -414,7 +414,7 @@ def catching(stop):
         stop.restore()
 
 
-def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once():
+def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(ctrl_c_raises):
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     stop = resilience.StopOnSignal()
