@@ -18,7 +18,7 @@ from PIL import Image
 
 from bridgetower_bench import published
 from bridgetower_bench.tools import bench
-from bridgetower_bench.tools.sweep import bench_report
+from bridgetower_bench.tools.sweep import bench_report, chart_report, published_report, scaling_report
 from bridgetower_bench.tools.sweep import commands as sweep_commands
 from bridgetower_bench.tools.sweep import plan as sweep_plan
 from bridgetower_bench.tools.sweep import presets as sweep_presets
@@ -692,7 +692,7 @@ def test_rows_that_ran_other_library_versions_are_named_in_the_table():
 
 
 def test_vs_published_lines_up_node_per_device_and_speedups():
-    text = bench_report.render_vs_published(
+    text = published_report.render_vs_published(
         bench_report.summarise(HAND_MADE), {"preset": "blog", "model": published.MODEL}
     )
 
@@ -939,7 +939,7 @@ def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
         {**rows[-1], "requested_loader": "device_decode", "loader": "device_decode", "image_pipeline": "upstream"}
     )
 
-    groups, series = bench_report.chart_groups(bench_report.summarise(rows))
+    groups, series = chart_report.chart_groups(bench_report.summarise(rows))
 
     assert groups == ["workers=0", "workers=1", "workers=2"]
     assert [label for label, _, _ in series] == ["upstream images", "+ device_decode", "fast images"]
@@ -1192,10 +1192,10 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     for r, usd in zip(rows, (1.0, 1.1, 1.3, 0.2)):
         r["usd_per_1m_samples"] = usd
     summary = bench_report.summarise(rows)
-    bench_report.add_scaling_efficiency(summary)
+    scaling_report.add_scaling_efficiency(summary)
     assert [r.get("scaling_efficiency") for r in rows] == [1.0, 0.9, 0.75, None]  # workers=1: one size, no curve
 
-    section = bench_report.render_scaling(summary)
+    section = scaling_report.render_scaling(summary)
     assert (
         "| configuration | device | devices | samples/s per device | scaling efficiency | samples/s (all) |" in section
     )
@@ -1203,11 +1203,11 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     assert "| workers=0 | H100 | 2 | 9.00 | 90% | 18.0 | 25% | 1.10 |" in section
     assert "| workers=0 | H100 | 4 | 7.50 | 75% | 30.0 | 25% | 1.30 |" in section
     assert "workers=1" not in section
-    assert bench_report.render_scaling_chart(summary, tmp_path / "chart_scaling.png")
+    assert scaling_report.render_scaling_chart(summary, tmp_path / "chart_scaling.png")
     assert (tmp_path / "chart_scaling.png").stat().st_size > 1000
 
     alone = bench_report.summarise(rows[3:])
-    assert bench_report.render_scaling(alone) == "" and not bench_report.render_scaling_chart(
+    assert scaling_report.render_scaling(alone) == "" and not scaling_report.render_scaling_chart(
         alone, tmp_path / "x.png"
     )
 
@@ -1218,24 +1218,24 @@ def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is
 
     quiet = {"other_cpu_cores": 0.1, "cpu_count": 2}  # others kept 5% of the 2 cores busy: not a busy machine
     rows = [{**cpu_row(1.0, 1), **quiet}, {**cpu_row(16.58, 2), **quiet}]  # 829%, the measured point
-    section = bench_report.render_scaling(bench_report.summarise(rows))
+    section = scaling_report.render_scaling(bench_report.summarise(rows))
     assert "| workers=0 | CPU | 1 | 1.00 | 100% |" in section
     assert "| workers=0 | CPU | 2 | 8.29 | n/a: above 100% |" in section and "829%" not in section
     assert '"n/a: above 100%": more devices cannot add more per device' in section and "busy machine" not in section
 
     rows[0].update(other_cpu_cores=0.5, cpu_threads=2)  # the baseline: others took a quarter of the machine, 2 threads
     rows[1].update(train_samples_per_second=1.8, train_samples_per_second_per_device=0.9)  # 90%: plausible, no result
-    section = bench_report.render_scaling(bench_report.summarise(rows))
+    section = scaling_report.render_scaling(bench_report.summarise(rows))
     assert "| workers=0 | CPU | 1 | 1.00 | n/a: busy machine |" in section
     assert "| workers=0 | CPU | 2 | 0.90 | n/a: threads differ, busy machine |" in section
     assert '"n/a: busy machine": while this point or its one-device run trained' in section
     assert '"n/a: threads differ"' in section and "above 100%" not in section
-    assert bench_report.render_scaling_chart(bench_report.summarise(rows), tmp_path / "chart_scaling.png")
+    assert scaling_report.render_scaling_chart(bench_report.summarise(rows), tmp_path / "chart_scaling.png")
 
     for r in rows:  # GPU runs: their CPU threads are no measure of them (torchrun gives each rank 1)
         r.update(device_type="cuda", other_cpu_cores=0.15)  # 0.15 of 2 cores: not above 10%
-    assert "| workers=0 | CPU | 2 | 0.90 | 90% |" in bench_report.render_scaling(bench_report.summarise(rows))
-    assert "n/a" not in bench_report.render_scaling(bench_report.summarise(rows))
+    assert "| workers=0 | CPU | 2 | 0.90 | 90% |" in scaling_report.render_scaling(bench_report.summarise(rows))
+    assert "n/a" not in scaling_report.render_scaling(bench_report.summarise(rows))
 
 
 # ---------------------------------------------------------------------------------------------

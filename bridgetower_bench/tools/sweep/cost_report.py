@@ -96,64 +96,76 @@ def render_table_sections(summary: Summary, prices: Prices) -> str:
     """The cost section (with prices) and the energy section (when the runs recorded energy), or ""."""
     parts = []
     if prices:
-        priced = [(device, price) for device in summary.devices if (price := cell_price(summary, device, prices))]
-        rows = [
-            [device, f"{price.device}: {price.usd_per_hour:g} USD/h"]
-            + [
-                f"{usd(c[0])} per 1M; {usd(c[1])} run" if (c := cell_cost(summary, device, column, prices)) else "-"
-                for column in summary.columns
-            ]
-            for device, price in priced
-        ]
-        parts += [
-            "",
-            "## Cost at the prices given (USD, at the median samples/s)",
-            "",
-            f"Per 1M training samples, then the published run ({published.EXPERIMENT} = "
-            f"{published.SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
-            f"start-up or evaluation). Prices: {prices.describe()}.",
-            "",
-        ]
-        parts.append(
-            _markdown_table(["device", "price"] + summary.columns, rows)
-            if rows
-            else "No device of this sweep has a price."
-        )
-        unpriced = [device for device in summary.devices if device not in dict(priced)]
-        if unpriced and rows:
-            parts += ["", f"No price given for: {', '.join(unpriced)}."]
+        parts += _cost_section(summary, prices)
     if _any_energy(summary):
-        parts += [
-            "",
-            "## Energy over the counted window (median)",
-            "",
-            "Joules per training sample and average watts per device, read from the device's counter over exactly the "
-            "steps samples/s counts (bridgetower_bench/measurement/energy.py): `nvml-energy` (NVIDIA board counter), "
-            "`hlml-power-sampled` (Gaudi power, sampled), `rapl` (CPU packages: the whole CPU, loader workers and "
-            "every other process on it included).",
-            "",
-        ]
-        rows, reasons = [], {}
-        for device in summary.devices:
-            cells = []
-            for column in summary.columns:
-                energy = cell_energy(summary, device, column)
-                if energy is None:
-                    cells.append("-")
-                elif "reasons" in energy:
-                    cells.append(NOT_MEASURED)
-                    known = reasons.setdefault(device, [])
-                    known += [reason for reason in energy["reasons"] if reason not in known]
-                else:
-                    cells.append(
-                        f"{energy['joules_per_sample']:.3g} J/sample, {energy['watts_per_device']:.3g} W per device "
-                        f"({', '.join(energy['sources'])})"
-                    )
-            rows.append([device] + cells)
-        parts.append(_markdown_table(["device"] + summary.columns, rows))
-        for device, device_reasons in reasons.items():
-            parts += ["", f"Not measured on {device}: {'; '.join(device_reasons)}."]
+        parts += _energy_section(summary)
     return "\n".join(parts) + ("\n" if parts else "")
+
+
+def _cost_section(summary: Summary, prices: Prices) -> list[str]:
+    """table.md's cost of each cell at the prices given, per 1M samples and for the published run."""
+    priced = [(device, price) for device in summary.devices if (price := cell_price(summary, device, prices))]
+    rows = [
+        [device, f"{price.device}: {price.usd_per_hour:g} USD/h"]
+        + [
+            f"{usd(c[0])} per 1M; {usd(c[1])} run" if (c := cell_cost(summary, device, column, prices)) else "-"
+            for column in summary.columns
+        ]
+        for device, price in priced
+    ]
+    parts = [
+        "",
+        "## Cost at the prices given (USD, at the median samples/s)",
+        "",
+        f"Per 1M training samples, then the published run ({published.EXPERIMENT} = "
+        f"{published.SAMPLES:,} samples) on the row's devices, at steady-state speed (no warm-up, "
+        f"start-up or evaluation). Prices: {prices.describe()}.",
+        "",
+    ]
+    parts.append(
+        _markdown_table(["device", "price"] + summary.columns, rows)
+        if rows
+        else "No device of this sweep has a price."
+    )
+    unpriced = [device for device in summary.devices if device not in dict(priced)]
+    if unpriced and rows:
+        parts += ["", f"No price given for: {', '.join(unpriced)}."]
+    return parts
+
+
+def _energy_section(summary: Summary) -> list[str]:
+    """table.md's energy of each cell over the counted window, and why a device's was not measured."""
+    parts = [
+        "",
+        "## Energy over the counted window (median)",
+        "",
+        "Joules per training sample and average watts per device, read from the device's counter over exactly the "
+        "steps samples/s counts (bridgetower_bench/measurement/energy.py): `nvml-energy` (NVIDIA board counter), "
+        "`hlml-power-sampled` (Gaudi power, sampled), `rapl` (CPU packages: the whole CPU, loader workers and "
+        "every other process on it included).",
+        "",
+    ]
+    rows, reasons = [], {}
+    for device in summary.devices:
+        cells = []
+        for column in summary.columns:
+            energy = cell_energy(summary, device, column)
+            if energy is None:
+                cells.append("-")
+            elif "reasons" in energy:
+                cells.append(NOT_MEASURED)
+                known = reasons.setdefault(device, [])
+                known += [reason for reason in energy["reasons"] if reason not in known]
+            else:
+                cells.append(
+                    f"{energy['joules_per_sample']:.3g} J/sample, {energy['watts_per_device']:.3g} W per device "
+                    f"({', '.join(energy['sources'])})"
+                )
+        rows.append([device] + cells)
+    parts.append(_markdown_table(["device"] + summary.columns, rows))
+    for device, device_reasons in reasons.items():
+        parts += ["", f"Not measured on {device}: {'; '.join(device_reasons)}."]
+    return parts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +202,28 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
     """vs_published.md's cost section: this sweep's priced devices beside the priced published ones."""
     if not prices:
         return ""
+    tables = _beside_published_costs(summary, prices)
+    parts = [
+        "",
+        "## Cost at the prices given (USD)",
+        "",
+        f"Prices: {prices.describe()}. This run: its median samples/s on its own devices; published: the post's "
+        f"whole-node samples/s on {published.DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
+        "",
+        "### Per 1M training samples",
+        "",
+        tables[0],
+        "",
+        f"### The published run ({published.EXPERIMENT} = {published.SAMPLES:,} samples)",
+        "",
+        tables[1],
+    ]
+    return "\n".join(parts + _ci_baselines_costs(prices)) + "\n"
+
+
+def _beside_published_costs(summary: Summary, prices: Prices) -> list[str]:
+    """vs_published.md's two cost tables, USD per 1M samples and for the published run: our priced devices beside
+    the priced published ones, one row per configuration."""
     ours = [d for d in summary.devices if cell_price(summary, d, prices)]
     priced = [d for d in published.THROUGHPUT if prices.for_published(d)]
     rows_order = list(summary.columns) + [c for c in published.CONFIGS if c not in summary.columns]
@@ -222,33 +256,23 @@ def render_vs_published_section(summary: Summary, prices: Prices) -> str:
                 ],
             )
         )
-    parts = [
-        "",
-        "## Cost at the prices given (USD)",
-        "",
-        f"Prices: {prices.describe()}. This run: its median samples/s on its own devices; published: the post's "
-        f"whole-node samples/s on {published.DEVICES} devices. Steady-state speed: no warm-up, start-up or evaluation.",
-        "",
-        "### Per 1M training samples",
-        "",
-        tables[0],
-        "",
-        f"### The published run ({published.EXPERIMENT} = {published.SAMPLES:,} samples)",
-        "",
-        tables[1],
-    ]
+    return tables
+
+
+def _ci_baselines_costs(prices: Prices) -> list[str]:
+    """vs_published.md's cost of upstream's CI baselines at the prices given, or nothing where none is priced."""
     ci = [c for c in published_costs(prices) if c["configuration"] == "upstream CI"]
-    if ci:
-        parts += [
-            "",
-            "### Upstream's CI baselines",
-            "",
-            _markdown_table(
-                ["device", "USD per 1M samples", "USD, published run"],
-                [[c["device"], usd(c["usd_per_1m_samples"]), usd(c["usd_published_experiment"])] for c in ci],
-            ),
-        ]
-    return "\n".join(parts) + "\n"
+    if not ci:
+        return []
+    return [
+        "",
+        "### Upstream's CI baselines",
+        "",
+        _markdown_table(
+            ["device", "USD per 1M samples", "USD, published run"],
+            [[c["device"], usd(c["usd_per_1m_samples"]), usd(c["usd_published_experiment"])] for c in ci],
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

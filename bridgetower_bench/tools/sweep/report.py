@@ -1,4 +1,4 @@
-"""The sweep's report: table.md, vs_published.md and the charts, from bench_report.py and cost_report.py."""
+"""The sweep's report: table.md, vs_published.md and the charts, from the *_report.py modules beside this one."""
 
 from __future__ import annotations
 
@@ -7,14 +7,10 @@ from pathlib import Path
 
 from bridgetower_bench.output_dir.atomic_files import write_atomically
 from bridgetower_bench.tools.sweep import cost_report
-from bridgetower_bench.tools.sweep.bench_report import (
-    render_chart,
-    render_scaling,
-    render_scaling_chart,
-    render_table,
-    render_vs_published,
-    summarise,
-)
+from bridgetower_bench.tools.sweep.bench_report import render_table, summarise
+from bridgetower_bench.tools.sweep.chart_report import render_chart
+from bridgetower_bench.tools.sweep.published_report import render_vs_published
+from bridgetower_bench.tools.sweep.scaling_report import render_scaling, render_scaling_chart
 
 
 def render_all(out: Path, rows: Sequence[Mapping], meta: Mapping) -> str:

@@ -21,10 +21,11 @@ from filelock import FileLock, Timeout
 from bridgetower_bench.output_dir import run_directory
 from bridgetower_bench.output_dir.atomic_files import atomic_path, write_atomically, write_json_atomically
 from bridgetower_bench.regular_files import read_regular_file
-from bridgetower_bench.tools.sweep.bench_report import OK, add_scaling_efficiency, summarise
+from bridgetower_bench.tools.sweep.bench_report import OK, summarise
 from bridgetower_bench.tools.sweep.commands import Plan, Variant, shareable_args
 from bridgetower_bench.tools.sweep.cost import COST_COLUMNS, cost_fields
 from bridgetower_bench.tools.sweep.rows import DEVICE_KEYS, RUN_FIGURES, read_json
+from bridgetower_bench.tools.sweep.scaling_report import add_scaling_efficiency
 from bridgetower_bench.user_errors import UserInputError
 
 
