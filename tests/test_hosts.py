@@ -166,6 +166,7 @@ def test_the_gaudi_launcher_refuses_what_is_no_host_or_port(gaudi_node, hostfile
         (["--rdzv_endpoint", "gpu-a;touch${IFS}X:29500"], "--rdzv_endpoint: 'gpu-a;touch${IFS}X' has ';'"),
         (["--rdzv_endpoint=-oProxyCommand=x"], "--rdzv_endpoint: '-oProxyCommand=x' starts with '-'"),
         (["--master_addr", "a b"], "--master_addr: 'a b' has ' '"),
+        (["--rdzv_conf", "join_timeout=soon"], "--nnodes 2 / --rdzv_conf join_timeout=soon: a node count"),
     ],
 )
 def test_the_cuda_launcher_refuses_what_is_no_host_or_port(tmp_path, argv, message):

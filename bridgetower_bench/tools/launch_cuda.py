@@ -80,10 +80,16 @@ def rendezvous_settings(args) -> tuple[int, int]:
     """The job's most nodes and the longest this node waits for them: torchrun's join_timeout (default 600 s, a
     cluster's nodes starting minutes apart) plus its store's read_timeout (default 60 s), as --rdzv_conf sets them."""
     conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if "=" in item)
-    seconds = sum(
-        int(float(conf.get(name, default))) for name, default in (("join_timeout", 600), ("read_timeout", 60))
-    )
-    return torchrun.parse_min_max_nnodes(args.nnodes)[1], seconds
+    try:
+        seconds = sum(
+            int(float(conf.get(name, default))) for name, default in (("join_timeout", 600), ("read_timeout", 60))
+        )
+        nodes = torchrun.parse_min_max_nnodes(args.nnodes)[1]
+    except ValueError:
+        raise UserInputError(
+            f"--nnodes {args.nnodes} / --rdzv_conf {args.rdzv_conf}: a node count (N or MIN:MAX) and timeouts in seconds"
+        ) from None
+    return nodes, seconds
 
 
 def endpoint_problem(args) -> Optional[str]:
@@ -186,11 +192,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     line = address_refusal(args) or refusal([args.training_script, *args.training_script_args])
     if not line and args.rdzv_backend == "c10d" and args.rdzv_endpoint and not args.standalone:
         line = endpoint_problem(args)
+    try:
+        nodes, seconds = rendezvous_settings(args)
+    except UserInputError as error:
+        line = line or f"{PROG}: error: {error}"
     if line:
         print(line, file=sys.stderr, flush=True)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # every process's threads, whatever the processes per node
-    nodes, seconds = rendezvous_settings(args)
     if nodes > 1 and not args.standalone:
         watch_the_rendezvous(args, nodes, seconds)
     try:
