@@ -86,7 +86,7 @@ class RunOutput:
             if problem is not None:  # (the older checkpoints are kept: this one cannot replace them)
                 logger.warning(f"{checkpoint} does not count for resuming: {problem}")
                 return
-        self._rotate_checkpoints(state.best_model_checkpoint)
+        self._rotate(state.best_model_checkpoint)
 
     @contextmanager
     def published(self) -> Iterator[str]:
@@ -167,7 +167,7 @@ class RunOutput:
         written = set(run_directory.read_record(self.args.output_dir)["written"])
         return [path for path in run_directory.checkpoints(self.args.output_dir) if os.path.basename(path) in written]
 
-    def _rotate_checkpoints(self, best: Optional[str]) -> None:
+    def _rotate(self, best: Optional[str]) -> None:
         """--save_total_limit as the Trainer keeps it (the newest, and the best one before it), over ours only."""
         limit = self.save_total_limit
         checkpoints = self._written_checkpoints()
