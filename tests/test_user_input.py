@@ -20,6 +20,9 @@ from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script
 
 
+SCRIPT = "run_bridgetower_cuda.py: error: "
+
+
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose header says width x height and whose pixel data is empty: enough to read its size."""
 
@@ -30,212 +33,133 @@ def png_header(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
 
 
+def cuda_args(model, *flags, **values):
+    """A CPU training run of the CUDA script on `model` that reports nowhere: then `flags`, then --name value
+    for each of `values`."""
+    args = ["--model_name_or_path", model, "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"], *flags]
+    return args + [word for name, value in values.items() for word in (f"--{name}", value)]
+
+
+def load_raw(tmp_path, **given):
+    """data.load_raw_datasets with nothing given but `given`."""
+    nothing = dict(dataset_name=None, dataset_config_name=None, data_dir=None, train_file=None, validation_file=None)
+    return data.load_raw_datasets(
+        **{**nothing, **given}, dataset_revision="main", cache_dir=str(tmp_path / "hf"), token=None
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # One line, exit status 2, nothing written: the refusals that come before anything is loaded
 # ---------------------------------------------------------------------------------------------
 
+# (flag, value, what the line says after "--flag=value: "): numbers no run can use, refused at step 1 whatever the
+# flag (torch or numpy once ended them in a traceback after the model loaded), and counts below their minimum
+BAD_NUMBERS = [
+    ("learning_rate", "nan", "must be a finite number"),
+    ("max_grad_norm", "inf", "must be a finite number"),
+    ("seed", -1, "a seed must be between 0 and 4294967295"),
+    ("seed", 2**32, "a seed must be between 0 and 4294967295"),
+    ("max_train_samples", 10**30, "beyond the 64-bit integers a run can use"),
+    ("max_train_samples", 0, "must be positive"),
+    ("per_device_train_batch_size", 0, "must be positive"),
+    ("per_device_eval_batch_size", -1, "must be positive"),
+    ("dataloader_num_workers", -1, "must be at least 0"),
+    ("max_seq_length", 0, "must be positive"),
+    ("max_seq_length", -5, "must be positive"),
+    ("max_image_pixels", 0, "must be positive"),
+]
+
+ONE_OBJECT = "a configuration file holds one JSON object mapping argument names to values"
+# name -> (the file's text, the line after "error: "); a text beginning with "," follows the members of a valid
+# configuration of the same run (one value changed); {config} is the file's path
+CONFIGURATIONS = {
+    "json learning_rate NaN": (', "learning_rate": NaN}', "--learning_rate=nan: must be a finite number"),
+    "json seed 10**30": (f', "seed": {10**30}}}', f"--seed={10**30}: a seed must be between 0 and 4294967295"),
+    "json seed 1e30": (', "seed": 1e30}', '{config}: "seed" is 1e+30 (a number), expected an integer'),
+    "json output_dir empty": (
+        ', "output_dir": ""}',
+        "--output_dir='' is empty: give the directory the run writes into",
+    ),
+    "malformed json configuration": (
+        '{"model_name_or_path": ',
+        "{config}: not valid JSON (Expecting value: line 1 column 24 (char 23))",
+    ),
+    "json configuration holding a list": ('["use_habana", "output_dir"]', f"{{config}}: {ONE_OBJECT}"),
+    "json configuration holding a number": ("5", f"{{config}}: {ONE_OBJECT}"),
+}
+
+OTHER_EARLY = [
+    "output_dir empty",
+    "output_dir that is a regular file",
+    "output_dir under a regular file",
+    "no data flag",
+    "data file of an unknown format",
+    "persistent workers without workers",
+    "gaudi-only flag",
+    "a value TrainingArguments refuses",
+]
+
 
 def early_refusals(model, tmp_path):
-    """name -> (args, the exact stderr line), for inputs refused before the data or the model is loaded."""
+    """name -> (args, the line after "error: "), for inputs refused before the data or the model is loaded."""
     good = tmp_path / "good.csv"
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
-    out = tmp_path / "out"
-    common = [
-        "--model_name_or_path",
-        model,
-        "--train_file",
-        good,
-        "--do_train",
-        "--report_to",
-        "none",
-        *CPU_FLAGS["cuda"],
-    ]
-    malformed, listed, number = tmp_path / "malformed.json", tmp_path / "list.json", tmp_path / "number.json"
-    malformed.write_text('{"model_name_or_path": ')
-    listed.write_text('["use_habana", "output_dir"]')
-    number.write_text("5")
-    a_file = tmp_path / "results.txt"
+    out, a_file = tmp_path / "out", tmp_path / "results.txt"
     a_file.write_text("the user's own file")
-    script = "run_bridgetower_cuda.py: error: "
-    configured = {  # one value changed in a JSON configuration of the same run
-        "model_name_or_path": str(model),
-        "train_file": str(good),
-        "do_train": True,
-        "report_to": "none",
-        "use_cpu": True,
-        "output_dir": str(out),
+    common = cuda_args(model, train_file=good)
+    valid = {"model_name_or_path": str(model), "train_file": str(good), "do_train": True, "report_to": "none"}
+    valid.update(use_cpu=True, output_dir=str(out))
+    cases = {
+        f"{flag} {value}": ([*common, "--output_dir", out, f"--{flag}", value], f"--{flag}={value}: {message}")
+        for flag, value, message in BAD_NUMBERS
     }
-
-    def configuration(name, text):
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(configured)[:-1] + f", {text}}}")
-        return [path]
-
+    for number, (name, (text, line)) in enumerate(CONFIGURATIONS.items()):
+        config = tmp_path / f"{number}.json"
+        config.write_text(json.dumps(valid)[:-1] + text if text.startswith(",") else text)
+        cases[name] = ([config], line.replace("{config}", str(config)))
     return {
-        # numbers no run can use, refused at step 1 whatever the flag (torch or numpy once ended them in a traceback
-        # after the model loaded)
-        "learning_rate nan": (
-            [*common, "--output_dir", out, "--learning_rate", "nan"],
-            f"{script}--learning_rate=nan: must be a finite number",
-        ),
-        "max_grad_norm inf": (
-            [*common, "--output_dir", out, "--max_grad_norm", "inf"],
-            f"{script}--max_grad_norm=inf: must be a finite number",
-        ),
-        "seed -1": (
-            [*common, "--output_dir", out, "--seed", -1],
-            f"{script}--seed=-1: a seed must be between 0 and 4294967295",
-        ),
-        "seed 2**32": (
-            [*common, "--output_dir", out, "--seed", 2**32],
-            f"{script}--seed=4294967296: a seed must be between 0 and 4294967295",
-        ),
-        "max_train_samples beyond 64 bits": (
-            [*common, "--output_dir", out, "--max_train_samples", 10**30],
-            f"{script}--max_train_samples={10**30}: beyond the 64-bit integers a run can use",
-        ),
+        **cases,
         "output_dir empty": (
             [*common, "--output_dir", ""],
-            f"{script}--output_dir='' is empty: give the directory the run writes into",
-        ),
-        "json learning_rate NaN": (
-            configuration("nan", '"learning_rate": NaN'),
-            f"{script}--learning_rate=nan: must be a finite number",
-        ),
-        "json seed 10**30": (
-            configuration("seed", f'"seed": {10**30}'),
-            f"{script}--seed={10**30}: a seed must be between 0 and 4294967295",
-        ),
-        "json seed 1e30": (
-            configuration("seed-float", '"seed": 1e30'),
-            f'{script}{tmp_path / "seed-float.json"}: "seed" is 1e+30 (a number), expected an integer',
-        ),
-        "json output_dir empty": (
-            configuration("empty", '"output_dir": ""'),
-            f"{script}--output_dir='' is empty: give the directory the run writes into",
-        ),
-        "malformed json configuration": (
-            [malformed],
-            f"{script}{malformed}: not valid JSON (Expecting value: line 1 column 24 (char 23))",
-        ),
-        "json configuration holding a list": (
-            [listed],
-            f"{script}{listed}: a configuration file holds one JSON object mapping argument names to values",
-        ),
-        "json configuration holding a number": (
-            [number],
-            f"{script}{number}: a configuration file holds one JSON object mapping argument names to values",
+            "--output_dir='' is empty: give the directory the run writes into",
         ),
         "output_dir that is a regular file": (
             [*common, "--output_dir", a_file],
-            f"{script}--output_dir={a_file} is a file, not a directory",
+            f"--output_dir={a_file} is a file, not a directory",
         ),
         "output_dir under a regular file": (
             [*common, "--output_dir", a_file / "run"],
-            f"{script}--output_dir={a_file / 'run'} cannot be created: {a_file} is a file",
+            f"--output_dir={a_file / 'run'} cannot be created: {a_file} is a file",
         ),
         "no data flag": (
-            [
-                "--model_name_or_path",
-                model,
-                "--output_dir",
-                out,
-                "--do_train",
-                "--report_to",
-                "none",
-                *CPU_FLAGS["cuda"],
-            ],
-            f"{script}Need either --dataset_name or --train_file / --validation_file.",
+            cuda_args(model, output_dir=out),
+            "Need either --dataset_name or --train_file / --validation_file.",
         ),
         "data file of an unknown format": (
             [*common, "--output_dir", out, "--validation_file", tmp_path / "captions.txt"],
-            f"{script}--validation_file={tmp_path / 'captions.txt'}: unsupported file extension '.txt'; use one of "
+            f"--validation_file={tmp_path / 'captions.txt'}: unsupported file extension '.txt'; use one of "
             ".csv, .json, .jsonl",
-        ),
-        "max_train_samples 0": (
-            [*common, "--output_dir", out, "--max_train_samples", 0],
-            f"{script}--max_train_samples=0: must be positive",
-        ),
-        "train batch size 0": (
-            [*common, "--output_dir", out, "--per_device_train_batch_size", 0],
-            f"{script}--per_device_train_batch_size=0: must be positive",
-        ),
-        "eval batch size -1": (
-            [*common, "--output_dir", out, "--per_device_eval_batch_size", -1],
-            f"{script}--per_device_eval_batch_size=-1: must be positive",
-        ),
-        "dataloader_num_workers -1": (
-            [*common, "--output_dir", out, "--dataloader_num_workers", -1],
-            f"{script}--dataloader_num_workers=-1: must be at least 0",
-        ),
-        "max_seq_length 0": (
-            [*common, "--output_dir", out, "--max_seq_length", 0],
-            f"{script}--max_seq_length=0: must be positive",
-        ),
-        "max_seq_length -5": (
-            [*common, "--output_dir", out, "--max_seq_length", -5],
-            f"{script}--max_seq_length=-5: must be positive",
         ),
         "persistent workers without workers": (
             [*common, "--output_dir", out, "--dataloader_persistent_workers", "True", "--dataloader_num_workers", 0],
-            f"{script}--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more (with 0 the main "
+            "--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more (with 0 the main "
             "process loads, and there are no workers to keep)",
-        ),
-        "max_image_pixels 0": (
-            [*common, "--output_dir", out, "--max_image_pixels", 0],
-            f"{script}--max_image_pixels=0: must be positive",
         ),
         "gaudi-only flag": (
             [*common, "--output_dir", out, "--use_habana"],
-            f"{script}--use_habana is Gaudi-only (Habana HPU) and not supported by run_bridgetower_cuda.py; remove it, "
+            "--use_habana is Gaudi-only (Habana HPU) and not supported by run_bridgetower_cuda.py; remove it, "
             "or run run_bridgetower.py on a Gaudi machine.",
         ),
         "a value TrainingArguments refuses": (
-            [
-                *common,
-                "--output_dir",
-                out,
-                "--load_best_model_at_end",
-                "--eval_strategy",
-                "steps",
-                "--save_strategy",
-                "epoch",
-            ],
+            [*common, "--output_dir", out, "--load_best_model_at_end", "--eval_strategy", "steps"]
+            + ["--save_strategy", "epoch"],
             None,
         ),
     }
 
 
-EARLY = [
-    "learning_rate nan",
-    "max_grad_norm inf",
-    "seed -1",
-    "seed 2**32",
-    "max_train_samples beyond 64 bits",
-    "output_dir empty",
-    "json learning_rate NaN",
-    "json seed 10**30",
-    "json seed 1e30",
-    "json output_dir empty",
-    "malformed json configuration",
-    "json configuration holding a list",
-    "json configuration holding a number",
-    "output_dir that is a regular file",
-    "output_dir under a regular file",
-    "no data flag",
-    "data file of an unknown format",
-    "max_train_samples 0",
-    "train batch size 0",
-    "eval batch size -1",
-    "dataloader_num_workers -1",
-    "max_seq_length 0",
-    "max_seq_length -5",
-    "max_image_pixels 0",
-    "persistent workers without workers",
-    "gaudi-only flag",
-    "a value TrainingArguments refuses",
-]
+EARLY = [f"{flag} {value}" for flag, value, _ in BAD_NUMBERS] + list(CONFIGURATIONS) + OTHER_EARLY
 
 
 @pytest.mark.parametrize("case", EARLY)
@@ -246,26 +170,23 @@ def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtur
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     if expected is None:  # transformers' own message, passed on as one line
-        assert last.startswith("run_bridgetower_cuda.py: error: ") and "load_best_model_at_end" in last, last
+        assert last.startswith(SCRIPT) and "load_best_model_at_end" in last, last
     else:
-        assert last == expected
+        assert last == SCRIPT + expected
     # Nothing was written: no output directory, and the user's file is as it was.
     assert not (tmp_path / "out").exists()
     assert (tmp_path / "results.txt").read_text() == "the user's own file"
 
 
 def test_flag_guard_leaves_unreadable_configurations_to_the_parser(tmp_path):
-    for name, text in (
-        ("bad.json", "{"),
-        ("list.json", '["use_habana"]'),
-        ("number.json", "5"),
-        ("ok.json", '{"use_habana": true}'),
+    for name, text, named in (
+        ("bad.json", "{", []),
+        ("list.json", '["use_habana"]', []),  # a list names no flag
+        ("number.json", "5", []),
+        ("ok.json", '{"use_habana": true}', ["--use_habana"]),
     ):
         (tmp_path / name).write_text(text)
-    assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "bad.json")]) == []
-    assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "list.json")]) == []  # a list names no flag
-    assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "number.json")]) == []
-    assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / "ok.json")]) == ["--use_habana"]
+        assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / name)]) == named, name
 
 
 def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(capsys, monkeypatch):
@@ -289,23 +210,13 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
 
 
 def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path):
+    flags = script_flags(fixtures, model_name_or_path=None)
     status, stderr = run_cuda_script(
-        [
-            *script_flags(fixtures),
-            "--max_seq_length",
-            2,
-            "--output_dir",
-            tmp_path / "out",
-            "--do_train",
-            "--report_to",
-            "none",
-            *CPU_FLAGS["cuda"],
-        ]
+        cuda_args(fixtures["model"], *flags, max_seq_length=2, output_dir=tmp_path / "out")
     )
     assert status == 2
     assert stderr.strip().splitlines()[-1] == (
-        "run_bridgetower_cuda.py: error: --max_seq_length=2 leaves no room for a caption: "
-        "the tokenizer adds 2 special tokens; use at least 3"
+        f"{SCRIPT}--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3"
     )
     assert not (tmp_path / "out").exists()
 
@@ -341,41 +252,17 @@ def test_unreadable_data_files_are_named_in_one_line(case, tmp_path):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(UserInputError) as refused:
-        data.load_raw_datasets(
-            dataset_name=None,
-            dataset_config_name=None,
-            dataset_revision="main",
-            data_dir=None,
-            train_file=str(path),
-            validation_file=None,
-            cache_dir=str(tmp_path / "hf"),
-            token=None,
-        )
+        load_raw(tmp_path, train_file=str(path))
     assert str(refused.value) == expected.format(path)
 
 
 def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path):
     path = tmp_path / "train.csv"
     path.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
-    status, stderr = run_cuda_script(
-        [
-            "--model_name_or_path",
-            fixtures["model"],
-            "--train_file",
-            path,
-            "--output_dir",
-            tmp_path / "out",
-            "--do_train",
-            "--report_to",
-            "none",
-            *CPU_FLAGS["cuda"],
-        ]
-    )
+    status, stderr = run_cuda_script(cuda_args(fixtures["model"], train_file=path, output_dir=tmp_path / "out"))
     assert status == 2
     assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == "run_bridgetower_cuda.py: error: " + BAD_FILES["invalid UTF-8 csv"][
-        2
-    ].format(path)
+    assert stderr.strip().splitlines()[-1] == SCRIPT + BAD_FILES["invalid UTF-8 csv"][2].format(path)
     assert not (tmp_path / "out").exists()
 
 
@@ -385,16 +272,7 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
     with pytest.raises(
         UserInputError, match=r"^--dataset_name=.*set: cannot be read: 'utf-8' codec can't decode byte 0xff"
     ):
-        data.load_raw_datasets(
-            dataset_name=str(tmp_path / "set"),
-            dataset_config_name=None,
-            dataset_revision="main",
-            data_dir=None,
-            train_file=None,
-            validation_file=None,
-            cache_dir=str(tmp_path / "hf"),
-            token=None,
-        )
+        load_raw(tmp_path, dataset_name=str(tmp_path / "set"))
     two_rows = datasets.DatasetDict(
         {"train": datasets.Dataset.from_dict({"image": ["a", "b"], "caption": ["x", "y"]})}
     )
@@ -408,17 +286,7 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
 
 
 def load_csv(path, tmp_path, image_column="image_path"):
-    return data.load_raw_datasets(
-        dataset_name=None,
-        dataset_config_name=None,
-        dataset_revision="main",
-        data_dir=None,
-        train_file=str(path),
-        validation_file=None,
-        cache_dir=str(tmp_path / "hf"),
-        token=None,
-        image_column=image_column,
-    )["train"]
+    return load_raw(tmp_path, train_file=str(path), image_column=image_column)["train"]
 
 
 def relative_csv(tmp_path, n_rows=1200, empty_row=None):
@@ -510,30 +378,12 @@ def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_pa
         (tmp_path / f"{i}.jpg").write_bytes(noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
         rows.append(f"{tmp_path / f'{i}.jpg'},picture {i}")
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    args = [
-        "--model_name_or_path",
-        fixtures["model"],
-        "--train_file",
-        tmp_path / "train.csv",
-        "--do_train",
-        "--report_to",
-        "none",
-        "--per_device_train_batch_size",
-        2,
-        "--max_steps",
-        1,
-        "--save_strategy",
-        "no",
-        "--max_image_pixels",
-        150_000,
-        "--preflight_cache_dir",
-        tmp_path / "preflight",
-        *CPU_FLAGS["cuda"],
-    ]
+    args = cuda_args(fixtures["model"], train_file=tmp_path / "train.csv", per_device_train_batch_size=2, max_steps=1)
+    args += ["--save_strategy", "no", "--max_image_pixels", 150_000, "--preflight_cache_dir", tmp_path / "preflight"]
     status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "refused"])
     assert status == 2
     assert "Traceback" not in stderr
-    error = stderr[stderr.index("run_bridgetower_cuda.py: error: ") :].strip().splitlines()
+    error = stderr[stderr.index(SCRIPT) :].strip().splitlines()
     assert re.fullmatch(r"run_bridgetower_cuda.py: error: \d+ bad rows? found before training .*", error[0])
     assert all(
         line.startswith("  split 'train' row ")
@@ -611,30 +461,8 @@ def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch):
         "image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4))
     )
     unwritable_home(tmp_path, monkeypatch)
-    status, stderr = run_cuda_script(
-        [
-            "--model_name_or_path",
-            fixtures["model"],
-            "--train_file",
-            tmp_path / "train.csv",
-            "--do_train",
-            "--report_to",
-            "none",
-            "--per_device_train_batch_size",
-            2,
-            "--max_steps",
-            1,
-            "--save_strategy",
-            "no",
-            "--image_pipeline",
-            "fast",
-            "--cache_decoded_images",
-            "--cache_dir",
-            tmp_path / "hf",
-            "--output_dir",
-            tmp_path / "out",
-            *CPU_FLAGS["cuda"],
-        ]
-    )
+    args = cuda_args(fixtures["model"], "--cache_decoded_images", train_file=tmp_path / "train.csv", max_steps=1)
+    args += ["--per_device_train_batch_size", 2, "--save_strategy", "no", "--image_pipeline", "fast"]
+    status, stderr = run_cuda_script([*args, "--cache_dir", tmp_path / "hf", "--output_dir", tmp_path / "out"])
     assert status == 0, stderr[-3000:]
     assert (tmp_path / "out" / "train_results.json").exists()
