@@ -20,7 +20,7 @@ import pytest
 from bridgetower_bench import arguments, preflight, regular_files
 from bridgetower_bench.images import images
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import REPO, noise_jpeg, run_tool, script_env
+from helpers import CPU_FLAGS, REPO, noise_jpeg, run_cuda_script, run_script, run_tool, script_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +66,8 @@ CONFIG_REFUSALS = {
 }
 
 
-def _script_parser():
+@pytest.fixture(scope="module")
+def script_parser():
     """The CUDA script's own argument dataclasses, parsed as its step 1 does."""
     import runpy
 
@@ -76,11 +77,6 @@ def _script_parser():
     return HfArgumentParser(
         (names["ModelArguments"], names["DataTrainingArguments"], names["arguments"].WarmupTrainingArguments)
     )
-
-
-@pytest.fixture(scope="module")
-def script_parser():
-    return _script_parser()
 
 
 BASE_CONFIG = {"model_name_or_path": "a-model", "train_file": "train.csv", "do_train": True}
@@ -113,28 +109,9 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
     }
     config.write_text(json.dumps(values))
     model_args, data_args, training_args = arguments.parse_arguments(script_parser, ["script.py", str(config)])
-    flags = [
-        "script.py",
-        "--model_name_or_path",
-        "a-model",
-        "--train_file",
-        "train.csv",
-        "--do_train",
-        "--output_dir",
-        str(tmp_path / "out"),
-        "--learning_rate",
-        "1",
-        "--lr_scheduler_type",
-        "cosine",
-        "--report_to",
-        "none",
-        "--log_level",
-        "info",
-        "--num_train_epochs",
-        "2",
-        "--image_pipeline",
-        "fast",
-    ]
+    flags = "script.py --model_name_or_path a-model --train_file train.csv --do_train --learning_rate 1".split()
+    flags += "--lr_scheduler_type cosine --report_to none --log_level info --num_train_epochs 2".split()
+    flags += ["--image_pipeline", "fast", "--output_dir", str(tmp_path / "out")]
     from_flags = arguments.parse_arguments(script_parser, flags)
     assert training_args.overwrite_output_dir is False and training_args.learning_rate == 1.0
     assert training_args.lr_scheduler_type == from_flags[2].lr_scheduler_type
@@ -144,8 +121,6 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
 
 def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
     """What used to happen: "overwrite_output_dir": "false" was taken as true."""
-    from helpers import run_script
-
     config = tmp_path / "run.json"
     config.write_text(
         json.dumps(
@@ -178,8 +153,6 @@ def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtu
 def test_a_configuration_or_data_file_that_is_a_fifo_is_refused_without_waiting(kind, tmp_path, within_seconds):
     """Four readers of a .json configuration (the flag guard, the GPU check, the execution mode, the parser) once
     opened it as it was: a FIFO blocked the script forever."""
-    from helpers import CPU_FLAGS, run_script
-
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
     result = run_script(kind, [fifo], check=False)
@@ -397,6 +370,11 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     assert [n for _, _, names in os.walk(tmp_path / "cache") for n in names] == []
 
 
+def _flags(args: dict) -> list:
+    """--name value for each argument (None: a flag without a value)."""
+    return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
+
+
 def _train_args(fixtures, output_dir, **extra):
     args = {
         **script_arguments(fixtures),
@@ -414,11 +392,13 @@ def _train_args(fixtures, output_dir, **extra):
         "use_cpu": None,
         **extra,
     }
-    return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
+    return _flags(args)
 
 
-def _error_line(stderr: str) -> str:
-    """The run's one-line error (a progress bar may be redrawn after it, or stand before it on its line)."""
+def _error_line(status: int, stderr: str) -> str:
+    """The one-line error of a run that ended with status 2 and no traceback (a progress bar may be redrawn after
+    the line, or stand before it on its line)."""
+    assert status == 2 and "Traceback" not in stderr, (status, stderr[-3000:])
     mark = "run_bridgetower_cuda.py: error: "
     lines = [mark + line.partition(mark)[2] for line in stderr.splitlines() if mark in line]  # (a bar may precede it)
     assert lines, stderr[-3000:]
@@ -431,13 +411,10 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
     from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
     from bridgetower_bench.output_dir.run_directory import checkpoints
-    from helpers import run_script
 
     out = small_filesystem(11 * 1024) / "out"
     result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    last = _error_line(result.stderr)
+    last = _error_line(result.returncode, result.stderr)
     assert last.startswith(
         f"run_bridgetower_cuda.py: error: disk full while writing a checkpoint ({out / 'checkpoint-2'}): "
     )
@@ -451,14 +428,10 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
 
 def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_published(fixtures, small_filesystem):
     """Real small filesystem: training (no checkpoints) fits, the final model does not."""
-    from helpers import run_script
-
     disk = small_filesystem(1024)
     out = disk / "out"
     result = run_script("cuda", _train_args(fixtures, out, save_strategy="no", max_steps=1), check=False, timeout=600)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    last = _error_line(result.stderr)
+    last = _error_line(result.returncode, result.stderr)
     assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing the final results into {out} (")
     assert last.endswith(
         "free on its filesystem; the partial files were removed; the results published before are intact"
@@ -501,32 +474,26 @@ def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, mo
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_path):
-    """What used to happen: the file changed with its size and modification time as before (written within one tick
-    of the filesystem's clock, or its mtime set back), and the cached verdict was reused."""
-    path = tmp_path / "a.jpg"
-    good = noise_jpeg(0)
-    path.write_bytes(good)
-    splits = {"train": datasets.Dataset.from_dict({"image": [str(path)], "caption": ["a caption"]})}
-    assert preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0] == []
-    before = os.stat(path)
-    path.write_bytes(b"\0" * len(good))  # garbage of the same size
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    problems = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0]
-    assert [(p.row, p.reason.split(":")[0]) for p in problems] == [(0, f"cannot decode image file {str(path)!r}")]
-
-
-def test_a_file_replaced_by_another_of_the_same_size_and_times_is_checked_again(tmp_path):
+@pytest.mark.parametrize("replaced", [False, True], ids=["rewritten in place", "replaced by another file"])
+def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_path, replaced):
+    """What used to happen: the file changed (rewritten, or another file renamed over it) with its size and
+    modification time as before (written within one tick of the filesystem's clock, or its mtime set back), and the
+    cached verdict was reused."""
     path, other = tmp_path / "a.jpg", tmp_path / "b.jpg"
     good = noise_jpeg(0)
     path.write_bytes(good)
     other.write_bytes(good[:100] + b"\0" * (len(good) - 100))
-    stat = os.stat(path)
-    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = os.stat(path)
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
     splits = {"train": datasets.Dataset.from_dict({"image": [str(path)], "caption": ["a caption"]})}
     assert preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0] == []
-    os.replace(other, path)
-    assert len(preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0]) == 1
+    if replaced:
+        os.replace(other, path)
+    else:
+        path.write_bytes(b"\0" * len(good))  # garbage of the same size
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    problems = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")[0]
+    assert [(p.row, p.reason.split(":")[0]) for p in problems] == [(0, f"cannot decode image file {str(path)!r}")]
 
 
 def _csv_data(tmp_path, rows=8):
@@ -538,13 +505,17 @@ def _csv_data(tmp_path, rows=8):
     return data_file
 
 
+def _csv_run_args(fixtures, tmp_path, data_file, **extra):
+    """A CPU training run of the tiny model on `data_file` into tmp_path/out."""
+    args = {"model_name_or_path": fixtures["model"], "train_file": data_file, "output_dir": tmp_path / "out", **extra}
+    return _flags({**args, "do_train": None, "report_to": "none", "use_cpu": None, "dataloader_num_workers": 0})
+
+
 def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
-    fixtures, tmp_path, capsys, monkeypatch
+    fixtures, tmp_path, monkeypatch
 ):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
-    from helpers import run_cuda_script
-
     data_file = _csv_data(tmp_path)
     original = preflight.check_splits
     changed = None
@@ -558,31 +529,12 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         return checked
 
-    common = [
-        "--model_name_or_path",
-        fixtures["model"],
-        "--train_file",
-        data_file,
-        "--output_dir",
-        tmp_path / "out",
-        "--do_train",
-        "--per_device_train_batch_size",
-        8,
-        "--max_steps",
-        1,
-        "--report_to",
-        "none",
-        "--use_cpu",
-        "--dataloader_num_workers",
-        0,
-        "--preflight_cache_dir",
-        tmp_path / "preflight",
-    ]
+    common = _csv_run_args(
+        fixtures, tmp_path, data_file, per_device_train_batch_size=8, max_steps=1, preflight_cache_dir=tmp_path / "pre"
+    )
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
     status, stderr = run_cuda_script(common)
-    assert status == 2, stderr[-3000:]
-    assert "Traceback" not in stderr
-    assert _error_line(stderr).startswith(
+    assert _error_line(status, stderr).startswith(
         f"run_bridgetower_cuda.py: error: split 'train': cannot decode image from {str(changed)!r}"
     )
     assert (
@@ -601,23 +553,10 @@ def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tm
     recipe (--drop_bad_rows false -> true). Each rerun it now advises is run as written."""
     from transformers.trainer_callback import CallbackHandler
 
-    from helpers import run_cuda_script, run_script
-
     data_file = _csv_data(tmp_path)
     out = tmp_path / "out"
-    common = [
-        *["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", out, "--do_train"],
-        *["--per_device_train_batch_size", 4, "--num_train_epochs", 2, "--save_strategy", "no", "--seed", 3],
-        *[
-            "--report_to",
-            "none",
-            "--use_cpu",
-            "--dataloader_num_workers",
-            0,
-            "--preflight_cache_dir",
-            tmp_path / "pre",
-        ],
-    ]
+    common = _csv_run_args(fixtures, tmp_path, data_file, per_device_train_batch_size=4, num_train_epochs=2)
+    common += _flags({"save_strategy": "no", "seed": 3, "preflight_cache_dir": tmp_path / "pre"})
     broken, kept = tmp_path / "images" / "0.jpg", (tmp_path / "images" / "0.jpg").read_bytes()
     step_end = CallbackHandler.on_step_end
 
@@ -629,8 +568,7 @@ def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tm
     with monkeypatch.context() as patched:
         patched.setattr(CallbackHandler, "on_step_end", break_an_image_after_step_1)
         status, stderr = run_cuda_script(common)
-    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
-    line = _error_line(stderr)
+    line = _error_line(status, stderr)
     advice = re.fullmatch(
         r".*\(training stopped after step \d+; checkpoint saved in .*checkpoint-\d+\)\. Restore the image and rerun the "
         r"same command to resume, or rerun with (--drop_bad_rows --overwrite_output_dir) to train afresh without its rows\.",
@@ -673,11 +611,10 @@ def places(tmp_path):
     }
 
 
+OUTPUT_DIR_IS_A_FILE = "--output_dir={file} is a file, not a directory"
+JSON_IS_A_DIRECTORY = "--json={dir} is a directory; give a file name to write"
 TOOL_CASES = {
-    "compare --json <a directory>": (
-        ["compare", "{run}", "--json", "{dir}"],
-        "--json={dir} is a directory; give a file name to write",
-    ),
+    "compare --json <a directory>": (["compare", "{run}", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
     "compare --json under a file": (
         ["compare", "{run}", "--json", "{under_file}/x.json"],
         "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory",
@@ -691,14 +628,8 @@ TOOL_CASES = {
         "--out={under_file}: cannot create the directory: {file} is a file, not a directory",
     ),
     "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], "--out={file} is a file, not a directory"),
-    "image_bench --json <a directory>": (
-        ["image_bench", "--json", "{dir}"],
-        "--json={dir} is a directory; give a file name to write",
-    ),
-    "cache_memory_bench --json <a directory>": (
-        ["cache_memory_bench", "--json", "{dir}"],
-        "--json={dir} is a directory; give a file name to write",
-    ),
+    "image_bench --json <a directory>": (["image_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
+    "cache_memory_bench --json <a directory>": (["cache_memory_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
     "device_decode_check <a missing image>": (
         ["device_decode_check", "{missing}"],
         "images={missing}: No such file or directory",
@@ -707,30 +638,24 @@ TOOL_CASES = {
         ["device_decode_check", "{dir}"],
         "images={dir}: not a regular file: directory",
     ),
-    "gaudi_check --output_dir <a file>": (
-        ["gaudi_check", "--output_dir", "{file}"],
-        "--output_dir={file} is a file, not a directory",
-    ),
+    "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
     "gaudi_check --json <a directory>": (
         ["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
-        "--json={dir} is a directory; give a file name to write",
+        JSON_IS_A_DIRECTORY,
     ),
-    "nvidia_check --output_dir <a file>": (
-        ["nvidia_check", "--output_dir", "{file}"],
-        "--output_dir={file} is a file, not a directory",
-    ),
+    "nvidia_check --output_dir <a file>": (["nvidia_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
     "nvidia_check --json <a directory>": (
         ["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
-        "--json={dir} is a directory; give a file name to write",
+        JSON_IS_A_DIRECTORY,
     ),
     "cluster_check --json <a directory>": (
         ["cluster_check", "--nodes", "localhost", "--output_dir", "{dir}", "--json", "{dir}"],
-        "--json={dir} is a directory; give a file name to write",
+        JSON_IS_A_DIRECTORY,
     ),
     "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
     "gpu_ceiling --output_dir <a file>": (
         ["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
-        "--output_dir={file} is a file, not a directory",
+        OUTPUT_DIR_IS_A_FILE,
     ),
     "gpu_ceiling --model_name_or_path <a missing directory>": (
         ["gpu_ceiling", "--model_name_or_path", "{missing}", "--output_dir", "{dir}"],
@@ -771,13 +696,18 @@ TOOL_CASES = {
 }
 
 
-def _tool_case(case, places, tmp_path):
-    """The tool and arguments of TOOL_CASES[case] with the places filled in, and the line it must print."""
-    args, expected = TOOL_CASES[case]
+def _run_dir(tmp_path):
+    """A finished run's directory, as `compare` reads it."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
-    fill = {**{k: str(v) for k, v in places.items()}, "run": str(run)}
+    return run
+
+
+def _tool_case(case, places, tmp_path):
+    """The tool and arguments of TOOL_CASES[case] with the places filled in, and the line it must print."""
+    args, expected = TOOL_CASES[case]
+    fill = {**{k: str(v) for k, v in places.items()}, "run": str(_run_dir(tmp_path))}
     tool, *rest = args
     return tool, [a.format(**fill) for a in rest], expected and f"{tool}: error: {expected.format(**fill)}"
 
@@ -807,9 +737,7 @@ def test_a_tools_bad_path_ends_its_process_with_status_2(places, tmp_path):
 def test_a_tool_never_writes_over_a_device_and_a_full_disk_ends_in_one_line(places, small_filesystem, tmp_path):
     """As root (Habana's container) an atomic --json write once renamed its file over a device node such as
     /dev/full; a full disk ended in a traceback (write() names no file)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    run = _run_dir(tmp_path)
     if os.geteuid() == 0:
         device = tmp_path / "full"
         os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # what /dev/full is
@@ -882,9 +810,7 @@ def read_only_place(tmp_path):
     ],
 )
 def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_only_place, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "all_results.json").write_text(json.dumps({"train_samples_per_second": 10.0}))
+    run = _run_dir(tmp_path)
     target = read_only_place / "out"
     result = run_tool(tool, [a.format(run=run) for a in args] + [target], cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])

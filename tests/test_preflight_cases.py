@@ -33,14 +33,7 @@ def test_a_bad_image_shown_in_several_rows_is_reported_and_dropped_in_every_row(
         "validation": datasets.Dataset.from_dict({"image": paths, "caption": [f"val {i}" for i in range(len(paths))]}),
     }
     problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
-    assert image_rows(problems) == [
-        ("train", 0),
-        ("train", 2),
-        ("train", 4),
-        ("validation", 0),
-        ("validation", 2),
-        ("validation", 3),
-    ]
+    assert image_rows(problems) == [("train", row) for row in (0, 2, 4)] + [("validation", row) for row in (0, 2, 3)]
     assert all(p.reason == f"missing image file {gone!r}" for p in problems if p.split == "validation")
 
     with pytest.raises(ValueError, match=r"^6 bad rows found before training"):
@@ -92,15 +85,8 @@ def test_cells_with_neither_bytes_nor_a_path_are_bad_rows(tmp_path):
     path_cells = datasets.Dataset.from_dict({"image": [None, str(tmp_path / "ok.jpg"), ""], "caption": ["c"] * 3})
     splits = {"train": structs, "validation": empty_cells, "test": path_cells}
     problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=tmp_path / "cache")
-    assert image_rows(problems) == [
-        ("train", 1),
-        ("train", 2),
-        ("train", 3),
-        ("validation", 0),
-        ("validation", 2),
-        ("test", 0),
-        ("test", 2),
-    ]
+    rows = {"train": (1, 2, 3), "validation": (0, 2), "test": (0, 2)}
+    assert image_rows(problems) == [(split, row) for split in rows for row in rows[split]]
     assert {p.reason for p in problems} == {"no image (empty cell: neither embedded bytes nor a path)"}
     kept = preflight.check_splits(splits, "image", "caption", drop_bad_rows=True, cache_dir=tmp_path / "cache")
     assert [len(kept[split]) for split in splits] == [2, 1, 1]
@@ -270,40 +256,20 @@ def test_a_directory_given_as_an_image_file_is_named_with_the_reason(tmp_path):
 def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_path):
     from types import SimpleNamespace
 
+    limits = ["max_seq_length", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"]  # None: no limit
+    sizes = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"]
+
     def arguments(**values):
-        data_args = SimpleNamespace(
-            max_seq_length=None,
-            max_train_samples=None,
-            max_eval_samples=None,
-            preprocessing_num_workers=None,
-            max_image_pixels=1,
-        )
-        training_args = SimpleNamespace(
-            per_device_train_batch_size=1,
-            per_device_eval_batch_size=1,
-            gradient_accumulation_steps=1,
-            dataloader_num_workers=0,
-            output_dir=str(tmp_path / "out"),
-            do_train=False,
-            max_steps=-1,
-            num_train_epochs=3.0,
-        )
+        data_args = SimpleNamespace(**dict.fromkeys(limits), max_image_pixels=1)
+        others = dict(dataloader_num_workers=0, output_dir=str(tmp_path / "out"), do_train=False, max_steps=-1)
+        training_args = SimpleNamespace(**dict.fromkeys(sizes, 1), **others, num_train_epochs=3.0)
         for name, value in values.items():
             setattr(data_args if hasattr(data_args, name) else training_args, name, value)
         return data_args, training_args
 
     check_arguments(*arguments())  # every count at its minimum
-    check_arguments(*arguments(max_seq_length=1, max_train_samples=1, max_eval_samples=1, preprocessing_num_workers=1))
-    for name in (
-        "max_seq_length",
-        "max_train_samples",
-        "max_eval_samples",
-        "preprocessing_num_workers",
-        "max_image_pixels",
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-    ):
+    check_arguments(*arguments(**dict.fromkeys(limits, 1)))
+    for name in [*limits, "max_image_pixels", *sizes]:
         with pytest.raises(ValueError, match=rf"^--{name}=0: must be positive$"):
             check_arguments(*arguments(**{name: 0}))
     with pytest.raises(ValueError, match=r"^--dataloader_num_workers=-1: must be at least 0$"):
