@@ -13,12 +13,16 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import pytest
 
-from bridgetower_bench import arguments, preflight, regular_files
-from bridgetower_bench.images import images
+from bridgetower_bench import arguments, data, preflight, regular_files
+from bridgetower_bench.images import image_cache, images
+from bridgetower_bench.output_dir import disk_space
+from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
+from bridgetower_bench.output_dir.run_directory import checkpoints
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import CPU_FLAGS, REPO, noise_jpeg, run_cuda_script, run_script, run_tool, script_env
 
@@ -122,18 +126,9 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
 def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
     """What used to happen: "overwrite_output_dir": "false" was taken as true."""
     config = tmp_path / "run.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_name_or_path": str(fixtures["model"]),
-                "dataset_name": str(fixtures["dataset"]),
-                "output_dir": str(tmp_path / "out"),
-                "do_train": True,
-                "overwrite_output_dir": "false",
-                "use_cpu": True,
-            }
-        )
-    )
+    run = {"model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"])}
+    run.update(output_dir=str(tmp_path / "out"), do_train=True, overwrite_output_dir="false", use_cpu=True)
+    config.write_text(json.dumps(run))
     result = run_script("cuda", [config], check=False, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -171,21 +166,22 @@ def test_a_configuration_or_data_file_that_is_a_fifo_is_refused_without_waiting(
     ), result.stderr[-3000:]
 
 
-def _special_files(tmp_path):
+@pytest.fixture
+def special_files(tmp_path):
     """name -> (a path that is not a regular file, the reason a row showing it gets)."""
     fifo = tmp_path / "fifo.jpg"
     os.mkfifo(fifo)
     directory = tmp_path / "folder.jpg"
     directory.mkdir()
     sock_path = tmp_path / "socket.jpg"
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(sock_path))
-    return sock, {
-        "FIFO": (str(fifo), "not a regular file: FIFO"),
-        "directory": (str(directory), "not a regular file: directory"),
-        "device": ("/dev/zero", "not a regular file: character device"),
-        "socket": (str(sock_path), "not a regular file: socket"),
-    }
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        yield {
+            "FIFO": (str(fifo), "not a regular file: FIFO"),
+            "directory": (str(directory), "not a regular file: directory"),
+            "device": ("/dev/zero", "not a regular file: character device"),
+            "socket": (str(sock_path), "not a regular file: socket"),
+        }
 
 
 CHECK_SPECIAL_FILES = """
@@ -201,32 +197,21 @@ print(json.dumps([[p.row, p.reason] for p in problems]))
 
 
 @pytest.mark.parametrize("num_proc", [1])
-def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, num_proc):
+def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(
+    tmp_path, num_proc, special_files
+):
     """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
     subprocess with a timeout: before the fix this test would otherwise hang.)"""
-    sock, cases = _special_files(tmp_path)
+    cases = special_files
     good = tmp_path / "good.jpg"
     good.write_bytes(noise_jpeg(0))
     names = sorted(cases)
-    try:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                CHECK_SPECIAL_FILES,
-                str(REPO),
-                json.dumps([cases[n][0] for n in names]),
-                str(good),
-                str(tmp_path / "cache"),
-                str(num_proc),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env={**script_env(False), "OMP_NUM_THREADS": "1"},
-        )
-    finally:
-        sock.close()
+    paths = json.dumps([cases[n][0] for n in names])
+    argv = [str(REPO), paths, str(good), str(tmp_path / "cache"), str(num_proc)]
+    env = {**script_env(False), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_SPECIAL_FILES, *argv], capture_output=True, text=True, timeout=240, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = dict((row, reason) for row, reason in json.loads(result.stdout.strip().splitlines()[-1]))
     assert found == {
@@ -248,17 +233,13 @@ def within_seconds():
     signal.signal(signal.SIGALRM, previous)
 
 
-def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path, within_seconds):
+def test_image_loading_refuses_what_is_not_a_regular_file_without_reading_it(special_files, within_seconds):
     """Before the fix, loading the FIFO blocked forever and /dev/zero was read until memory ran out."""
-    sock, cases = _special_files(tmp_path)
-    try:
-        for path, reason in cases.values():
-            for load in (images.load_image, images.make_image_transform("fast", 32, (), ())):
-                with pytest.raises(ValueError) as refused:
-                    load(path)
-                assert str(refused.value) == f"cannot read image file {path!r}: {reason}"
-    finally:
-        sock.close()
+    for path, reason in special_files.values():
+        for load in (images.load_image, images.make_image_transform("fast", 32, (), ())):
+            with pytest.raises(ValueError) as refused:
+                load(path)
+            assert str(refused.value) == f"cannot read image file {path!r}: {reason}"
 
 
 def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch, within_seconds):
@@ -343,10 +324,6 @@ def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning
 def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, monkeypatch, caplog):
     """Simulated full disk (runs everywhere): the reservation fails, the build is skipped with the warning and
     leaves no file; nothing was written through the mapping first."""
-    from types import SimpleNamespace
-
-    from bridgetower_bench import data
-    from bridgetower_bench.images import image_cache
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -355,11 +332,8 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     monkeypatch.setattr(image_cache.os, "posix_fallocate", full)
     monkeypatch.setattr(image_cache, "_decode_into", lambda *a, **k: decoded.append(1))
     rows = [{"bytes": noise_jpeg(i), "path": None} for i in range(3)]
-    splits = {
-        "train": datasets.Dataset.from_dict(
-            {"image": rows}, features=datasets.Features({"image": datasets.Image(decode=False)})
-        )
-    }
+    features = datasets.Features({"image": datasets.Image(decode=False)})
+    splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=features)}
     args = SimpleNamespace(
         decoded_image_cache_dir=str(tmp_path / "cache"), image_pipeline="fast", preprocessing_num_workers=1
     )
@@ -409,9 +383,6 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
     fixtures, small_filesystem
 ):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
-    from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
-    from bridgetower_bench.output_dir.run_directory import checkpoints
-
     out = small_filesystem(11 * 1024) / "out"
     result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
     last = _error_line(result.returncode, result.stderr)
@@ -443,8 +414,6 @@ def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_publis
 def test_disk_full_is_recognised_in_each_form_the_writers_report_it(tmp_path, monkeypatch):
     """Simulated (runs everywhere): OSError ENOSPC/EDQUOT, safetensors' text, torch.save's errno-less failure on a
     filesystem left with almost nothing free; other failures pass through unchanged."""
-    from bridgetower_bench.output_dir import disk_space
-
     assert disk_space.is_disk_full(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
     assert disk_space.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
     assert disk_space.is_disk_full(
@@ -611,6 +580,7 @@ def places(tmp_path):
     }
 
 
+OUT_IS_A_FILE = "--out={file} is a file, not a directory"
 OUTPUT_DIR_IS_A_FILE = "--output_dir={file} is a file, not a directory"
 JSON_IS_A_DIRECTORY = "--json={dir} is a directory; give a file name to write"
 TOOL_CASES = {
@@ -619,15 +589,12 @@ TOOL_CASES = {
         ["compare", "{run}", "--json", "{under_file}/x.json"],
         "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory",
     ),
-    "fixtures --out <a file>": (
-        ["fixtures", "gaudi-config", "--out", "{file}"],
-        "--out={file} is a file, not a directory",
-    ),
+    "fixtures --out <a file>": (["fixtures", "gaudi-config", "--out", "{file}"], OUT_IS_A_FILE),
     "fixtures --out under a file": (
         ["fixtures", "gaudi-config", "--out", "{under_file}"],
         "--out={under_file}: cannot create the directory: {file} is a file, not a directory",
     ),
-    "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], "--out={file} is a file, not a directory"),
+    "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], OUT_IS_A_FILE),
     "image_bench --json <a directory>": (["image_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
     "cache_memory_bench --json <a directory>": (["cache_memory_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
     "device_decode_check <a missing image>": (
@@ -783,13 +750,8 @@ def read_only_place(tmp_path):
     any directory whatever its mode), else a directory without write permission."""
     place = tmp_path / "read-only"
     place.mkdir()
-    mounted = (
-        os.geteuid() == 0
-        and subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)], capture_output=True
-        ).returncode
-        == 0
-    )
+    mount = ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)]
+    mounted = os.geteuid() == 0 and subprocess.run(mount, capture_output=True).returncode == 0
     if not mounted:
         place.chmod(0o555)
         if os.access(place, os.W_OK):

@@ -5,9 +5,12 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import datasets
 import pytest
+from transformers import HfArgumentParser
 
 from bridgetower_bench import preflight
 from bridgetower_bench.arguments import check_arguments, parse_arguments
@@ -254,8 +257,6 @@ def test_a_directory_given_as_an_image_file_is_named_with_the_reason(tmp_path):
 
 
 def test_every_count_flag_is_refused_below_its_minimum_and_accepted_at_it(tmp_path):
-    from types import SimpleNamespace
-
     limits = ["max_seq_length", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"]  # None: no limit
     sizes = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"]
 
@@ -328,10 +329,6 @@ def test_budget_boundaries_row_order_and_configuration_files(tmp_path):
     assert [(p.row, p.column) for p in problems] == [(1, "image"), (1, "caption")]
 
     # No arguments at all: the defaults, not a crash; a missing configuration file: one line with the reason.
-    from dataclasses import dataclass
-
-    from transformers import HfArgumentParser
-
     @dataclass
     class Arguments:
         learning_rate: float = 0.5

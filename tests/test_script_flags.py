@@ -75,15 +75,8 @@ def test_gaudi_script_trains_from_the_decoded_image_cache(fixtures, tmp_path):
     """The first run builds the cache; a second run reuses it, and its pixels really come from the cache: blanked
     pixels change the loss."""
     cache_dir = tmp_path / "decoded"
-    args = [
-        "--do_train",
-        "--image_pipeline",
-        "fast",
-        "--cache_decoded_images",
-        "--decoded_image_cache_dir",
-        cache_dir,
-        *CPU_FLAGS["gaudi"],
-    ]
+    args = ["--do_train", "--image_pipeline", "fast", "--cache_decoded_images", "--decoded_image_cache_dir", cache_dir]
+    args += CPU_FLAGS["gaudi"]
     first = run_script("gaudi", base_args(fixtures, tmp_path / "first", max_steps=2, save_steps=100) + args)
     assert "Built the decoded image cache" in first.stdout + first.stderr
     (built,) = cache_dir.iterdir()

@@ -8,6 +8,7 @@ import logging
 import re
 import sys
 import zlib
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -97,12 +98,16 @@ OTHER_EARLY = [
     "persistent workers without workers",
     "gaudi-only flag",
     "a value TrainingArguments refuses",
+    "max_seq_length without room for a caption",
+    "data file that cannot be read",
 ]
 
 
-def early_refusals(model, tmp_path):
-    """name -> (args, the line after "error: "), for inputs refused before the data or the model is loaded."""
-    good = tmp_path / "good.csv"
+def early_refusals(fixtures, tmp_path):
+    """name -> (args, the line after "error: "), for inputs refused before training (most of them before the data
+    or the model is loaded)."""
+    model, good, unreadable = fixtures["model"], tmp_path / "good.csv", tmp_path / "unreadable.csv"
+    unreadable.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
     out, a_file = tmp_path / "out", tmp_path / "results.txt"
@@ -156,6 +161,14 @@ def early_refusals(model, tmp_path):
             + ["--save_strategy", "epoch"],
             None,
         ),
+        "max_seq_length without room for a caption": (
+            cuda_args(model, *script_flags(fixtures, model_name_or_path=None), max_seq_length=2, output_dir=out),
+            "--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3",
+        ),
+        "data file that cannot be read": (
+            cuda_args(model, train_file=unreadable, output_dir=out),
+            BAD_FILES["invalid UTF-8 csv"][2].format(unreadable),
+        ),
     }
 
 
@@ -164,7 +177,7 @@ EARLY = [f"{flag} {value}" for flag, value, _ in BAD_NUMBERS] + list(CONFIGURATI
 
 @pytest.mark.parametrize("case", EARLY)
 def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtures, tmp_path):
-    args, expected = early_refusals(fixtures["model"], tmp_path)[case]
+    args, expected = early_refusals(fixtures, tmp_path)[case]
     status, stderr = run_cuda_script(args)
     assert status == 2, stderr[-3000:]
     assert "Traceback" not in stderr
@@ -209,18 +222,6 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
 
 
-def test_max_seq_length_must_leave_room_for_a_caption(fixtures, tmp_path):
-    flags = script_flags(fixtures, model_name_or_path=None)
-    status, stderr = run_cuda_script(
-        cuda_args(fixtures["model"], *flags, max_seq_length=2, output_dir=tmp_path / "out")
-    )
-    assert status == 2
-    assert stderr.strip().splitlines()[-1] == (
-        f"{SCRIPT}--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3"
-    )
-    assert not (tmp_path / "out").exists()
-
-
 # ---------------------------------------------------------------------------------------------
 # Data files `datasets` cannot read: one line naming the file
 # ---------------------------------------------------------------------------------------------
@@ -254,16 +255,6 @@ def test_unreadable_data_files_are_named_in_one_line(case, tmp_path):
     with pytest.raises(UserInputError) as refused:
         load_raw(tmp_path, train_file=str(path))
     assert str(refused.value) == expected.format(path)
-
-
-def test_unreadable_csv_ends_the_script_in_one_line(fixtures, tmp_path):
-    path = tmp_path / "train.csv"
-    path.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
-    status, stderr = run_cuda_script(cuda_args(fixtures["model"], train_file=path, output_dir=tmp_path / "out"))
-    assert status == 2
-    assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == SCRIPT + BAD_FILES["invalid UTF-8 csv"][2].format(path)
-    assert not (tmp_path / "out").exists()
 
 
 def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_are_named(tmp_path):
@@ -421,26 +412,13 @@ def unwritable_home(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
 
 
-def test_preflight_cache_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
+def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monkeypatch, caplog):
+    """The check still finds the bad row without its cache; images are decoded every step without theirs."""
     unwritable_home(tmp_path, monkeypatch)
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    splits = {
-        "train": datasets.Dataset.from_dict(
-            {"image": [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")], "caption": ["x", "y"]}
-        )
-    }
-    with caplog.at_level(logging.WARNING):
-        problems, cache_file = preflight.find_problems(splits, "image", "caption")
-    assert [p.row for p in problems] == [1]
-    assert str(cache_file).startswith(str(tmp_path / "file" / "home" / ".cache" / "bridgetower_bench" / "preflight"))
-    assert "Preflight: cannot write its cache" in caplog.text
-
-
-def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_path, monkeypatch, caplog):
-    from types import SimpleNamespace
-
-    unwritable_home(tmp_path, monkeypatch)
-    split = datasets.Dataset.from_dict(
+    paths = [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")]
+    splits = {"train": datasets.Dataset.from_dict({"image": paths, "caption": ["x", "y"]})}
+    embedded = datasets.Dataset.from_dict(
         {"image": [{"bytes": noise_jpeg(0), "path": None}]},
         features=datasets.Features({"image": datasets.Image(decode=False)}),
     )
@@ -450,7 +428,11 @@ def test_decoded_image_cache_that_cannot_be_written_falls_back_to_decoding(tmp_p
         return "decoded every step"
 
     with caplog.at_level(logging.WARNING):
-        transform = data.decoded_image_cache({"train": split}, "image", args, 32, plain)
+        problems, cache_file = preflight.find_problems(splits, "image", "caption")
+        transform = data.decoded_image_cache({"train": embedded}, "image", args, 32, plain)
+    assert [p.row for p in problems] == [1]
+    assert str(cache_file).startswith(str(tmp_path / "file" / "home" / ".cache" / "bridgetower_bench" / "preflight"))
+    assert "Preflight: cannot write its cache" in caplog.text
     assert transform is plain
     assert "--cache_decoded_images: cannot write the decoded image cache" in caplog.text
 
