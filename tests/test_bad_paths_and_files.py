@@ -152,11 +152,8 @@ def test_a_configuration_or_data_file_that_is_a_fifo_is_refused_without_waiting(
     os.mkfifo(fifo)
     result = run_script(kind, [fifo], check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .endswith(f"error: {fifo}: cannot read the configuration file (not a regular file: FIFO)")
-    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"error: {fifo}: cannot read the configuration file (not a regular file: FIFO)"), last
     data = tmp_path / "train.csv"
     os.mkfifo(data)
     args = ["--model_name_or_path", tmp_path, "--train_file", data, "--output_dir", tmp_path / "out", "--do_train"]
@@ -582,9 +579,21 @@ def places(tmp_path):
 
 OUT_IS_A_FILE = "--out={file} is a file, not a directory"
 OUTPUT_DIR_IS_A_FILE = "--output_dir={file} is a file, not a directory"
-JSON_IS_A_DIRECTORY = "--json={dir} is a directory; give a file name to write"
 TOOL_CASES = {
-    "compare --json <a directory>": (["compare", "{run}", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
+    **{
+        f"{tool} --json <a directory>": (
+            [tool, *before, "--json", "{dir}", *after],
+            "--json={dir} is a directory; give a file name to write",
+        )
+        for tool, before, after in [
+            ("compare", ["{run}"], []),
+            ("image_bench", [], []),
+            ("cache_memory_bench", [], []),
+            ("gaudi_check", [], ["--output_dir", "{missing}"]),
+            ("nvidia_check", [], ["--output_dir", "{missing}"]),
+            ("cluster_check", ["--nodes", "localhost", "--output_dir", "{dir}"], []),
+        ]
+    },
     "compare --json under a file": (
         ["compare", "{run}", "--json", "{under_file}/x.json"],
         "--json={under_file}/x.json: cannot create the file: {file} is a file, not a directory",
@@ -595,8 +604,6 @@ TOOL_CASES = {
         "--out={under_file}: cannot create the directory: {file} is a file, not a directory",
     ),
     "bench --out <a file>": (["bench", "--dry-run", "--out", "{file}"], OUT_IS_A_FILE),
-    "image_bench --json <a directory>": (["image_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
-    "cache_memory_bench --json <a directory>": (["cache_memory_bench", "--json", "{dir}"], JSON_IS_A_DIRECTORY),
     "device_decode_check <a missing image>": (
         ["device_decode_check", "{missing}"],
         "images={missing}: No such file or directory",
@@ -606,19 +613,7 @@ TOOL_CASES = {
         "images={dir}: not a regular file: directory",
     ),
     "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
-    "gaudi_check --json <a directory>": (
-        ["gaudi_check", "--json", "{dir}", "--output_dir", "{missing}"],
-        JSON_IS_A_DIRECTORY,
-    ),
     "nvidia_check --output_dir <a file>": (["nvidia_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
-    "nvidia_check --json <a directory>": (
-        ["nvidia_check", "--json", "{dir}", "--output_dir", "{missing}"],
-        JSON_IS_A_DIRECTORY,
-    ),
-    "cluster_check --json <a directory>": (
-        ["cluster_check", "--nodes", "localhost", "--output_dir", "{dir}", "--json", "{dir}"],
-        JSON_IS_A_DIRECTORY,
-    ),
     "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
     "gpu_ceiling --output_dir <a file>": (
         ["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
