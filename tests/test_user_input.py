@@ -18,7 +18,7 @@ from bridgetower_bench import data, preflight
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script
+from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script, write_csv
 
 
 SCRIPT = "run_bridgetower_cuda.py: error: "
@@ -326,10 +326,8 @@ def test_path_resolution_touches_the_image_column_only(tmp_path, monkeypatch):
 
 
 def test_a_caption_holding_nan_is_named_by_what_it_holds(tmp_path):
-    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    path = tmp_path / "train.csv"
-    path.write_text(
-        f"image_path,caption\n{tmp_path / 'a.jpg'},NaN\n{tmp_path / 'a.jpg'},\n{tmp_path / 'a.jpg'},a real caption\n"
+    path = write_csv(
+        tmp_path / "train.csv", [("a.jpg", noise_jpeg(0), caption) for caption in ("NaN", "", "a real caption")]
     )
     train = load_csv(path, tmp_path)
     assert train["caption"] == ["NaN", None, "a real caption"]
@@ -364,11 +362,9 @@ def test_pixel_budget_refuses_huge_and_extreme_aspect_images_without_decoding_th
 
 
 def test_oversized_image_is_a_bad_row_the_script_names_or_drops(fixtures, tmp_path):
-    rows = ["image_path,caption"]
-    for i in range(10):  # every other image is over the budget (the run's train split is 6 of these rows)
-        (tmp_path / f"{i}.jpg").write_bytes(noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)))
-        rows.append(f"{tmp_path / f'{i}.jpg'},picture {i}")
-    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    # every other image is over the budget (the run's train split is 6 of these rows)
+    images = [noise_jpeg(i, size=(120, 90) if i % 2 else (600, 450)) for i in range(10)]
+    write_csv(tmp_path / "train.csv", [(f"{i}.jpg", image, f"picture {i}") for i, image in enumerate(images)])
     args = cuda_args(fixtures["model"], train_file=tmp_path / "train.csv", per_device_train_batch_size=2, max_steps=1)
     args += ["--save_strategy", "no", "--max_image_pixels", 150_000, "--preflight_cache_dir", tmp_path / "preflight"]
     status, stderr = run_cuda_script([*args, "--output_dir", tmp_path / "refused"])
@@ -438,10 +434,7 @@ def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monk
 
 
 def test_unwritable_home_does_not_end_a_run(fixtures, tmp_path, monkeypatch):
-    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    (tmp_path / "train.csv").write_text(
-        "image_path,caption\n" + "".join(f"{tmp_path / 'a.jpg'},picture {i}\n" for i in range(4))
-    )
+    write_csv(tmp_path / "train.csv", [("a.jpg", noise_jpeg(0), f"picture {i}") for i in range(4)])
     unwritable_home(tmp_path, monkeypatch)
     args = cuda_args(fixtures["model"], "--cache_decoded_images", train_file=tmp_path / "train.csv", max_steps=1)
     args += ["--per_device_train_batch_size", 2, "--save_strategy", "no", "--image_pipeline", "fast"]
