@@ -759,15 +759,11 @@ def read_only_place(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "tool, args, flag",
-    [
-        ("fixtures", ["gaudi-config", "--out"], "--out"),
-        ("gaudi_check", ["--output_dir"], "--output_dir"),
-        ("compare", ["{run}", "--json"], "--json"),
-    ],
+    "tool, args",
+    [("fixtures", ["gaudi-config", "--out"]), ("gaudi_check", ["--output_dir"]), ("compare", ["{run}", "--json"])],
 )
-def test_a_read_only_place_is_refused_before_any_work(tool, args, flag, read_only_place, tmp_path):
-    run = _run_dir(tmp_path)
+def test_a_read_only_place_is_refused_before_any_work(tool, args, read_only_place, tmp_path):
+    run, flag = _run_dir(tmp_path), args[-1]
     target = read_only_place / "out"
     result = run_tool(tool, [a.format(run=run) for a in args] + [target], cwd=tmp_path)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])

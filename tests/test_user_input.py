@@ -8,6 +8,7 @@ import logging
 import re
 import sys
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import datasets
@@ -89,29 +90,38 @@ CONFIGURATIONS = {
     "json configuration holding a number": ("5", f"{{config}}: {ONE_OBJECT}"),
 }
 
-OTHER_EARLY = [
-    "output_dir empty",
-    "output_dir that is a regular file",
-    "output_dir under a regular file",
-    "no data flag",
-    "data file of an unknown format",
-    "persistent workers without workers",
-    "gaudi-only flag",
-    "a value TrainingArguments refuses",
-    "max_seq_length without room for a caption",
-    "data file that cannot be read",
-]
+
+# Data files `datasets` cannot read: name -> (file name, content, the line naming the file)
+BAD_FILES = {
+    "invalid UTF-8 csv": (
+        "train.csv",
+        b"image_path,caption\na.jpg,caf\xff\xfe\n",
+        "--train_file={}: cannot be read as csv: 'utf-8' codec can't decode byte 0xff in position 3: invalid start byte",
+    ),
+    "unterminated quote in a csv": (
+        "train.csv",
+        b'image_path,caption\na.jpg,"no end\nb.jpg,ok\n',
+        "--train_file={}: cannot be read as csv: Error tokenizing data. C error: EOF inside string starting at row 1",
+    ),
+    "malformed jsonl": (
+        "train.jsonl",
+        b'{"image_path": "a.jpg", "caption": "x"}\n{"image_path": "b.jpg", caption: }\n',
+        "--train_file={}: cannot be read as json: JSON parse error: Missing a name for object member. in row 1",
+    ),
+    "header-only csv": ("train.csv", b"image_path,caption\n", "--train_file={}: the file holds no rows"),
+}
 
 
-def early_refusals(fixtures, tmp_path):
+def early_refusals(fixtures, tmp_path, write=True):
     """name -> (args, the line after "error: "), for inputs refused before training (most of them before the data
-    or the model is loaded)."""
+    or the model is loaded); with `write`, the files they read are written under tmp_path."""
     model, good, unreadable = fixtures["model"], tmp_path / "good.csv", tmp_path / "unreadable.csv"
-    unreadable.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
-    (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
-    good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
     out, a_file = tmp_path / "out", tmp_path / "results.txt"
-    a_file.write_text("the user's own file")
+    if write:
+        unreadable.write_bytes(BAD_FILES["invalid UTF-8 csv"][1])
+        (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
+        good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
+        a_file.write_text("the user's own file")
     common = cuda_args(model, train_file=good)
     valid = {"model_name_or_path": str(model), "train_file": str(good), "do_train": True, "report_to": "none"}
     valid.update(use_cpu=True, output_dir=str(out))
@@ -121,7 +131,8 @@ def early_refusals(fixtures, tmp_path):
     }
     for number, (name, (text, line)) in enumerate(CONFIGURATIONS.items()):
         config = tmp_path / f"{number}.json"
-        config.write_text(json.dumps(valid)[:-1] + text if text.startswith(",") else text)
+        if write:
+            config.write_text(json.dumps(valid)[:-1] + text if text.startswith(",") else text)
         cases[name] = ([config], line.replace("{config}", str(config)))
     return {
         **cases,
@@ -172,7 +183,7 @@ def early_refusals(fixtures, tmp_path):
     }
 
 
-EARLY = [f"{flag} {value}" for flag, value, _ in BAD_NUMBERS] + list(CONFIGURATIONS) + OTHER_EARLY
+EARLY = list(early_refusals({"model": "model", "dataset": "dataset"}, Path("tmp"), write=False))  # the names
 
 
 @pytest.mark.parametrize("case", EARLY)
@@ -225,26 +236,6 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
 # ---------------------------------------------------------------------------------------------
 # Data files `datasets` cannot read: one line naming the file
 # ---------------------------------------------------------------------------------------------
-
-
-BAD_FILES = {
-    "invalid UTF-8 csv": (
-        "train.csv",
-        b"image_path,caption\na.jpg,caf\xff\xfe\n",
-        "--train_file={}: cannot be read as csv: 'utf-8' codec can't decode byte 0xff in position 3: invalid start byte",
-    ),
-    "unterminated quote in a csv": (
-        "train.csv",
-        b'image_path,caption\na.jpg,"no end\nb.jpg,ok\n',
-        "--train_file={}: cannot be read as csv: Error tokenizing data. C error: EOF inside string starting at row 1",
-    ),
-    "malformed jsonl": (
-        "train.jsonl",
-        b'{"image_path": "a.jpg", "caption": "x"}\n{"image_path": "b.jpg", caption: }\n',
-        "--train_file={}: cannot be read as json: JSON parse error: Missing a name for object member. in row 1",
-    ),
-    "header-only csv": ("train.csv", b"image_path,caption\n", "--train_file={}: the file holds no rows"),
-}
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
