@@ -202,20 +202,9 @@ class _DeleteImagesAfterFirstStep(TrainerCallback):
 
 def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
     ds, paths = path_dataset(fixtures, tmp_path / "images", 24)
-
-    def trainer(callbacks=()):
-        return trainer_on(
-            fixtures,
-            ds,
-            tmp_path / "out",
-            callbacks,
-            max_steps=6,
-            dataloader_num_workers=1,
-            dataloader_prefetch_factor=1,
-        )
-
+    options = dict(max_steps=6, dataloader_num_workers=1, dataloader_prefetch_factor=1)
     with pytest.raises(ImageLoadError) as raised:
-        trainer([_DeleteImagesAfterFirstStep(paths)]).train()
+        trainer_on(fixtures, ds, tmp_path / "out", [_DeleteImagesAfterFirstStep(paths)], **options).train()
     message = str(raised.value)
     assert "\n" not in message and "Traceback" not in message
     match = re.fullmatch(
@@ -230,7 +219,7 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
 
     for path in paths:
         os.rename(path + ".away", path)
-    resumed = trainer()
+    resumed = trainer_on(fixtures, ds, tmp_path / "out", **options)
     resumed.train(resume_from_checkpoint=checkpoint)
     assert resumed.state.global_step == 6
 
@@ -414,12 +403,10 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
 def test_a_signal_sent_twice_or_to_every_process_ends_the_run_in_one_line(
     signum, to_the_group, times, fixtures, tmp_path
 ):
-    """Ctrl-C pressed twice (SIGINT to the whole process group, loader workers included) once ended in a
-    KeyboardInterrupt traceback; a second SIGTERM (to the run's process, as the bit-for-bit test sends it) killed
-    the run without a word. Whether the second signal arrives during the step (the run stops at once) or after the
-    checkpoint (the run is exiting), the run ends in the kit's line. SIGTERM to every process, loader workers
-    included (Slurm's scancel), once ended in "DataLoader worker exited unexpectedly": the workers leave it to
-    the main process, which saves a checkpoint at the step boundary."""
+    """Ctrl-C twice (SIGINT to the process group, loader workers included) once ended in a KeyboardInterrupt
+    traceback, a second SIGTERM to the run's process in silence; now, during the step or while exiting, the kit's
+    line. SIGTERM to every process (Slurm's scancel) once ended in "DataLoader worker exited unexpectedly": the
+    workers leave it to the main process, which saves a checkpoint at the step boundary."""
     send = (lambda pid: os.killpg(pid, signum)) if to_the_group else (lambda pid: os.kill(pid, signum))
     out = tmp_path / "out"
     command = base_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
