@@ -55,7 +55,8 @@ BOTH_ROUTES = pytest.mark.both_routes
 
 
 def pinned(package: str, requirements: str) -> str:
-    """The version `requirements` (or a file it includes with -r) pins `package` to (`==`): the tests' one reader."""
+    """The version `requirements` (or a file it includes with -r) pins `package` to (`==`): the tests' one reader
+    of the pins, so that a version bump is an edit of the requirements files alone."""
     from packaging.requirements import Requirement
 
     for line in (REPO / requirements).read_text().splitlines():

@@ -161,16 +161,9 @@ def path_dataset(fixtures, directory, n_rows):
         paths.append(str(directory / f"{row}.jpg"))
         (directory / f"{row}.jpg").write_bytes(jpeg_bytes(row))
     ds = datasets.Dataset.from_dict({"image": paths, "caption": [f"picture {row}" for row in range(n_rows)]})
-    ds = data.tokenize_split(
-        ds,
-        AutoTokenizer.from_pretrained(fixtures["model"]),
-        image_column="image",
-        caption_column="caption",
-        max_seq_length=16,
-        num_proc=None,
-        overwrite_cache=True,
-        split="train",
-    )
+    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
+    columns = dict(image_column="image", caption_column="caption", max_seq_length=16, num_proc=None)
+    ds = data.tokenize_split(ds, tokenizer, **columns, overwrite_cache=True, split="train")
     transform = make_image_transform("fast", 294, mean=(), std=())
     ds.set_transform(data.BatchTransform("image", transform, "train"))
     return ds, paths
@@ -248,26 +241,32 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with_them(fixtures, tmp_path):
-    caught = []
-
-    def callers_handler(signum, frame):
-        caught.append(signum)
-
+@pytest.fixture
+def caller():
+    """A caller's own Ctrl-C and SIGTERM handler in place (put back by signal_handlers_as_they_were): `handler`, and
+    the signals it got, `caught`."""
+    caller = SimpleNamespace(caught=[])
+    caller.handler = lambda signum, frame: caller.caught.append(signum)
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
+        signal.signal(signum, caller.handler)
+    return caller
+
+
+def handlers_are(handler) -> bool:
+    return signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with_them(caller, fixtures, tmp_path):
     ds, _ = path_dataset(fixtures, tmp_path / "images", 8)
     trainer = trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
     trainer.train()
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
-    assert caught == []
+    assert handlers_are(caller.handler) and caller.caught == []
 
     trainer = trainer_on(
         fixtures, ds, tmp_path / "out", [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2
     )
     trainer.train()  # no publication follows: the SIGTERM caught in the last evaluation is the caller's to handle
-    assert caught == [signal.SIGTERM]
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+    assert caller.caught == [signal.SIGTERM] and handlers_are(caller.handler)
 
 
 class _FailAfterTraining(RuntimeError):
@@ -275,16 +274,11 @@ class _FailAfterTraining(RuntimeError):
 
 
 @pytest.mark.parametrize("ending", ["published", "signal between training and publication", "failed there"])
-def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixtures, tmp_path, monkeypatch):
+def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, caller, fixtures, tmp_path, monkeypatch):
     """main() run in-process, as a caller that trains from Python does: its own handlers are in place again, and
     a signal between the end of training and the publication still waits for the published set."""
     import transformers
 
-    def callers_handler(signum, frame):
-        pass
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
     log_metrics = transformers.Trainer.log_metrics
 
     def log_metrics_then(self, split, metrics):  # the script's first call after train() returned
@@ -314,7 +308,7 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
             assert (tmp_path / "out" / "model.safetensors").exists() is (ending != "failed there")
         finally:
             run_directory.release_all()  # what the process's exit does
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+    assert handlers_are(caller.handler)
 
 
 @BOTH_ROUTES
@@ -545,18 +539,8 @@ def refusal_cases(fixtures, tmp_path):
     ints = tmp_path / "ints.csv"
     ints.write_text("image_path,caption\n" + "".join(f"{i},picture {i}\n" for i in range(4)))
     config = tmp_path / "args.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_name_or_path": str(model),
-                "train_file": str(numbers),
-                "output_dir": str(tmp_path / "o"),
-                "use_cpu": True,
-                "learning_rate_typo": 1e-4,
-                "fp17": True,
-            }
-        )
-    )
+    known = {"model_name_or_path": str(model), "train_file": str(numbers), "output_dir": str(tmp_path / "o")}
+    config.write_text(json.dumps({**known, "use_cpu": True, "learning_rate_typo": 1e-4, "fp17": True}))
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")

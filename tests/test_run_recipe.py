@@ -373,20 +373,17 @@ def changed(path):
 
 
 @pytest.mark.parametrize(
-    "damage, why",
+    "name, damage, why",
     [
-        (lambda out: (out / "model.safetensors").unlink(), "model.safetensors is missing"),
-        (lambda out: cut_short(out / "model.safetensors"), "model.safetensors has 8 bytes, not the 17 saved"),
-        (
-            lambda out: changed(out / "model.safetensors"),
-            "model.safetensors is not the file saved (its sha256 differs)",
-        ),
-        (lambda out: changed(out / "recipe.json"), "recipe.json is not the file saved (its sha256 differs)"),
-        (lambda out: (out / "model-manifest.json").unlink(), "model-manifest.json is missing"),
+        ("model.safetensors", Path.unlink, "model.safetensors is missing"),
+        ("model.safetensors", cut_short, "model.safetensors has 8 bytes, not the 17 saved"),
+        ("model.safetensors", changed, "model.safetensors is not the file saved (its sha256 differs)"),
+        ("recipe.json", changed, "recipe.json is not the file saved (its sha256 differs)"),
+        ("model-manifest.json", Path.unlink, "model-manifest.json is missing"),
     ],
 )
 def test_a_published_model_not_as_published_is_published_again_from_its_checkpoint_or_refused_in_one_line(
-    damage, why, tmp_path, caplog
+    name, damage, why, tmp_path, caplog
 ):
     """A finished run whose model.safetensors was deleted, rerun with its command, once died in transformers'
     OSError though a complete checkpoint of its recipe was there; one cut short, in a SafetensorError traceback
@@ -395,7 +392,7 @@ def test_a_published_model_not_as_published_is_published_again_from_its_checkpoi
     recipe = run_recipe.describe(*arguments(out))
     publish(out, recipe)
     assert plan(out) == (recipe, str(out), None, None)  # intact: reused
-    damage(out)
+    damage(out / name)
     damaged = f"--output_dir={out}: its trained model is not as it was published ({why})"
     with pytest.raises(ValueError) as refused:
         plan(out)
