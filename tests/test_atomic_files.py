@@ -85,8 +85,8 @@ def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypa
     assert events == ([("fsync", written)] if fsync else []) + [("rename", written)]
 
 
-def _special_nodes(tmp_path):
-    """A FIFO, a socket, a directory and (as root, who may make one) a character device like /dev/null."""
+def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
+    # A FIFO, a socket, a directory and (as root, who may make one) a character device like /dev/null.
     nodes = {"FIFO": tmp_path / "fifo", "socket": tmp_path / "socket", "directory": tmp_path / "directory"}
     os.mkfifo(nodes["FIFO"])
     listener = socket.socket(socket.AF_UNIX)
@@ -97,11 +97,6 @@ def _special_nodes(tmp_path):
         os.mknod(nodes["character device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     nodes["link to a FIFO"] = tmp_path / "link"
     nodes["link to a FIFO"].symlink_to(nodes["FIFO"])
-    return nodes, listener
-
-
-def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
-    nodes, listener = _special_nodes(tmp_path)
     with listener:
         for kind, path in nodes.items():
             before = os.lstat(path)

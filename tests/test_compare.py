@@ -66,7 +66,7 @@ def test_load_run_merges_results_files_with_per_split_files_winning_and_names_wh
         compare.load_run(tmp_path / "listy")
 
 
-def test_cli_prints_runs_side_by_side(tmp_path, capsys):
+def test_cli_prints_runs_side_by_side_and_names_a_missing_directory(tmp_path, capsys):
     upstream = _run(tmp_path, "upstream", 601.5, 0.3)
     fast = _run(tmp_path, "fast", 768.7, 0.32, loader="torch (media pipeline unavailable: no|module)")
 
@@ -82,6 +82,11 @@ def test_cli_prints_runs_side_by_side(tmp_path, capsys):
     order = ["train_loss", "eval_loss", "eval_i2t_recall@1", "eval_i2t_mean_rank", "test_i2t_recall@10"]
     assert sorted(order, key=out.index) == order, out
 
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([upstream, str(tmp_path / "typo_dir")])
+    assert exit_info.value.code == 2
+    assert "run directory not found:" in capsys.readouterr().err
+
 
 def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, capsys):
     node = {"processes": 8, "train_samples_per_second": 400.0, "data_wait_fraction": 0.1}
@@ -94,16 +99,6 @@ def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, c
     assert compare.main([one, two]) == 0
     out = capsys.readouterr().out
     assert "| world_size | 16 | 16 |" in out and "| nodes | 1 | 2 |" in out
-
-
-def test_cli_reports_a_missing_directory_by_name(tmp_path, capsys):
-    good = _run(tmp_path, "good", 100.0, 0.3)
-
-    with pytest.raises(SystemExit) as exit_info:
-        compare.main([good, str(tmp_path / "typo_dir")])
-
-    assert exit_info.value.code == 2
-    assert "run directory not found:" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["noequals", "=a,b", "name=", "name=,"])

@@ -121,11 +121,15 @@ def test_dataset_config_name_picks_the_configuration(fixtures, tmp_path):
         load_raw(dataset_config_name="ranking", **common)
 
 
-def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
+def test_a_missing_data_file_a_missing_dataset_directory_and_one_with_an_unreadable_file_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"--train_file=.*nope\.csv: no such file"):
         load_raw(train_file=str(tmp_path / "nope.csv"))
     with pytest.raises(ValueError, match=r"--dataset_name=.*missing: no such directory"):
         load_raw(dataset_name=str(tmp_path / "missing"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
+        load_raw(dataset_name=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
 
 
 def test_resolve_column_lists_available_columns():
@@ -176,12 +180,6 @@ def test_train_only_data_is_split_60_20_20_into_upstreams_rows(need_test):
     assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(d["caption"]) for s, d in expected.items()}
     assert [len(splits[s]) for s in ("train", "validation", "test")] == [60, 20, 20]
     assert sorted(sum((list(splits[s]["caption"]) for s in splits), [])) == sorted(str(i) for i in range(100))
-
-
-def test_caption_column_holding_non_strings_is_refused_with_its_row():
-    tokenize = data.TokenizeCaptions(tokenizer=None, caption_column="caption", max_seq_length=8)
-    with pytest.raises(ValueError, match=r"--caption_column=caption: row 11 holds 42"):
-        tokenize({"caption": ["fine", 42]}, indices=[10, 11])
 
 
 def test_csv_cells_that_pandas_would_read_as_missing_stay_captions_and_an_unreadable_file_is_named_with_the_reason(
@@ -250,13 +248,6 @@ def test_max_seq_length_may_use_every_text_position_and_must_leave_room_for_one_
         arguments.check_max_seq_length(2, config, TwoSpecialTokens())
 
 
-def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_reason(tmp_path):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "train.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
-        load_raw(dataset_name=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
-
-
 def test_image_load_error_names_the_split_and_the_image_once():
     from bridgetower_bench.guards.resilience import ImageLoadError
 
@@ -277,7 +268,11 @@ def test_image_load_error_names_the_split_and_the_image_once():
     assert str(error.value) == "split 'validation': image '/data/b.png': cannot identify image file"
 
 
-def test_long_captions_are_cut_to_max_seq_length_and_short_ones_padded_to_it(fixtures):
+def test_captions_are_cut_or_padded_to_max_seq_length_non_strings_refused_and_tokenized_splits_cached(
+    fixtures, tmp_path
+):
+    """Non-string captions are refused with their row. A data set read from disk is tokenized once; a second run
+    reads the cached result (the same file, untouched), and --overwrite_cache writes it again."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
@@ -285,14 +280,9 @@ def test_long_captions_are_cut_to_max_seq_length_and_short_ones_padded_to_it(fix
     tokens = tokenize({"caption": ["a cat " * 40, "a cat"]}, [0, 1])
     assert [len(ids) for ids in tokens["input_ids"]] == [8, 8]
     assert tokens["attention_mask"][0] == [1] * 8 and tokens["attention_mask"][1][-1] == 0
+    with pytest.raises(ValueError, match=r"--caption_column=caption: row 11 holds 42"):
+        tokenize({"caption": ["fine", 42]}, indices=[10, 11])
 
-
-def test_tokenized_splits_are_reused_from_the_cache_unless_overwrite_cache_is_set(fixtures, tmp_path):
-    """A data set read from disk is tokenized once; a second run reads the cached result (the same file,
-    untouched), and --overwrite_cache writes it again."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
     _dataset(6).save_to_disk(str(tmp_path / "saved"))
     dataset = datasets.load_from_disk(str(tmp_path / "saved"))
     options = dict(image_column="image", caption_column="caption", max_seq_length=8, num_proc=None, split="train")
@@ -303,9 +293,9 @@ def test_tokenized_splits_are_reused_from_the_cache_unless_overwrite_cache_is_se
         return cache_file, os.stat(cache_file).st_mtime_ns
 
     first = tokenized_file(False)
-    assert tokenized_file(False) == first
+    assert tokenized_file(False) == first, "read from the cache"
     again = tokenized_file(True)
-    assert again[0] == first[0] and again[1] != first[1]
+    assert again[0] == first[0] and again[1] != first[1], "--overwrite_cache writes it again"
 
 
 def test_only_non_empty_strings_of_the_image_column_are_resolved_as_paths(tmp_path):

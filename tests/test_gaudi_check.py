@@ -10,14 +10,13 @@ results or a crash without training.
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
 from bridgetower_bench.tools import self_check
-from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, script_env, script_module
+from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, run_tool, script_module
 
 
 HABANA_ONLY_FLAGS = {
@@ -30,16 +29,8 @@ HABANA_ONLY_FLAGS = {
 
 @pytest.mark.parametrize("with_shim", [False, True], ids=["no-habana", "shim-without-hpu"])
 def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
-    env = script_env(gaudi=with_shim)
     out = tmp_path / "check"
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
-        cwd=REPO,
-        env=env,
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
+    result = run_tool("gaudi_check", ["--output_dir", out], process=True, gaudi=with_shim)
     assert result.returncode == 2
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
     assert ("no HPU is visible" if with_shim else "habana_frameworks is not installed") in result.stdout
@@ -56,10 +47,6 @@ def habana_shim(monkeypatch):
     for name in set(sys.modules) - before:
         if name.split(".")[0] == "habana_frameworks":
             del sys.modules[name]
-
-
-def one_gaudi2():
-    return gc.Hpus(1, "GAUDI2 (test stand-in)", media_pipeline="habana_frameworks.mediapipe is not installed")
 
 
 def run_on_cpu(step):
@@ -84,11 +71,14 @@ def run_on_cpu(step):
 def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
     # optimum.habana imported through the Gaudi script (helpers.script_module), not by the check
     script_module("gaudi")
+    gaudi2 = functools.partial(
+        gc.Hpus, 1, "GAUDI2 (test stand-in)", media_pipeline="habana_frameworks.mediapipe is not installed"
+    )
     out = tmp_path / "check"
     (out / "fixtures").mkdir(parents=True)
     for built in fixtures.values():  # the session's fixtures, where the check builds its own
         (out / "fixtures" / built.name).symlink_to(built)
-    status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=one_gaudi2, runner=run_on_cpu)
+    status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=gaudi2, runner=run_on_cpu)
     printed = capsys.readouterr().out
     print(printed)
     assert status == 1  # no step can pass without an HPU
@@ -262,6 +252,5 @@ def test_gaudi_software_and_pins_are_compared_not_installed():
     assert row(pins["accelerate"]).result == "ok"
     missing = row(f"optimum-habana=={optimum_habana}")
     assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
-    assert {f"optimum-habana=={optimum_habana}", pins["transformers"]} <= set(
-        self_check.pinned_requirements(gc.REQUIREMENT_FILES)
-    )
+    listed = set(self_check.pinned_requirements(gc.REQUIREMENT_FILES))
+    assert {f"optimum-habana=={optimum_habana}", pins["transformers"]} <= listed

@@ -7,25 +7,16 @@ probe (what a GPU machine reports) and a step runner that trains nothing.
 import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from bridgetower_bench.tools import nvidia_check as nc
-from helpers import REPO, all_strings, pinned, script_env
+from helpers import all_strings, pinned, run_tool
 
 
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
     out = tmp_path / "check"
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.nvidia_check", "--output_dir", out],
-        cwd=REPO,
-        env=script_env(gaudi=False),
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
+    result = run_tool("nvidia_check", ["--output_dir", out], process=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout.count("\n") == 1
     assert result.stdout.startswith(

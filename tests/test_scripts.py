@@ -29,6 +29,7 @@ from helpers import (
     resumed_at,
     run_killed_while_publishing,
     run_script,
+    run_tool,
     script_module,
 )
 
@@ -143,9 +144,8 @@ def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
 
 @BOTH_ROUTES
 def test_a_flag_the_parser_refuses_ends_the_run_in_one_line_with_status_2(fixtures, tmp_path):
-    """The parser's own error (argparse): usage and one error line, exit status 2, no traceback, nothing written.
-    (One script: both build their parser with the same HfArgumentParser. Here, in this process: its SystemExit(2)
-    leaves main() as a refusal's does, whose process of its own is test_cuda_device's.)"""
+    """The parser's own error: usage and one error line, exit status 2, no traceback, nothing written. (One script:
+    both use HfArgumentParser. In this process: the refusal's process of its own is test_cuda_device's.)"""
     kind = "cuda"
     args = base_args(fixtures, tmp_path / "o") + ["--do_train", "--image_pipeline", "nope"] + CPU_FLAGS[kind]
     result = run_script(kind, args, check=False)
@@ -200,21 +200,13 @@ def test_cuda_script_mentions_no_habana_or_gaudi_symbol():
 
 
 def test_patch_check_passes():
-    import subprocess
-
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.make_cuda_script", "--check"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    result = run_tool("make_cuda_script", ["--check"], process=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_loader_workers_forked_after_tokenizing_print_no_tokenizers_warning(fixtures, tmp_path):
-    """The captions are tokenized with tokenizers' threads, then the loader workers fork: tokenizers' four-line
-    warning (once per worker) is nothing a user can act on. A fresh data-set cache, so that the captions are
-    really tokenized in this run."""
+    """Captions tokenized with tokenizers' threads, then the loader workers fork: tokenizers' warning (per worker)
+    is nothing a user can act on. A fresh data-set cache, so that the captions are really tokenized here."""
     kind = "cuda"
     args = base_args(fixtures, tmp_path / "o", max_steps=2, dataloader_num_workers=2) + ["--do_train"]
     env = {"HF_DATASETS_CACHE": str(tmp_path / "datasets"), "TOKENIZERS_PARALLELISM": None}
@@ -230,9 +222,8 @@ OPTIMUM_LINE = "average_tokens_across_devices is True but world size is 1"
 
 @contextlib.contextmanager
 def library_logging_unmade():
-    """The logging of the libraries that make a handler of their own once per process (transformers', optimum's:
-    helpers._library_logging_modules) not made yet for the block, as in a process where none of them has logged,
-    and as it was afterwards."""
+    """The libraries' own once-per-process logging handlers (helpers._library_logging_modules) not made yet for the
+    block, as in a process where none of them has logged; put back afterwards."""
     saved = []
     for module in helpers._library_logging_modules():
         logger = module._get_library_root_logger()
@@ -251,10 +242,9 @@ def library_logging_unmade():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_library_logger_one_run_configured_logs_to_the_next_runs_output(kind, fixtures, tmp_path):
-    """Two runs in this process, back to back. The libraries' logging (transformers', and optimum's for the Gaudi
-    script) is first configured during the first, whose output streams are closed after it (as a forked run's files
-    are, or a test's capture); the second logs through those libraries' loggers: to its own output, with no
-    `Logging error` (a handler left on the first run's closed stream)."""
+    """Two runs in this process: the libraries' logging (transformers', optimum's for Gaudi) is configured during
+    the first, whose streams are then closed (as a forked run's files, or a test's capture); the second logs through
+    those loggers to its own output, with no `Logging error` (a handler left on the first run's closed stream)."""
     script_module(kind)
     args = command(fixtures, tmp_path / "first", kind, max_steps=1, log_level="info")
     with library_logging_unmade():
@@ -272,10 +262,9 @@ def test_a_library_logger_one_run_configured_logs_to_the_next_runs_output(kind, 
 
 
 def test_a_library_handler_made_on_a_capture_closed_since_writes_to_the_runs_output(fixtures, tmp_path):
-    """The libraries' own handlers made while `sys.stderr` was a test's capture (`capsys`), closed with that test:
-    as the Gaudi script's first import in a pytest worker (helpers.script_module) left optimum's when a test with
-    `capsys` happened to import it. A later run logs through them to its own output, with no `Logging error` (the
-    handlers' `flush`, bound to the closed capture's)."""
+    """The libraries' handlers made while `sys.stderr` was a test's capture (`capsys`), closed since (as the Gaudi
+    script's first import under `capsys` left optimum's): a later run logs through them to its own output, with no
+    `Logging error` (the handlers' `flush`, bound to the closed capture's)."""
     script_module("gaudi")
     with library_logging_unmade():
         capture = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")  # (as `capsys`'s: once closed, no flush either)
