@@ -116,9 +116,8 @@ def test_a_write_to_a_symbolic_link_writes_where_it_points(tmp_path):
     target_inode = target.stat().st_ino
     write_atomically(link, '{"again": 1}')  # an existing target: replaced, the link kept
     assert link.is_symlink() and link.read_text() == '{"again": 1}' and target.stat().st_ino != target_inode
-    assert sorted(os.listdir(tmp_path)) == ["results.json", "runs"] and os.listdir(tmp_path / "runs") == [
-        "results.json"
-    ]
+    assert sorted(os.listdir(tmp_path)) == ["results.json", "runs"]
+    assert os.listdir(tmp_path / "runs") == ["results.json"]
 
 
 def test_a_node_swapped_in_while_writing_is_not_renamed_over(tmp_path):

@@ -163,9 +163,8 @@ def test_without_do_predict_no_test_split_is_carved_off_train():
     assert set(splits) == {"train", "validation"}
     assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
     # a missing validation split is still carved off (evaluation needs it)
-    no_validation = data.make_splits(
-        datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)}), seed=3, need_test=False
-    )
+    raw = datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)})
+    no_validation = data.make_splits(raw, seed=3, need_test=False)
     assert len(no_validation["train"]) == 40 and len(no_validation["validation"]) == 10
 
 

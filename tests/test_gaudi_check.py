@@ -50,8 +50,7 @@ def habana_shim(monkeypatch):
 
 
 def run_on_cpu(step):
-    """Runs the step's real Gaudi-script command on CPU (in this process, helpers.run_script), Habana-only flags
-    left out."""
+    """The step's real Gaudi-script command, Habana-only flags left out, on CPU in this process (run_script)."""
     command, skip = [], 0
     for part in step.command:
         if skip:
@@ -114,10 +113,9 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert torch_step["seconds"] > run_results["throughput_counted_seconds"]  # the whole step, start-up included
     media = steps["1hpu-media-pipeline"]
     assert media["result"] == "failed" and "--mediapipe_dataloader" in media["command"]
-    assert media["loader"].startswith("torch (media pipeline unavailable")
-    assert media["detail"].startswith(
-        "the mediapipe loader did not run; the run says: torch (media pipeline unavailable"
-    )
+    unavailable = "torch (media pipeline unavailable"
+    assert media["loader"].startswith(unavailable)
+    assert media["detail"].startswith(f"the mediapipe loader did not run; the run says: {unavailable}")
     launcher = steps["8hpu-launcher"]
     assert (launcher["result"], launcher["detail"]) == ("skipped", "needs 8 HPUs, 1 visible")
 

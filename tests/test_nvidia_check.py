@@ -153,10 +153,10 @@ def test_a_decoder_that_did_not_run_fails_the_large_step_shows_its_peak_and_the_
     h200.update(driver="580.95.05", driver_source="NVML", capabilities=["9.0"])
     probe = functools.partial(two_a100_40gb, **h200)
     out = tmp_path / "check"
-    assert (
-        nc.main(["--output_dir", str(out), "--json", str(tmp_path / "r.json")], probe=probe, runner=reports(outcomes))
-        == 1
+    status = nc.main(
+        ["--output_dir", str(out), "--json", str(tmp_path / "r.json")], probe=probe, runner=reports(outcomes)
     )
+    assert status == 1
     record = json.loads((tmp_path / "r.json").read_text())
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["published batch memory"]["result"] == "ok"
@@ -201,8 +201,6 @@ def test_memory_plan_without_a_gpu(capsys):
         "40 GiB: per-device batch 48 does not fit (about 71.9 GiB); --per_device_train_batch_size 16 "
         "--gradient_accumulation_steps 3 (about 34.1 GiB)"
     )
-    assert (
-        lines[2].startswith("48 GiB: per-device batch 48 does not fit")
-        and "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
-    )
+    assert lines[2].startswith("48 GiB: per-device batch 48 does not fit")
+    assert "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
     assert lines[3] == "80 GiB: per-device batch 48 fits (about 71.9 GiB)"

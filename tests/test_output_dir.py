@@ -132,15 +132,11 @@ def test_the_checkpoint_walk_takes_the_newest_complete_one_its_caller_accepts_an
         asked.append(checkpoint)
         return "another recipe" if checkpoint == steps[2] else None
 
-    assert run_directory.newest_complete_checkpoint(str(out), refuse) == (
-        steps[1],
-        [unfinished, (steps[2], "another recipe")],
-    )
+    taken = run_directory.newest_complete_checkpoint(str(out), refuse)
+    assert taken == (steps[1], [unfinished, (steps[2], "another recipe")])
     assert asked == [steps[2], steps[1]]  # complete ones only, newest first, up to the one taken
-    assert run_directory.newest_complete_checkpoint(str(out), lambda checkpoint: "no") == (
-        None,
-        [unfinished, (steps[2], "no"), (steps[1], "no"), (steps[0], "no")],
-    )
+    none_taken = run_directory.newest_complete_checkpoint(str(out), lambda checkpoint: "no")
+    assert none_taken == (None, [unfinished, (steps[2], "no"), (steps[1], "no"), (steps[0], "no")])
     assert run_directory.newest_complete_checkpoint(str(tmp_path / "not_yet")) == (None, [])
 
 
@@ -321,9 +317,8 @@ def assert_rerun_only_evaluates(kind, args, out):
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
-    assert "eval_loss" in read_json(out / "validation_results.json") and "train_loss" in read_json(
-        out / "all_results.json"
-    )
+    assert "eval_loss" in read_json(out / "validation_results.json")
+    assert "train_loss" in read_json(out / "all_results.json")
     again = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 

@@ -48,13 +48,11 @@ def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
         "--token hf_A --hub_token=hf_B --use_auth_token --do_train --tokenizer_name tok --push_to_hub_token hf_C "
         "--max_seq_length 32 --client_secret="
     ).split()
-    assert (
-        redaction.redact_args(args)
-        == (
-            "--token REDACTED --hub_token=REDACTED --use_auth_token --do_train --tokenizer_name tok "
-            "--push_to_hub_token REDACTED --max_seq_length 32 --client_secret=REDACTED"
-        ).split()
-    )
+    shown = (
+        "--token REDACTED --hub_token=REDACTED --use_auth_token --do_train --tokenizer_name tok "
+        "--push_to_hub_token REDACTED --max_seq_length 32 --client_secret=REDACTED"
+    ).split()
+    assert redaction.redact_args(args) == shown
     assert args[1] == "hf_A", "the caller's list (what the run gets) is not modified"
     assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
 
@@ -286,25 +284,22 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     token, hub = "hf_FAKEjsonToken0005", "hf_FAKEjsonHub0006"
     output_dir = tmp_path / "run"
     config = tmp_path / "args.json"
-    config.write_text(
-        json.dumps(
-            {
-                **script_arguments(fixtures),
-                "remove_unused_columns": False,
-                "do_train": True,
-                "max_steps": 2,
-                "per_device_train_batch_size": 2,
-                "max_seq_length": 32,
-                "save_strategy": "no",
-                "report_to": "none",
-                "use_cpu": True,
-                "use_lazy_mode": False,
-                "output_dir": str(output_dir),
-                "token": token,
-                "hub_token": hub,
-            }
-        )
-    )
+    values = {
+        **script_arguments(fixtures),
+        "remove_unused_columns": False,
+        "do_train": True,
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+        "max_seq_length": 32,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "use_lazy_mode": False,
+        "output_dir": str(output_dir),
+        "token": token,
+        "hub_token": hub,
+    }
+    config.write_text(json.dumps(values))
     before = config.read_bytes()
     parsed = {}  # the credential fields the script's argument parser produced
 
@@ -312,9 +307,8 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
         def parse_and_record(self, *args, **kwargs):
             groups = parse(self, *args, **kwargs)
             for group in filter(dataclasses.is_dataclass, groups):
-                parsed.update(
-                    {name: getattr(group, name) for name in ("token", "hub_token") if getattr(group, name, None)}
-                )
+                given = {name: getattr(group, name, None) for name in ("token", "hub_token")}
+                parsed.update({name: value for name, value in given.items() if value})
             return groups
 
         return parse_and_record

@@ -64,9 +64,8 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
     assert (train["backend"], train["execution_mode"], train["torch_compile"]) == ("cpu", "n/a", False)
     assert train["version_torch"] == torch.__version__ and train["version_cuda"] == torch.version.cuda
     assert train["version_intel_gaudi"] is None and train["driver_version"] is None
-    assert (
-        train["device_name"].startswith("CPU ") and train["device_count"] == 1 and train["device_memory_bytes"] > 2**30
-    )
+    assert train["device_name"].startswith("CPU ") and train["device_count"] == 1
+    assert train["device_memory_bytes"] > 2**30
     assert re.search(r"^  driver_version +=  *n/a$", result.stdout, re.M), "printed as n/a, saved as null"
     assert not (out / "eval_results.json").exists()  # upstream's name for the validation metrics instead:
     for split, file in (("eval", "validation_results.json"), ("test", "test_results.json")):
@@ -106,16 +105,11 @@ def test_json_configuration_file(kind, fixtures, tmp_path):
     assert math.isfinite(read_json(out / "validation_results.json")["eval_loss"])
 
 
-def help_defaults(kind):
-    """--help text, whitespace collapsed, for reading each option's '(default: ...)'."""
-    text = run_script(kind, ["--help"]).stdout
-    options = text[text.index("options:") :]  # skip the usage summary, read the option descriptions
-    return " ".join(options.split())
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_help_lists_every_upstream_argument_with_its_default(kind):
-    text = help_defaults(kind)
+    text = run_script(kind, ["--help"]).stdout
+    # The option descriptions (not the usage summary), whitespace collapsed, for reading each '(default: ...)'.
+    text = " ".join(text[text.index("options:") :].split())
     upstream = read_json(REPO / "tests" / "upstream_arguments.json")
     for group in ("model", "data"):
         for name, default in upstream[group].items():
