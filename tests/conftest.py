@@ -15,18 +15,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_EVALUATE_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The tests' own HF_HOME, so that no cached preflight verdict or decoded image of the user's (nor of an earlier
-# test session) hides a regression; the preflight and decoded-image caches follow it, and script subprocesses
-# inherit it. The data sets stay cached under HF_DATASETS_CACHE (helpers.run_environment).
+# The tests' own HF_HOME, so that no cached preflight verdict or decoded image of the user's or of an earlier
+# session hides a regression (the data sets stay cached under HF_DATASETS_CACHE, helpers.run_environment).
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="bridgetower-tests-hf-home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def signal_handlers_as_they_were():
-    """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found: a test that sets its own, or
-    that leaves a `trainer.catching_signals()` block without closing it, would otherwise hand them to the next
-    test in its worker, where a Ctrl-C might then be caught instead of raised."""
+    """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found: one that sets its own (or leaves
+    a `trainer.catching_signals()` block open) would otherwise hand them on, and the next one's Ctrl-C be caught."""
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield
     for signum, handler in before.items():
@@ -36,13 +34,11 @@ def signal_handlers_as_they_were():
 
 @pytest.fixture
 def ctrl_c_raises():
-    """Ctrl-C raises KeyboardInterrupt here and in the processes the test starts, as in a terminal: a worker
-    process may have inherited SIGINT as ignored (under `make coverage` the pytest workers do; so does anything
-    a non-interactive shell starts in the background) or blocked, and either stays so in every child python."""
+    """Ctrl-C raises KeyboardInterrupt here and in the processes the test starts, as in a terminal: a worker may have
+    inherited SIGINT ignored (`make coverage`'s do, as does a non-interactive shell's background job) or blocked,
+    and either stays so in every child python."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back by signal_handlers_as_they_were)
-    blocked = signal.SIGINT in signal.pthread_sigmask(
-        signal.SIG_UNBLOCK, [signal.SIGINT]
-    )  # a blocked one is inherited too
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # (inherited too)
     yield
     if blocked:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
@@ -57,8 +53,8 @@ def fixtures():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`), the longest tests first (those marked slow), so that no worker starts one
-    while the others run out of work. A plain pytest run keeps the order it was given."""
+    """Under pytest-xdist (`make test`), the slow tests first, so that no worker starts one while the others run out
+    of work. A plain pytest run keeps the order it was given."""
     if "PYTEST_XDIST_WORKER" not in os.environ:  # (set in each xdist worker, where the collection happens)
         return
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # (a stable sort: the rest keep their order)

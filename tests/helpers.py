@@ -1,12 +1,9 @@
 """What the test modules share besides fixtures: paths, the two scripts' runs, data builders, assertions.
 
-A script run is, by default, its `main()` called in the test's own process (`run_script`), as the Hugging Face
-examples' tests run theirs: `sys.argv` patched, the run's environment set for its duration, its output captured,
-and everything global it changes put back afterwards (`_as_in_a_process`). A tool (`python -m
-bridgetower_bench.tools.<tool>`) runs here the same way, through runpy (`run_tool`). A run whose process is the
-subject (its exit status and message, a launcher, what a fresh interpreter reads at start) is a real subprocess
-(`process=True`, or the test's own `subprocess.Popen`); one such test per way out is enough, the variants of each
-message run here. A run stopped by a signal is a process forked from this one (`ForkedRun`, `run_stopped_at`).
+A script run is its `main()` in the test's own process (`run_script`, as the Hugging Face examples' tests run
+theirs), everything global it changes put back afterwards (`_as_in_a_process`); a tool runs here through runpy
+(`run_tool`). Where the process itself is the subject (its exit, a launcher, a fresh interpreter's start), a real
+subprocess (`process=True`); a run stopped by a signal, a fork of this process (`ForkedRun`, `run_stopped_at`).
 """
 
 from __future__ import annotations
@@ -92,8 +89,7 @@ def _needs_optimum_habana(kind: str) -> None:
 
 
 def run_environment() -> dict:
-    """The variables a script run needs, in a process or in this one: offline, the shared data-set cache, no GPU,
-    one intra-op thread (the machines running the tests are small and shared)."""
+    """A script run's variables: offline, the shared data-set cache, no GPU, one intra-op thread (small machines)."""
     return {
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
@@ -105,8 +101,7 @@ def run_environment() -> dict:
 
 
 def script_env(gaudi: bool) -> dict:
-    """Environment for a script subprocess: run_environment(), the repo importable, unbuffered output, and the
-    Habana shim for the Gaudi script (tests/habana_shim/README.md)."""
+    """A script subprocess's: run_environment(), the repo importable, unbuffered, the Gaudi script's Habana shim."""
     env = {**os.environ, **run_environment(), "PYTHONUNBUFFERED": "1"}
     paths = [str(REPO)] + ([str(SHIM)] if gaudi else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -124,11 +119,9 @@ def run_script(
     env: dict | None = None,
     refused: bool = False,
 ) -> subprocess.CompletedProcess:
-    """`python <script> <args>` in the repository: its main() in this process (returncode, stdout, stderr as the
-    process would give them), or with process=True a real subprocess (where the process itself is under test:
-    its exit, what it reads when it starts). `env`: variables to set for the run (None: unset). refused=True: the
-    run must stop before its arguments are built (a refusal of the flags or the environment as given); reaching
-    argument parsing then ends it with REFUSAL_MISSED, so a Gaudi run with --use_habana can run here too."""
+    """`python <script> <args>`: main() in this process, or with process=True a subprocess. `env`: variables to set
+    (None: unset). refused=True: the run must stop before argument parsing (a refusal of the flags or environment),
+    which would end it with REFUSAL_MISSED, so that a Gaudi run with --use_habana can run here too."""
     _needs_optimum_habana(kind)
     cmd = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
     if process:
@@ -156,9 +149,8 @@ def _with(environ: dict, changes: dict) -> dict:
 
 
 def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess.CompletedProcess:
-    """Run the script in a process of its own (`ForkedRun`), sending it `signame` just before its first rename or
-    removal of a path named `name` in --output_dir (tests/stop_at_rename.py): `.publishing` is the final
-    publication's commit point."""
+    """The script in a `ForkedRun`, sent `signame` just before its first rename or removal of a path named `name` in
+    --output_dir (tests/stop_at_rename.py; `.publishing` is the final publication's commit point)."""
     output_dir = args[args.index("--output_dir") + 1]
 
     def stop():
@@ -168,20 +160,17 @@ def run_stopped_at(kind: str, args: list, signame: str, name: str) -> subprocess
 
 
 class ForkedRun:
-    """`python <script> <args>` as a process of its own, started as a fork of this one: a real process (its pid,
-    the signals it gets, its exit status or the signal that ended it) without an interpreter's start and the
-    libraries' imports (seconds each), the script's main() run in it as `run_script` runs it here. Its stdout and
-    stderr go to files in `logs` as it writes them (`lines` follows stdout; `merged`: stderr too, in stdout's
-    file). `before`: called in the child first. `new_session`: the child leads a process group of its own (with
-    the loader workers it starts), which `os.killpg(run.pid, ...)` signals as a whole.
-    For what a fresh interpreter does (its imports, the exit of `python` itself), start `python` instead."""
+    """`python <script> <args>` as a fork of this process: a real process (pid, signals, exit status) without an
+    interpreter's start and imports, main() run as `run_script` runs it. stdout and stderr go to files in `logs`
+    (`lines` follows stdout; `merged`: stderr in it too). `before`: called in the child first. `new_session`: the
+    child leads its own process group (with its loader workers), for `os.killpg(run.pid, ...)`."""
 
     def __init__(self, kind: str, args: list, logs, before=None, merged: bool = False, new_session: bool = False):
         _needs_optimum_habana(kind)
         self.args = [sys.executable, str(REPO / SCRIPTS[kind])] + [str(a) for a in args]
         logs = Path(tempfile.mkdtemp(prefix="forked-", dir=logs))
         self.stdout_path, self.stderr_path = logs / "stdout.txt", logs / "stderr.txt"
-        self.stdout_path.touch(), self.stderr_path.touch()  # both there before the child runs (`lines` opens one)
+        self.stdout_path.touch(), self.stderr_path.touch()  # (`lines` opens one before the child writes)
         self.returncode = None
         sys.stdout.flush(), sys.stderr.flush()
         self.pid = os.fork()
@@ -253,9 +242,8 @@ def wait_for_child(pid: int, seconds: float, what: str) -> int:
 
 
 _modules: dict = {}
-# (module, name, optimum-habana's value, the library's own value) for each name that importing optimum.habana
-# replaces in a library module: accelerate's `convert_model` and `TERecipeKwargs` (transformer-engine fp8, with
-# optimum-habana 1.21.2). optimum-habana's stand in during the Gaudi script's runs only, as in its process.
+# (module, name, optimum-habana's value, the library's own value) for each library name importing optimum.habana
+# replaces (accelerate's `convert_model`, `TERecipeKwargs`): optimum-habana's apply during Gaudi runs only.
 _GAUDI_PATCHES: list = []
 _PATCHABLE = ("accelerate", "transformers", "torch", "datasets")
 
@@ -270,8 +258,7 @@ def _library_names() -> dict:
 
 
 def script_module(kind: str):
-    """The script imported from disk once per test session, under a private name (not `__main__`: its main()
-    is called by `run_script`)."""
+    """The script imported once per test session, under a private name (not `__main__`)."""
     _needs_optimum_habana(kind)
     if kind not in _modules:
         if kind == "gaudi":
@@ -279,8 +266,7 @@ def script_module(kind: str):
                 raise RuntimeError("optimum.habana was imported before the Gaudi script: its changes cannot be undone")
             script_module("cuda")  # the libraries both scripts use imported first, as they are before optimum.habana
             before = _library_names()
-        # (the libraries' own handlers made by the import, on the stderr of the test that happens to import it, are
-        # unmade after it: each run makes its own on its capture, _library_handlers_to)
+        # (the libraries' handlers the import makes on this test's stderr are unmade: each run makes its own)
         with _gaudi_imports() if kind == "gaudi" else contextlib.nullcontext(), _library_handlers_put_back():
             spec = importlib.util.spec_from_file_location(f"_bridgetower_script_{kind}", REPO / SCRIPTS[kind])
             module = importlib.util.module_from_spec(spec)
@@ -301,8 +287,7 @@ def _gaudi_patches(applied: bool) -> None:
 
 @contextlib.contextmanager
 def _gaudi_imports():
-    """What script_env(gaudi=True) gives a process, for the span of an import or a run here: `habana_frameworks`
-    importable from the shim, and the shim's `pip` first on PATH (read when optimum.habana is first imported)."""
+    """script_env(gaudi=True) for an import or a run here: the shim's `habana_frameworks` and `pip` (on PATH)."""
     sys.path.insert(0, str(SHIM))
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = str(SHIM / "bin") + os.pathsep + path
@@ -342,19 +327,16 @@ def _reset_accelerate() -> None:
 
 
 def _library_logging_modules() -> list:
-    """The loaded logging modules of the libraries that make one handler of their own per process (transformers',
-    optimum's, diffusers': `_default_handler`, made by the library's first `get_logger` with the stderr of that
-    moment, its `flush` bound to that stream). Read through the modules' `__dict__` (a lazy module's attribute
-    look-up would import)."""
+    """Loaded logging modules of libraries with one `_default_handler` per process, made on the stderr of their first
+    `get_logger` (transformers', optimum's): read through `__dict__` (a lazy module's look-up would import)."""
     names = ("_default_handler", "_configure_library_root_logger", "_get_library_root_logger")
     return [m for m in list(sys.modules.values()) if all(n in getattr(m, "__dict__", {}) for n in names)]
 
 
 @contextlib.contextmanager
 def _library_handlers_put_back():
-    """A library's own handler made in the block (its logging first configured there) unmade afterwards: taken off
-    its logger and forgotten by the library, so that the next `get_logger` (or run) makes one on the stderr of
-    that moment, and none outlives the stream it was made with (a run's capture, a test's `capsys`)."""
+    """A library's own handler made in the block unmade afterwards, so that none outlives the stream it was made
+    with (a run's capture, a test's `capsys`): the next `get_logger` makes one on the stderr of that moment."""
     before = {m.__name__: vars(m)["_default_handler"] for m in _library_logging_modules()}
     try:
         yield
@@ -371,10 +353,8 @@ _NO_FLUSH = object()  # (a handler without a `flush` of its own: StreamHandler's
 
 @contextlib.contextmanager
 def logging_put_back():
-    """Every logger's level, handlers and propagation, each handler's stream, `flush`, formatter and level, and the
-    libraries' own handlers (_library_handlers_put_back), as they were. While the run lasts, the root logger has no
-    handler (pytest's own are set aside), so that the script's `logging.basicConfig` writes to this run's capture,
-    as in a fresh process. (A test that calls a script's main() itself puts logging back with it too.)"""
+    """Loggers, their handlers (stream, `flush`, formatter, level) and the libraries' own handlers put back after the
+    block; in it the root logger has no handler, so that a script's `logging.basicConfig` writes to its capture."""
     loggers = [logging.getLogger()] + [
         logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
     ]
@@ -408,11 +388,8 @@ def logging_put_back():
 
 
 def _library_handlers_to(stream) -> None:
-    """The handlers the libraries (transformers, datasets, optimum, evaluate, ...) create once per process, with the
-    stderr of that moment: to this run's capture, where a fresh process's would write, their `flush` included
-    (transformers' and optimum's bind it to that stderr's). A library whose own handler is not made yet (its
-    logging unmade after the run or the import that made it, _library_handlers_put_back) makes it now, as its
-    import did in a fresh process."""
+    """The libraries' once-per-process handlers (made now where unmade, as a fresh process's import makes them) to
+    this run's capture, their `flush` too (transformers' and optimum's bind it to the stderr they were made with)."""
     for module in _library_logging_modules():
         if vars(module)["_default_handler"] is None:
             module._configure_library_root_logger()
@@ -425,8 +402,7 @@ def _library_handlers_to(stream) -> None:
 
 
 def _process_warning_filters() -> None:
-    """Python's default warning filters (no -W option), the script's module counting as `__main__`, and warnings
-    printed to stderr as a process prints them (not recorded by pytest)."""
+    """Python's default warning filters, the script's module as `__main__`, warnings printed (not recorded by pytest)."""
     warnings.resetwarnings()
     warnings.filterwarnings("default", category=DeprecationWarning, module="__main__|_bridgetower_script_")
     for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
@@ -443,13 +419,11 @@ def _refusal_missed(*args, **kwargs):
 
 @contextlib.contextmanager
 def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None, ending: bool = False):
-    """This process made to look, for a run here, as a fresh `python` started with the run's environment in `cwd`
-    looks: yields (stdout, stderr), the run's captured output. Put back afterwards: sys.argv, sys.path, os.environ,
-    the working directory, signal handlers, logging, warnings filters, torch's threads, determinism flags and
-    random generators (and Python's and numpy's), accelerate's state, the output directory locks the run held
-    (what the process's exit releases). `streams`: (stdout, stderr) to write to instead of new buffers. `ending`:
-    the process ends after the run (`ForkedRun`): the signal handlers stay as the run left them, as in `python`
-    (a second Ctrl-C while the run exits is ignored, not raised in the put-back)."""
+    """This process as a fresh `python` with the run's environment in `cwd`; yields the run's (stdout, stderr). Put back
+    afterwards: argv, sys.path, environ, cwd, signal handlers, logging, warnings, torch's threads, determinism and
+    random generators (Python's, numpy's), accelerate's state, the run's output directory locks. `streams`: where
+    to write instead. `ending`: the process ends after the run (`ForkedRun`): its signal handlers stay, as in
+    `python` (a second Ctrl-C while it exits is then ignored, not raised in the put-back)."""
     import datasets.config
 
     from bridgetower_bench.output_dir import run_directory
@@ -510,8 +484,8 @@ def _as_in_a_process(changes: dict, cwd, gaudi: bool = False, streams=None, endi
 
 
 def _exit_status(run) -> int:
-    """run()'s end as `python` reports it: the SystemExit's status (None: 0; a message: printed, 1), 1 with the
-    traceback on stderr for any other exception, 0 when it returns."""
+    """run()'s exit status as `python` gives it: SystemExit's (a message printed: 1), 1 and a traceback on another
+    exception, 0 when it returns."""
     try:
         run()
     except SystemExit as stop:
@@ -552,10 +526,8 @@ def _in_process(
 def run_tool(
     tool: str, args: list, cwd=REPO, process: bool = False, gaudi: bool = False
 ) -> subprocess.CompletedProcess:
-    """`python -m bridgetower_bench.tools.<tool> <args>`, or `python lab/<tool>.py <args>` for a script of the lab,
-    in `cwd`, with the scripts' run environment (and the Habana shim where `gaudi`): in this process through runpy,
-    as `python` runs it (its `__main__` block; the lab's siblings importable, as pytest's pythonpath has lab/), with
-    what it changes put back (_as_in_a_process); or with process=True a subprocess."""
+    """`python -m bridgetower_bench.tools.<tool> <args>` (or `python lab/<tool>.py`) in `cwd` with the run environment
+    (and the Habana shim where `gaudi`): here through runpy, as `__main__`, put back after; or process=True."""
     module, script = f"bridgetower_bench.tools.{tool}", REPO / "lab" / f"{tool}.py"
     command = [str(script)] if script.exists() else ["-m", module]
     argv = [sys.executable, *command, *map(str, args)]
@@ -577,8 +549,7 @@ def run_tool(
 
 @contextlib.contextmanager
 def optimum_habana():
-    """optimum.habana in this process for the span of the block, as the Gaudi script's runs have it (the shim's
-    habana_frameworks importable, optimum-habana's names in accelerate): imported through the Gaudi script once
+    """optimum.habana here for the block, as the Gaudi script's runs have it: imported through the Gaudi script once
     (script_module), so that what its import changes in other libraries is undone after the block."""
     script_module("gaudi")
     with _gaudi_imports(), _library_handlers_put_back():
@@ -619,8 +590,7 @@ def base_args(fixtures, output_dir, **overrides):
 
 
 def command(fixtures, out, kind="cuda", *extra, **overrides):
-    """Train the tiny model: 32 rows in batches of 4 (8 steps an epoch: every step in the first), a checkpoint
-    every 2 steps."""
+    """Train the tiny model: 32 rows in batches of 4 (8 steps an epoch), a checkpoint every 2 steps."""
     args = {"max_train_samples": 32, "max_steps": 2, **overrides}
     return base_args(fixtures, out, **args) + ["--do_train", *extra] + CPU_FLAGS[kind]
 
@@ -657,8 +627,8 @@ def all_strings(value):
 
 
 def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_step: int) -> None:
-    """A run's saved throughput is its counted samples over its counted seconds, for the steps the flags imply,
-    and its data-wait shares are the seconds it waited over that same window (more than "samples/s > 0")."""
+    """Saved throughput is counted samples over counted seconds for the steps the flags imply, and the data-wait
+    shares are the seconds waited in that window (more than "samples/s > 0")."""
     assert metrics["throughput_counted_steps"] == counted_steps
     assert metrics["throughput_counted_samples"] == counted_steps * samples_per_step
     seconds = metrics["throughput_counted_seconds"]
@@ -716,18 +686,12 @@ def tiny_contrastive_model():
     """A BridgeTowerForContrastiveLearning of one layer each, 28-pixel images, seeded weights, in eval mode."""
     from transformers import BridgeTowerConfig, BridgeTowerForContrastiveLearning
 
+    layer = dict(hidden_size=64, num_hidden_layers=1)  # one layer of 64 in each tower and in the cross-modal part
+    text = dict(layer, num_attention_heads=1, intermediate_size=64, vocab_size=50, max_position_embeddings=24)
     config = BridgeTowerConfig(
-        text_config=dict(
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            intermediate_size=64,
-            vocab_size=50,
-            max_position_embeddings=24,
-        ),
-        vision_config=dict(hidden_size=64, num_hidden_layers=1, image_size=28, patch_size=14),
-        hidden_size=64,
-        num_hidden_layers=1,
+        text_config=text,
+        vision_config=dict(layer, image_size=28, patch_size=14),
+        **layer,
         num_attention_heads=1,
         contrastive_hidden_size=16,
         logit_scale_init_value=2.6592,
@@ -750,14 +714,10 @@ def dead_pid() -> int:
 
 def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
     """A TrainerExtensions trainer of the tiny fixture model on `ds`, on the CPU (2 steps of 4 unless overridden)."""
-    from transformers import BridgeTowerForContrastiveLearning, Trainer
+    from transformers import BridgeTowerForContrastiveLearning
 
     from bridgetower_bench import data
     from bridgetower_bench.arguments import WarmupTrainingArguments
-    from bridgetower_bench.trainer import TrainerExtensions
-
-    class BridgeTowerTrainer(TrainerExtensions, Trainer):
-        pass
 
     options = dict(
         output_dir=str(out),
@@ -774,7 +734,7 @@ def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
     )
     options.update(overrides)
     model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
-    return BridgeTowerTrainer(
+    return extended_trainer_class()(
         model=model,
         args=WarmupTrainingArguments(**options),
         train_dataset=ds,

@@ -30,9 +30,12 @@ from helpers import dead_pid
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_failed_json_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+def test_a_json_write_is_the_trainers_text_and_a_failed_one_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "eval_results.json"
-    write_json_atomically(path, {"eval_loss": 1.0})
+    write_json_atomically(str(path), {"eval_loss": 1.0, "epoch": 1.0})
+    assert path.read_text() == '{\n    "epoch": 1.0,\n    "eval_loss": 1.0\n}\n', "as the trainer writes it"
 
     def dump_half_then_die(obj, f, **kwargs):
         f.write('{"eval_lo')
@@ -41,10 +44,11 @@ def test_a_failed_json_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path
     monkeypatch.setattr(atomic_files.json, "dump", dump_half_then_die)
     with pytest.raises(KeyboardInterrupt):
         write_json_atomically(path, {"eval_loss": 2.0})
-    assert json.loads(path.read_text()) == {"eval_loss": 1.0} and os.listdir(tmp_path) == ["eval_results.json"]
+    assert json.loads(path.read_text()) == {"eval_loss": 1.0, "epoch": 1.0}
+    assert os.listdir(tmp_path) == ["eval_results.json"]
 
 
-def test_a_failure_before_the_rename_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+def test_a_failure_before_the_rename_keeps_the_old_file_leaves_no_temporary_and_names_the_target(tmp_path):
     path = tmp_path / "table.md"
     write_atomically(path, "old\n")
     with pytest.raises(RuntimeError):
@@ -52,6 +56,12 @@ def test_a_failure_before_the_rename_keeps_the_old_file_and_leaves_no_temporary(
             with open(temporary, "w") as f:
                 f.write("half of the new")
             raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["table.md"]
+    # A full disk reaches write() as ENOSPC without a file name: the error names the file being written.
+    with pytest.raises(OSError) as failed:
+        with atomic_path(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(path))
     assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["table.md"]
     write_atomically(path, b"new\n")
     assert path.read_bytes() == b"new\n" and os.listdir(tmp_path) == ["table.md"]
@@ -75,8 +85,8 @@ def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypa
     assert events == ([("fsync", written)] if fsync else []) + [("rename", written)]
 
 
-def _special_nodes(tmp_path):
-    """A FIFO, a socket, a directory and (as root, who may make one) a character device like /dev/null."""
+def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
+    # A FIFO, a socket, a directory and (as root, who may make one) a character device like /dev/null.
     nodes = {"FIFO": tmp_path / "fifo", "socket": tmp_path / "socket", "directory": tmp_path / "directory"}
     os.mkfifo(nodes["FIFO"])
     listener = socket.socket(socket.AF_UNIX)
@@ -87,11 +97,6 @@ def _special_nodes(tmp_path):
         os.mknod(nodes["character device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     nodes["link to a FIFO"] = tmp_path / "link"
     nodes["link to a FIFO"].symlink_to(nodes["FIFO"])
-    return nodes, listener
-
-
-def test_an_atomic_write_never_replaces_a_path_that_is_not_a_regular_file(tmp_path):
-    nodes, listener = _special_nodes(tmp_path)
     with listener:
         for kind, path in nodes.items():
             before = os.lstat(path)
@@ -111,9 +116,8 @@ def test_a_write_to_a_symbolic_link_writes_where_it_points(tmp_path):
     target_inode = target.stat().st_ino
     write_atomically(link, '{"again": 1}')  # an existing target: replaced, the link kept
     assert link.is_symlink() and link.read_text() == '{"again": 1}' and target.stat().st_ino != target_inode
-    assert sorted(os.listdir(tmp_path)) == ["results.json", "runs"] and os.listdir(tmp_path / "runs") == [
-        "results.json"
-    ]
+    assert sorted(os.listdir(tmp_path)) == ["results.json", "runs"]
+    assert os.listdir(tmp_path / "runs") == ["results.json"]
 
 
 def test_a_node_swapped_in_while_writing_is_not_renamed_over(tmp_path):
@@ -125,30 +129,13 @@ def test_a_node_swapped_in_while_writing_is_not_renamed_over(tmp_path):
     assert stat.S_ISFIFO(os.lstat(path).st_mode) and os.listdir(tmp_path) == ["results.json"]
 
 
-def test_a_write_error_that_names_no_file_is_raised_naming_the_target(tmp_path):
-    """A full disk reaches write() as ENOSPC without a file name: the error names the file being written."""
-    path = tmp_path / "comparison.json"
-    with pytest.raises(OSError) as failed:
-        with atomic_path(path):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(path))
-    assert os.listdir(tmp_path) == []
-
-
 def test_temporary_names_record_host_and_pid_whatever_the_host_name(monkeypatch):
     for host in ("node7", "gpu-node-12", "n-1.cluster.example", "3f2a9c"):
         monkeypatch.setattr(atomic_files.socket, "gethostname", lambda: host)
         first, second = temp_path("/out/all_results.json"), temp_path("/out/all_results.json")
         assert first != second  # two writers of one process never share a temporary
         assert parse_temp_name(os.path.basename(first)) == ("all_results.json", host, os.getpid())
-    for name in (
-        "notes.txt",
-        "notes.partial-123",
-        ".staging-123",
-        "x.partial-host-12",
-        "x.partial-12.ab",
-        ".x.1a.host.12.tmp",
-    ):
+    for name in "notes.txt notes.partial-123 .staging-123 x.partial-host-12 x.partial-12.ab .x.1a.host.12.tmp".split():
         assert parse_temp_name(name) is None, name
 
 
@@ -213,29 +200,9 @@ def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tm
 # ---------------------------------------------------------------------------------------------
 
 
-def test_process_alive_tells_a_running_process_from_a_finished_one():
+def test_process_alive_tells_a_running_process_from_a_finished_one_without_disturbing_it(monkeypatch):
     assert atomic_files.process_alive(os.getpid())
     assert atomic_files.process_alive(1)  # exists, whoever owns it
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    assert not atomic_files.process_alive(finished.pid)
-
-
-def test_process_alive_counts_another_users_process_as_alive(monkeypatch):
-    def owned_by_someone_else(pid, signum):
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(atomic_files.os, "kill", owned_by_someone_else)
-    assert atomic_files.process_alive(4242)
-
-
-def test_results_json_is_written_as_the_trainer_writes_it(tmp_path):
-    path = tmp_path / "all_results.json"
-    atomic_files.write_json_atomically(str(path), {"train_loss": 0.5, "epoch": 1.0})
-    assert path.read_text() == '{\n    "epoch": 1.0,\n    "train_loss": 0.5\n}\n'
-
-
-def test_asking_whether_a_process_is_alive_does_not_disturb_it():
     child = subprocess.Popen(
         [
             sys.executable,
@@ -255,3 +222,10 @@ def test_asking_whether_a_process_is_alive_does_not_disturb_it():
     finally:
         child.kill()
         child.wait()
+    assert not atomic_files.process_alive(child.pid)
+
+    def owned_by_someone_else(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(atomic_files.os, "kill", owned_by_someone_else)
+    assert atomic_files.process_alive(4242), "another user's process counts as alive"

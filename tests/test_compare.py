@@ -41,7 +41,7 @@ def _run(root, name, samples_per_second, recall, loader="torch"):
     )
 
 
-def test_load_run_merges_results_files_with_per_split_files_winning(tmp_path):
+def test_load_run_merges_results_files_with_per_split_files_winning_and_names_what_is_missing(tmp_path):
     run_dir = _write_run(
         tmp_path,
         "run",
@@ -50,16 +50,12 @@ def test_load_run_merges_results_files_with_per_split_files_winning(tmp_path):
             "validation_results.json": {"eval_loss": 1.0},
         },
     )
-
     assert compare.load_run(run_dir) == {"train_samples_per_second": 10.0, "eval_loss": 1.0}
 
-
-def test_missing_directory_or_results_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
     _write_run(tmp_path, "broken", {"validation_results.json": {}})
     (tmp_path / "broken" / "validation_results.json").write_text("{not json")
     _write_run(tmp_path, "listy", {"train_results.json": [1, 2]})
-
     with pytest.raises(ValueError, match="run directory not found: .*nowhere"):
         compare.load_run(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no results in .*empty: expected one of all_results.json"):
@@ -70,7 +66,7 @@ def test_missing_directory_or_results_are_named(tmp_path):
         compare.load_run(tmp_path / "listy")
 
 
-def test_cli_prints_runs_side_by_side(tmp_path, capsys):
+def test_cli_prints_runs_side_by_side_and_names_a_missing_directory(tmp_path, capsys):
     upstream = _run(tmp_path, "upstream", 601.5, 0.3)
     fast = _run(tmp_path, "fast", 768.7, 0.32, loader="torch (media pipeline unavailable: no|module)")
 
@@ -83,13 +79,13 @@ def test_cli_prints_runs_side_by_side(tmp_path, capsys):
     assert "| test_i2t_recall@10 | 0.8 | 0.8 |" in out
     assert "| loader | torch | torch (media pipeline unavailable: no\\|module) |" in out
     assert "eval_runtime" not in out  # neither a throughput nor a quality figure
-    assert (
-        out.index("train_loss")
-        < out.index("eval_loss")
-        < out.index("eval_i2t_recall@1")
-        < out.index("eval_i2t_mean_rank")
-        < out.index("test_i2t_recall@10")
-    )
+    order = ["train_loss", "eval_loss", "eval_i2t_recall@1", "eval_i2t_mean_rank", "test_i2t_recall@10"]
+    assert sorted(order, key=out.index) == order, out
+
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([upstream, str(tmp_path / "typo_dir")])
+    assert exit_info.value.code == 2
+    assert "run directory not found:" in capsys.readouterr().err
 
 
 def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, capsys):
@@ -105,16 +101,6 @@ def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, c
     assert "| world_size | 16 | 16 |" in out and "| nodes | 1 | 2 |" in out
 
 
-def test_cli_reports_a_missing_directory_by_name(tmp_path, capsys):
-    good = _run(tmp_path, "good", 100.0, 0.3)
-
-    with pytest.raises(SystemExit) as exit_info:
-        compare.main([good, str(tmp_path / "typo_dir")])
-
-    assert exit_info.value.code == 2
-    assert "run directory not found:" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("flag", ["noequals", "=a,b", "name=", "name=,"])
 def test_malformed_group_flag_is_refused(flag, capsys):
     with pytest.raises(SystemExit):
@@ -124,27 +110,12 @@ def test_malformed_group_flag_is_refused(flag, capsys):
 
 
 def test_quality_keys_order_and_discovery():
-    present = [
-        "test_t2i_recall@5",
-        "eval_t2i_mean_rank",
-        "eval_i2t_recall@10",
-        "eval_i2t_recall@2",
-        "eval_loss",
-        "train_loss",
-        "eval_runtime",
-        "eval_t2i_recall@1",
-        "train_samples_per_second",
-    ]
-
-    assert compare.quality_keys(present) == [
-        "train_loss",
-        "eval_loss",
-        "eval_i2t_recall@2",
-        "eval_i2t_recall@10",
-        "eval_t2i_recall@1",
-        "eval_t2i_mean_rank",
-        "test_t2i_recall@5",
-    ]
+    present = (
+        "test_t2i_recall@5 eval_t2i_mean_rank eval_i2t_recall@10 eval_i2t_recall@2 eval_loss train_loss eval_runtime "
+        "eval_t2i_recall@1 train_samples_per_second"
+    ).split()
+    ordered = "train_loss eval_loss eval_i2t_recall@2 eval_i2t_recall@10 eval_t2i_recall@1 eval_t2i_mean_rank"
+    assert compare.quality_keys(present) == [*ordered.split(), "test_t2i_recall@5"]
 
 
 def test_group_stats_and_spread_verdicts():
@@ -191,14 +162,9 @@ def test_groups_print_mean_spread_and_verdict_and_write_json(tmp_path, capsys):
     assert report["groups"]["fast"]["stats"]["train_samples_per_second"]["mean"] == pytest.approx(765.0)
     by_metric = {c["metric"]: c for c in report["comparisons"]}
     assert by_metric["eval_t2i_recall@1"]["verdict"] == "within spread"
-    assert set(by_metric) == {
-        "train_loss",
-        "eval_loss",
-        "eval_i2t_recall@1",
-        "eval_t2i_recall@1",
-        "eval_i2t_mean_rank",
-        "test_i2t_recall@10",
-    }
+    assert set(by_metric) == set(
+        "train_loss eval_loss eval_i2t_recall@1 eval_t2i_recall@1 eval_i2t_mean_rank test_i2t_recall@10".split()
+    )
 
 
 def test_a_difference_larger_than_the_spread_is_flagged(tmp_path, capsys):
@@ -222,30 +188,15 @@ def test_same_directory_names_in_different_places_stay_apart(tmp_path, capsys):
 
 
 def test_runs_of_different_library_versions_are_shown_and_said_to_differ(tmp_path, capsys):
-    pinned = _write_run(
-        tmp_path,
-        "pinned",
-        {
-            "train_results.json": {
-                "train_samples_per_second": 600.0,
-                "version_transformers": "4.55.4",
-                "version_accelerate": "1.10.1",
-                "version_datasets": "5.0.1",
-            }
-        },
-    )
-    current = _write_run(
-        tmp_path,
-        "current",
-        {
-            "train_results.json": {
-                "train_samples_per_second": 610.0,
-                "version_transformers": "5.24.0",
-                "version_accelerate": "1.16.0",
-                "version_datasets": "5.0.1",
-            }
-        },
-    )
+    def run(name, transformers, accelerate):
+        versions = {
+            "version_transformers": transformers,
+            "version_accelerate": accelerate,
+            "version_datasets": "5.0.1",
+        }
+        return _write_run(tmp_path, name, {"train_results.json": {"train_samples_per_second": 600.0, **versions}})
+
+    pinned, current = run("pinned", "4.55.4", "1.10.1"), run("current", "5.24.0", "1.16.0")
     assert compare.main([pinned, current, "--json", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
     note = (

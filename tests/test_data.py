@@ -61,33 +61,16 @@ def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fi
     write_rows(tmp_path / f"train.{fmt}", names, fmt)
     write_rows(tmp_path / f"validation.{fmt}", names[:4], fmt)
     out = tmp_path / "out"
+    files = ["--train_file", tmp_path / f"train.{fmt}", "--validation_file", tmp_path / f"validation.{fmt}"]
+    recipe = (
+        "--do_train --do_eval --per_device_train_batch_size 4 --per_device_eval_batch_size 4 --num_train_epochs 1 "
+        "--report_to none --save_strategy no"
+    ).split()
     run_script(
         kind,
-        [
-            "--model_name_or_path",
-            fixtures["model"],
-            "--train_file",
-            tmp_path / f"train.{fmt}",
-            "--validation_file",
-            tmp_path / f"validation.{fmt}",
-            "--output_dir",
-            out,
-            "--do_train",
-            "--do_eval",
-            "--per_device_train_batch_size",
-            4,
-            "--per_device_eval_batch_size",
-            4,
-            "--num_train_epochs",
-            1,
-            "--image_pipeline",
-            pipeline,
-            "--report_to",
-            "none",
-            "--save_strategy",
-            "no",
-            *CPU_FLAGS[kind],
-        ],
+        ["--model_name_or_path", fixtures["model"], *files, "--output_dir", out, "--image_pipeline", pipeline]
+        + recipe
+        + CPU_FLAGS[kind],
     )
     train = read_json(out / "train_results.json")
     assert np.isfinite(train["train_loss"]) and train["image_pipeline"] == pipeline
@@ -95,33 +78,19 @@ def test_scripts_train_on_files_with_every_kind_of_image(kind, fmt, pipeline, fi
 
 
 def test_wrong_column_is_named_with_the_available_columns(fixtures, tmp_path):
-    result = run_script(
-        "cuda",
-        [
-            *script_flags(fixtures, image_column="picture"),
-            "--output_dir",
-            tmp_path / "o",
-            "--do_train",
-            "--report_to",
-            "none",
-            *CPU_FLAGS["cuda"],
-        ],
-        check=False,
-    )
+    args = script_flags(fixtures, image_column="picture", output_dir=tmp_path / "o", report_to="none")
+    result = run_script("cuda", [*args, "--do_train", *CPU_FLAGS["cuda"]], check=False)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("run_bridgetower_cuda.py: error: --image_column=picture is not a column")
     assert "image, contest_number" in last and "image_description" in last
 
 
-def test_unknown_file_extension_names_the_flag(tmp_path):
+def test_data_arguments_name_the_flag_of_an_unknown_extension_or_mixed_formats_and_json_jsonl_go_together(tmp_path):
     with pytest.raises(ValueError, match=r"--train_file=.*captions\.txt: unsupported file extension '\.txt'"):
         arguments.check_data_arguments(None, str(tmp_path / "captions.txt"), None)
     with pytest.raises(ValueError, match="Need either --dataset_name or --train_file"):
         arguments.check_data_arguments(None, None, None)
-
-
-def test_train_and_validation_files_of_different_formats_are_refused_and_json_jsonl_go_together():
     with pytest.raises(
         ValueError, match=r"^--train_file=t\.csv and --validation_file=v\.json must have the same format"
     ):
@@ -130,34 +99,37 @@ def test_train_and_validation_files_of_different_formats_are_refused_and_json_js
     arguments.check_data_arguments(None, "t.csv", "v.CSV")
 
 
+def load_raw(**given):
+    """data.load_raw_datasets of what the caller names; no data set, file, configuration, cache or token else."""
+    names = ("dataset_name", "dataset_config_name", "data_dir", "train_file", "validation_file", "cache_dir", "token")
+    return data.load_raw_datasets(**{**dict.fromkeys(names), "dataset_revision": "main", **given})
+
+
 def test_data_dir_picks_the_folder_of_a_data_set_directory_that_is_read(tmp_path):
     for folder in ("2023", "2024"):
         (tmp_path / "set" / folder).mkdir(parents=True)
         (tmp_path / "set" / folder / "train.csv").write_text(f"image_path,caption\n{folder}.jpg,from {folder}\n")
-    common = dict(dataset_config_name=None, dataset_revision="main", cache_dir=str(tmp_path / "cache"), token=None)
     for folder in ("2023", "2024"):
-        read = data.load_raw_datasets(
-            dataset_name=str(tmp_path / "set"), train_file=None, validation_file=None, data_dir=folder, **common
-        )
+        read = load_raw(dataset_name=str(tmp_path / "set"), data_dir=folder, cache_dir=str(tmp_path / "cache"))
         assert read["train"]["caption"] == [f"from {folder}"]
 
 
 def test_dataset_config_name_picks_the_configuration(fixtures, tmp_path):
-    common = dict(dataset_name=str(fixtures["dataset"]), dataset_revision="main", data_dir=None, train_file=None)
-    common.update(validation_file=None, cache_dir=str(tmp_path), token=None)
-    assert "train" in data.load_raw_datasets(dataset_config_name="matching", **common)
+    common = dict(dataset_name=str(fixtures["dataset"]), cache_dir=str(tmp_path))
+    assert "train" in load_raw(dataset_config_name="matching", **common)
     with pytest.raises(ValueError, match="'ranking' not found"):
-        data.load_raw_datasets(dataset_config_name="ranking", **common)
+        load_raw(dataset_config_name="ranking", **common)
 
 
-def test_missing_data_file_and_missing_dataset_directory_are_named(tmp_path):
-    common = dict(dataset_config_name=None, dataset_revision="main", data_dir=None, cache_dir=None, token=None)
+def test_a_missing_data_file_a_missing_dataset_directory_and_one_with_an_unreadable_file_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"--train_file=.*nope\.csv: no such file"):
-        data.load_raw_datasets(
-            dataset_name=None, train_file=str(tmp_path / "nope.csv"), validation_file=None, **common
-        )
+        load_raw(train_file=str(tmp_path / "nope.csv"))
     with pytest.raises(ValueError, match=r"--dataset_name=.*missing: no such directory"):
-        data.load_raw_datasets(dataset_name=str(tmp_path / "missing"), train_file=None, validation_file=None, **common)
+        load_raw(dataset_name=str(tmp_path / "missing"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
+        load_raw(dataset_name=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
 
 
 def test_resolve_column_lists_available_columns():
@@ -172,7 +144,7 @@ def _dataset(n):
     return datasets.Dataset.from_dict({"image": [f"{i}.png" for i in range(n)], "caption": [str(i) for i in range(n)]})
 
 
-def test_existing_validation_split_is_kept_and_only_test_is_split_off():
+def test_existing_validation_split_is_kept_and_only_test_is_split_off_with_the_seed():
     raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
     splits = data.make_splits(raw, seed=3)
     assert list(splits["validation"]["caption"]) == list(raw["validation"]["caption"])
@@ -180,14 +152,9 @@ def test_existing_validation_split_is_kept_and_only_test_is_split_off():
     assert not set(splits["train"]["caption"]) & set(splits["test"]["caption"])
     again = data.make_splits(raw, seed=3)
     assert list(again["test"]["caption"]) == list(splits["test"]["caption"]), "the split must follow the run's seed"
-
-
-def test_train_only_is_split_60_20_20_and_complete_sets_are_untouched():
-    splits = data.make_splits(datasets.DatasetDict({"train": _dataset(100)}), seed=0)
-    assert [len(splits[s]) for s in ("train", "validation", "test")] == [60, 20, 20]
-    assert sorted(sum((list(splits[s]["caption"]) for s in splits), [])) == sorted(str(i) for i in range(100))
-    full = datasets.DatasetDict({"train": _dataset(5), "validation": _dataset(3), "test": _dataset(2)})
-    assert {s: len(d) for s, d in data.make_splits(full, seed=0).items()} == {"train": 5, "validation": 3, "test": 2}
+    other_seed = list(data.make_splits(raw, seed=4)["test"]["caption"])
+    assert other_seed != list(splits["test"]["caption"]), "drawn with the seed"
+    assert sorted(splits["test"]["caption"]) != sorted(str(i) for i in range(40, 50)), "not taken from the end"
 
 
 def test_without_do_predict_no_test_split_is_carved_off_train():
@@ -196,14 +163,13 @@ def test_without_do_predict_no_test_split_is_carved_off_train():
     assert set(splits) == {"train", "validation"}
     assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
     # a missing validation split is still carved off (evaluation needs it)
-    no_validation = data.make_splits(
-        datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)}), seed=3, need_test=False
-    )
+    raw = datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)})
+    no_validation = data.make_splits(raw, seed=3, need_test=False)
     assert len(no_validation["train"]) == 40 and len(no_validation["validation"]) == 10
 
 
 @pytest.mark.parametrize("need_test", [True, False])
-def test_train_only_data_gets_upstreams_rows_in_each_split(need_test):
+def test_train_only_data_is_split_60_20_20_into_upstreams_rows(need_test):
     raw = _dataset(100)
     # upstream: 40 % off train with the seed (shuffled), then that part halved in order into validation and test
     held_out = raw.train_test_split(test_size=0.4, shuffle=True, seed=11)
@@ -211,34 +177,33 @@ def test_train_only_data_gets_upstreams_rows_in_each_split(need_test):
     expected = {"train": held_out["train"], "validation": halves["train"], "test": halves["test"]}
     splits = data.make_splits(datasets.DatasetDict({"train": raw}), seed=11, need_test=need_test)
     assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(d["caption"]) for s, d in expected.items()}
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [60, 20, 20]
+    assert sorted(sum((list(splits[s]["caption"]) for s in splits), [])) == sorted(str(i) for i in range(100))
 
 
-def test_caption_column_holding_non_strings_is_refused_with_its_row():
-    tokenize = data.TokenizeCaptions(tokenizer=None, caption_column="caption", max_seq_length=8)
-    with pytest.raises(ValueError, match=r"--caption_column=caption: row 11 holds 42"):
-        tokenize({"caption": ["fine", 42]}, indices=[10, 11])
-
-
-def test_image_column_holding_neither_images_nor_paths_is_refused():
-    ds = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
-    with pytest.raises(
-        ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"
-    ):
-        data.prepare_image_column(ds, "image", "train")
-
-
-def test_csv_cells_that_pandas_would_read_as_missing_stay_captions(tmp_path):
+def test_csv_cells_that_pandas_would_read_as_missing_stay_captions_and_an_unreadable_file_is_named_with_the_reason(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "train.csv"
     path.write_text("image,caption\na.png,NA\nb.png,None\nc.png,null\n")
     rows = data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
     assert list(rows["caption"]) == ["NA", "None", "null"]
-
-
-def test_unreadable_data_file_is_refused_with_the_parsers_reason(tmp_path):
     path = tmp_path / "train.json"
     path.write_text("{not json")
     with pytest.raises(ValueError, match=r"--train_file=.*train\.json: cannot be read as json: JSON parse error"):
         data.load_data_file(str(path), "--train_file", "train", cache_dir=str(tmp_path / "cache"))
+
+    def refuse(*args, **kwargs):  # the reader's own error, two lines long and chained to another
+        try:
+            raise KeyError("inner detail")
+        except KeyError as inner:
+            raise ValueError("the header has 3 fields, the rows 4\nmore lines") from inner
+
+    monkeypatch.setattr(data, "load_dataset", refuse)
+    with pytest.raises(
+        ValueError, match=r"^--train_file=t\.csv: cannot be read as csv: the header has 3 fields, the rows 4$"
+    ):
+        data.load_data_file("t.csv", "--train_file", "train")
 
 
 def test_relative_image_path_found_from_the_working_directory_is_kept(tmp_path, monkeypatch):
@@ -250,72 +215,36 @@ def test_relative_image_path_found_from_the_working_directory_is_kept(tmp_path, 
     Image.new("RGB", (4, 4)).save(files / "only_here.png")
     (files / "train.csv").write_text("image,caption\npic.png,a\nonly_here.png,b\n")
     monkeypatch.chdir(work)
-    raw = data.load_raw_datasets(
-        dataset_name=None,
-        dataset_config_name=None,
-        dataset_revision="main",
-        data_dir=None,
-        train_file=str(files / "train.csv"),
-        validation_file=None,
-        cache_dir=str(tmp_path / "cache"),
-        token=None,
-    )
+    raw = load_raw(train_file=str(files / "train.csv"), cache_dir=str(tmp_path / "cache"))
     assert list(raw["train"]["image"]) == ["pic.png", str(files / "only_here.png")]
 
 
-def test_max_seq_length_may_use_every_text_position_and_no_more():
-    import transformers
-
-    config = transformers.BridgeTowerConfig(text_config={"max_position_embeddings": 24, "pad_token_id": 1})
-    arguments.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
-    with pytest.raises(ValueError, match=r"--max_seq_length=23 is larger than the model's 22 text positions"):
-        arguments.check_max_seq_length(23, config)
-
-
-@pytest.mark.parametrize("given", [("validation",), ("test",), ("validation", "test")])
-def test_without_a_train_split_the_given_splits_are_kept_as_they_are(given):
+@pytest.mark.parametrize(
+    "given", [("validation",), ("test",), ("validation", "test"), ("train", "validation", "test")]
+)
+def test_without_a_train_split_or_with_all_three_the_given_splits_are_kept_as_they_are(given):
     raw = datasets.DatasetDict({s: _dataset(6) for s in given})  # e.g. only --validation_file, for --do_eval
     splits = data.make_splits(raw, seed=0)
     assert {s: list(d["caption"]) for s, d in splits.items()} == {s: list(raw[s]["caption"]) for s in given}
 
 
-def test_max_seq_length_must_leave_room_for_one_caption_token_beside_the_special_tokens():
+def test_max_seq_length_may_use_every_text_position_and_must_leave_room_for_one_caption_token():
     import transformers
 
     class TwoSpecialTokens:  # RoBERTa's <s> ... </s>
         def num_special_tokens_to_add(self):
             return 2
 
-    config = transformers.BridgeTowerConfig()
+    config = transformers.BridgeTowerConfig(text_config={"max_position_embeddings": 24, "pad_token_id": 1})
+    arguments.check_max_seq_length(22, config)  # RoBERTa-style positions: 2 are kept for the padding offset
+    with pytest.raises(ValueError, match=r"--max_seq_length=23 is larger than the model's 22 text positions"):
+        arguments.check_max_seq_length(23, config)
     arguments.check_max_seq_length(3, config, TwoSpecialTokens())
     with pytest.raises(
         ValueError,
         match=r"--max_seq_length=2 leaves no room for a caption: the tokenizer adds 2 special tokens; use at least 3",
     ):
         arguments.check_max_seq_length(2, config, TwoSpecialTokens())
-
-
-def test_dataset_directory_with_an_unreadable_file_is_refused_with_the_parsers_reason(tmp_path):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "train.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"--dataset_name=.*data: cannot be read: JSON parse error"):
-        data.load_raw_datasets(
-            dataset_name=str(tmp_path / "data"),
-            dataset_config_name=None,
-            dataset_revision="main",
-            data_dir=None,
-            train_file=None,
-            validation_file=None,
-            cache_dir=str(tmp_path / "cache"),
-            token=None,
-        )
-
-
-def test_split_off_test_rows_are_drawn_with_the_seed_not_taken_from_the_end():
-    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
-    tests = [list(data.make_splits(raw, seed=seed)["test"]["caption"]) for seed in (3, 4)]
-    assert tests[0] != tests[1]
-    assert sorted(tests[0]) != sorted(str(i) for i in range(40, 50))
 
 
 def test_image_load_error_names_the_split_and_the_image_once():
@@ -338,7 +267,11 @@ def test_image_load_error_names_the_split_and_the_image_once():
     assert str(error.value) == "split 'validation': image '/data/b.png': cannot identify image file"
 
 
-def test_long_captions_are_cut_to_max_seq_length_and_short_ones_padded_to_it(fixtures):
+def test_captions_are_cut_or_padded_to_max_seq_length_non_strings_refused_and_tokenized_splits_cached(
+    fixtures, tmp_path
+):
+    """Non-string captions are refused with their row. A data set read from disk is tokenized once; a second run
+    reads the cached result (the same file, untouched), and --overwrite_cache writes it again."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
@@ -346,14 +279,9 @@ def test_long_captions_are_cut_to_max_seq_length_and_short_ones_padded_to_it(fix
     tokens = tokenize({"caption": ["a cat " * 40, "a cat"]}, [0, 1])
     assert [len(ids) for ids in tokens["input_ids"]] == [8, 8]
     assert tokens["attention_mask"][0] == [1] * 8 and tokens["attention_mask"][1][-1] == 0
+    with pytest.raises(ValueError, match=r"--caption_column=caption: row 11 holds 42"):
+        tokenize({"caption": ["fine", 42]}, indices=[10, 11])
 
-
-def test_tokenized_splits_are_reused_from_the_cache_unless_overwrite_cache_is_set(fixtures, tmp_path):
-    """A data set read from disk is tokenized once; a second run reads the cached result (the same file,
-    untouched), and --overwrite_cache writes it again."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
     _dataset(6).save_to_disk(str(tmp_path / "saved"))
     dataset = datasets.load_from_disk(str(tmp_path / "saved"))
     options = dict(image_column="image", caption_column="caption", max_seq_length=8, num_proc=None, split="train")
@@ -364,23 +292,9 @@ def test_tokenized_splits_are_reused_from_the_cache_unless_overwrite_cache_is_se
         return cache_file, os.stat(cache_file).st_mtime_ns
 
     first = tokenized_file(False)
-    assert tokenized_file(False) == first
+    assert tokenized_file(False) == first, "read from the cache"
     again = tokenized_file(True)
-    assert again[0] == first[0] and again[1] != first[1]
-
-
-def test_an_unreadable_data_file_is_named_with_the_readers_own_message(tmp_path, monkeypatch):
-    def refuse(*args, **kwargs):
-        try:
-            raise KeyError("inner detail")
-        except KeyError as inner:
-            raise ValueError("the header has 3 fields, the rows 4\nmore lines") from inner
-
-    monkeypatch.setattr(data, "load_dataset", refuse)
-    with pytest.raises(
-        ValueError, match=r"^--train_file=t\.csv: cannot be read as csv: the header has 3 fields, the rows 4$"
-    ):
-        data.load_data_file("t.csv", "--train_file", "train")
+    assert again[0] == first[0] and again[1] != first[1], "--overwrite_cache writes it again"
 
 
 def test_only_non_empty_strings_of_the_image_column_are_resolved_as_paths(tmp_path):
@@ -392,7 +306,7 @@ def test_only_non_empty_strings_of_the_image_column_are_resolved_as_paths(tmp_pa
     assert resolve(batch) == {"image": [str(tmp_path / "pictures" / "a.jpg"), "", None, embedded]}
 
 
-def test_an_image_feature_is_read_undecoded_and_a_path_column_is_left_as_it_is():
+def test_an_image_feature_is_read_undecoded_a_path_column_is_left_as_it_is_and_any_other_is_refused():
     rgb = Image.new("RGB", (4, 3), (10, 20, 30))
     images = datasets.Dataset.from_dict({"image": [rgb], "caption": ["x"]}).cast_column("image", datasets.Image())
     prepared = data.prepare_image_column(images, "image", "train")
@@ -400,3 +314,8 @@ def test_an_image_feature_is_read_undecoded_and_a_path_column_is_left_as_it_is()
     assert set(prepared[0]["image"]) == {"bytes", "path"} and prepared[0]["image"]["bytes"]
     paths = datasets.Dataset.from_dict({"image": ["a.jpg"], "caption": ["x"]})
     assert data.prepare_image_column(paths, "image", "train") is paths
+    numbers = datasets.Dataset.from_dict({"image": [1, 2], "caption": ["a", "b"]})
+    with pytest.raises(
+        ValueError, match="--image_column=image in split 'train' holds .* neither an image nor an image path"
+    ):
+        data.prepare_image_column(numbers, "image", "train")

@@ -7,16 +7,16 @@ script falls back to the PyTorch loader here, the others because no HPU ran lazy
 results or a crash without training.
 """
 
+import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
 from bridgetower_bench.tools import self_check
-from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, script_env, script_module
+from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, run_tool, script_module
 
 
 HABANA_ONLY_FLAGS = {
@@ -29,16 +29,8 @@ HABANA_ONLY_FLAGS = {
 
 @pytest.mark.parametrize("with_shim", [False, True], ids=["no-habana", "shim-without-hpu"])
 def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
-    env = script_env(gaudi=with_shim)
     out = tmp_path / "check"
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.gaudi_check", "--output_dir", out],
-        cwd=REPO,
-        env=env,
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
+    result = run_tool("gaudi_check", ["--output_dir", out], process=True, gaudi=with_shim)
     assert result.returncode == 2
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("gaudi_check: not a Gaudi node: ")
     assert ("no HPU is visible" if with_shim else "habana_frameworks is not installed") in result.stdout
@@ -57,13 +49,8 @@ def habana_shim(monkeypatch):
             del sys.modules[name]
 
 
-def one_gaudi2():
-    return gc.Hpus(1, "GAUDI2 (test stand-in)", media_pipeline="habana_frameworks.mediapipe is not installed")
-
-
 def run_on_cpu(step):
-    """Runs the step's real Gaudi-script command on CPU (in this process, helpers.run_script), Habana-only flags
-    left out."""
+    """The step's real Gaudi-script command, Habana-only flags left out, on CPU in this process (run_script)."""
     command, skip = [], 0
     for part in step.command:
         if skip:
@@ -81,14 +68,16 @@ def run_on_cpu(step):
 
 
 def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
-    script_module(
-        "gaudi"
-    )  # optimum.habana imported through the Gaudi script (helpers.script_module), not by the check
+    # optimum.habana imported through the Gaudi script (helpers.script_module), not by the check
+    script_module("gaudi")
+    gaudi2 = functools.partial(
+        gc.Hpus, 1, "GAUDI2 (test stand-in)", media_pipeline="habana_frameworks.mediapipe is not installed"
+    )
     out = tmp_path / "check"
     (out / "fixtures").mkdir(parents=True)
     for built in fixtures.values():  # the session's fixtures, where the check builds its own
         (out / "fixtures" / built.name).symlink_to(built)
-    status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=one_gaudi2, runner=run_on_cpu)
+    status = gc.main(["--output_dir", str(out), "--max_steps", "2"], probe=gaudi2, runner=run_on_cpu)
     printed = capsys.readouterr().out
     print(printed)
     assert status == 1  # no step can pass without an HPU
@@ -97,11 +86,8 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert record["passed"] is False and record["hpus"]["count"] == 1
     environment = record["environment"]
     assert set(gc.ENVIRONMENT_KEYS) <= set(environment)
-    assert (environment["backend"], environment["device_name"], environment["device_count"]) == (
-        "gaudi",
-        "GAUDI2 (test stand-in)",
-        1,
-    )
+    device = ("gaudi", "GAUDI2 (test stand-in)", 1)
+    assert (environment["backend"], environment["device_name"], environment["device_count"]) == device
     assert environment["step_environment"] == {"PT_HPU_LAZY_MODE": "1"}
     stack = {row["name"]: row for row in record["stack"]}
     assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
@@ -112,10 +98,8 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
         assert stack[name]["result"] == "ok", stack[name]
     assert stack["torch"]["result"] == "ok"
     assert stack["Gaudi driver"]["result"] == "warning"  # no hl-smi here
-    assert (
-        stack["media pipeline"]["result"] == "warning"
-        and "habana_frameworks.mediapipe" in stack["media pipeline"]["detail"]
-    )
+    media_row = stack["media pipeline"]
+    assert media_row["result"] == "warning" and "habana_frameworks.mediapipe" in media_row["detail"]
 
     steps = {row["name"]: row for row in record["steps"]}
     torch_step = steps["1hpu-pytorch-loader"]
@@ -129,21 +113,17 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert torch_step["seconds"] > run_results["throughput_counted_seconds"]  # the whole step, start-up included
     media = steps["1hpu-media-pipeline"]
     assert media["result"] == "failed" and "--mediapipe_dataloader" in media["command"]
-    assert media["loader"].startswith("torch (media pipeline unavailable")
-    assert media["detail"].startswith(
-        "the mediapipe loader did not run; the run says: torch (media pipeline unavailable"
-    )
-    assert (steps["8hpu-launcher"]["result"], steps["8hpu-launcher"]["detail"]) == (
-        "skipped",
-        "needs 8 HPUs, 1 visible",
-    )
+    unavailable = "torch (media pipeline unavailable"
+    assert media["loader"].startswith(unavailable)
+    assert media["detail"].startswith(f"the mediapipe loader did not run; the run says: {unavailable}")
+    launcher = steps["8hpu-launcher"]
+    assert (launcher["result"], launcher["detail"]) == ("skipped", "needs 8 HPUs, 1 visible")
 
     # What a user attaches to a bug report: paths relative to the output directory, no environment.
     assert torch_step["command"][:3] == ["PT_HPU_LAZY_MODE=1", "python", "run_bridgetower.py"]  # complete as pasted
     assert "--use_hpu_graphs_for_inference" in torch_step["command"]
-    assert (
-        torch_step["command"][torch_step["command"].index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
-    )
+    command = torch_step["command"]
+    assert command[command.index("--model_name_or_path") + 1] == "fixtures/tiny-bridgetower"
     assert (out / torch_step["log"]).is_file()
     text = json.dumps(record)
     for string in all_strings(record):
@@ -170,75 +150,64 @@ def reports(outcomes):
     return runner
 
 
-def test_eight_hpus_run_the_launcher_and_a_crash_shows_its_error_line(habana_shim, tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def no_fixture_builds(monkeypatch):
     from bridgetower_bench.tools import fixtures
 
     monkeypatch.setattr(
         fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
     )
+
+
+def check(out, outcomes, hpus=1, *flags):
+    """The check on `hpus` stand-in GAUDI2s (media pipeline available), its steps reporting `outcomes`."""
+    probe = functools.partial(gc.Hpus, hpus, "GAUDI2", media_pipeline=None)
+    return gc.main(["--output_dir", str(out), *flags], probe=probe, runner=reports(outcomes))
+
+
+def test_eight_hpus_run_the_launcher_a_crash_shows_its_error_line_and_the_record_holds_no_credential(
+    habana_shim, no_fixture_builds, tmp_path, capsys, monkeypatch
+):
+    token = "hf_FakeTokenForTheGaudiCheck123"
+    monkeypatch.setenv("HF_TOKEN", token)
     out = tmp_path / "check"
     outcomes = {
-        "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": "lazy"},
+        "1hpu-pytorch-loader": f"OSError: 401 Client Error for url with token {token}",  # a step that prints it
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
         "8hpu-launcher": f"RuntimeError: synStatus 26 [Device not found] writing {out}/8hpu-launcher/run",
     }
-    status = gc.main(
-        ["--output_dir", str(out), "--json", str(tmp_path / "report.json")],
-        probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None),
-        runner=reports(outcomes),
-    )
-    assert status == 1
+    assert check(out, outcomes, 8, "--json", str(tmp_path / "report.json")) == 1
     record = json.loads((tmp_path / "report.json").read_text())
     steps = {row["name"]: row for row in record["steps"]}
-    assert (
-        steps["1hpu-media-pipeline"]["result"] == "ok" and steps["1hpu-media-pipeline"]["samples_per_second"] == 140.25
-    )
+    media = steps["1hpu-media-pipeline"]
+    assert (media["result"], media["samples_per_second"]) == ("ok", 140.25)
     launcher = steps["8hpu-launcher"]
     assert launcher["result"] == "failed"
     assert (
         launcher["detail"] == "exit status 1: RuntimeError: synStatus 26 [Device not found] writing 8hpu-launcher/run"
     )
-    assert launcher["command"][:7] == [
-        "PT_HPU_LAZY_MODE=1",
-        "python",
-        "-m",
-        "bridgetower_bench.tools.launch_gaudi",
-        "--world_size",
-        "8",
-        "--use_mpi",
-    ]
+    launch = "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi --world_size 8 --use_mpi".split()
+    assert launcher["command"][:7] == launch
     table = capsys.readouterr().out
     assert "RuntimeError: synStatus 26" in table and "140.2" in table
+    written = [tmp_path / "report.json", *out.rglob("*.json")]
+    assert all(token not in p.read_text() for p in written)
+    failed = steps["1hpu-pytorch-loader"]
+    assert failed["result"] == "failed" and "REDACTED" in failed["detail"]
 
+    outcomes["1hpu-pytorch-loader"] = {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": "lazy"}
     outcomes["8hpu-launcher"] = {"loader": "torch", "train_samples_per_second": 790.0, "execution_mode": "lazy"}
-    assert (
-        gc.main(
-            ["--output_dir", str(tmp_path / "again")],
-            probe=lambda: gc.Hpus(8, "GAUDI2", media_pipeline=None),
-            runner=reports(outcomes),
-        )
-        == 0
-    )
+    assert check(tmp_path / "again", outcomes, 8) == 0
 
 
 @pytest.mark.parametrize("ran", ["eager", "eager+compile", None])
-def test_a_step_whose_bridge_ran_another_mode_than_lazy_fails(habana_shim, tmp_path, capsys, monkeypatch, ran):
+def test_a_step_whose_bridge_ran_another_mode_than_lazy_fails(habana_shim, no_fixture_builds, tmp_path, capsys, ran):
     """E.g. PT_HPU_LAZY_MODE lost on the way to the processes: the bridge runs eager and the step must not pass."""
-    from bridgetower_bench.tools import fixtures
-
-    monkeypatch.setattr(
-        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
-    )
     outcomes = {
         "1hpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 101.5, "execution_mode": ran},
         "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
     }
-    status = gc.main(
-        ["--output_dir", str(tmp_path / "check")],
-        probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
-        runner=reports(outcomes),
-    )
-    assert status == 1
+    assert check(tmp_path / "check", outcomes) == 1
     record = json.loads((tmp_path / "check" / "gaudi_check.json").read_text())
     steps = {row["name"]: row for row in record["steps"]}
     assert steps["1hpu-pytorch-loader"]["result"] == "failed"
@@ -281,32 +250,5 @@ def test_gaudi_software_and_pins_are_compared_not_installed():
     assert row(pins["accelerate"]).result == "ok"
     missing = row(f"optimum-habana=={optimum_habana}")
     assert missing.result == "failed" and "pip install -r requirements-gaudi.txt" in missing.detail
-    assert {f"optimum-habana=={optimum_habana}", pins["transformers"]} <= set(
-        self_check.pinned_requirements(gc.REQUIREMENT_FILES)
-    )
-
-
-def test_the_record_holds_no_credential_even_when_a_step_prints_one(habana_shim, tmp_path, capsys, monkeypatch):
-    from bridgetower_bench.tools import fixtures
-
-    token = "hf_FakeTokenForTheGaudiCheck123"
-    monkeypatch.setenv("HF_TOKEN", token)
-    monkeypatch.setattr(
-        fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in ("model", "dataset", "gaudi_config")}
-    )
-    outcomes = {
-        "1hpu-pytorch-loader": f"OSError: 401 Client Error for url with token {token}",
-        "1hpu-media-pipeline": {"loader": "mediapipe", "train_samples_per_second": 140.25, "execution_mode": "lazy"},
-    }
-    status = gc.main(
-        ["--output_dir", str(tmp_path / "check")],
-        probe=lambda: gc.Hpus(1, "GAUDI2", media_pipeline=None),
-        runner=reports(outcomes),
-    )
-
-    assert status == 1
-    written = [p for p in (tmp_path / "check").rglob("*.json")]
-    assert written and all(token not in p.read_text() for p in written)
-    record = json.loads((tmp_path / "check" / "gaudi_check.json").read_text())
-    failed = {row["name"]: row for row in record["steps"]}["1hpu-pytorch-loader"]
-    assert failed["result"] == "failed" and "REDACTED" in failed["detail"]
+    listed = set(self_check.pinned_requirements(gc.REQUIREMENT_FILES))
+    assert {f"optimum-habana=={optimum_habana}", pins["transformers"]} <= listed

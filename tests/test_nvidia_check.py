@@ -4,27 +4,19 @@ Without a GPU it must say why in one line and exit 2 (run for real here). The re
 probe (what a GPU machine reports) and a step runner that trains nothing.
 """
 
+import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from bridgetower_bench.tools import nvidia_check as nc
-from helpers import REPO, all_strings, pinned, script_env
+from helpers import all_strings, pinned, run_tool
 
 
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_2(tmp_path):
     out = tmp_path / "check"
-    result = subprocess.run(
-        [sys.executable, "-m", "bridgetower_bench.tools.nvidia_check", "--output_dir", out],
-        cwd=REPO,
-        env=script_env(gaudi=False),
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
+    result = run_tool("nvidia_check", ["--output_dir", out], process=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout.count("\n") == 1
     assert result.stdout.startswith(
@@ -76,9 +68,8 @@ def reports(outcomes):
         if isinstance(outcome, tuple):
             step.log.write_text(f"loading...\n{outcome[1]}\n")
             return nc.Ran(outcome[0])
-        (step.run_dir / "train_results.json").write_text(
-            json.dumps({"execution_mode": "n/a", **outcome})
-        )  # as a CUDA run records
+        # (execution_mode as a CUDA run records it)
+        (step.run_dir / "train_results.json").write_text(json.dumps({"execution_mode": "n/a", **outcome}))
         step.log.write_text("done\n")
         return nc.Ran(0)
 
@@ -107,13 +98,9 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
         "large-1step": (2, too_big),
     }
     out = tmp_path / "check"
+    cu126 = {"torch": TORCH_CU126, "torchvision": pinned("torchvision", "requirements-cuda12.txt")}
     status = nc.main(
-        ["--output_dir", str(out)],
-        probe=two_a100_40gb,
-        runner=reports(outcomes),
-        installed=installed_as(
-            {"torch": TORCH_CU126, "torchvision": pinned("torchvision", "requirements-cuda12.txt")}
-        ),
+        ["--output_dir", str(out)], probe=two_a100_40gb, runner=reports(outcomes), installed=installed_as(cu126)
     )
     printed = capsys.readouterr().out
     assert status == 0, printed
@@ -129,26 +116,16 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
     assert "route: requirements-cuda12.txt" in stack["torch build"]["detail"]
     assert stack["torch"]["result"] == "ok" and stack["torchvision"]["result"] == "ok"  # the cu126 pins of that route
     assert stack["published batch memory"]["result"] == "warning"
-    assert (
-        "--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 96"
-        in stack["published batch memory"]["detail"]
-    )
+    fits = "--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 96"
+    assert fits in stack["published batch memory"]["detail"]
     assert stack["GPU JPEG decoding"]["result"] == "ok" and stack["bf16"]["result"] == "ok"
 
     steps = {row["name"]: row for row in record["steps"]}
-    assert (
-        steps["1gpu-device-decode"]["result"] == "ok" and "--device_decode" in steps["1gpu-device-decode"]["command"]
-    )
+    decode = steps["1gpu-device-decode"]
+    assert decode["result"] == "ok" and "--device_decode" in decode["command"]
     torchrun = steps["2gpu-torchrun"]
-    assert torchrun["command"][:7] == [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "run_bridgetower_cuda.py",
-    ]
+    launch = "python -m torch.distributed.run --standalone --nproc_per_node 2 run_bridgetower_cuda.py".split()
+    assert torchrun["command"][:7] == launch
     large = steps["large-1step"]
     assert large["result"] == "warning" and large["detail"].startswith("--per_device_train_batch_size 48 does not fit")
     assert large["command"][large["command"].index("--per_device_train_batch_size") + 1] == "48"
@@ -156,60 +133,54 @@ def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixtur
     for string in all_strings(record):
         assert not os.path.isabs(string), string
     assert str(tmp_path) not in json.dumps(record)
+    lines = printed.splitlines()
     for row in record["stack"] + record["steps"]:  # one table, every row
-        assert any(line.startswith(row["name"]) and row["result"] in line for line in printed.splitlines()), row[
-            "name"
-        ]
+        assert any(line.startswith(row["name"]) and row["result"] in line for line in lines), row["name"]
 
 
-def test_a_decoder_that_did_not_run_fails_and_the_large_step_shows_its_peak(no_fixture_builds, tmp_path):
+def test_a_decoder_that_did_not_run_fails_the_large_step_shows_its_peak_and_the_record_holds_no_credential(
+    no_fixture_builds, tmp_path, monkeypatch
+):
+    token = "hf_FakeTokenForTheNvidiaCheck123"
+    monkeypatch.setenv("HF_TOKEN", token)
     outcomes = {
-        "1gpu-pytorch-loader": {"loader": "torch", "train_samples_per_second": 131.0},
+        "1gpu-pytorch-loader": (1, f"OSError: 401 Client Error for url with token {token}"),  # a step that prints it
         "1gpu-device-decode": {"loader": "torch", "train_samples_per_second": 120.0},
         "1gpu-torchrun": {"loader": "torch", "train_samples_per_second": 130.2},
         "large-1step": {"loader": "torch", "train_samples_per_second": 80.0, "peak_gpu_memory_gb": 64.47},
     }
-    h200 = dict(
-        count=1,
-        names=["NVIDIA H200"],
-        memory_gib=[139.8],
-        torch=TORCH_CU130,
-        cuda="13.0",
-        driver="580.95.05",
-        driver_source="NVML",
-        capabilities=["9.0"],
-    )
+    h200 = dict(count=1, names=["NVIDIA H200"], memory_gib=[139.8], torch=TORCH_CU130, cuda="13.0")
+    h200.update(driver="580.95.05", driver_source="NVML", capabilities=["9.0"])
+    probe = functools.partial(two_a100_40gb, **h200)
+    out = tmp_path / "check"
     status = nc.main(
-        ["--output_dir", str(tmp_path / "c"), "--json", str(tmp_path / "r.json")],
-        probe=lambda: two_a100_40gb(**h200),
-        runner=reports(outcomes),
+        ["--output_dir", str(out), "--json", str(tmp_path / "r.json")], probe=probe, runner=reports(outcomes)
     )
     assert status == 1
     record = json.loads((tmp_path / "r.json").read_text())
     stack = {row["name"]: row for row in record["stack"]}
-    assert (
-        stack["published batch memory"]["result"] == "ok"
-        and "route: requirements-cuda.txt" in stack["torch build"]["detail"]
-    )
+    assert stack["published batch memory"]["result"] == "ok"
+    assert "route: requirements-cuda.txt" in stack["torch build"]["detail"]
     steps = {row["name"]: row for row in record["steps"]}
     assert steps["1gpu-device-decode"]["result"] == "failed"
     assert steps["1gpu-device-decode"]["detail"] == "the device_decode loader did not run; the run says: torch"
-    assert (
-        steps["large-1step"]["result"] == "ok"
-        and steps["large-1step"]["detail"] == "peak 64.47 GiB of tensors at per-device batch 48"
-    )
+    large = steps["large-1step"]
+    assert (large["result"], large["detail"]) == ("ok", "peak 64.47 GiB of tensors at per-device batch 48")
+
+    written = [tmp_path / "r.json", *out.rglob("*.json")]
+    assert all(token not in p.read_text() for p in written)
+    failed = steps["1gpu-pytorch-loader"]
+    assert failed["result"] == "failed" and "REDACTED" in failed["detail"]
 
 
-def test_an_old_driver_a_missing_bf16_and_a_failed_decoder_are_named(no_fixture_builds):
-    gpus = two_a100_40gb(torch=TORCH_CU130, cuda="13.0", bf16=False, jpeg="failed: RuntimeError: nvjpeg")
-    rows = {row.name: row for row in nc.stack_rows(gpus)}
+def test_an_old_driver_a_missing_bf16_a_failed_decoder_and_the_pins_of_the_route_installed(no_fixture_builds):
+    """The current route (today's transformers) was once reported off the pinned route's pins."""
+    failing = two_a100_40gb(torch=TORCH_CU130, cuda="13.0", bf16=False, jpeg="failed: RuntimeError: nvjpeg")
+    rows = {row.name: row for row in nc.stack_rows(failing)}
     assert rows["NVIDIA driver"].result == "failed" and rows["NVIDIA driver"].detail.startswith("535.104.05, too old")
     assert rows["bf16"].result == "failed"
     assert rows["GPU JPEG decoding"].result == "warning" and "decodes on the host" in rows["GPU JPEG decoding"].detail
 
-
-def test_the_pins_checked_are_those_of_the_route_installed(no_fixture_builds):
-    """The current route (today's transformers) was once reported off the pinned route's pins."""
     gpus = two_a100_40gb(torch=TORCH_CU130, cuda="13.0")
     for route in ("requirements-cuda-current.txt", "requirements-cuda.txt"):
         versions = {name: pinned(name, route) for name in ("transformers", "accelerate")}
@@ -230,26 +201,6 @@ def test_memory_plan_without_a_gpu(capsys):
         "40 GiB: per-device batch 48 does not fit (about 71.9 GiB); --per_device_train_batch_size 16 "
         "--gradient_accumulation_steps 3 (about 34.1 GiB)"
     )
-    assert (
-        lines[2].startswith("48 GiB: per-device batch 48 does not fit")
-        and "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
-    )
+    assert lines[2].startswith("48 GiB: per-device batch 48 does not fit")
+    assert "--per_device_train_batch_size 24 --gradient_accumulation_steps 2" in lines[2]
     assert lines[3] == "80 GiB: per-device batch 48 fits (about 71.9 GiB)"
-
-
-def test_the_record_holds_no_credential_even_when_a_step_prints_one(no_fixture_builds, tmp_path, monkeypatch):
-    token = "hf_FakeTokenForTheNvidiaCheck123"
-    monkeypatch.setenv("HF_TOKEN", token)
-    outcomes = {
-        "1gpu-pytorch-loader": (1, f"OSError: 401 Client Error for url with token {token}"),
-        "1gpu-device-decode": {"loader": "device_decode", "train_samples_per_second": 35.0},
-        "2gpu-torchrun": {"loader": "torch", "train_samples_per_second": 60.2},
-        "large-1step": {"loader": "torch", "train_samples_per_second": 20.0, "peak_gpu_memory_gb": 30.1},
-    }
-    assert nc.main(["--output_dir", str(tmp_path / "check")], probe=two_a100_40gb, runner=reports(outcomes)) == 1
-    written = list((tmp_path / "check").rglob("*.json"))
-    assert written and all(token not in p.read_text() for p in written)
-    failed = {row["name"]: row for row in json.loads((tmp_path / "check" / "nvidia_check.json").read_text())["steps"]}
-    assert (
-        failed["1gpu-pytorch-loader"]["result"] == "failed" and "REDACTED" in failed["1gpu-pytorch-loader"]["detail"]
-    )

@@ -32,22 +32,23 @@ from helpers import (
 from stop_at_rename import stop_at
 
 
-def hold_lock_in_another_process(output_dir):
-    """A second process that claims output_dir and keeps it until killed."""
-    code = (
-        "import sys; from bridgetower_bench.output_dir import run_directory; run_directory.claim(sys.argv[1]); "
-        "print('held', flush=True); sys.stdin.read()"
-    )
-    holder = subprocess.Popen(
+def claim_in_another_process(output_dir, hold=True):
+    """A second process that claims output_dir: one that keeps it until killed (hold), or one that exits at once."""
+    code = "import sys; from bridgetower_bench.output_dir import run_directory; run_directory.claim(sys.argv[1])"
+    if hold:
+        code += "; print('held', flush=True); sys.stdin.read()"
+    process = subprocess.Popen(
         [sys.executable, "-c", code, str(output_dir)],
         cwd=REPO,
         env=script_env(False),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=None if hold else subprocess.PIPE,
         text=True,
     )
-    assert holder.stdout.readline().strip() == "held"
-    return holder
+    if hold:
+        assert process.stdout.readline().strip() == "held"
+    return process
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,15 +56,22 @@ def hold_lock_in_another_process(output_dir):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
+def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_is_taken_over(
+    fixtures, tmp_path, caplog
+):
     out = tmp_path / "out"
-    holder = hold_lock_in_another_process(out)
+    holder = claim_in_another_process(out)
+    in_use = f"--output_dir={out} is in use by another run (process {holder.pid} on host "
     try:
         with pytest.raises(run_directory.OutputDirInUse) as refused:
             run_directory.claim(str(out))
-        assert str(refused.value).startswith(
-            f"--output_dir={out} is in use by another run (process {holder.pid} on host "
-        )
+        assert str(refused.value).startswith(in_use)
+        # The script refuses it in its last line, before training or writing anything.
+        args = script_flags(fixtures, output_dir=out, max_steps=1, report_to="none")
+        result = run_script("cuda", [*args, "--do_train", *CPU_FLAGS["cuda"]], check=False)
+        assert result.returncode != 0
+        assert in_use in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+        assert "'loss'" not in result.stdout and os.listdir(out) == [run_directory.LOCK_NAME]
         run_directory.claim(str(out), holder=False)  # another process of the same distributed job: no refusal
     finally:
         holder.kill()
@@ -73,50 +81,12 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_
     try:
         assert f"taking over the stale lock of process {holder.pid} on host " in caplog.text
         # The lock is ours now: another process is refused.
-        other = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from bridgetower_bench.output_dir import run_directory; run_directory.claim(sys.argv[1])",
-                str(out),
-            ],
-            cwd=REPO,
-            env=script_env(False),
-            capture_output=True,
-            text=True,
-        )
-        assert other.returncode != 0 and f"process {os.getpid()} on host" in other.stderr
+        other = claim_in_another_process(out, hold=False)
+        _, stderr = other.communicate(timeout=300)
+        assert other.returncode != 0 and f"process {os.getpid()} on host" in stderr
     finally:
         run_directory.release(str(out))
     assert os.listdir(out) == [], "a run that wrote nothing leaves the directory as it found it"
-
-
-def test_script_refuses_an_output_dir_another_run_holds(fixtures, tmp_path):
-    out = tmp_path / "out"
-    holder = hold_lock_in_another_process(out)
-    try:
-        result = run_script(
-            "cuda",
-            [
-                *script_flags(fixtures),
-                "--output_dir",
-                out,
-                "--do_train",
-                "--max_steps",
-                1,
-                "--report_to",
-                "none",
-                *CPU_FLAGS["cuda"],
-            ],
-            check=False,
-        )
-    finally:
-        holder.kill()
-        holder.wait()
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert f"--output_dir={out} is in use by another run (process {holder.pid} on host " in last, result.stderr[-2000:]
-    assert "'loss'" not in result.stdout and os.listdir(out) == [run_directory.LOCK_NAME]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,15 +132,11 @@ def test_the_checkpoint_walk_takes_the_newest_complete_one_its_caller_accepts_an
         asked.append(checkpoint)
         return "another recipe" if checkpoint == steps[2] else None
 
-    assert run_directory.newest_complete_checkpoint(str(out), refuse) == (
-        steps[1],
-        [unfinished, (steps[2], "another recipe")],
-    )
+    taken = run_directory.newest_complete_checkpoint(str(out), refuse)
+    assert taken == (steps[1], [unfinished, (steps[2], "another recipe")])
     assert asked == [steps[2], steps[1]]  # complete ones only, newest first, up to the one taken
-    assert run_directory.newest_complete_checkpoint(str(out), lambda checkpoint: "no") == (
-        None,
-        [unfinished, (steps[2], "no"), (steps[1], "no"), (steps[0], "no")],
-    )
+    none_taken = run_directory.newest_complete_checkpoint(str(out), lambda checkpoint: "no")
+    assert none_taken == (None, [unfinished, (steps[2], "no"), (steps[1], "no"), (steps[0], "no")])
     assert run_directory.newest_complete_checkpoint(str(tmp_path / "not_yet")) == (None, [])
 
 
@@ -329,32 +295,20 @@ def test_a_process_that_does_not_save_touches_nothing_not_even_the_saving_proces
 
 
 def script_command(kind, fixtures, out):
-    return [
-        *script_flags(fixtures),
-        "--output_dir",
-        out,
-        "--do_train",
-        "--do_eval",
-        "--per_device_train_batch_size",
-        4,
-        "--max_train_samples",
-        16,
-        "--max_eval_samples",
-        8,
-        "--max_steps",
-        2,
-        "--save_strategy",
-        "no",
-        "--logging_steps",
-        1,
-        "--report_to",
-        "none",
-        "--dataloader_num_workers",
-        0,
-        "--image_pipeline",
-        "fast",
-        *CPU_FLAGS[kind],
-    ]
+    flags = script_flags(
+        fixtures,
+        output_dir=out,
+        per_device_train_batch_size=4,
+        max_train_samples=16,
+        max_eval_samples=8,
+        max_steps=2,
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        dataloader_num_workers=0,
+        image_pipeline="fast",
+    )
+    return [*flags, "--do_train", "--do_eval", *CPU_FLAGS[kind]]
 
 
 def assert_rerun_only_evaluates(kind, args, out):
@@ -363,9 +317,8 @@ def assert_rerun_only_evaluates(kind, args, out):
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
-    assert "eval_loss" in read_json(out / "validation_results.json") and "train_loss" in read_json(
-        out / "all_results.json"
-    )
+    assert "eval_loss" in read_json(out / "validation_results.json")
+    assert "train_loss" in read_json(out / "all_results.json")
     again = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 

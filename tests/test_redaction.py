@@ -23,24 +23,10 @@ from helpers import REPO, run_script
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "--token",
-        "--hub_token",
-        "--push_to_hub_token",
-        "--use_auth_token",
-        "token",
-        "api_key",
-        "hf_api_key",
-        "wandb_api_key",
-        "--db_password",
-        "--client-secret",
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "WANDB_API_KEY",
-        "AWS_SECRET_ACCESS_KEY",
-        "--Hub-Token",
-        "openai_apikey",
-    ],
+    (
+        "--token --hub_token --push_to_hub_token --use_auth_token token api_key hf_api_key wandb_api_key --db_password "
+        "--client-secret HF_TOKEN HUGGING_FACE_HUB_TOKEN WANDB_API_KEY AWS_SECRET_ACCESS_KEY --Hub-Token openai_apikey"
+    ).split(),
 )
 def test_credential_names_are_recognised(name):
     assert redaction.is_secret_name(name)
@@ -48,51 +34,25 @@ def test_credential_names_are_recognised(name):
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "--tokenizer_name",
-        "--max_tokens_per_batch",
-        "--max_seq_length",
-        "--pad_to_max_length",
-        "--use_fast_tokenizer",
-        "--include_tokens_per_second",
-        "--keyboard",
-        "HF_HOME",
-        "--output_dir",
-    ],
+    (
+        "--tokenizer_name --max_tokens_per_batch --max_seq_length --pad_to_max_length --use_fast_tokenizer "
+        "--include_tokens_per_second --keyboard HF_HOME --output_dir"
+    ).split(),
 )
 def test_ordinary_flags_are_left_alone(name):
     assert not redaction.is_secret_name(name)
 
 
 def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
-    args = [
-        "--token",
-        "hf_A",
-        "--hub_token=hf_B",
-        "--use_auth_token",
-        "--do_train",
-        "--tokenizer_name",
-        "tok",
-        "--push_to_hub_token",
-        "hf_C",
-        "--max_seq_length",
-        "32",
-        "--client_secret=",
-    ]
-    assert redaction.redact_args(args) == [
-        "--token",
-        "REDACTED",
-        "--hub_token=REDACTED",
-        "--use_auth_token",
-        "--do_train",
-        "--tokenizer_name",
-        "tok",
-        "--push_to_hub_token",
-        "REDACTED",
-        "--max_seq_length",
-        "32",
-        "--client_secret=REDACTED",
-    ]
+    args = (
+        "--token hf_A --hub_token=hf_B --use_auth_token --do_train --tokenizer_name tok --push_to_hub_token hf_C "
+        "--max_seq_length 32 --client_secret="
+    ).split()
+    shown = (
+        "--token REDACTED --hub_token=REDACTED --use_auth_token --do_train --tokenizer_name tok "
+        "--push_to_hub_token REDACTED --max_seq_length 32 --client_secret=REDACTED"
+    ).split()
+    assert redaction.redact_args(args) == shown
     assert args[1] == "hf_A", "the caller's list (what the run gets) is not modified"
     assert redaction.secret_values(args) == {"hf_A", "hf_B", "hf_C"}
 
@@ -108,9 +68,17 @@ def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
             "--password=REDACTED --tokenizer_name tok --max_seq_length 40",
         ),
         ("--use_auth_token --seed 3", "--use_auth_token --seed 3"),
+        # a credential inside stray quotes
+        ("'--hub_token hf_abcdef", "'--hub_token REDACTED"),  # the flag inside a quote left open
+        ('"--hub_token" hf_abcdef \'', '"--hub_token" REDACTED \''),  # the flag quoted, a stray quote after
+        ('--hub_token ""hf_abcdef "', '--hub_token REDACTED "'),  # quoted and unquoted parts of one word
+        ("--hub_token 'hf'_abc\"def", "--hub_token REDACTED"),
+        ('"--hub_token"=hf_abcdef \'', '"--hub_token"=REDACTED \''),
+        ("x '--seed 1 --hub_token=hf_abcdef", "x '--seed 1 --hub_token=REDACTED"),
+        ('"--hub_token hf_abcdef" --seed 1', '"--hub_token REDACTED" --seed 1'),
     ],
 )
-def test_a_command_line_as_typed_is_redacted_quotes_and_all(text, shown):
+def test_a_command_line_as_typed_is_redacted_quotes_and_all_even_stray_ones(text, shown):
     assert redaction.redact_text(text) == shown
 
 
@@ -230,12 +198,8 @@ def _files_containing(root: Path, secrets) -> list[str]:
 
 
 def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures, tmp_path, monkeypatch):
-    overridden, on_command_line, hub, in_env = (
-        "hf_FAKEspaceForm0001",
-        "hf_FAKEequalsForm0002",
-        "hf_FAKEhubToken0003",
-        "hf_FAKEenvToken0004",
-    )
+    overridden, on_command_line = "hf_FAKEspaceForm0001", "hf_FAKEequalsForm0002"
+    hub, in_env = "hf_FAKEhubToken0003", "hf_FAKEenvToken0004"
     proof = tmp_path / "received.json"
     receiver = tmp_path / "receiver.py"
     receiver.write_text(RECEIVER.format(proof=str(proof), real=str(bench.SCRIPTS["cuda"])))
@@ -262,14 +226,9 @@ def test_a_sweep_writes_no_credential_while_the_run_receives_every_one(fixtures,
     assert received["HF_TOKEN"] == _digest(in_env), "the run's environment kept HF_TOKEN"
 
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert {
-        "results.json",
-        "results.csv",
-        "table.md",
-        f"logs/{row['run_id']}.log",
-        f"runs/{row['run_id']}/train_results.json",
-        f"runs/{row['run_id']}/training_args.bin",
-    } <= written
+    run = f"runs/{row['run_id']}"
+    assert {"results.json", "results.csv", "table.md", f"logs/{row['run_id']}.log"} <= written
+    assert {f"{run}/train_results.json", f"{run}/training_args.bin"} <= written
     assert _files_containing(out, [overridden, on_command_line, hub, in_env]) == []
     assert "--token REDACTED --token=REDACTED --hub_token REDACTED" in row["command"]
     assert "REDACTED" in " ".join(results["bench"]["extra_args"])
@@ -325,25 +284,22 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     token, hub = "hf_FAKEjsonToken0005", "hf_FAKEjsonHub0006"
     output_dir = tmp_path / "run"
     config = tmp_path / "args.json"
-    config.write_text(
-        json.dumps(
-            {
-                **script_arguments(fixtures),
-                "remove_unused_columns": False,
-                "do_train": True,
-                "max_steps": 2,
-                "per_device_train_batch_size": 2,
-                "max_seq_length": 32,
-                "save_strategy": "no",
-                "report_to": "none",
-                "use_cpu": True,
-                "use_lazy_mode": False,
-                "output_dir": str(output_dir),
-                "token": token,
-                "hub_token": hub,
-            }
-        )
-    )
+    values = {
+        **script_arguments(fixtures),
+        "remove_unused_columns": False,
+        "do_train": True,
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+        "max_seq_length": 32,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "use_lazy_mode": False,
+        "output_dir": str(output_dir),
+        "token": token,
+        "hub_token": hub,
+    }
+    config.write_text(json.dumps(values))
     before = config.read_bytes()
     parsed = {}  # the credential fields the script's argument parser produced
 
@@ -351,9 +307,8 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
         def parse_and_record(self, *args, **kwargs):
             groups = parse(self, *args, **kwargs)
             for group in filter(dataclasses.is_dataclass, groups):
-                parsed.update(
-                    {name: getattr(group, name) for name in ("token", "hub_token") if getattr(group, name, None)}
-                )
+                given = {name: getattr(group, name, None) for name in ("token", "hub_token")}
+                parsed.update({name: value for name, value in given.items() if value})
             return groups
 
         return parse_and_record
@@ -368,22 +323,6 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     assert token not in result.stdout + result.stderr and hub not in result.stdout + result.stderr, "nor in its output"
     assert _files_containing(output_dir, [token, hub]) == []
     assert config.read_bytes() == before, "the user's configuration file is never modified"
-
-
-@pytest.mark.parametrize(
-    "text, shown",
-    [
-        ("'--hub_token hf_abcdef", "'--hub_token REDACTED"),  # the flag inside a quote left open
-        ('"--hub_token" hf_abcdef \'', '"--hub_token" REDACTED \''),  # the flag quoted, a stray quote after
-        ('--hub_token ""hf_abcdef "', '--hub_token REDACTED "'),  # quoted and unquoted parts of one word
-        ("--hub_token 'hf'_abc\"def", "--hub_token REDACTED"),
-        ('"--hub_token"=hf_abcdef \'', '"--hub_token"=REDACTED \''),
-        ("x '--seed 1 --hub_token=hf_abcdef", "x '--seed 1 --hub_token=REDACTED"),
-        ('"--hub_token hf_abcdef" --seed 1', '"--hub_token REDACTED" --seed 1'),
-    ],
-)
-def test_a_credential_inside_stray_quotes_is_redacted(text, shown):
-    assert redaction.redact_text(text) == shown
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,12 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import datasets
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback, TrainerControl, TrainerState
 
 from bridgetower_bench import data, preflight
 from bridgetower_bench.guards import resilience
@@ -27,6 +28,7 @@ from helpers import (
     REPO,
     SCRIPTS,
     ForkedRun,
+    base_args,
     embedded,
     jpeg_bytes,
     logging_put_back,
@@ -35,30 +37,6 @@ from helpers import (
     trainer_on,
     write_csv,
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def train_args(fixtures, output_dir, **overrides):
-    args = {
-        "output_dir": output_dir,
-        "per_device_train_batch_size": 4,
-        "max_train_samples": 16,
-        "learning_rate": 1e-3,
-        "logging_steps": 1,
-        "report_to": "none",
-        "seed": 7,
-        "throughput_warmup_steps": 1,
-        "dataloader_num_workers": 0,
-    }
-    return script_flags(fixtures, **{**args, **overrides})
-
-
-def last_stderr_line(result) -> str:
-    return result.stderr.strip().splitlines()[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +151,8 @@ def test_caption_column_of_numbers_is_refused_as_a_whole():
 # ---------------------------------------------------------------------------------------------
 
 
-def path_dataset(directory, n_rows, tokenizer, image_size=294):
+def path_dataset(fixtures, directory, n_rows):
+    """`n_rows` JPEG files in `directory` (their paths returned too), tokenized and decoded as the training split."""
     from bridgetower_bench.images.images import make_image_transform
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -182,25 +161,16 @@ def path_dataset(directory, n_rows, tokenizer, image_size=294):
         paths.append(str(directory / f"{row}.jpg"))
         (directory / f"{row}.jpg").write_bytes(jpeg_bytes(row))
     ds = datasets.Dataset.from_dict({"image": paths, "caption": [f"picture {row}" for row in range(n_rows)]})
-    ds = data.tokenize_split(
-        ds,
-        tokenizer,
-        image_column="image",
-        caption_column="caption",
-        max_seq_length=16,
-        num_proc=None,
-        overwrite_cache=True,
-        split="train",
-    )
-    transform = make_image_transform("fast", image_size, mean=(), std=())
+    tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
+    columns = dict(image_column="image", caption_column="caption", max_seq_length=16, num_proc=None)
+    ds = data.tokenize_split(ds, tokenizer, **columns, overwrite_cache=True, split="train")
+    transform = make_image_transform("fast", 294, mean=(), std=())
     ds.set_transform(data.BatchTransform("image", transform, "train"))
     return ds, paths
 
 
 def test_image_error_in_a_dataloader_worker_keeps_its_one_line_message(fixtures, tmp_path):
-    from transformers import AutoTokenizer
-
-    ds, paths = path_dataset(tmp_path / "images", 4, AutoTokenizer.from_pretrained(fixtures["model"]))
+    ds, paths = path_dataset(fixtures, tmp_path / "images", 4)
     os.remove(paths[2])
     loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1, collate_fn=data.collate_fn)
     with pytest.raises(ImageLoadError) as raised:
@@ -224,23 +194,10 @@ class _DeleteImagesAfterFirstStep(TrainerCallback):
 
 
 def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
-    from transformers import AutoTokenizer
-
-    ds, paths = path_dataset(tmp_path / "images", 24, AutoTokenizer.from_pretrained(fixtures["model"]))
-
-    def trainer(callbacks=()):
-        return trainer_on(
-            fixtures,
-            ds,
-            tmp_path / "out",
-            callbacks,
-            max_steps=6,
-            dataloader_num_workers=1,
-            dataloader_prefetch_factor=1,
-        )
-
+    ds, paths = path_dataset(fixtures, tmp_path / "images", 24)
+    options = dict(max_steps=6, dataloader_num_workers=1, dataloader_prefetch_factor=1)
     with pytest.raises(ImageLoadError) as raised:
-        trainer([_DeleteImagesAfterFirstStep(paths)]).train()
+        trainer_on(fixtures, ds, tmp_path / "out", [_DeleteImagesAfterFirstStep(paths)], **options).train()
     message = str(raised.value)
     assert "\n" not in message and "Traceback" not in message
     match = re.fullmatch(
@@ -255,7 +212,7 @@ def test_image_removed_mid_run_saves_a_resumable_checkpoint(fixtures, tmp_path):
 
     for path in paths:
         os.rename(path + ".away", path)
-    resumed = trainer()
+    resumed = trainer_on(fixtures, ds, tmp_path / "out", **options)
     resumed.train(resume_from_checkpoint=checkpoint)
     assert resumed.state.global_step == 6
 
@@ -268,9 +225,7 @@ class _SignalDuringLastEvaluation(TrainerCallback):
 
 
 def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops(fixtures, tmp_path):
-    from transformers import AutoTokenizer
-
-    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    ds, _ = path_dataset(fixtures, tmp_path / "images", 8)
     out = tmp_path / "out"
     trainer = trainer_on(fixtures, ds, out, [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2)
     before = signal.getsignal(signal.SIGTERM)
@@ -286,28 +241,32 @@ def test_sigterm_during_the_last_steps_evaluation_publishes_the_model_then_stops
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with_them(fixtures, tmp_path):
-    from transformers import AutoTokenizer
-
-    caught = []
-
-    def callers_handler(signum, frame):
-        caught.append(signum)
-
+@pytest.fixture
+def caller():
+    """A caller's own Ctrl-C and SIGTERM handler in place (put back by signal_handlers_as_they_were): `handler`, and
+    the signals it got, `caught`."""
+    caller = SimpleNamespace(caught=[])
+    caller.handler = lambda signum, frame: caller.caught.append(signum)
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
-    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+        signal.signal(signum, caller.handler)
+    return caller
+
+
+def handlers_are(handler) -> bool:
+    return signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_train_on_its_own_gives_the_callers_handlers_back_and_a_late_signal_with_them(caller, fixtures, tmp_path):
+    ds, _ = path_dataset(fixtures, tmp_path / "images", 8)
     trainer = trainer_on(fixtures, ds, tmp_path / "out", max_steps=1)
     trainer.train()
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
-    assert caught == []
+    assert handlers_are(caller.handler) and caller.caught == []
 
     trainer = trainer_on(
         fixtures, ds, tmp_path / "out", [_SignalDuringLastEvaluation()], eval_strategy="steps", eval_steps=2
     )
     trainer.train()  # no publication follows: the SIGTERM caught in the last evaluation is the caller's to handle
-    assert caught == [signal.SIGTERM]
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+    assert caller.caught == [signal.SIGTERM] and handlers_are(caller.handler)
 
 
 class _FailAfterTraining(RuntimeError):
@@ -315,16 +274,11 @@ class _FailAfterTraining(RuntimeError):
 
 
 @pytest.mark.parametrize("ending", ["published", "signal between training and publication", "failed there"])
-def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixtures, tmp_path, monkeypatch):
+def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, caller, fixtures, tmp_path, monkeypatch):
     """main() run in-process, as a caller that trains from Python does: its own handlers are in place again, and
     a signal between the end of training and the publication still waits for the published set."""
     import transformers
 
-    def callers_handler(signum, frame):
-        pass
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, callers_handler)  # (put back by signal_handlers_as_they_were)
     log_metrics = transformers.Trainer.log_metrics
 
     def log_metrics_then(self, split, metrics):  # the script's first call after train() returned
@@ -336,7 +290,7 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
 
     monkeypatch.setattr(transformers.Trainer, "log_metrics", log_metrics_then)
     script = runpy.run_path(str(REPO / SCRIPTS["cuda"]))  # its definitions, main() not run
-    args = train_args(fixtures, tmp_path / "out", max_steps=1, max_train_samples=4, save_strategy="no")
+    args = base_args(fixtures, tmp_path / "out", max_steps=1, max_train_samples=4, save_strategy="no")
     cache = ["--cache_dir", str(REPO / ".cache" / "hf_datasets")]
     monkeypatch.setattr(sys, "argv", [SCRIPTS["cuda"], *args, "--do_train", *cache, *CPU_FLAGS["cuda"]])
     # (the logging that main() sets up, transformers' verbosity included, is not left to the tests after this one)
@@ -354,14 +308,12 @@ def test_the_scripts_main_gives_the_callers_signal_handlers_back(ending, fixture
             assert (tmp_path / "out" / "model.safetensors").exists() is (ending != "failed there")
         finally:
             run_directory.release_all()  # what the process's exit does
-    assert signal.getsignal(signal.SIGINT) is callers_handler and signal.getsignal(signal.SIGTERM) is callers_handler
+    assert handlers_are(caller.handler)
 
 
 @BOTH_ROUTES
 def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures, tmp_path):
-    from transformers import AutoTokenizer
-
-    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    ds, _ = path_dataset(fixtures, tmp_path / "images", 8)
     out = tmp_path / "out"
     (out / "checkpoint-0").mkdir(parents=True)  # someone else's, numbered below ours
     (out / "checkpoint-0" / "weights.pt").write_text("not ours")
@@ -378,7 +330,6 @@ def test_checkpoint_rotation_deletes_only_checkpoints_this_script_wrote(fixtures
 def test_with_a_limit_of_one_the_best_checkpoint_is_kept_beside_the_newest_then_alone_at_the_end(fixtures, tmp_path):
     """As the Trainer rotates: the best checkpoint (lowest eval_loss, here forced to be the first) is kept second to
     last while training, and once training ends it is the only checkpoint left."""
-    from transformers import AutoTokenizer, TrainerCallback
 
     class FirstIsBest(TrainerCallback):
         def on_evaluate(self, args, state, control, metrics=None, **kwargs):
@@ -389,7 +340,7 @@ def test_with_a_limit_of_one_the_best_checkpoint_is_kept_beside_the_newest_then_
             seen.append(sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")))
 
     seen = []
-    ds, _ = path_dataset(tmp_path / "images", 8, AutoTokenizer.from_pretrained(fixtures["model"]))
+    ds, _ = path_dataset(fixtures, tmp_path / "images", 8)
     out = tmp_path / "out"
     options = dict(max_steps=3, save_strategy="steps", save_steps=1, eval_strategy="steps", eval_steps=1)
     best = dict(load_best_model_at_end=True, metric_for_best_model="eval_loss", save_total_limit=1)
@@ -415,7 +366,7 @@ def catching(stop):
 
 
 def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(ctrl_c_raises):
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers import TrainingArguments
 
     stop = resilience.StopOnSignal()
     before = signal.getsignal(signal.SIGINT)
@@ -446,15 +397,13 @@ def test_signal_handler_requests_save_and_stop_and_a_second_signal_acts_at_once(
 def test_a_signal_sent_twice_or_to_every_process_ends_the_run_in_one_line(
     signum, to_the_group, times, fixtures, tmp_path
 ):
-    """Ctrl-C pressed twice (SIGINT to the whole process group, loader workers included) once ended in a
-    KeyboardInterrupt traceback; a second SIGTERM (to the run's process, as the bit-for-bit test sends it) killed
-    the run without a word. Whether the second signal arrives during the step (the run stops at once) or after the
-    checkpoint (the run is exiting), the run ends in the kit's line. SIGTERM to every process, loader workers
-    included (Slurm's scancel), once ended in "DataLoader worker exited unexpectedly": the workers leave it to
-    the main process, which saves a checkpoint at the step boundary."""
+    """Ctrl-C twice (SIGINT to the process group, loader workers included) once ended in a KeyboardInterrupt
+    traceback, a second SIGTERM to the run's process in silence; now, during the step or while exiting, the kit's
+    line. SIGTERM to every process (Slurm's scancel) once ended in "DataLoader worker exited unexpectedly": the
+    workers leave it to the main process, which saves a checkpoint at the step boundary."""
     send = (lambda pid: os.killpg(pid, signum)) if to_the_group else (lambda pid: os.kill(pid, signum))
     out = tmp_path / "out"
-    command = train_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
+    command = base_args(fixtures, out, max_steps=400, save_strategy="no", dataloader_num_workers=2)
     run = ForkedRun("cuda", [*command, "--do_train", *CPU_FLAGS["cuda"]], tmp_path, new_session=True)
     for line in run.lines():
         if "'loss'" in line:  # training
@@ -550,24 +499,9 @@ def bad_dataset(tmp_path):
 
 
 def csv_args(fixtures, dataset, out, *extra):
-    return [
-        "--model_name_or_path",
-        fixtures["model"],
-        "--dataset_name",
-        dataset,
-        "--output_dir",
-        out,
-        "--do_train",
-        "--per_device_train_batch_size",
-        4,
-        "--num_train_epochs",
-        1,
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-        *extra,
-    ]
+    paths = ["--model_name_or_path", fixtures["model"], "--dataset_name", dataset, "--output_dir", out]
+    run = ["--per_device_train_batch_size", 4, "--num_train_epochs", 1, "--report_to", "none", "--save_strategy", "no"]
+    return [*paths, "--do_train", *run, *extra]
 
 
 def test_gaudi_script_stops_before_step_1_listing_the_bad_rows(fixtures, tmp_path):
@@ -599,27 +533,26 @@ def test_cuda_script_drops_bad_rows_when_asked(fixtures, tmp_path):
 def refusal_cases(fixtures, tmp_path):
     """(script args, the message of the last stderr line) for each input that must be refused."""
     model = fixtures["model"]
-    base = ["--output_dir", tmp_path / "out", "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"]]
+    quiet = ["--report_to", "none", *CPU_FLAGS["cuda"]]
+    base = ["--output_dir", tmp_path / "out", "--do_train", *quiet]
     numbers = write_csv(tmp_path / "numbers.csv", [(f"{i}.jpg", jpeg_bytes(i), i) for i in range(4)])
     ints = tmp_path / "ints.csv"
     ints.write_text("image_path,caption\n" + "".join(f"{i},picture {i}\n" for i in range(4)))
     config = tmp_path / "args.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_name_or_path": str(model),
-                "train_file": str(numbers),
-                "output_dir": str(tmp_path / "o"),
-                "use_cpu": True,
-                "learning_rate_typo": 1e-4,
-                "fp17": True,
-            }
-        )
-    )
+    known = {"model_name_or_path": str(model), "train_file": str(numbers), "output_dir": str(tmp_path / "o")}
+    config.write_text(json.dumps({**known, "use_cpu": True, "learning_rate_typo": 1e-4, "fp17": True}))
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     newyorker = script_flags(fixtures, model_name_or_path=None)
+
+    def into_foreign(*flags):
+        return ["--model_name_or_path", model, *newyorker, "--output_dir", foreign, *flags, *quiet]
+
+    not_theirs = (
+        f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
+        "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
+    )
     return {
         "missing dataset directory": (
             ["--model_name_or_path", model, "--dataset_name", tmp_path / "no-such-dir", *base],
@@ -641,36 +574,10 @@ def refusal_cases(fixtures, tmp_path):
             [config],
             f"{config}: unknown arguments fp17, learning_rate_typo (see --help for the arguments this script takes)",
         ),
-        "evaluation into a foreign output_dir": (
-            [
-                "--model_name_or_path",
-                model,
-                *newyorker,
-                "--output_dir",
-                foreign,
-                "--do_eval",
-                "--report_to",
-                "none",
-                *CPU_FLAGS["cuda"],
-            ],
-            f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
-            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir",
-        ),
+        "evaluation into a foreign output_dir": (into_foreign("--do_eval"), not_theirs),
         "training over a foreign output_dir with --overwrite_output_dir": (
-            [
-                "--model_name_or_path",
-                model,
-                *newyorker,
-                "--output_dir",
-                foreign,
-                "--overwrite_output_dir",
-                "--do_train",
-                "--report_to",
-                "none",
-                *CPU_FLAGS["cuda"],
-            ],
-            f"--output_dir={foreign} holds files this script did not write (notes.txt); it never overwrites or "
-            "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir",
+            into_foreign("--overwrite_output_dir", "--do_train"),
+            not_theirs,
         ),
     }
 
@@ -693,7 +600,8 @@ def test_bad_input_is_refused_with_one_line(case, fixtures, tmp_path):
     result = run_script("cuda", args, check=False)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert last_stderr_line(result) == f"run_bridgetower_cuda.py: error: {expected}", result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == f"run_bridgetower_cuda.py: error: {expected}", result.stderr[-3000:]
 
 
 def test_image_label_names_the_image_as_errors_do(tmp_path):
@@ -705,108 +613,88 @@ def test_image_label_names_the_image_as_errors_do(tmp_path):
     assert resilience.image_label(3) == "int"
 
 
-def test_distributed_ranks_agree_to_stop_every_ten_steps(monkeypatch):
-    # Rank 1 got no signal; rank 0 did (the all-reduce's maximum). The flag is exchanged at steps 10, 20, ...
-    from transformers import TrainerControl, TrainerState
+def ranks(world_size):
+    """The TrainingArguments fields StopOnSignal reads: `world_size` processes on the CPU."""
+    return SimpleNamespace(world_size=world_size, device=torch.device("cpu"))
 
+
+@pytest.fixture
+def distributed(monkeypatch):
+    """torch.distributed initialised, its all_reduce the function given to the returned setter."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    return lambda all_reduce: monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+
+
+def test_distributed_ranks_agree_to_stop_every_ten_steps(distributed):
+    # Rank 1 got no signal; rank 0 did (the all-reduce's maximum). The flag is exchanged at steps 10, 20, ...
     reductions = []
 
     def all_reduce(flag, op):
         reductions.append(int(flag.item()))
         flag.fill_(int(signal.SIGTERM))
 
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
-    stop = resilience.StopOnSignal()
-    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
-    control = TrainerControl()
+    distributed(all_reduce)
+    stop, control = resilience.StopOnSignal(), TrainerControl()
     for step in range(1, 10):
-        stop.on_step_end(args, TrainerState(global_step=step, max_steps=30), control)
+        stop.on_step_end(ranks(2), TrainerState(global_step=step, max_steps=30), control)
         assert not control.should_training_stop and reductions == []
-    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    stop.on_step_end(ranks(2), TrainerState(global_step=10, max_steps=30), control)
     assert reductions == [0] and control.should_training_stop and control.should_save
     assert stop.received == signal.SIGTERM and stop.stopped_at == 10
 
 
-def test_the_first_signal_says_what_happens_next(caplog):
-    from transformers import TrainerControl, TrainerState
-
-    args = type("Args", (), {"world_size": 1, "device": torch.device("cpu")})()
-    for last_step_done, said in (
-        (False, "SIGINT received: training stops and saves a checkpoint after the current step"),
-        (True, "SIGINT received: the run stops once the final results being saved are complete"),
-    ):
-        caplog.clear()
-        stop = resilience.StopOnSignal()
-        with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
-            step = 10 if last_step_done else 4
-            stop.on_step_end(args, TrainerState(global_step=step, max_steps=10), TrainerControl())
-            signal.raise_signal(signal.SIGINT)
-        assert said in caplog.text and "(send it again to stop at once)" in caplog.text
-        assert stop.received == signal.SIGINT
-
-
-def test_distributed_ranks_stop_only_once_one_of_them_got_a_signal(monkeypatch):
-    from transformers import TrainerControl, TrainerState
-
-    other_rank = {"signal": 0}
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(
-        torch.distributed, "all_reduce", lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"]))
-    )
+@pytest.mark.parametrize(
+    "step, said",
+    [
+        (4, "SIGINT received: training stops and saves a checkpoint after the current step"),
+        (10, "SIGINT received: the run stops once the final results being saved are complete"),
+    ],
+)
+def test_the_first_signal_says_what_happens_next(caplog, step, said):
     stop = resilience.StopOnSignal()
-    args = type("Args", (), {"world_size": 2, "device": torch.device("cpu")})()
-    control = TrainerControl()
-    stop.on_step_end(args, TrainerState(global_step=10, max_steps=30), control)
+    with caplog.at_level("WARNING", logger="bridgetower_bench.guards.resilience"), catching(stop):
+        stop.on_step_end(ranks(1), TrainerState(global_step=step, max_steps=10), TrainerControl())
+        signal.raise_signal(signal.SIGINT)
+    assert said in caplog.text and "(send it again to stop at once)" in caplog.text
+    assert stop.received == signal.SIGINT
+
+
+def test_distributed_ranks_stop_only_once_one_of_them_got_a_signal(distributed):
+    other_rank = {"signal": 0}
+    distributed(lambda flag, op: flag.fill_(max(int(flag.item()), other_rank["signal"])))
+    stop, control = resilience.StopOnSignal(), TrainerControl()
+    stop.on_step_end(ranks(2), TrainerState(global_step=10, max_steps=30), control)
     # nobody got a signal: the run goes on, and ends as a complete run
     assert not control.should_training_stop and stop.received is None and stop.stopped_after_saving("out") is None
     other_rank["signal"] = int(signal.SIGTERM)
-    stop.on_step_end(args, TrainerState(global_step=20, max_steps=30), control)
+    stop.on_step_end(ranks(2), TrainerState(global_step=20, max_steps=30), control)
     assert control.should_training_stop and stop.received == signal.SIGTERM and stop.stopped_at == 20
 
 
-def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(monkeypatch):
+def test_a_single_process_stops_at_the_next_step_even_under_a_launcher(distributed):
     # torchrun with one process initialises torch.distributed; there is nobody to agree with.
-    from transformers import TrainerControl, TrainerState
-
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: pytest.fail("no all-reduce for one process"))
-    stop = resilience.StopOnSignal()
+    distributed(lambda flag, op: pytest.fail("no all-reduce for one process"))
+    stop, control = resilience.StopOnSignal(), TrainerControl()
     stop.received = int(signal.SIGTERM)
-    control = TrainerControl()
-    stop.on_step_end(
-        type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(),
-        TrainerState(global_step=3, max_steps=30),
-        control,
-    )
+    stop.on_step_end(ranks(1), TrainerState(global_step=3, max_steps=30), control)
     assert control.should_training_stop and stop.stopped_at == 3
 
 
 def test_a_signal_on_the_last_step_leaves_a_complete_run():
-    from transformers import TrainerControl, TrainerState
-
     stop = resilience.StopOnSignal()
     stop.received = int(signal.SIGTERM)
     state = TrainerState(global_step=10, max_steps=10)
-    stop.on_step_end(type("Args", (), {"world_size": 1, "device": torch.device("cpu")})(), state, TrainerControl())
+    stop.on_step_end(ranks(1), state, TrainerControl())
     assert stop.stopped_at == 10 and stop.interruption(state, "out") is None
     # (the run then ends after saving its results, stopped_after_saving)
     assert stop.stopped_after_saving("out").code == 128 + signal.SIGTERM
 
 
 @pytest.mark.parametrize("every", [0, 1])
-def test_ranks_can_agree_at_every_step(monkeypatch, every):
-    from transformers import TrainerControl, TrainerState
-
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op: flag.fill_(int(signal.SIGTERM)))
-    stop = resilience.StopOnSignal(sync_every_steps=every)
-    control = TrainerControl()
-    stop.on_step_end(
-        type("Args", (), {"world_size": 2, "device": torch.device("cpu")})(),
-        TrainerState(global_step=1, max_steps=30),
-        control,
-    )
+def test_ranks_can_agree_at_every_step(distributed, every):
+    distributed(lambda flag, op: flag.fill_(int(signal.SIGTERM)))
+    stop, control = resilience.StopOnSignal(sync_every_steps=every), TrainerControl()
+    stop.on_step_end(ranks(2), TrainerState(global_step=1, max_steps=30), control)
     assert control.should_training_stop and stop.stopped_at == 1
 
 

@@ -78,10 +78,6 @@ def edit_scripts_version(out):
     (out / "recipe.json").write_text(json.dumps({**recipe, "scripts_version": "0.0.9"}))
 
 
-def cut_model_short(out):
-    cut_short(out / "model.safetensors")
-
-
 def delete_model_and_last_checkpoint(out):
     (out / "model.safetensors").unlink()
     shutil.rmtree(out / "checkpoint-3")
@@ -100,7 +96,7 @@ def test_a_finished_run_not_as_published_is_published_again_from_its_checkpoint_
     weights, train_loss = load_weights(original), read_json(original / "train_results.json")["train_loss"]
     ways = {
         "model.safetensors is missing": lambda out: (out / "model.safetensors").unlink(),
-        "model.safetensors has ": cut_model_short,
+        "model.safetensors has ": lambda out: cut_short(out / "model.safetensors"),
         "recipe.json is missing": lambda out: (out / "recipe.json").unlink(),
         "recipe.json has ": edit_scripts_version,
         "checkpoint-2": delete_model_and_last_checkpoint,
@@ -132,34 +128,20 @@ def test_a_rerun_on_data_changed_in_place_is_refused_naming_the_data(fixtures, t
     train_file = write_csv(tmp_path / "data" / "train.csv", rows)
     out = tmp_path / "run"
 
-    def csv_command():
-        args = command(
-            fixtures,
-            out,
-            dataset_name=None,
-            dataset_config_name=None,
-            image_column="image_path",
-            caption_column="caption",
-        )
-        return args + ["--train_file", train_file]
-
-    run_script("cuda", csv_command())
+    columns = dict(dataset_name=None, dataset_config_name=None, image_column="image_path", caption_column="caption")
+    csv_command = command(fixtures, out, **columns) + ["--train_file", train_file]
+    run_script("cuda", csv_command)
     write_csv(train_file, rows[:-1] + [(rows[-1][0], None, "a caption changed in place")])
 
-    rerun = run_script("cuda", csv_command(), check=False)
+    rerun = run_script("cuda", csv_command, check=False)
     assert rerun.returncode == 2, rerun.stderr[-3000:]
     before = read_json(out / "recipe.json")["data_fingerprint_train"]
-    assert re.fullmatch(
-        re.escape(
-            f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a model of another recipe (the train split's data "
-            f"(datasets fingerprint) {before} → "
-        )
-        + r"[0-9a-f]+"
-        + re.escape(
-            "): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
-        ),
-        last_line(rerun),
-    ), last_line(rerun)
+    said = (
+        f"{SCRIPTS['cuda']}: error: --output_dir={out} holds a model of another recipe (the train split's data "
+        f"(datasets fingerprint) {before} → ",
+        "): pass --overwrite_output_dir to train this recipe there afresh, or choose another --output_dir",
+    )
+    assert re.fullmatch(re.escape(said[0]) + r"[0-9a-f]+" + re.escape(said[1]), last_line(rerun)), last_line(rerun)
 
 
 def test_a_new_recipe_stopped_by_sigterm_resumes_its_own_checkpoint_not_the_old_model(fixtures, tmp_path):
@@ -236,9 +218,8 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert f"loading weights file {fixtures['model'] / 'model.safetensors'}" not in log
     assert f"{out} holds a trained model: evaluating it (not {fixtures['model']}" in log
     assert read_json(out / "validation_results.json")["eval_loss"] == trained
-    assert read_json(out / "all_results.json")["eval_loss"] == trained and "train_loss" in read_json(
-        out / "all_results.json"
-    )
+    all_results = read_json(out / "all_results.json")
+    assert all_results["eval_loss"] == trained and "train_loss" in all_results
     # an evaluation alone names the versions it ran with, as a training's record does
     assert read_json(out / "validation_results.json")["version_transformers"] == transformers.__version__
     itself = run_script("cuda", eval_only(fixtures, out, out))  # the directory itself names the trained model too
@@ -314,19 +295,15 @@ def save_checkpoint(out, step, recipe=None, complete=True, last_step=6):
         run_recipe.write(str(checkpoint), recipe)
     run_directory.record_written(str(out), [checkpoint.name])
     if complete:
-        assert (
-            checkpoint_manifest.write(
-                str(checkpoint), checkpoint_manifest.required_files(save_only_model=False, world_size=1)
-            )
-            is None
-        )
+        required = checkpoint_manifest.required_files(save_only_model=False, world_size=1)
+        assert checkpoint_manifest.write(str(checkpoint), required) is None
     return checkpoint
 
 
 def test_training_resumes_from_the_newest_complete_checkpoint_of_its_recipe(tmp_path, caplog):
     out = tmp_path / "run"
-    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
-    other = run_recipe.describe(*arguments(out, learning_rate=5e-4)[:3], arguments(out)[3])
+    recipe = run_recipe.describe(*arguments(out))
+    other = run_recipe.describe(*arguments(out, learning_rate=5e-4))
     save_checkpoint(out, 2, recipe)
     save_checkpoint(out, 4, recipe)
     save_checkpoint(out, 6, recipe, complete=False)  # killed while saving
@@ -374,7 +351,7 @@ def publish(out, recipe, step=6, last_step=None):
 def test_this_recipes_model_short_of_its_last_step_resumes_its_checkpoint_or_is_refused_saying_so(tmp_path):
     """Once refused as "a model of another recipe ()", naming no difference."""
     out = tmp_path / "run"
-    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    recipe = run_recipe.describe(*arguments(out))
     publish(out, recipe, step=3, last_step=6)
     with pytest.raises(ValueError) as refused:
         plan(out)
@@ -396,29 +373,26 @@ def changed(path):
 
 
 @pytest.mark.parametrize(
-    "damage, why",
+    "name, damage, why",
     [
-        (lambda out: (out / "model.safetensors").unlink(), "model.safetensors is missing"),
-        (lambda out: cut_short(out / "model.safetensors"), "model.safetensors has 8 bytes, not the 17 saved"),
-        (
-            lambda out: changed(out / "model.safetensors"),
-            "model.safetensors is not the file saved (its sha256 differs)",
-        ),
-        (lambda out: changed(out / "recipe.json"), "recipe.json is not the file saved (its sha256 differs)"),
-        (lambda out: (out / "model-manifest.json").unlink(), "model-manifest.json is missing"),
+        ("model.safetensors", Path.unlink, "model.safetensors is missing"),
+        ("model.safetensors", cut_short, "model.safetensors has 8 bytes, not the 17 saved"),
+        ("model.safetensors", changed, "model.safetensors is not the file saved (its sha256 differs)"),
+        ("recipe.json", changed, "recipe.json is not the file saved (its sha256 differs)"),
+        ("model-manifest.json", Path.unlink, "model-manifest.json is missing"),
     ],
 )
 def test_a_published_model_not_as_published_is_published_again_from_its_checkpoint_or_refused_in_one_line(
-    damage, why, tmp_path, caplog
+    name, damage, why, tmp_path, caplog
 ):
     """A finished run whose model.safetensors was deleted, rerun with its command, once died in transformers'
     OSError though a complete checkpoint of its recipe was there; one cut short, in a SafetensorError traceback
     after "not training again"; one resumed from its last checkpoint trained a step past --max_steps."""
     out = tmp_path / "run"
-    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    recipe = run_recipe.describe(*arguments(out))
     publish(out, recipe)
     assert plan(out) == (recipe, str(out), None, None)  # intact: reused
-    damage(out)
+    damage(out / name)
     damaged = f"--output_dir={out}: its trained model is not as it was published ({why})"
     with pytest.raises(ValueError) as refused:
         plan(out)
@@ -443,7 +417,7 @@ def test_a_published_model_not_as_published_is_published_again_from_its_checkpoi
 def test_a_last_checkpoint_with_load_best_model_at_end_publishes_its_best_checkpoints_model_or_refuses(tmp_path):
     out = tmp_path / "run"
     best = dict.fromkeys(run_recipe.BEST_MODEL_ARGUMENTS, None) | dict(load_best_model_at_end=True)
-    recipe = run_recipe.describe(*arguments(out, **best)[:3], arguments(out)[3])
+    recipe = run_recipe.describe(*arguments(out, **best))
     save_checkpoint(out, 4, recipe)
     last = save_checkpoint(out, 6, recipe)
     state = json.loads((last / "trainer_state.json").read_text())
@@ -461,7 +435,7 @@ def test_a_last_checkpoint_with_load_best_model_at_end_publishes_its_best_checkp
 
 def test_a_model_of_another_version_replaced_by_a_resumed_checkpoint_is_said_so(tmp_path, caplog):
     out = tmp_path / "run"
-    recipe = run_recipe.describe(*arguments(out)[:3], arguments(out)[3])
+    recipe = run_recipe.describe(*arguments(out))
     publish(out, {**recipe, "scripts_version": "0.0.9"})
     save_checkpoint(out, 4, recipe)
     with caplog.at_level("WARNING", logger="bridgetower_bench"):
@@ -482,7 +456,7 @@ def test_resuming_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
 
 def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only_are_named(tmp_path, caplog):
     out = tmp_path / "run"
-    other = run_recipe.describe(*arguments(out, seed=3, max_steps=8)[:3], arguments(out)[3])
+    other = run_recipe.describe(*arguments(out, seed=3, max_steps=8))
     save_checkpoint(out, 2, other)
     with pytest.raises(ValueError) as refused:
         plan(out)
