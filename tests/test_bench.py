@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -115,25 +116,17 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         assert row["version_torch"] and row["version_transformers"]
         assert (row["version_accelerate"], row["version_datasets"]) == (version("accelerate"), version("datasets"))
         # The environment the run names: a CPU run of the CUDA/CPU script, no Habana mode, no driver read.
-        assert (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"]) == (
-            "cpu",
-            "n/a",
-            False,
-            1,
-        )
-        assert (
-            row["device_memory_bytes"] > 2**30 and row["driver_version"] is None and row["version_intel_gaudi"] is None
-        )
+        environment = (row["backend"], row["execution_mode"], row["torch_compile"], row["device_count"])
+        assert environment == ("cpu", "n/a", False, 1)
+        assert row["device_memory_bytes"] > 2**30
+        assert row["driver_version"] is None and row["version_intel_gaudi"] is None
         assert (out / "logs" / f"{row['run_id']}.log").read_text().startswith("$ ")
         assert not list((out / "runs" / row["run_id"]).glob("*.safetensors")), "weights are deleted by default"
 
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))
-    assert [(r["workers"], r["world_size"], r["nodes"]) for r in csv_rows] == [
-        ("0", "1", "1"),
-        ("0", "2", "1"),
-        ("0", "2", "2"),
-    ]
+    shapes = [(r["workers"], r["world_size"], r["nodes"]) for r in csv_rows]
+    assert shapes == [("0", "1", "1"), ("0", "2", "1"), ("0", "2", "2")]
     assert csv_rows[0]["scaling_efficiency"] == "1.0" and float(csv_rows[2]["scaling_efficiency"]) > 0
     assert json.loads(csv_rows[2]["per_node"]) == across["per_node"] and csv_rows[1]["per_node"] == ""
     assert float(csv_rows[0]["train_samples_per_second"]) == pytest.approx(runs[0]["train_samples_per_second"])
@@ -245,6 +238,22 @@ def starts(tmp_path):
     return started
 
 
+def saved_rows(out):
+    """results.json's rows; bare NaN or Infinity (not JSON) fail the test."""
+
+    def refuse(constant):
+        raise AssertionError(f"results.json holds bare {constant}")
+
+    return json.loads((out / "results.json").read_text(), parse_constant=refuse)["runs"]
+
+
+def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
+    deadline = time.time() + timeout_s
+    while not (path.exists() and path.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    return path.read_text()
+
+
 def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 8, 9], image_pipelines=["no-such-pipeline", "upstream"])
     out = tmp_path / "out"
@@ -259,14 +268,11 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
         assert bad["status"] == "failed" and bad["returncode"] == 2
         assert "invalid choice: 'no-such-pipeline'" in bad["error"]
     assert status[("upstream", 0)]["status"] == "ok", "runs after a failure still run"
-    assert (
-        status[("upstream", 8)]["status"] == "failed"
-        and "no train_samples_per_second" in status[("upstream", 8)]["error"]
-    )
+    assert status[("upstream", 8)]["status"] == "failed"
+    assert "no train_samples_per_second" in status[("upstream", 8)]["error"]
     assert status[("upstream", 9)]["error"].startswith("killed by signal SIGKILL")
     assert any("FAILED (return code 2)" in line and "invalid choice" in line for line in lines)
-    saved = json.loads((out / "results.json").read_text())["runs"]
-    assert [r["status"] for r in saved] == [r["status"] for r in rows]
+    assert [r["status"] for r in saved_rows(out)] == [r["status"] for r in rows]
     assert not (out / "runs" / status[("upstream", 0)]["run_id"] / "model.safetensors").exists()
 
     table = bench.render_all(out, rows, {"preset": "local", "model": "stand-in"})
@@ -276,9 +282,14 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
         chart.load()
 
 
-def test_validation_metrics_are_read_from_the_scripts_validation_results(tmp_path):
-    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[3, 4]), tmp_path / "out", echo=lambda line: None)
-    assert [(r["workers"], r.get("eval_loss")) for r in rows] == [(3, 0.3), (4, None)]
+def test_validation_metrics_are_read_and_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
+    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 3, 4]), tmp_path / "out", echo=lambda line: None)
+
+    assert [(r["workers"], r.get("eval_loss")) for r in rows[1:]] == [(3, 0.3), (4, None)]
+    assert [r["status"] for r in rows] == ["failed", "ok", "ok"], "runs after a diverged one still run"
+    assert rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
+    assert rows[0]["train_loss"] is None
+    assert saved_rows(tmp_path / "out") == rows
 
 
 def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp_path):
@@ -294,39 +305,32 @@ def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp
     assert second[0]["error"] == "exited 3 and printed nothing"  # a failed row always says why
 
 
-def test_ctrl_c_stops_the_running_script_and_keeps_finished_rows(ctrl_c_raises, tmp_path):
+def test_ctrl_c_stops_the_running_script_keeps_finished_rows_and_a_rerun_runs_it_again(ctrl_c_raises, tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 7, 1])
     out = tmp_path / "out"
     pid_file = out / "runs" / plan.variants[1].run_id / "pid"
-
-    def press_ctrl_c():
-        deadline = time.time() + 300  # a loaded machine starts Python slowly
-        while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
-            time.sleep(0.05)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    threading.Thread(
+        target=lambda: (wait_for(pid_file), signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)),
+        daemon=True,
+    ).start()
     rows, interrupted = bench.run_sweep(plan, out, echo=lambda line: None)
 
     assert interrupted
     assert [r["status"] for r in rows] == ["ok", "interrupted"], "the run after Ctrl-C never starts"
-    assert [r["status"] for r in json.loads((out / "results.json").read_text())["runs"]] == ["ok", "interrupted"]
+    assert [r["status"] for r in saved_rows(out)] == ["ok", "interrupted"]
     with pytest.raises(ProcessLookupError):
         bench.os.kill(int(pid_file.read_text()), 0)
+    assert starts(tmp_path) == ["w0-torch-upstream-r1", "w7-torch-upstream-r1"]
+
+    plan.env["STAND_IN_FAIL"] = "1"  # the rerun of workers=7 fails at once instead of hanging
+    rows, interrupted = bench.run_sweep(plan, out, echo=lambda line: None)
+    assert starts(tmp_path) == ["w7-torch-upstream-r1", "w1-torch-upstream-r1"], "the interrupted run is made again"
+    assert not interrupted and [r["status"] for r in rows] == ["ok", "failed", "failed"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Reruns into the same --out: finished rows kept, settings checked, one sweep at a time, children owned
 # ---------------------------------------------------------------------------------------------
-
-
-def saved_rows(out):
-    """results.json's rows; bare NaN or Infinity (not JSON) fail the test."""
-
-    def refuse(constant):
-        raise AssertionError(f"results.json holds bare {constant}")
-
-    return json.loads((out / "results.json").read_text(), parse_constant=refuse)["runs"]
 
 
 def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wider_matrix(tmp_path):
@@ -356,32 +360,6 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
     # A narrower rerun runs nothing new and drops no row.
     narrow, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0]), out, echo=lines.append)
     assert starts(tmp_path) == [] and narrow == saved_rows(out) and len(narrow) == len(wider.variants)
-
-
-def test_an_interrupted_run_is_made_again_by_the_rerun(ctrl_c_raises, tmp_path):
-    plan = stand_in_plan(tmp_path, workers=[0, 7])
-    pid_file = tmp_path / "out" / "runs" / plan.variants[1].run_id / "pid"
-    threading.Thread(
-        target=lambda: (wait_for(pid_file), signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)),
-        daemon=True,
-    ).start()
-    rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-    assert interrupted and [r["status"] for r in rows] == ["ok", "interrupted"]
-    starts(tmp_path)
-
-    plan = stand_in_plan(tmp_path, workers=[0, 1])
-    plan.variants = [plan.variants[0], sweep_commands.Variant(7)]
-    plan.env["STAND_IN_FAIL"] = "1"  # the rerun of workers=7 fails at once instead of hanging
-    rows, interrupted = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-    assert starts(tmp_path) == ["w7-torch-upstream-r1"]
-    assert not interrupted and [r["status"] for r in rows] == ["ok", "failed"]
-
-
-def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
-    deadline = time.time() + timeout_s
-    while not (path.exists() and path.read_text()) and time.time() < deadline:
-        time.sleep(0.05)
-    return path.read_text()
 
 
 @pytest.mark.parametrize(
@@ -434,36 +412,14 @@ def test_an_out_that_holds_no_readable_sweep_or_is_a_file_is_refused_naming_it(t
 
 def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
     out = tmp_path / "out"
-    plan = bench.make_plan(
-        bench.make_parser().parse_args(
-            ["--workers", "0", "1", "--image-pipelines", "fast", "--extra-args", "--seed 1"]
-        ),
-        build_fixtures=False,
-    )
+    seed = ["--image-pipelines", "fast", "--extra-args", "--seed 1"]
+    plan = bench.make_plan(bench.make_parser().parse_args(["--workers", "0", "1", *seed]), build_fixtures=False)
     plan.expected_device_name = ""  # as a dry run plans it
     out.mkdir()
     sweep_resume.write_results(out, plan, [{"run_id": plan.variants[0].run_id, "status": "ok"}])
 
-    assert (
-        bench.main(
-            [
-                "--dry-run",
-                "--workers",
-                "0",
-                "1",
-                "2",
-                "--image-pipelines",
-                "fast",
-                "--extra-args",
-                "--seed 1",
-                "--out",
-                str(out),
-                "--devices",
-                "0",  # no scaling curve, whatever this machine has
-            ]
-        )
-        == 0
-    )
+    # --devices 0: no scaling curve, whatever this machine has
+    assert bench.main(["--dry-run", "--workers", "0", "1", "2", *seed, "--out", str(out), "--devices", "0"]) == 0
     printed = capsys.readouterr().out
     assert "1 of them already finished" in printed
     assert "--dataloader_num_workers 0" not in printed and printed.count("--dataloader_num_workers 2") == 2
@@ -582,16 +538,6 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
             os.kill(run, signal.SIGKILL)
 
 
-def test_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
-    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 0]), tmp_path / "out", echo=lambda line: None)
-
-    assert (
-        rows[0]["status"] == "failed" and rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
-    )
-    assert rows[0]["train_loss"] is None and rows[1]["status"] == "ok"
-    assert saved_rows(tmp_path / "out") == rows
-
-
 # ---------------------------------------------------------------------------------------------
 # Tables and their arithmetic, on hand-made rows
 # ---------------------------------------------------------------------------------------------
@@ -667,19 +613,9 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
 
 def test_rows_that_ran_other_library_versions_are_named_in_the_table():
     rows = [
-        {
-            **row(100.0, 0),
-            "version_transformers": "4.55.4",
-            "version_accelerate": "1.10.1",
-            "version_datasets": "5.0.1",
-        },
-        {
-            **row(140.0, 1),
-            "version_transformers": "5.24.0",
-            "version_accelerate": "1.16.0",
-            "version_datasets": "5.0.1",
-        },
-        {**row(None, 2, status="failed"), "version_transformers": "6.0.0"},  # (a failed row measured nothing)
+        dict(row(100.0, 0), version_transformers="4.55.4", version_accelerate="1.10.1", version_datasets="5.0.1"),
+        dict(row(140.0, 1), version_transformers="5.24.0", version_accelerate="1.16.0", version_datasets="5.0.1"),
+        dict(row(None, 2, status="failed"), version_transformers="6.0.0"),  # (a failed row measured nothing)
     ]
     table = bench_report.render_table(bench_report.summarise(rows))
     assert (
@@ -748,51 +684,8 @@ def plan_for(argv, accelerator):
     return bench.make_plan(bench.make_parser().parse_args(argv), accelerator=accelerator, build_fixtures=False)
 
 
-def test_blog_preset_on_gaudi_is_the_published_command_on_eight_hpus(tmp_path):
-    plan = plan_for(["--preset", "blog"], accelerator="hpu")
-
-    labels = [bench_report.configuration_label(v.workers, v.loader) for v in plan.variants]
-    assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
-    command = plan.command(plan.variants[-1], tmp_path / "run")
-    assert command[:7] == [
-        sys.executable,
-        "-m",
-        "bridgetower_bench.tools.launch_gaudi",
-        "--world_size",
-        "8",
-        "--use_mpi",
-        str(bench.SCRIPTS["gaudi"]),
-    ]
-    text = " ".join(command)
-    for flags in (
-        "--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",
-        "--dataset_name jmhessel/newyorker_caption_contest --dataset_config_name matching",
-        "--per_device_train_batch_size 48",
-        "--num_train_epochs 5",
-        "--learning_rate 1e-5",
-        "--throughput_warmup_steps 3",
-        "--do_train --do_eval",
-        "--report_to none",
-        "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --sdp_on_bf16",
-        "--dataloader_num_workers 2",
-        "--mediapipe_dataloader",
-    ):
-        assert flags in text
-    assert "--do_predict" not in text and "--bf16" not in command  # as upstream's CI: autocast from Habana/clip
-    # Lazy mode needs the variable in the runs' environment; every command the sweep shows carries it.
-    assert plan.mode_env == {"PT_HPU_LAZY_MODE": "1"} and plan.run_env(plan.variants[-1])["PT_HPU_LAZY_MODE"] == "1"
-    assert plan.shown_command(command, tmp_path).startswith(
-        "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi "
-    )
-    assert "PT_HPU_LAZY_MODE" not in plan_for(["--preset", "blog"], accelerator="cuda").run_env()
-    assert plan_for(["--preset", "blog"], accelerator="cuda").mode_env == {}
-
-
 def readme_command(section: str, marker: str) -> list[str]:
     """The words of the README's command that contains `marker`, in the given section (continuation lines joined)."""
-    import re
-    import shlex
-
     text = (sweep_commands.REPO / "README.md").read_text()
     body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     for block in re.findall(r"```bash\n(.*?)```", body, re.S):
@@ -818,30 +711,50 @@ def as_flags(words: list[str]) -> dict:
     return flags
 
 
-def test_the_sweeps_gaudi_blog_preset_runs_the_readmes_published_gaudi_command(tmp_path):
+def test_blog_preset_on_gaudi_is_the_readmes_published_command_on_eight_hpus(tmp_path):
+    plan = plan_for(["--preset", "blog"], accelerator="hpu")
+
+    labels = [bench_report.configuration_label(v.workers, v.loader) for v in plan.variants]
+    assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
+    command = plan.command(plan.variants[-1], tmp_path / "run")
+    launcher = ["-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
+    assert command[:7] == [sys.executable, *launcher, str(bench.SCRIPTS["gaudi"])]
+    text = " ".join(command)
+    for flags in (
+        "--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc",
+        "--dataset_name jmhessel/newyorker_caption_contest --dataset_config_name matching",
+        "--per_device_train_batch_size 48",
+        "--num_train_epochs 5",
+        "--learning_rate 1e-5",
+        "--throughput_warmup_steps 3",
+        "--do_train --do_eval",
+        "--report_to none",
+        "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip --sdp_on_bf16",
+        "--dataloader_num_workers 2",
+        "--mediapipe_dataloader",
+    ):
+        assert flags in text
+    assert "--do_predict" not in text and "--bf16" not in command  # as upstream's CI: autocast from Habana/clip
+    # Lazy mode needs the variable in the runs' environment; every command the sweep shows carries it.
+    assert plan.mode_env == {"PT_HPU_LAZY_MODE": "1"} and plan.run_env(plan.variants[-1])["PT_HPU_LAZY_MODE"] == "1"
+    assert plan.shown_command(command, tmp_path).startswith(
+        "PT_HPU_LAZY_MODE=1 python -m bridgetower_bench.tools.launch_gaudi "
+    )
+    assert "PT_HPU_LAZY_MODE" not in plan_for(["--preset", "blog"], accelerator="cuda").run_env()
+    assert plan_for(["--preset", "blog"], accelerator="cuda").mode_env == {}
+
+    # The mediapipe run is the README's published Gaudi command, flag for flag.
     words = readme_command("Gaudi2 / Gaudi3 on Intel Developer Cloud", "launch_gaudi")
     assert words[0] == "PT_HPU_LAZY_MODE=1", "the published command runs lazy mode"
     script_at = words.index("run_bridgetower.py")
-    assert words[1:script_at] == [
-        "python",
-        "-m",
-        "bridgetower_bench.tools.launch_gaudi",
-        "--world_size",
-        "8",
-        "--use_mpi",
-    ]
+    assert words[1:script_at] == ["python", *launcher]
     published = as_flags(words[script_at + 1 :])
-
-    plan = plan_for(["--preset", "blog"], accelerator="hpu")
-    mediapipe = next(v for v in plan.variants if v.loader == "mediapipe")
-    command = plan.command(mediapipe, tmp_path / "run")
-    assert command[1:6] == words[2:script_at]
+    assert plan.variants[-1].loader == "mediapipe" and command[1:6] == words[2:script_at]
     swept = as_flags(command[command.index(str(bench.SCRIPTS["gaudi"])) + 1 :])
     for flags in (published, swept):
         flags.pop("--output_dir")
     assert swept.pop("--image_pipeline") == "upstream"  # the default: upstream's images, as published
     assert swept == published
-    assert plan.mode_env == {words[0].split("=")[0]: words[0].split("=")[1]}
 
 
 def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synthetic_ones(fixtures, tmp_path):
@@ -863,20 +776,13 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
 def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     gpu = plan_for(["--nproc", "2", "--extra-args", "--seed 3"], accelerator="cuda")
     command = gpu.command(gpu.variants[0], tmp_path / "run")
-    assert command[:6] == [
-        sys.executable,
-        "-m",
-        "bridgetower_bench.tools.launch_cuda",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-    ]
+    torchrun = ["-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
+    assert command[:6] == [sys.executable, *torchrun]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
-    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == [("torch", "upstream")] * 5 + [
-        ("device_decode", "upstream")
-    ] * 2 + [("torch", "fast")] * 5, (
-        "the local preset sets upstream's images beside ours, with and without persistent workers; the device loader runs with the first"
-    )
+    # the local preset sets upstream's images beside ours, with and without persistent workers; the device loader
+    # runs with the first
+    expected = [("torch", "upstream")] * 5 + [("device_decode", "upstream")] * 2 + [("torch", "fast")] * 5
+    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == expected
     assert {v.image_pipeline for v in plan_for(["--preset", "blog"], accelerator="cuda").variants} == {"upstream"}
 
     gaudi_on_cpu = plan_for(["--script", "gaudi", "--workers", "0"], accelerator="cpu")
@@ -911,6 +817,12 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
         ),
         (["--preset", "blog", "--shape", "within-epoch"], "cpu", "--shape within-epoch: only the local preset"),
         (["--prefetch-factors", "0"], "cpu", "--prefetch-factors 0: must be 1 or more"),
+        (
+            ["--script", "gaudi", "--devices", "1,2"],
+            "cpu",
+            "--devices 2: the Gaudi script runs several processes only on HPUs",
+        ),
+        (["--devices", "0,2"], "cpu", "--devices 0,2: device counts must be 1 or more"),
     ],
 )
 def test_bad_command_lines_are_refused_with_the_flag_named(argv, accelerator, message):
@@ -920,24 +832,11 @@ def test_bad_command_lines_are_refused_with_the_flag_named(argv, accelerator, me
 
 def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
     rows = [
-        {
-            "status": "ok",
-            "requested_loader": loader,
-            "image_pipeline": pipeline,
-            "workers": w,
-            "repeat": 1,
-            "train_samples_per_second": 10.0 + w,
-            "loader": loader,
-            "device_name": "CPU",
-            "world_size": 1,
-        }
+        row(10.0 + w, w, device="CPU", world_size=1, pipeline=pipeline)
         for pipeline in ("upstream", "fast")
         for w in (0, 1, 2)
-        for loader in ("torch",)
     ]
-    rows.append(
-        {**rows[-1], "requested_loader": "device_decode", "loader": "device_decode", "image_pipeline": "upstream"}
-    )
+    rows.append(row(12.0, 2, loader="device_decode", device="CPU", world_size=1))
 
     groups, series = chart_report.chart_groups(bench_report.summarise(rows))
 
@@ -949,15 +848,8 @@ def test_chart_groups_bars_by_worker_count_with_one_series_per_setting():
 def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(tmp_path):
     def shape(argv):
         command = plan_for(argv, accelerator="cpu").command(sweep_commands.Variant(2), tmp_path)
-        value = {
-            flag: int(command[command.index(flag) + 1])
-            for flag in (
-                "--max_train_samples",
-                "--per_device_train_batch_size",
-                "--max_steps",
-                "--throughput_warmup_steps",
-            )
-        }
+        flags = "--max_train_samples --per_device_train_batch_size --max_steps --throughput_warmup_steps".split()
+        value = {flag: int(command[command.index(flag) + 1]) for flag in flags}
         steps_per_epoch = -(-value["--max_train_samples"] // value["--per_device_train_batch_size"])
         counted = range(value["--throughput_warmup_steps"] + 1, value["--max_steps"] + 1)
         return steps_per_epoch, [step for step in counted if (step - 1) % steps_per_epoch == 0]
@@ -984,20 +876,8 @@ def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
         assert ("--dataloader_persistent_workers" in command) == variant.persistent_workers
     assert len({v.run_id for v in plan.variants}) == len(plan.variants)
 
-    chosen = plan_for(
-        [
-            "--workers",
-            "0",
-            "2",
-            "--persistent-workers",
-            "yes",
-            "--prefetch-factors",
-            "4",
-            "--image-pipelines",
-            "upstream",
-        ],
-        accelerator="cuda",
-    )
+    argv = "--workers 0 2 --persistent-workers yes --prefetch-factors 4 --image-pipelines upstream".split()
+    chosen = plan_for(argv, accelerator="cuda")
     assert [v.label for v in chosen.variants] == [
         "workers=0",
         "workers=2 (persistent, prefetch 4)",
@@ -1010,14 +890,8 @@ def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
     gaudi = plan_for(["--preset", "blog"], accelerator="hpu")  # upstream's loader settings: the published table
     assert not any(v.persistent_workers for v in gaudi.variants)
     with_mediapipe = plan_for(["--preset", "blog", "--persistent-workers", "no", "yes"], accelerator="hpu")
-    assert [v.label for v in with_mediapipe.variants] == [
-        "workers=0",
-        "workers=1",
-        "workers=1 (persistent)",
-        "workers=2",
-        "workers=2 (persistent)",
-        "workers=2 + mediapipe",
-    ]
+    labels = ["workers=0", "workers=1", "workers=1 (persistent)", "workers=2", "workers=2 (persistent)"]
+    assert [v.label for v in with_mediapipe.variants] == [*labels, "workers=2 + mediapipe"]
 
 
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
@@ -1028,19 +902,16 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_last_error_line_prefers_the_child_exception_over_launcher_noise():
-    log = "\n".join(
-        [
-            "step 1",
-            "Traceback (most recent call last):",
-            '  File "x.py", line 3',
-            "[rank0]: ValueError: --image_column foo not found",
-            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
-            "=====",
-        ]
-    )
-    assert sweep_rows.last_error_line(log) == "[rank0]: ValueError: --image_column foo not found"
+def test_last_error_line_prefers_the_child_exception_over_launcher_noise_and_a_divergence_over_earlier_errors():
+    child = "[rank0]: ValueError: --image_column foo not found"
+    noise = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n====="
+    log = f'step 1\nTraceback (most recent call last):\n  File "x.py", line 3\n{child}\n{noise}'
+    assert sweep_rows.last_error_line(log) == child
     assert sweep_rows.last_error_line("all fine\nlast words\n") == "last words"
+    diverged = "Training diverged at step 2 of 6 (loss NaN): stopped, nothing published in runs/a"
+    warning = "UserWarning: some library's RuntimeError fallback\n{'loss': nan, 'epoch': 1.0}"
+    log = f"{warning}\n{diverged}\nsome shutdown chatter"
+    assert sweep_rows.last_error_line(log).startswith("Training diverged at step 2 of 6")
 
 
 def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
@@ -1055,18 +926,6 @@ def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
     assert [alone.run_env(v)["OMP_NUM_THREADS"] for v in alone.variants] == ["8", "6", "6"]  # no curve: 1 process
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
     assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
-
-
-def test_a_diverged_run_shows_its_one_line_not_an_earlier_error():
-    log = "\n".join(
-        [
-            "UserWarning: some library's RuntimeError fallback",
-            "{'loss': nan, 'epoch': 1.0}",
-            "Training diverged at step 2 of 6 (loss NaN): stopped, nothing published in runs/a",
-            "some shutdown chatter",
-        ]
-    )
-    assert sweep_rows.last_error_line(log).startswith("Training diverged at step 2 of 6")
 
 
 # The sweep never turns a GPU or Gaudi run into a CPU run unless --device cpu asks ---------------------------
@@ -1169,21 +1028,6 @@ def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_devi
     points = [(v.devices, v.repeat) for v in blog.variants if v.devices]
     assert points == [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]  # 8 is the matrix itself (--nproc 8)
     assert blog.command(blog.variants[-3], tmp_path / "run")[:2] == [sys.executable, str(bench.SCRIPTS["cuda"])]
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (
-            ["--script", "gaudi", "--devices", "1,2"],
-            "--devices 2: the Gaudi script runs several processes only on HPUs",
-        ),
-        (["--devices", "0,2"], "--devices 0,2: device counts must be 1 or more"),
-    ],
-)
-def test_device_counts_the_machine_cannot_run_are_refused(argv, message):
-    with pytest.raises(ValueError, match=message):
-        plan_for(argv, "cpu")
 
 
 def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cost(tmp_path):
