@@ -105,9 +105,8 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
         assert row["train_samples_per_second"] == pytest.approx(8 / train["throughput_counted_seconds"], rel=1e-9)
         assert row["data_wait_fraction"] == train["data_wait_fraction"] < 1
         evaluation = json.loads((out / row["output_dir"] / "validation_results.json").read_text())
-        assert (
-            row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"] and row["eval_loss"] == evaluation["eval_loss"]
-        )
+        assert row["eval_i2t_recall@1"] == evaluation["eval_i2t_recall@1"]
+        assert row["eval_loss"] == evaluation["eval_loss"]
         assert f"{row['train_samples_per_second']:.2f} samples/s" in printed
         assert row["data_wait_fraction_epoch_start"] + row["data_wait_fraction_steady"] == pytest.approx(
             row["data_wait_fraction"]
@@ -178,9 +177,7 @@ def efficiency_cell(point, one):
     return f"n/a: {', '.join(flags)}" if flags else f"{100 * point['scaling_efficiency']:.0f}%"
 
 
-# ---------------------------------------------------------------------------------------------
-# Failures and Ctrl-C, with a stand-in training script (fast, and it can fail on demand)
-# ---------------------------------------------------------------------------------------------
+# Failures and Ctrl-C, with a stand-in training script (fast, and it can fail on demand) ----------------------
 
 STAND_IN = """
 import argparse, json, os, signal, sys, time
@@ -328,9 +325,7 @@ def test_ctrl_c_stops_the_running_script_keeps_finished_rows_and_a_rerun_runs_it
     assert not interrupted and [r["status"] for r in rows] == ["ok", "failed", "failed"]
 
 
-# ---------------------------------------------------------------------------------------------
-# Reruns into the same --out: finished rows kept, settings checked, one sweep at a time, children owned
-# ---------------------------------------------------------------------------------------------
+# Reruns into the same --out: finished rows kept, settings checked, one sweep at a time, children owned -------
 
 
 def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wider_matrix(tmp_path):
@@ -365,21 +360,15 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda plan: setattr(plan, "preset", "blog"), "(--preset local → blog)"),
-        (lambda plan: setattr(plan, "extra_args", ["--seed", "2"]), '(--extra-args "--seed 1" → "--seed 2")'),
-        (lambda plan: setattr(plan, "extra_args", []), '(--extra-args "--seed 1" → "")'),
-        (lambda plan: setattr(plan, "nproc", 2), "(--nproc 1 → 2)"),
-        (lambda plan: setattr(plan, "hosts", ["gpu-a", "gpu-c"]), '(--hostfile "gpu-a gpu-b" → "gpu-a gpu-c")'),
-        (lambda plan: setattr(plan, "shape", "within-epoch"), "(--shape published → within-epoch)"),
-        (lambda plan: setattr(plan, "base_args", ["--do_eval"]), "(--eval off → on)"),
-        (
-            lambda plan: setattr(plan, "base_args", ["--max_seq_length", "64"]),
-            '(the runs\' arguments "" → "--max_seq_length 64")',
-        ),
-        (
-            lambda plan: (setattr(plan, "script", "gaudi"), setattr(plan, "device", "hpu")),
-            "(--script cuda → gaudi; device cpu → hpu)",
-        ),
+        ({"preset": "blog"}, "(--preset local → blog)"),
+        ({"extra_args": ["--seed", "2"]}, '(--extra-args "--seed 1" → "--seed 2")'),
+        ({"extra_args": []}, '(--extra-args "--seed 1" → "")'),
+        ({"nproc": 2}, "(--nproc 1 → 2)"),
+        ({"hosts": ["gpu-a", "gpu-c"]}, '(--hostfile "gpu-a gpu-b" → "gpu-a gpu-c")'),
+        ({"shape": "within-epoch"}, "(--shape published → within-epoch)"),
+        ({"base_args": ["--do_eval"]}, "(--eval off → on)"),
+        ({"base_args": ["--max_seq_length", "64"]}, '(the runs\' arguments "" → "--max_seq_length 64")'),
+        ({"script": "gaudi", "device": "hpu"}, "(--script cuda → gaudi; device cpu → hpu)"),
     ],
 )
 def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_path, change, message):
@@ -388,7 +377,8 @@ def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_pa
     bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
     before = (tmp_path / "out" / "results.json").read_text()
     starts(tmp_path)
-    change(plan)
+    for name, value in change.items():
+        setattr(plan, name, value)
 
     with pytest.raises(bench.UserInputError) as refused:
         bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
@@ -441,25 +431,6 @@ time.sleep(60)
 """
 
 
-@pytest.fixture
-def held_run_directory(tmp_path):
-    """held_run_directory(path): a live process holding that run directory's lock, as a training run does."""
-    script = tmp_path / "hold.py"
-    script.write_text(HOLD_RUN_DIRECTORY.format(repo=str(sweep_commands.REPO)))
-    holders = []
-
-    def start(path):
-        process = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
-        holders.append(process)
-        assert process.stdout.readline() == "held\n"
-        return process
-
-    yield start
-    for process in holders:
-        process.kill()
-        process.wait()
-
-
 def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     plan = stand_in_plan(tmp_path, workers=[0])
@@ -472,25 +443,25 @@ def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path,
     assert code == 2 and error.count("\n") == 1
     assert f"--out {out} is in use by another sweep (process {os.getpid()} on host " in error
     assert starts(tmp_path) == [] and not (out / "results.json").exists()
-    assert bench.run_sweep(plan, out, echo=lambda line: None)[0][0]["status"] == "ok", (
-        "a sweep that ended left it free"
-    )
+    [freed] = bench.run_sweep(plan, out, echo=lambda line: None)[0]
+    assert freed["status"] == "ok", "a sweep that ended left it free"
 
 
-def test_a_rerun_never_touches_a_run_directory_a_live_process_holds(tmp_path, held_run_directory):
+def test_a_rerun_never_touches_a_run_directory_a_live_process_holds(tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 1])
     held = tmp_path / "out" / "runs" / plan.variants[1].run_id
-    holder = held_run_directory(held)
-    (held / "train_results.json").write_text("{}")  # what the live run is writing
-
-    with pytest.raises(
-        bench.UserInputError,
-        match=rf"runs/{plan.variants[1].run_id} is in use by a live run "
-        rf"\(process {holder.pid} on host ",
-    ):
-        bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-
-    assert (held / "train_results.json").read_text() == "{}" and starts(tmp_path) == []
+    (tmp_path / "hold.py").write_text(HOLD_RUN_DIRECTORY.format(repo=str(sweep_commands.REPO)))
+    holder = subprocess.Popen([sys.executable, tmp_path / "hold.py", held], stdout=subprocess.PIPE, text=True)
+    try:  # a live process holding the run directory's lock, as a training run does
+        assert holder.stdout.readline() == "held\n"
+        (held / "train_results.json").write_text("{}")  # what the live run is writing
+        refusal = rf"runs/{plan.variants[1].run_id} is in use by a live run \(process {holder.pid} on host "
+        with pytest.raises(bench.UserInputError, match=refusal):
+            bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+        assert (held / "train_results.json").read_text() == "{}" and starts(tmp_path) == []
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 SWEEP_OF_ONE = """
@@ -519,11 +490,8 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
     driver = tmp_path / "sweep_of_one.py"
     driver.write_text(SWEEP_OF_ONE.format(repo=str(sweep_commands.REPO)))
     script = stand_in_plan(tmp_path, workers=[7]).script_path
-    sweep = subprocess.Popen(
-        [sys.executable, str(driver), str(script), str(tmp_path / "out")],
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    argv = [sys.executable, str(driver), str(script), str(tmp_path / "out")]
+    sweep = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
     run = int(wait_for(tmp_path / "out" / "runs" / sweep_commands.Variant(7).run_id / "pid"))
     try:
         assert _running(run)
@@ -538,9 +506,7 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
             os.kill(run, signal.SIGKILL)
 
 
-# ---------------------------------------------------------------------------------------------
-# Tables and their arithmetic, on hand-made rows
-# ---------------------------------------------------------------------------------------------
+# Tables and their arithmetic, on hand-made rows --------------------------------------------------------------
 
 
 def row(
@@ -590,7 +556,7 @@ HAND_MADE = [
 ]
 
 
-def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_loader():
+def test_table_and_vs_published_have_median_and_speedup_per_device_and_never_claim_an_unused_loader():
     summary = bench_report.summarise(HAND_MADE)
     fallback_column = f"workers=2 + {FALLBACK} (asked: mediapipe)"
 
@@ -610,6 +576,18 @@ def test_table_has_median_and_speedup_per_device_and_never_claims_an_unused_load
     )
     assert "| Gaudi2 x8 | 100.0-100.0 (n=1) | 130.0-160.0 (n=3) | 200.0-200.0 (n=1) | 210.0-210.0 (n=1) |" in table
 
+    # vs_published lines up node, per-device and speedup figures
+    text = published_report.render_vs_published(summary, {"preset": "blog", "model": published.MODEL})
+    header = "| configuration | Gaudi2 x8 (this run) | H100 x1 (this run) | Gaudi2 HPU (published) | H100 GPU (published) | A100 80GB GPU (published) |"
+    assert text.count(header) == 3
+    node, per_device, speedups = text.split(header)[1:]
+    assert "| workers=0 | 100.0 | - | 601.5 | 336.5 | 227.5 |" in node
+    assert "| workers=2 + mediapipe | - | - | 847.7 | n/a | n/a |" in node, "our fallback run is not the mediapipe row"
+    assert "| workers=1 | 17.5 | 50.0 | 93.4 | 72.5 | 42.5 |" in per_device  # 140/8; published node / 8
+    assert "| workers=2 | x2.00 | - | x1.28 | x1.79 | x1.52 |" in speedups  # the post's workers 0->2 claims
+    assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
+    assert "| Gaudi2 HPU | 904.9 | 113.1 |" in text and "| Gaudi3 HPU | 783.5 | 97.9 |" in text  # upstream's CI
+
 
 def test_rows_that_ran_other_library_versions_are_named_in_the_table():
     rows = [
@@ -625,22 +603,6 @@ def test_rows_that_ran_other_library_versions_are_named_in_the_table():
     assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.55.4/5.24.0 | 1.10.1/1.16.0 | 5.0.1 | - |" in table
     same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
     assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
-
-
-def test_vs_published_lines_up_node_per_device_and_speedups():
-    text = published_report.render_vs_published(
-        bench_report.summarise(HAND_MADE), {"preset": "blog", "model": published.MODEL}
-    )
-
-    header = "| configuration | Gaudi2 x8 (this run) | H100 x1 (this run) | Gaudi2 HPU (published) | H100 GPU (published) | A100 80GB GPU (published) |"
-    assert text.count(header) == 3
-    node, per_device, speedups = text.split(header)[1:]
-    assert "| workers=0 | 100.0 | - | 601.5 | 336.5 | 227.5 |" in node
-    assert "| workers=2 + mediapipe | - | - | 847.7 | n/a | n/a |" in node, "our fallback run is not the mediapipe row"
-    assert "| workers=1 | 17.5 | 50.0 | 93.4 | 72.5 | 42.5 |" in per_device  # 140/8; published node / 8
-    assert "| workers=2 | x2.00 | - | x1.28 | x1.79 | x1.52 |" in speedups  # the post's workers 0->2 claims
-    assert "The published recipe on 1, 8 device(s) instead of 8: compare the per-device figures." in text
-    assert "| Gaudi2 HPU | 904.9 | 113.1 |" in text and "| Gaudi3 HPU | 783.5 | 97.9 |" in text  # upstream's CI
 
 
 def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
@@ -675,9 +637,7 @@ def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration(
     assert "| CPU x1 | workers=0 |" not in split
 
 
-# ---------------------------------------------------------------------------------------------
-# Command lines and bad input
-# ---------------------------------------------------------------------------------------------
+# Command lines and bad input ---------------------------------------------------------------------------------
 
 
 def plan_for(argv, accelerator):
@@ -761,15 +721,13 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
-    command = " ".join(
-        plan_for([], accelerator="cpu").command(sweep_commands.Variant(0, "torch", "upstream", 1), tmp_path)
-    )
+    local = plan_for([], accelerator="cpu")
+    command = " ".join(local.command(sweep_commands.Variant(0, "torch", "upstream", 1), tmp_path))
     assert "--per_device_train_batch_size 8 --max_seq_length 32" in command
     tokenizer = AutoTokenizer.from_pretrained(fixtures["model"])
     data = load_dataset(str(fixtures["dataset"]), "matching", cache_dir=str(tmp_path / "hf-cache"))
-    longest = max(
-        len(ids) for split in data.values() for ids in tokenizer(list(split["image_description"]))["input_ids"]
-    )
+    captions = [caption for split in data.values() for caption in split["image_description"]]
+    longest = max(len(ids) for ids in tokenizer(captions)["input_ids"])
     assert 8 < longest <= 32
 
 
@@ -779,10 +737,10 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     torchrun = ["-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
     assert command[:6] == [sys.executable, *torchrun]
     assert "--bf16" in command and "--use_cpu" not in command and command[-2:] == ["--seed", "3"]
-    # the local preset sets upstream's images beside ours, with and without persistent workers; the device loader
-    # runs with the first
     expected = [("torch", "upstream")] * 5 + [("device_decode", "upstream")] * 2 + [("torch", "fast")] * 5
-    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == expected
+    assert [(v.loader, v.image_pipeline) for v in gpu.variants] == expected, (
+        "the local preset sets upstream's images beside ours, with and without persistent workers; the device loader runs with the first"
+    )
     assert {v.image_pipeline for v in plan_for(["--preset", "blog"], accelerator="cuda").variants} == {"upstream"}
 
     gaudi_on_cpu = plan_for(["--script", "gaudi", "--workers", "0"], accelerator="cpu")
@@ -894,14 +852,6 @@ def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
     assert [v.label for v in with_mediapipe.variants] == [*labels, "workers=2 + mediapipe"]
 
 
-def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
-    assert bench.main(["--dry-run", "--workers", "0", "2", "--out", str(tmp_path / "out")]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("run_bridgetower") >= 3 and "--dataloader_num_workers 2" in printed
-    assert "--dataloader_persistent_workers True" in printed and "2 epoch start(s) counted" in printed
-    assert not (tmp_path / "out").exists()
-
-
 def test_last_error_line_prefers_the_child_exception_over_launcher_noise_and_a_divergence_over_earlier_errors():
     child = "[rank0]: ValueError: --image_column foo not found"
     noise = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n====="
@@ -978,9 +928,26 @@ def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypat
     assert sweep_plan.detect_accelerator() == "cpu"
 
 
-def test_the_blog_preset_without_an_accelerator_is_refused_in_one_line(monkeypatch, capsys):
+def test_without_an_accelerator_a_dry_run_prints_the_commands_runs_nothing_and_forks_no_tokenizers_warning(
+    tmp_path, monkeypatch, capsys
+):
+    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
+    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
+    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
-    assert bench.main(["--preset", "blog", "--dry-run"]) == 2
+    assert bench.main(["--dry-run", "--workers", "0", "2", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("run_bridgetower") >= 3 and "--dataloader_num_workers 2" in printed
+    assert "--dataloader_persistent_workers True" in printed and "2 epoch start(s) counted" in printed
+    assert not (tmp_path / "out").exists()
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    assert bench.main(["--dry-run", "--workers", "0"]) == 0
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    capsys.readouterr()
+
+    assert bench.main(["--preset", "blog", "--dry-run"]) == 2  # no accelerator here: refused in one line
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [
         "python -m bridgetower_bench.tools.bench: error: --preset blog: no HPU or NVIDIA GPU here (the published run "
@@ -988,22 +955,7 @@ def test_the_blog_preset_without_an_accelerator_is_refused_in_one_line(monkeypat
     ]
 
 
-def test_the_sweeps_runs_fork_without_the_tokenizers_warning(monkeypatch, capsys):
-    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
-    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
-    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
-    assert bench.main(["--dry-run", "--workers", "0"]) == 0
-    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    assert bench.main(["--dry-run", "--workers", "0"]) == 0
-    assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
-
-
-# ---------------------------------------------------------------------------------------------
-# The scaling curve (--devices)
-# ---------------------------------------------------------------------------------------------
+# The scaling curve (--devices) -------------------------------------------------------------------------------
 
 
 def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_device_count(tmp_path, monkeypatch):
@@ -1051,9 +1003,8 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     assert (tmp_path / "chart_scaling.png").stat().st_size > 1000
 
     alone = bench_report.summarise(rows[3:])
-    assert scaling_report.render_scaling(alone) == "" and not scaling_report.render_scaling_chart(
-        alone, tmp_path / "x.png"
-    )
+    assert scaling_report.render_scaling(alone) == ""
+    assert not scaling_report.render_scaling_chart(alone, tmp_path / "x.png")
 
 
 def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is_flagged_not_shown(tmp_path):
@@ -1082,9 +1033,7 @@ def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is
     assert "n/a" not in scaling_report.render_scaling(bench_report.summarise(rows))
 
 
-# ---------------------------------------------------------------------------------------------
-# The curve across nodes (--hostfile, --nodes)
-# ---------------------------------------------------------------------------------------------
+# The curve across nodes (--hostfile, --nodes) ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
