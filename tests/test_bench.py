@@ -62,11 +62,8 @@ def test_local_sweep_runs_the_script_and_writes_every_output(fixtures, tmp_path,
     nodes = ["--nodes", "1,2", "--hostfile", hostfile(tmp_path, "127.0.0.1 slots=1\nlocalhost slots=1\n")]
     nodes += ["--remote-shell", str(remote_shell), "--rdzv-port", str(port)]
 
-    code = bench.main(
-        ["--workers", "0", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)]
-        + ["--devices", "1,2"]
-        + nodes
-    )
+    argv = ["--workers", "0", "--image-pipelines", "upstream", "--eval", "--extra-args", TINY_RUN, "--out", str(out)]
+    code = bench.main([*argv, "--devices", "1,2", *nodes])
 
     printed = capsys.readouterr().out
     assert code == 0, printed
