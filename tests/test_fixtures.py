@@ -15,7 +15,6 @@ from datasets import Features, List, Value, load_dataset
 from datasets import Image as ImageFeature
 from PIL import Image
 
-from bridgetower_bench.output_dir.atomic_files import process_alive
 from bridgetower_bench.tools import cartoons, fixtures
 from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
 from bridgetower_bench.tools.fixtures import (
@@ -24,7 +23,7 @@ from bridgetower_bench.tools.fixtures import (
     make_synthetic_dataset,
     make_tiny_model,
 )
-from helpers import BOTH_ROUTES
+from helpers import BOTH_ROUTES, dead_pid
 
 
 CAPTION = "Two houses and a tree on the left side of a city street."
@@ -138,18 +137,10 @@ def test_default_fixture_model_sees_bridgetower_images_through_few_coarse_patche
     )
     config = model.config
     assert (config.vision_config.image_size, config.vision_config.patch_size) == (294, 42)
-    assert (
-        config.text_config.num_hidden_layers,
-        config.vision_config.num_hidden_layers,
-        config.num_hidden_layers,
-    ) == (1, 1, 1)
-    ids = torch.tensor([[0, 100, 101, 2]])
-    out = model(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        pixel_values=torch.zeros(1, 3, 294, 294),
-        output_hidden_states=True,
-    )
+    layers = (config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers, config.num_hidden_layers)
+    assert layers == (1, 1, 1)
+    ids, pixels = torch.tensor([[0, 100, 101, 2]]), torch.zeros(1, 3, 294, 294)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels, output_hidden_states=True)
     assert out.image_embeds.shape == (1, 32)
     # vision tokens, sequence first (nn.MultiheadAttention layout): 49 patches and the class token
     assert out.hidden_states[1][0].shape == (7 * 7 + 1, 1, 64)
@@ -171,17 +162,14 @@ def test_bad_model_shape_options_are_refused_by_name(options, named):
 
 
 def test_cli_model_options_default_to_the_default_fixture_and_keep_large_at_its_own_shape(capsys):
-    assert fixtures._model_options(fixtures._parse_args(["model"])) == fixtures.DEFAULT_MODEL_OPTIONS
-    assert fixtures._model_options(fixtures._parse_args(["model", "--layers", "2", "--patch-size", "14"])) == {
-        **fixtures.DEFAULT_MODEL_OPTIONS,
-        "layers": 2,
-        "patch_size": 14,
-    }
-    assert fixtures._model_options(fixtures._parse_args(["model", "--large"])) == {
-        "seed": 0,
-        "image_size": 294,
-        "large": True,
-    }
+    def options(*argv):
+        return fixtures._model_options(fixtures._parse_args(["model", *argv]))
+
+    assert options() == fixtures.DEFAULT_MODEL_OPTIONS
+    assert options("--layers", "2", "--patch-size", "14") == dict(
+        fixtures.DEFAULT_MODEL_OPTIONS, layers=2, patch_size=14
+    )
+    assert options("--large") == {"seed": 0, "image_size": 294, "large": True}
     with pytest.raises(SystemExit):
         fixtures._parse_args(["model", "--large", "--layers", "2"])
     assert "--layers" in capsys.readouterr().err
@@ -195,31 +183,26 @@ def test_empty_tokenizer_corpus_is_refused(tmp_path):
 # --- data set ------------------------------------------------------------------------------------
 
 
-def test_dataset_loads_as_matching_config_with_exact_features_and_split_sizes(dataset_dir, tmp_path):
+def test_dataset_is_the_matching_config_of_embedded_jpegs_with_cartoons_on_several_rows_of_one_split(
+    dataset_dir, tmp_path
+):
     dataset = _load(dataset_dir, tmp_path)
     assert {split: len(dataset[split]) for split in dataset} == {"train": 6, "validation": 3, "test": 3}
     for split in dataset:
         assert dataset[split].features == MATCHING_FEATURES
-    assert sorted(p.name for p in (dataset_dir / "matching").iterdir()) == [
-        "test-00000-of-00001.parquet",
-        "train-00000-of-00001.parquet",
-        "validation-00000-of-00001.parquet",
-    ]
+    shards = [f"{split}-00000-of-00001.parquet" for split in ("test", "train", "validation")]
+    assert sorted(p.name for p in (dataset_dir / "matching").iterdir()) == shards
 
-
-def test_images_are_embedded_jpegs_of_realistic_size(dataset_dir, tmp_path):
-    train = _load(dataset_dir, tmp_path)["train"]
+    # images: embedded JPEGs of realistic size
     low, high = cartoons.IMAGE_SIDE_RANGE
-    for row in train.cast_column("image", ImageFeature(decode=False)):
-        assert row["image"]["bytes"][:2] == b"\xff\xd8"
-    for image in train["image"]:
+    for image in dataset["train"]["image"]:
         assert image.mode == "RGB" and low <= image.width <= high and low <= image.height <= high
+    dataset = dataset.cast_column("image", ImageFeature(decode=False))
+    for row in dataset["train"]:
+        assert row["image"]["bytes"][:2] == b"\xff\xd8"
 
-
-def test_each_cartoon_fills_several_rows_and_splits_use_disjoint_cartoons(dataset_dir, tmp_path):
-    dataset = _load(dataset_dir, tmp_path).cast_column("image", ImageFeature(decode=False))
-    train = dataset["train"]
-    first, second = train[0], train[1]
+    # each cartoon fills several rows, and the splits use disjoint cartoons
+    first, second = dataset["train"][0], dataset["train"][1]
     assert first["contest_number"] == second["contest_number"]
     assert first["image"]["bytes"] == second["image"]["bytes"]
     assert first["image_description"] == second["image_description"]
@@ -308,10 +291,7 @@ def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tm
     outdated.mkdir()
     (outdated / "gaudi_config.json").write_text("{}")
     (outdated / fixtures.MARKER_FILE).write_text(json.dumps({**fixtures.fixture_params("gaudi_config"), "version": 0}))
-    dead_pid = 4_000_000
-    while process_alive(dead_pid):
-        dead_pid += 1
-    stale = root / f"{fixtures.DATASET_DIR_NAME}.partial-{socket.gethostname()}-{dead_pid}.abc123"
+    stale = root / f"{fixtures.DATASET_DIR_NAME}.partial-{socket.gethostname()}-{dead_pid()}.abc123"
     stale.mkdir()
     an_hour_ago = time.time() - 3600
     os.utime(stale, (an_hour_ago, an_hour_ago))
@@ -335,20 +315,9 @@ def test_ensure_default_fixtures_uses_the_environment_variable(tmp_path, monkeyp
     assert fixtures.default_fixtures_root() == tmp_path / "from-env"
 
 
-def test_cli_writes_a_dataset_prints_the_image_spread_and_reuses_it(tmp_path, capsys):
-    argv = [
-        "--out",
-        str(tmp_path),
-        "--train-rows",
-        "2",
-        "--validation-rows",
-        "1",
-        "--test-rows",
-        "1",
-        "--rows-per-cartoon",
-        "1",
-        "dataset",
-    ]
+def test_cli_writes_a_dataset_prints_the_image_spread_reuses_it_and_refuses_a_non_positive_row_count(tmp_path, capsys):
+    rows = "--train-rows 2 --validation-rows 1 --test-rows 1 --rows-per-cartoon 1".split()
+    argv = ["--out", str(tmp_path), *rows, "dataset"]
     fixtures.main(argv)
     printed = capsys.readouterr().out
     assert str(tmp_path / fixtures.DATASET_DIR_NAME) in printed and "built in" in printed and "JPEG" in printed
@@ -359,9 +328,7 @@ def test_cli_writes_a_dataset_prints_the_image_spread_and_reuses_it(tmp_path, ca
     fixtures.main(argv)
     assert "already complete" in capsys.readouterr().out
 
-
-def test_cli_refuses_a_non_positive_row_count(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # a non-positive row count
         fixtures.main(["--train-rows", "0", "dataset"])
     assert "--train-rows" in capsys.readouterr().err
 

@@ -17,15 +17,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def fake_hl_smi(tmp_path) -> dict:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "hl-smi"
-    tool.write_text("#!/bin/sh\nexit 0\n")
-    tool.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-
-
 @pytest.mark.parametrize(
     "goal, advice",
     [
@@ -34,14 +25,14 @@ def fake_hl_smi(tmp_path) -> dict:
     ],
 )
 def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_building_anything(tmp_path, goal, advice):
+    hl_smi = tmp_path / "bin" / "hl-smi"  # a stand-in on PATH, as in Habana's container
+    hl_smi.parent.mkdir()
+    hl_smi.write_text("#!/bin/sh\nexit 0\n")
+    hl_smi.chmod(0o755)
     venv, venv_current = tmp_path / "venv", tmp_path / "venv-current"
-    result = subprocess.run(
-        ["make", "-C", str(REPO), goal, f"VENV={venv}", f"VENV_CURRENT={venv_current}"],
-        env=fake_hl_smi(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = ["make", "-C", str(REPO), goal, f"VENV={venv}", f"VENV_CURRENT={venv_current}"]
+    env = {**os.environ, "PATH": f"{hl_smi.parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert f"make {goal}: this looks like a Habana Gaudi machine (hl-smi is on PATH)" in result.stderr
     assert "pip install -r requirements-gaudi.txt" in result.stderr and advice in result.stderr
@@ -49,7 +40,6 @@ def test_make_bench_and_make_test_refuse_inside_a_habana_container_before_buildi
 
 
 def test_the_guard_lets_other_machines_through():
-    result = subprocess.run(
-        ["sh", str(GUARD)], env={**os.environ, "PYTHON": "python3"}, capture_output=True, text=True
-    )
+    env = {**os.environ, "PYTHON": "python3"}
+    result = subprocess.run(["sh", str(GUARD)], env=env, capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == ""

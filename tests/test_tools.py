@@ -26,14 +26,8 @@ def test_the_tools_that_run_no_model_start_without_torch_transformers_or_dataset
     # a refusal, a table or a dry run in a fraction of a second, not after seconds of imports (a fresh interpreter)
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\nprint(*sys.modules)"
     tools = [f"bridgetower_bench.tools.{name}" for name in NO_MODEL_TOOLS.split()]
-    result = subprocess.run(
-        [sys.executable, "-c", code, *tools],
-        cwd=REPO,
-        env=script_env(False),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [sys.executable, "-c", code, *tools]
+    result = subprocess.run(argv, cwd=REPO, env=script_env(False), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = {name.split(".")[0] for name in result.stdout.split()}
     assert not loaded & {"torch", "torchvision", "transformers", "datasets"}, loaded
@@ -64,12 +58,8 @@ def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
 
         for target, check in figures["targets"].items():
             assert check["target"] == image_bench.TARGETS[target]
-            met = (
-                check["measured"] <= check["target"]
-                if target.endswith("deviation")
-                else check["measured"] >= check["target"]
-            )
-            assert check["met"] == met
+            measured, goal = check["measured"], check["target"]
+            assert check["met"] == (measured <= goal if target.endswith("deviation") else measured >= goal)
         assert figures["targets"]["fast_mean_deviation"]["measured"] == deviation["fast"]["mean"]
 
         # The printed table shows the same figures.
@@ -101,16 +91,9 @@ def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
     assert f"{report['worker_private_growth_mib']:+.1f} MiB per worker" in result.stdout
 
 
-def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(tmp_path):
-    script_args = [
-        "--output_dir",
-        tmp_path / "out",
-        "--model_name_or_path",
-        "BridgeTower/bridgetower-large-itm-mlm-itc",
-        "--do_train",
-        "--use_habana",
-        "--use_lazy_mode",
-    ]
+def test_gaudi_launchers_dry_run_prints_the_published_mpirun_command_and_the_variables_it_exports(tmp_path):
+    model = "--model_name_or_path BridgeTower/bridgetower-large-itm-mlm-itc --do_train --use_habana --use_lazy_mode"
+    script_args = ["--output_dir", tmp_path / "out", *model.split()]
     args = ["--world_size", 8, "--use_mpi", "--dry_run", "run_bridgetower.py", *script_args]
     result = run_tool("launch_gaudi", args, gaudi=True)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -122,6 +105,12 @@ def test_gaudi_launcher_dry_run_prints_the_mpirun_command_of_the_published_runs(
         command,
     ), command
     assert not (tmp_path / "out").exists(), "a dry run starts nothing"
+
+    args = ["--world_size", 2, "--use_mpi", "--master_port", 29600, "--dry_run", "run_bridgetower.py", "--seed", 3]
+    command = run_tool("launch_gaudi", args, gaudi=True).stdout.strip().splitlines()[-1]
+    assert command.startswith("PT_HPU_LAZY_MODE=1 MASTER_ADDR=localhost MASTER_PORT=29600 mpirun -n 2 "), command
+    single = run_tool("launch_gaudi", ["--dry_run", "run_bridgetower.py"], gaudi=True).stdout.strip().splitlines()[-1]
+    assert single == f"PT_HPU_LAZY_MODE=1 {sys.executable} run_bridgetower.py", "one HPU: no variables but the mode"
 
 
 def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
@@ -171,7 +160,7 @@ def launch_on_nodes(directory, *flags, script_args=("--output_dir", "runs/two", 
     return run_tool("launch_gaudi", args, cwd=directory, gaudi=True)
 
 
-def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node_gets(two_nodes):
+def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node_gets(two_nodes, monkeypatch):
     result = launch_on_nodes(two_nodes, "--num_nodes", 2, "--world_size", 16)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()[-8:]
@@ -200,8 +189,7 @@ def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node
         )
     assert not (two_nodes / "runs").exists(), "a dry run starts nothing"
 
-
-def test_gaudi_launcher_hands_the_nodes_the_users_deepspeed_env_and_the_eager_mode_asked_for(two_nodes, monkeypatch):
+    # the user's .deepspeed_env and the eager mode asked for reach the nodes
     (two_nodes / ".deepspeed_env").write_text("HCCL_SOCKET_IFNAME=eth1\n")
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     result = launch_on_nodes(two_nodes, script_args=["--use_habana", "--use_lazy_mode", "False"])
@@ -360,26 +348,10 @@ def test_gaudi_launcher_without_habanas_software_says_so_in_one_line(dry_run, tm
     assert result.stderr.splitlines() == [f"launch_gaudi: {HABANA_MISSING}"]
 
 
-def test_gaudi_launchers_dry_run_shows_the_variables_the_launch_exports(tmp_path):
-    args = ["--world_size", 2, "--use_mpi", "--master_port", 29600, "--dry_run", "run_bridgetower.py", "--seed", 3]
-    command = run_tool("launch_gaudi", args, gaudi=True).stdout.strip().splitlines()[-1]
-    assert command.startswith("PT_HPU_LAZY_MODE=1 MASTER_ADDR=localhost MASTER_PORT=29600 mpirun -n 2 "), command
-    single = run_tool("launch_gaudi", ["--dry_run", "run_bridgetower.py"], gaudi=True).stdout.strip().splitlines()[-1]
-    assert single == f"PT_HPU_LAZY_MODE=1 {sys.executable} run_bridgetower.py", "one HPU: no variables but the mode"
-
-
 def test_the_gaudi_script_without_habanas_software_says_so_in_one_line(tmp_path):
-    env = script_env(
-        gaudi=False
-    )  # the repository importable, the shim not: what a machine without Habana's software has
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_bridgetower.py"), "--output_dir", str(tmp_path / "out")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [sys.executable, str(REPO / "run_bridgetower.py"), "--output_dir", str(tmp_path / "out")]
+    env = script_env(gaudi=False)  # the repository importable, the shim not: a machine without Habana's software
+    result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"run_bridgetower.py: {HABANA_MISSING}"]
     assert not (tmp_path / "out").exists()
