@@ -1,13 +1,10 @@
 """The Gaudi media-pipeline loader's CPU-testable parts, plus its wiring against a fake Habana API.
 
-Its modules: which loader runs (mediapipe_availability), the image files (mediapipe_image_files), the
-inputs on a data set (mediapipe_inputs), the graph (mediapipe_graph), the loader (mediapipe_dataloader)
-and the trainer mixin (mediapipe_trainer). The fake (``fake_habana``) stands in for
-habana_frameworks.mediapipe/torch with the API names mediapipe/graph.py documents; its "device" decodes
-a solid-colour JPEG to its mean colour, so the tests can check that decoded images, tokens and rows stay
-aligned and are normalised with the right constants.
+The fake (``fake_habana``) has the API names mediapipe/graph.py documents; its "device" decodes a solid-colour
+JPEG to its mean colour, so the tests can check that images, tokens and rows stay aligned and normalised right.
 """
 
+import gc
 import importlib.machinery
 import importlib.util
 import io
@@ -15,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import types
 from types import SimpleNamespace
 
@@ -22,7 +20,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
 from bridgetower_bench.images.images import to_rgb
@@ -46,9 +44,7 @@ MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-# ----------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------
+# ---- helpers ----
 
 
 def solid_jpeg(colour, size=(20, 14)) -> bytes:
@@ -91,34 +87,28 @@ def stats(directory):
     }
 
 
-# ----------------------------------------------------------------------------------------
-# SamplerBatchReader
-# ----------------------------------------------------------------------------------------
+# ---- SamplerBatchReader ----
 
 
-def test_reader_follows_sequential_sampler_and_keeps_last_partial_batch():
-    reader = make_reader(n=10, batch_size=4)
+@pytest.mark.parametrize(
+    "drop_last, expected", [(False, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]), (True, [[0, 1, 2, 3], [4, 5, 6, 7]])]
+)
+def test_reader_follows_sequential_sampler_and_keeps_or_drops_last_partial_batch(drop_last, expected):
+    reader = make_reader(n=10, batch_size=4, drop_last=drop_last)
     batches = list(reader)
-    assert [rows_of(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert len(reader) == 3
+    assert [rows_of(b) for b in batches] == expected
+    assert len(reader) == len(expected)
     for paths, ids, mask in batches:
         assert ids.dtype == np.int64 and mask.dtype == np.int64
         assert ids.shape == mask.shape == (len(paths), SEQ_LEN)
 
 
-def test_reader_drop_last_drops_partial_batch():
-    reader = make_reader(n=10, batch_size=4, drop_last=True)
-    assert [rows_of(b) for b in reader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert len(reader) == 2
-
-
 def test_reader_follows_random_sampler_order():
-    expected = list(RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
-    reader = make_reader(
-        n=10, batch_size=3, sampler=RandomSampler(range(10), generator=torch.Generator().manual_seed(7))
-    )
-    rows = [row for batch in reader for row in rows_of(batch)]
-    assert rows == expected
+    def sampler():
+        return RandomSampler(range(10), generator=torch.Generator().manual_seed(7))
+
+    rows = [row for batch in make_reader(n=10, batch_size=3, sampler=sampler()) for row in rows_of(batch)]
+    assert rows == list(sampler())
     assert rows != sorted(rows)
 
 
@@ -144,9 +134,7 @@ def test_reader_rejects_mismatched_inputs():
         make_reader(batch_size=0)
 
 
-# ----------------------------------------------------------------------------------------
-# materialise_images
-# ----------------------------------------------------------------------------------------
+# ---- materialise_images ----
 
 
 def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
@@ -212,8 +200,6 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
 
 @pytest.mark.parametrize("as_path", [False, True])
 def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
-    from PIL import ImageOps
-
     exif = Image.Exif()
     exif[0x0112] = 6
     sideways = Image.fromarray(np.repeat(np.arange(20, dtype=np.uint8)[None, :] * 12, 12, axis=0)).convert("RGB")
@@ -314,9 +300,7 @@ def test_unknown_column_is_a_clear_error(tmp_path):
         materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
 
 
-# ----------------------------------------------------------------------------------------
-# availability on this (non-Gaudi) machine
-# ----------------------------------------------------------------------------------------
+# ---- availability on this (non-Gaudi) machine ----
 
 
 @pytest.mark.skipif(
@@ -334,9 +318,7 @@ def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
         MediaPipeDataLoader(object(), SequentialSampler(range(1)), 1)
 
 
-# ----------------------------------------------------------------------------------------
-# a fake Habana stack, with the API names mediapipe/graph.py documents
-# ----------------------------------------------------------------------------------------
+# ---- a fake Habana stack, with the API names mediapipe/graph.py documents ----
 
 
 class FakeOp:
@@ -525,27 +507,21 @@ def test_prefetch_depth_follows_workers_within_habanas_documented_range(fake_hab
     assert pipe.settings["prefetch_depth"] == depth
 
 
-def test_closed_loader_has_released_its_pipeline_and_refuses_to_iterate(fake_habana, tmp_path):
+def test_closed_or_dropped_loader_releases_its_pipeline_and_a_closed_one_refuses_to_iterate(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
     loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
     assert len(list(loader)) == 3 and FakeMediaPipe.counts() == (1, 0)
     loader.close()
     loader.close()
-    (pipe,) = FakeMediaPipe.created
-    assert pipe.calls == ["del_iter", "close"]  # once, device memory first
+    assert FakeMediaPipe.created[0].calls == ["del_iter", "close"]  # once, device memory first
     with pytest.raises(RuntimeError, match="closed"):
         list(loader)
 
-
-def test_dropped_loader_releases_its_pipeline(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
-    list(loader)
-    del loader
-    import gc
-
+    dropped = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    list(dropped)
+    del dropped
     gc.collect()
-    assert FakeMediaPipe.counts() == (1, 1)
+    assert FakeMediaPipe.counts() == (2, 2), "a dropped loader releases its pipeline"
 
 
 def test_pipelines_left_open_are_released_at_process_exit(tmp_path):
@@ -615,29 +591,24 @@ def trainer_args(**overrides):
     return SimpleNamespace(**args)
 
 
-def test_mixin_shards_training_across_ranks_with_full_batches(fake_habana, tmp_path):
+def test_mixin_shards_training_with_full_batches_and_sharded_evaluation_gathers_every_row_once(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
-    per_rank = []
+    per_rank, rounds = [], []
     for rank in (0, 1):
-        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds).get_train_dataloader()
+        trainer = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds, eval_dataset=ds)
+        loader = trainer.get_train_dataloader()
         loader.set_epoch(0)
         batches = list(loader)
         assert all(len(b["input_ids"]) == 3 for b in batches)
         per_rank.append([row for b in batches for row in rows_of_batch(b)])
-    assert len(per_rank[0]) == len(per_rank[1])  # every rank runs the same number of steps
-    assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(COLOURS)))
-
-
-def test_mixin_sharded_evaluation_gathers_every_row_once(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    rounds = []
-    for rank in (0, 1):
-        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), eval_dataset=ds).get_eval_dataloader()
+        loader = trainer.get_eval_dataloader()
         seen = []
         for batch in loader:
             state = loader.gradient_state
             seen.append((rows_of_batch(batch), state.end_of_dataloader, state.remainder))
         rounds.append(seen)
+    assert len(per_rank[0]) == len(per_rank[1])  # every rank runs the same number of steps
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(COLOURS)))
     assert len(rounds[0]) == len(rounds[1])
     gathered = []
     for (rows0, end, remainder), (rows1, _, _) in zip(*rounds):
@@ -733,15 +704,11 @@ def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana,
     trainer.evaluate()  # a fresh one after the release
     assert FakeMediaPipe.counts() == (4, 3)
     del trainer
-    import gc
-
     gc.collect()
     assert FakeMediaPipe.counts() == (4, 4)
 
 
 def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fake_habana, tmp_path, monkeypatch):
-    import time
-
     restarted_after_step = []
     restart = FakeIterator.__iter__
 
