@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
+from PIL import Image, ImageOps
+from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 
 import image_fidelity
 from bridgetower_bench.images import images
@@ -78,9 +78,7 @@ def jpeg_decoders(request, monkeypatch):
     return request.param
 
 
-# ----------------------------------------------------------------------------------------
-# Fidelity of the fast pipelines
-# ----------------------------------------------------------------------------------------
+# ---- Fidelity of the fast pipelines ----
 
 
 @pytest.mark.parametrize("size", [(800, 650), (517, 701), (640, 480)])
@@ -89,11 +87,15 @@ def test_fast_matches_upstream_on_line_art_cartoons(size):
     assert mean_deviation_from_upstream("fast", jpeg, 294) <= FIDELITY_BOUND
 
 
-def test_fast_matches_upstream_on_real_photos():
+def test_fast_matches_upstream_on_real_photos_and_on_grey_and_cmyk_jpegs():
     photos = real_photos()
     assert photos, "matplotlib's sample photo is missing"
     for photo in photos:
         assert mean_deviation_from_upstream("fast", str(photo), 294) <= FIDELITY_BOUND, photo.name
+    img = Image.open(io.BytesIO(cartoon_jpeg(seed=5, width=300, height=220)))
+    for mode in ("L", "CMYK"):
+        jpeg = encode(img.convert(mode), "JPEG", quality=92)
+        assert mean_deviation_from_upstream("fast", jpeg, 64) <= FIDELITY_BOUND, mode
 
 
 # What docs/UPSTREAM.md and the README state of `fast` against upstream (measured over 24 images per size with
@@ -173,13 +175,6 @@ def test_fast_draft_equals_fast_when_draft_cannot_help(jpeg_decoders):
         assert torch.equal(fast(value), draft(value))
 
 
-def test_fast_matches_upstream_on_grey_and_cmyk_jpegs():
-    img = Image.open(io.BytesIO(cartoon_jpeg(seed=5, width=300, height=220)))
-    for mode in ("L", "CMYK"):
-        jpeg = encode(img.convert(mode), "JPEG", quality=92)
-        assert mean_deviation_from_upstream("fast", jpeg, 64) <= FIDELITY_BOUND, mode
-
-
 def jpegs_of_every_kind() -> dict[str, bytes]:
     """Colour JPEGs of each chroma subsampling and both colour spaces, grey, progressive, CMYK, photos."""
     cartoon = Image.open(io.BytesIO(cartoon_jpeg(seed=6, width=517, height=401)))
@@ -210,10 +205,7 @@ def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
 
 def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypatch):
     """Shorter side 1003 at 294: 3/8 (377 px) is the smallest scale covering 294, which PIL's draft never picks.
-
-    Measured: 0.8/255 mean deviation; resizing the reduced pixels "to size" (stretched by the
-    rounding up) 3.7/255; reading them as a 1/2 decode 93/255.
-    """
+    Measured: 0.8/255; the reduced pixels resized "to size" (stretched by the rounding up) 3.7/255; as 1/2 93/255."""
     pytest.importorskip("simplejpeg")
     jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
     pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
@@ -238,9 +230,7 @@ def test_fast_draft_without_simplejpeg_uses_pil_draft(monkeypatch):
     assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255
 
 
-# ----------------------------------------------------------------------------------------
-# Geometry
-# ----------------------------------------------------------------------------------------
+# ---- Geometry ----
 
 ODD_SIZES = [(295, 294), (297, 294), (294, 297), (333, 297), (589, 293), (1001, 3), (7, 5), (31, 31), (100, 301)]
 
@@ -275,11 +265,6 @@ def test_decoded_scale_eighths_recovers_every_scale(full_size):
         assert decoded_scale_eighths(full_size, decoded_size) == eighths, eighths
 
 
-def test_a_size_that_is_no_eighths_scale_is_named_with_the_full_size():
-    with pytest.raises(ValueError, match=r"^a 500x375 image is no M/8 scale \(M = 1\.\.8\) of a 1000x800 one$"):
-        decoded_scale_eighths((1000, 800), (500, 375))
-
-
 def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size(jpeg_decoders):
     """Twice the target on the shorter side is where a half-scale decode still covers the resize: 64x80 at
     32 px decodes at 32x40, 63x80 (under twice) at full scale, with either JPEG decoder."""
@@ -295,7 +280,9 @@ def test_an_image_size_of_one_pixel_is_allowed():
         assert tuple(out.shape) == (3, 1, 1), pipeline
 
 
-def test_resize_and_crop_rejects_a_size_that_is_no_eighths_scale():
+def test_a_size_that_is_no_eighths_scale_is_refused_and_named_with_the_full_size():
+    with pytest.raises(ValueError, match=r"^a 500x375 image is no M/8 scale \(M = 1\.\.8\) of a 1000x800 one$"):
+        decoded_scale_eighths((1000, 800), (500, 375))
     with pytest.raises(ValueError, match="100x100 image is no M/8 scale"):
         resize_and_crop(torch.zeros(3, 100, 100, dtype=torch.uint8), 31, full_size=(1000, 1000))
     with pytest.raises(ValueError, match="no M/8 scale"):  # width at 3/8, height at 1/2: no common M
@@ -304,11 +291,8 @@ def test_resize_and_crop_rejects_a_size_that_is_no_eighths_scale():
 
 @pytest.mark.parametrize("size", [(61, 47), (76, 47), (47, 76), (65, 33), (34, 97)])
 def test_fast_keeps_exact_geometry_on_odd_sizes(size):
-    """Sharp 1-pixel stripes; crop offsets x.5 round half to even (61x47: 4.5 -> 4, 76x47: 9.5 -> 10).
-
-    Against upstream clamped to 0..1 (uint8 output cannot overshoot), exact geometry stays
-    near 1/255 on this worst-case pattern, while a one-pixel shift costs about 25/255.
-    """
+    """Sharp 1-pixel stripes; crop offsets x.5 round half to even (61x47: 4.5 -> 4, 76x47: 9.5 -> 10). Against
+    upstream clamped to 0..1 (uint8 cannot overshoot) exact geometry stays near 1/255, a one-pixel shift ~25/255."""
     width, height = size
     pixels = np.full((height, width, 3), 255, dtype=np.uint8)
     pixels[::3, :, :] = 0
@@ -319,9 +303,7 @@ def test_fast_keeps_exact_geometry_on_odd_sizes(size):
     assert (fast - upstream).abs().mean().item() <= 2 / 255
 
 
-# ----------------------------------------------------------------------------------------
-# Every mode, format and shape through every pipeline
-# ----------------------------------------------------------------------------------------
+# ---- Every mode, format and shape through every pipeline ----
 
 
 def image_in_mode(mode: str) -> Image.Image:
@@ -340,26 +322,7 @@ def image_in_mode(mode: str) -> Image.Image:
     return base.convert(mode)
 
 
-ALL_MODES = [
-    "1",
-    "L",
-    "LA",
-    "La",
-    "P",
-    "P+transparency",
-    "PA",
-    "RGB",
-    "RGBA",
-    "RGBa",
-    "RGBX",
-    "CMYK",
-    "YCbCr",
-    "HSV",
-    "I",
-    "I;16",
-    "I;16B",
-    "F",
-]
+ALL_MODES = "1 L LA La P P+transparency PA RGB RGBA RGBa RGBX CMYK YCbCr HSV I I;16 I;16B F".split()
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
@@ -396,20 +359,14 @@ def test_small_and_extreme_shapes(pipeline, size):
 
 def test_upstream_is_torchvision_float_math():
     img = noise_image(50, 40)
-    expected = torch.nn.Sequential(
-        Resize([24], interpolation=InterpolationMode.BICUBIC, antialias=True),
-        CenterCrop(24),
-        Normalize(CLIP_MEAN, CLIP_STD),
-    )(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
+    expected = upstream_steps(24)(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
     assert torch.equal(make_image_transform("upstream", 24, CLIP_MEAN, CLIP_STD)(img), expected)
 
 
-# ----------------------------------------------------------------------------------------
-# to_rgb and load_image
-# ----------------------------------------------------------------------------------------
+# ---- to_rgb and load_image ----
 
 
-def test_alpha_is_composited_on_white():
+def test_alpha_and_transparent_colours_are_composited_on_white():
     rgba = Image.new("RGBA", (2, 1), (10, 20, 30, 255))
     rgba.putpixel((1, 0), (10, 20, 30, 0))
     assert to_rgb(rgba).getpixel((0, 0)) == (10, 20, 30)
@@ -418,6 +375,12 @@ def test_alpha_is_composited_on_white():
     palette.putpixel((1, 0), 1)
     palette.info["transparency"] = 1
     assert to_rgb(palette).getpixel((1, 0)) == (255, 255, 255)
+    img = Image.new("RGB", (2, 1), (0, 0, 0))
+    img.putpixel((1, 0), (200, 10, 10))
+    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
+    assert np.asarray(to_rgb(img)).tolist() == [[[255, 255, 255], [200, 10, 10]]]
+    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
+    assert to_rgb(opaque) is opaque  # nothing to do
 
 
 def test_high_bit_modes_are_scaled_not_clipped():
@@ -454,13 +417,9 @@ def test_each_kind_of_image_value_names_where_its_bytes_came_from(tmp_path):
     path = tmp_path / "cat.jpg"
     path.write_bytes(b"on disk")
     labelled = {
-        "dict with bytes and path": (
-            {"bytes": b"inline", "path": "cat.jpg"},
-            b"inline",
-            "embedded bytes (of 'cat.jpg')",
-        ),
-        "dict with bytes only": ({"bytes": b"inline", "path": ""}, b"inline", "embedded bytes"),
-        "dict with empty bytes": ({"bytes": b"", "path": str(path)}, b"on disk", repr(str(path))),
+        "dict: bytes and path": ({"bytes": b"inline", "path": "cat.jpg"}, b"inline", "embedded bytes (of 'cat.jpg')"),
+        "dict: bytes only": ({"bytes": b"inline", "path": ""}, b"inline", "embedded bytes"),
+        "dict: empty bytes": ({"bytes": b"", "path": str(path)}, b"on disk", repr(str(path))),
         "path": (str(path), b"on disk", repr(str(path))),
         "PathLike": (path, b"on disk", repr(str(path))),
         "raw bytes": (bytearray(b"raw"), b"raw", "embedded bytes"),
@@ -483,9 +442,7 @@ def test_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
         transform({"bytes": truncated, "path": None})
 
 
-# ----------------------------------------------------------------------------------------
-# Pipeline names, device normalisation, pickling
-# ----------------------------------------------------------------------------------------
+# ---- Pipeline names, device normalisation, pickling ----
 
 
 def test_pipeline_names():
@@ -513,9 +470,7 @@ def test_transforms_survive_pickling(pipeline):
     assert torch.equal(pickle.loads(pickle.dumps(transform))(data), transform(data))
 
 
-# ----------------------------------------------------------------------------------------
-# EXIF orientation, and upstream's pixels per kind of source
-# ----------------------------------------------------------------------------------------
+# ---- EXIF orientation, and upstream's pixels per kind of source ----
 
 
 def with_orientation(img: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes:
@@ -537,36 +492,32 @@ def datasets_decoded(data: bytes) -> Image.Image:
     return datasets.Image().decode_example({"bytes": data, "path": None})
 
 
-def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
-    """Upstream's route for a PIL image, written out: 1-band -> grey x3, to_tensor, float resize, crop, normalise."""
-    from torchvision.transforms import ConvertImageDtype
-    from torchvision.transforms.functional import to_grayscale, to_tensor
-
-    if len(img.getbands()) == 1:
-        img = to_grayscale(img, num_output_channels=3)
-    steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC),
+def upstream_steps(size: int) -> torch.nn.Sequential:
+    """Upstream's torchvision steps after decoding: resize, centre crop, to float, normalise."""
+    return torch.nn.Sequential(
+        Resize([size], interpolation=InterpolationMode.BICUBIC, antialias=True),
         CenterCrop(size),
         ConvertImageDtype(torch.float),
         Normalize(CLIP_MEAN, CLIP_STD),
     )
-    return steps(to_tensor(img))
+
+
+def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
+    """Upstream's route for a PIL image, written out: 1-band -> grey x3, to_tensor, float resize, crop, normalise."""
+    from torchvision.transforms.functional import to_grayscale, to_tensor
+
+    if len(img.getbands()) == 1:
+        img = to_grayscale(img, num_output_channels=3)
+    return upstream_steps(size)(to_tensor(img))
 
 
 def upstream_math_for_file(path: str, size: int, apply_exif_orientation: bool = False) -> torch.Tensor:
     """Upstream's route for a path string, written out: read_image RGB (uint8), uint8 resize, crop, float, normalise."""
     from torchvision.io import ImageReadMode, read_image
-    from torchvision.transforms import ConvertImageDtype
 
     pixels = read_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=apply_exif_orientation)
     assert pixels.dtype == torch.uint8
-    steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC),
-        CenterCrop(size),
-        ConvertImageDtype(torch.float),
-        Normalize(CLIP_MEAN, CLIP_STD),
-    )
-    return steps(pixels)
+    return upstream_steps(size)(pixels)
 
 
 UPSTREAM_SOURCES = {
@@ -606,8 +557,6 @@ def test_upstream_keeps_palette_images_in_colour():
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_fast_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders):
     data = with_orientation(cartoon(230, 170), orientation)
-    from PIL import ImageOps
-
     expected = FastTransform(64)(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     assert expected.shape == (3, 64, 64)
     assert torch.equal(FastTransform(64)(data), expected)
@@ -629,9 +578,7 @@ def test_fast_draft_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders)
 def test_jpeg_orientation_reads_headers_like_pil():
     plain = encode(noise_image(60, 40), "JPEG")
     assert not images.jpeg_has_exif(plain) and images.jpeg_orientation(plain) is None
-    icc_first = encode(
-        noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif()
-    )  # EXIF without the tag
+    icc_first = encode(noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif())  # EXIF, no tag
     assert images.jpeg_has_exif(icc_first) and images.jpeg_orientation(icc_first) is None
     for orientation in range(1, 9):
         data = with_orientation(noise_image(60, 40), orientation)
@@ -641,21 +588,10 @@ def test_jpeg_orientation_reads_headers_like_pil():
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_upright_tensor_matches_pil_exif_transpose(orientation):
-    from PIL import ImageOps
-
     data = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
     expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
     assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
-
-
-def test_an_rgb_image_with_a_transparent_colour_turns_white_there():
-    img = Image.new("RGB", (2, 1), (0, 0, 0))
-    img.putpixel((1, 0), (200, 10, 10))
-    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
-    assert np.asarray(images.to_rgb(img)).tolist() == [[[255, 255, 255], [200, 10, 10]]]
-    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
-    assert images.to_rgb(opaque) is opaque  # nothing to do
 
 
 @pytest.mark.parametrize("size", [0, -3, 2.5, "224"])
@@ -683,13 +619,10 @@ def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refuse
 @pytest.mark.parametrize("height", [3, 1, 9])
 def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatch, height):
     monkeypatch.setattr(images, "simplejpeg", None)
-    buffer = io.BytesIO()
-    Image.new("CMYK", (12, height), (0, 120, 200, 30)).save(buffer, "JPEG", quality=95)
-    data = buffer.getvalue()
-    rgb = io.BytesIO()
-    Image.open(io.BytesIO(data)).convert("RGB").save(rgb, "PNG")
+    data = encode(Image.new("CMYK", (12, height), (0, 120, 200, 30)), "JPEG", quality=95)
+    rgb = encode(Image.open(io.BytesIO(data)).convert("RGB"), "PNG")
     transform = images.make_image_transform("fast", 4, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    assert torch.equal(transform(data), transform(rgb.getvalue()))
+    assert torch.equal(transform(data), transform(rgb))
 
 
 def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_write(tmp_path, capsys):
@@ -698,17 +631,9 @@ def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_wr
     )
 
     assert json.loads((tmp_path / "out" / "fidelity.json").read_text()) == report
-    assert set(report["fast_vs_upstream"]) == {
-        "cartoons 800x650",
-        "cartoons 200x150",
-        "cartoons 100x80",
-        "cartoons 300x300",
-        "cartoons 400x296",
-        "photos 800x600",
-        "photos 300x300",
-        "line drawings 800x650",
-        "line drawings 300x300",
-    }
+    sets = ["cartoons 800x650", "cartoons 200x150", "cartoons 100x80", "cartoons 300x300", "cartoons 400x296"]
+    sets += ["photos 800x600", "photos 300x300", "line drawings 800x650", "line drawings 300x300"]
+    assert set(report["fast_vs_upstream"]) == set(sets)
     assert "line drawings 300x300     vs_uint8_kernel" in capsys.readouterr().out
     (tmp_path / "a-file").write_text("")
     with pytest.raises(
