@@ -1,14 +1,15 @@
 """Device-side JPEG decoding (bridgetower_bench.images.device_decode), run on CPU.
 
-On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the same code as on a GPU:
-the same routing of images (device path or host fallback), chunking, resize and crop, the same trainer
-mixin. What it must give is the host `fast` pipeline's pixels.
+On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the code a GPU runs (routing,
+chunking, resize and crop, the trainer mixin). What it must give is the host `fast` pipeline's pixels.
 """
 
 import io
 import os
 import pickle
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.images import device_decode
 from bridgetower_bench.images.device_decode import (
     ENCODED_IMAGES_KEY,
+    DecodeAhead,
     DecodeCounts,
     DeviceDecodeTrainerMixin,
     EncodedImageTransform,
@@ -32,7 +34,7 @@ from bridgetower_bench.images.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.trainer import TrainerExtensions
-from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, needs_cuda
+from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, encode, needs_cuda
 
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; device decoding stays on torchvision's
@@ -52,12 +54,6 @@ MAX_LEVELS = {"cpu": 2, "cuda": 8}
 
 def cartoon(width, height, seed=0):
     return draw_cartoon(np.random.default_rng(seed), width, height)[0]
-
-
-def encoded(img, **save_options):
-    buffer = io.BytesIO()
-    img.save(buffer, format=save_options.pop("format", "JPEG"), **save_options)
-    return buffer.getvalue()
 
 
 def grace_hopper_bytes():
@@ -86,9 +82,7 @@ def normalised_mean_difference(a, b):
     return (difference.abs() * std).mean().item()
 
 
-# ------------------------------------------------------------------------------------------------------
-# Pixels: the device path gives the host `fast` pipeline's output
-# ------------------------------------------------------------------------------------------------------
+# ---- Pixels: the device path gives the host `fast` pipeline's output ----
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -112,7 +106,7 @@ def test_cartoons_decode_to_the_fast_pipelines_pixels(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline(device):
     photo = grace_hopper_bytes()
-    progressive = encoded(Image.open(io.BytesIO(photo)), quality=90, progressive=True)
+    progressive = encode(Image.open(io.BytesIO(photo)), "JPEG", quality=90, progressive=True)
     values = [photo, progressive]
     batch = as_batch(values)
     assert batch.jpeg_positions == [0, 1]  # both go to the device decoder
@@ -126,7 +120,7 @@ def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
     for orientation in (3, 6, 8, 5):
         exif = Image.Exif()
         exif[0x0112] = orientation
-        values.append(encoded(cartoon(500, 380, orientation), exif=exif))
+        values.append(encode(cartoon(500, 380, orientation), "JPEG", exif=exif))
     batch = as_batch(values)
     assert batch.jpeg_positions == [0, 1, 2, 3]  # still decoded on the device, then transposed there
     got = decode_batch(batch, device, SIZE).cpu()
@@ -135,7 +129,7 @@ def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels(device):
-    grey = encoded(cartoon(640, 480).convert("L"))
+    grey = encode(cartoon(640, 480).convert("L"), "JPEG")
     batch = as_batch([grey])
     assert batch.jpeg_positions == [0]
     got = decode_batch(batch, device, SIZE).cpu()
@@ -148,7 +142,7 @@ def test_png_and_cmyk_jpeg_are_decoded_on_the_host_and_counted():
     art = cartoon(500, 400)
     rgba = art.convert("RGBA")
     rgba.putalpha(200)
-    values = [jpeg_bytes(art), encoded(rgba, format="PNG"), encoded(art.convert("CMYK"))]
+    values = [jpeg_bytes(art), encode(rgba, "PNG"), encode(art.convert("CMYK"), "JPEG")]
     transform = EncodedImageTransform(SIZE)
     routed = [transform(v) for v in values]
     assert routed[0].jpeg is not None and routed[0].pixels is None
@@ -166,7 +160,7 @@ def test_png_and_cmyk_jpeg_are_decoded_on_the_host_and_counted():
 
 def test_chunks_of_any_size_give_the_same_pixels():
     values = [jpeg_bytes(cartoon(300 + 40 * i, 260 + 30 * i, i)) for i in range(5)]
-    values.insert(2, encoded(cartoon(320, 300), format="PNG"))
+    values.insert(2, encode(cartoon(320, 300), "PNG"))
     batch = as_batch(values)
     whole = decode_batch(batch, "cpu", SIZE, chunk_size=64)
     for chunk_size in (1, 2):
@@ -222,9 +216,7 @@ def test_bad_image_values_raise_errors_naming_the_source():
         decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
 
 
-# ------------------------------------------------------------------------------------------------------
-# Which JPEGs the device decoder takes (frame headers built by hand)
-# ------------------------------------------------------------------------------------------------------
+# ---- Which JPEGs the device decoder takes (frame headers built by hand) ----
 
 
 def jpeg_header(marker=0xC0, precision=8, component_ids=b"\x01\x02\x03", adobe_transform=None):
@@ -260,13 +252,11 @@ def test_device_decoder_declines(data, reason):
     assert device_decoder_declines(data) == reason
 
 
-# ------------------------------------------------------------------------------------------------------
-# The batch container
-# ------------------------------------------------------------------------------------------------------
+# ---- The batch container ----
 
 
 def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
-    values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encoded(cartoon(300, 280), format="PNG")]
+    values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encode(cartoon(300, 280), "PNG")]
     transform = EncodedImageTransform(SIZE)
     batch = collate_encoded(
         [{"pixel_values": transform(v), "input_ids": [i, 7], "attention_mask": [1, 1]} for i, v in enumerate(values)]
@@ -289,9 +279,7 @@ def test_collate_encoded_refuses_images_from_another_transform():
         )
 
 
-# ------------------------------------------------------------------------------------------------------
-# The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU
-# ------------------------------------------------------------------------------------------------------
+# ---- The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU ----
 
 SMALL = 32  # image size for the trainer tests: the geometry is covered above, speed matters here
 
@@ -301,7 +289,7 @@ class CaptionedImages(Dataset):
 
     def __init__(self, n=6):
         self.values = [jpeg_bytes(cartoon(90 + 7 * i, 70 + 5 * i, i)) for i in range(n)]
-        self.values[3] = encoded(cartoon(80, 100, 3), format="PNG")
+        self.values[3] = encode(cartoon(80, 100, 3), "PNG")
         self.transform = EncodedImageTransform(SMALL)
 
     def __len__(self):
@@ -389,12 +377,7 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
 
 
-def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_failing_batch():
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from bridgetower_bench.images.device_decode import DecodeAhead
-
+def test_decode_ahead_reads_in_the_helper_thread_keeps_order_raises_at_the_failing_batch_and_close_waits():
     readers = []
 
     def batches():
@@ -415,26 +398,15 @@ def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_f
     assert readers[0] == threading.current_thread().name
     assert all(name.startswith("device-decode") for name in readers[1:]) and len(readers) == 3
     ahead.close()
-    helper.shutdown()
-
-
-def test_decode_ahead_close_waits_for_the_batch_read_ahead():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from bridgetower_bench.images.device_decode import DecodeAhead
-
-    helper = ThreadPoolExecutor(max_workers=1)
     ahead = DecodeAhead(iter([{"index": i} for i in range(5)]), helper, decode=lambda encoded: encoded)
     next(ahead)
     pending = ahead.pending
     ahead.close()
-    assert pending.done() and ahead.pending is None
+    assert pending.done() and ahead.pending is None, "close() waits for the batch read ahead"
     helper.shutdown()
 
 
-# ------------------------------------------------------------------------------------------------------
-# The data-free ceiling (gpu_ceiling.py), smoke-tested on CPU with the tiny model
-# ------------------------------------------------------------------------------------------------------
+# ---- The data-free ceiling (gpu_ceiling.py), smoke-tested on CPU with the tiny model ----
 
 
 def test_gpu_ceiling_trains_on_a_fixed_batch_saves_throughput_and_profiles_the_steps_after_the_warm_up(
@@ -442,23 +414,9 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_saves_throughput_and_profiles_the_s
 ):
     from gpu_ceiling import CEILING_LOADER, main
 
-    common = [
-        "--model_name_or_path",
-        str(fixtures["model"]),
-        "--use_cpu",
-        "--per_device_train_batch_size",
-        "2",
-        "--max_steps",
-        "3",
-        "--throughput_warmup_steps",
-        "1",
-        "--max_seq_length",
-        "16",
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-    ]
+    common = ["--model_name_or_path", str(fixtures["model"]), "--use_cpu", "--per_device_train_batch_size", "2"]
+    common += ["--max_steps", "3", "--throughput_warmup_steps", "1", "--max_seq_length", "16"]
+    common += ["--report_to", "none", "--save_strategy", "no"]
     metrics = main(common + ["--output_dir", str(tmp_path), "--profile_steps", "2"])
     assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
     assert metrics["loader"] == CEILING_LOADER
