@@ -166,15 +166,6 @@ def test_fast_draft_stays_close_to_upstream_on_large_jpegs(mode, jpeg_decoders):
     assert FIDELITY_BOUND / 10 < deviation <= 2 / 255  # really drafted, and still close
 
 
-def test_fast_draft_equals_fast_when_draft_cannot_help(jpeg_decoders):
-    small_jpeg = cartoon_jpeg(seed=4, width=500, height=400)  # under 2x the target
-    png = encode(noise_image(700, 650), "PNG")  # not a JPEG
-    fast = make_image_transform("fast", 294, CLIP_MEAN, CLIP_STD)
-    draft = make_image_transform("fast-draft", 294, CLIP_MEAN, CLIP_STD)
-    for value in (small_jpeg, png):
-        assert torch.equal(fast(value), draft(value))
-
-
 def jpegs_of_every_kind() -> dict[str, bytes]:
     """Colour JPEGs of each chroma subsampling and both colour spaces, grey, progressive, CMYK, photos."""
     cartoon = Image.open(io.BytesIO(cartoon_jpeg(seed=6, width=517, height=401)))
@@ -222,8 +213,9 @@ def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypat
     assert deviation(full_size) > 20 / 255
 
 
-def test_fast_draft_without_simplejpeg_uses_pil_draft(monkeypatch):
+def test_fast_draft_without_simplejpeg_uses_pil_draft_and_records_it(monkeypatch):
     monkeypatch.setattr(images, "simplejpeg", None)
+    assert images.jpeg_decoder() == "PIL" and images.jpeg_decoder(draft=True) == "PIL draft"
     jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
     pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
     assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
@@ -265,19 +257,20 @@ def test_decoded_scale_eighths_recovers_every_scale(full_size):
         assert decoded_scale_eighths(full_size, decoded_size) == eighths, eighths
 
 
-def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size(jpeg_decoders):
+def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size_and_else_equals_fast(jpeg_decoders):
     """Twice the target on the shorter side is where a half-scale decode still covers the resize: 64x80 at
     32 px decodes at 32x40, 63x80 (under twice) at full scale, with either JPEG decoder."""
     draft = FastTransform(32, draft=True)
     for (width, height), decoded in (((64, 80), (40, 32)), ((63, 80), (80, 63)), ((200, 64), (32, 100))):
         pixels, full_size = draft.decode(encode(noise_image(width, height), "JPEG", quality=90))
         assert full_size == (width, height) and tuple(pixels.shape[-2:]) == decoded, (width, height)
-
-
-def test_an_image_size_of_one_pixel_is_allowed():
-    for pipeline in IMAGE_PIPELINES:
-        out = make_image_transform(pipeline, 1, CLIP_MEAN, CLIP_STD)(encode(noise_image(5, 4), "PNG"))
-        assert tuple(out.shape) == (3, 1, 1), pipeline
+    # where a reduced decode cannot help, fast-draft gives fast's pixels
+    small_jpeg = cartoon_jpeg(seed=4, width=500, height=400)  # under 2x the target
+    png = encode(noise_image(700, 650), "PNG")  # not a JPEG
+    fast = make_image_transform("fast", 294, CLIP_MEAN, CLIP_STD)
+    draft = make_image_transform("fast-draft", 294, CLIP_MEAN, CLIP_STD)
+    for value in (small_jpeg, png):
+        assert torch.equal(fast(value), draft(value)), "fast-draft differs from fast where draft cannot help"
 
 
 def test_a_size_that_is_no_eighths_scale_is_refused_and_named_with_the_full_size():
@@ -326,12 +319,17 @@ ALL_MODES = "1 L LA La P P+transparency PA RGB RGBA RGBa RGBX CMYK YCbCr HSV I I
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_every_pil_mode_gives_three_channels(pipeline):
+def test_every_pil_mode_extreme_shape_and_a_one_pixel_image_size_give_three_channels(pipeline):
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
     for mode in ALL_MODES:
         out = transform(image_in_mode(mode))
         assert out.shape == (3, 16, 16), mode
         assert out.dtype == (torch.float32 if pipeline == "upstream" else torch.uint8), mode
+    transform = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)
+    for size in [(10, 7), (2000, 20), (5, 900), (32, 32)]:
+        assert transform(encode(noise_image(*size), "JPEG")).shape == (3, 32, 32), size
+    out = make_image_transform(pipeline, 1, CLIP_MEAN, CLIP_STD)(encode(noise_image(5, 4), "PNG"))
+    assert tuple(out.shape) == (3, 1, 1), "an image size of one pixel"
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
@@ -347,14 +345,6 @@ def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path, jpeg_decod
         path.write_bytes(data)
         for value in (data, str(path), path, {"bytes": data, "path": None}, {"bytes": None, "path": str(path)}):
             assert transform(value).shape == (3, 16, 16), (name, type(value))
-
-
-@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-@pytest.mark.parametrize("size", [(10, 7), (2000, 20), (5, 900), (32, 32)])
-def test_small_and_extreme_shapes(pipeline, size):
-    data = encode(noise_image(*size), "JPEG")
-    out = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)(data)
-    assert out.shape == (3, 32, 32)
 
 
 def test_upstream_is_torchvision_float_math():
@@ -393,13 +383,10 @@ def test_high_bit_modes_are_scaled_not_clipped():
     assert [to_rgb(beyond).getpixel((x, 0))[0] for x in range(2)] == [255, 0]
 
 
-def test_load_image_prefers_embedded_bytes_over_path():
+def test_load_image_prefers_embedded_bytes_over_path_and_its_errors_name_the_source(tmp_path):
     data = encode(noise_image(8, 6), "PNG")
     img = load_image({"bytes": data, "path": "/nonexistent/original.png"})
     assert img.mode == "RGB" and img.size == (8, 6)
-
-
-def test_load_errors_name_the_source(tmp_path):
     missing = tmp_path / "missing.jpg"
     with pytest.raises(ValueError, match="missing.jpg"):
         load_image(str(missing))
@@ -599,12 +586,6 @@ def test_upright_tensor_matches_pil_exif_transpose(orientation):
 def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
     with pytest.raises(ValueError, match="image_size must be a positive integer"):
         images.make_image_transform(pipeline, size, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-
-
-def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
-    monkeypatch.setattr(images, "simplejpeg", None)
-    assert images.jpeg_decoder() == "PIL"
-    assert images.jpeg_decoder(draft=True) == "PIL draft"
 
 
 def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refused():

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import datasets
@@ -137,8 +138,8 @@ def test_reader_rejects_mismatched_inputs():
 # ---- materialise_images ----
 
 
-def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
-    red, blue = solid_jpeg((200, 30, 30)), solid_jpeg((30, 30, 200))
+def test_embedded_bytes_become_one_file_per_distinct_image_and_baseline_colour_jpegs_are_copied_as_they_are(tmp_path):
+    red, blue = solid_jpeg((200, 30, 30)), encode(Image.new("RGB", (16, 12), (30, 30, 200)), "JPEG", quality=90)
     # paths like the New Yorker parquet's: names that are not files on disk
     ds = image_dataset([{"bytes": b, "path": "cartoon.jpg"} for b in (red, blue, red, red, blue)])
     paths = materialise_images(ds, "image", str(tmp_path), "fp1")
@@ -148,8 +149,7 @@ def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
     assert sorted(os.listdir(tmp_path / "fp1")) == sorted(
         [os.path.basename(paths[0]), os.path.basename(paths[1]), MANIFEST_NAME]
     )
-    with open(paths[0], "rb") as handle:
-        assert handle.read() == red  # baseline JPEG copied as it is
+    assert Path(paths[0]).read_bytes() == red and Path(paths[1]).read_bytes() == blue
 
 
 def test_second_run_reads_and_writes_nothing(tmp_path, monkeypatch):
@@ -188,8 +188,7 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
     assert not is_decoder_ready_jpeg(original)
     (path,) = materialise_images(image_dataset([original]), "image", str(tmp_path), "fp")
 
-    with open(path, "rb") as handle:
-        written = handle.read()
+    written = Path(path).read_bytes()
     assert is_decoder_ready_jpeg(written)
     decoded = Image.open(io.BytesIO(written))
     assert decoded.format == "JPEG" and decoded.mode == "RGB"
@@ -214,20 +213,12 @@ def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
     (path,) = materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
 
     assert os.path.dirname(path) == str(tmp_path / "cache" / "fp")
-    with open(path, "rb") as handle:
-        written = handle.read()
+    written = Path(path).read_bytes()
     assert is_decoder_ready_jpeg(written)
     expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original))), dtype=np.float64)
     decoded = np.asarray(Image.open(io.BytesIO(written)), dtype=np.float64)
     assert decoded.shape == expected.shape == (20, 12, 3)
     assert np.abs(decoded - expected).mean() < 3
-
-
-def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
-    colour = encode(Image.new("RGB", (16, 12), (90, 40, 10)), "JPEG", quality=90)
-    (path,) = materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")
-    with open(path, "rb") as handle:
-        assert handle.read() == colour
 
 
 def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_path):
