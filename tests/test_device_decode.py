@@ -255,7 +255,7 @@ def test_device_decoder_declines(data, reason):
 # ---- The batch container ----
 
 
-def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
+def test_encoded_batch_is_one_opaque_container_that_survives_pickling_and_other_images_are_refused():
     values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encode(cartoon(300, 280), "PNG")]
     transform = EncodedImageTransform(SIZE)
     batch = collate_encoded(
@@ -270,9 +270,6 @@ def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
     copy = pickle.loads(pickle.dumps(packed))  # as a loader worker hands it over
     assert [bytes(j.numpy()) for j in copy.jpegs()] == values[:2]
     assert torch.equal(decode_batch(copy, "cpu", SIZE), decode_batch(packed, "cpu", SIZE))
-
-
-def test_collate_encoded_refuses_images_from_another_transform():
     with pytest.raises(ValueError, match="EncodedImageTransform"):
         collate_encoded(
             [{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}]

@@ -1,5 +1,6 @@
 """The decode-once image cache: build, reuse, invalidation, recovery, fallbacks, workers."""
 
+import hashlib
 import io
 import json
 import pickle
@@ -77,8 +78,20 @@ def test_cached_tensors_equal_uncached_pipeline(image_values, tmp_path, pipeline
     assert cache.fallback_decodes == 0
 
 
-def test_reused_without_rebuilding(image_values, tmp_path):
+def test_a_build_records_its_time_and_digests_and_is_reused_without_rebuilding(image_values, tmp_path):
+    started = time.perf_counter()
     first = open_cache(image_values, tmp_path)
+    elapsed = time.perf_counter() - started
+    assert 0 <= first.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
+    written = json.loads((first.directory / MANIFEST_FILE).read_text())
+    assert written["build_seconds"] == first.manifest["build_seconds"]
+    # the digest file holds the blake2b-128 of each distinct image's bytes, in slot order
+    digests = np.load(first.directory / image_cache.DIGESTS_FILE)
+    embedded = [value["bytes"] for value in image_values[:3]]
+    assert first.manifest["digest"] == "blake2b-128" and digests.shape == (5, 16)
+    assert [row.tobytes() for row in digests[:3]] == [hashlib.blake2b(b, digest_size=16).digest() for b in embedded]
+    assert [first.slot_of(value) for value in image_values[:6]] == [0, 1, 2, 3, 4, 4]
+
     built_at = pixels_mtime(first)
     second = open_cache(image_values, tmp_path)
     assert not second.built
@@ -86,8 +99,10 @@ def test_reused_without_rebuilding(image_values, tmp_path):
     assert torch.equal(second(image_values[3]), first(image_values[3]))
 
 
-@pytest.mark.parametrize("changed", [{"image_size": SIZE + 2}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}])
-def test_other_settings_never_reuse_a_cache(image_values, tmp_path, changed):
+@pytest.mark.parametrize(
+    "changed", [{"image_size": SIZE + 2}, {"image_size": 1}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}]
+)
+def test_other_settings_never_reuse_a_cache_and_one_pixel_images_are_allowed(image_values, tmp_path, changed):
     first = open_cache(image_values, tmp_path)
     other = open_cache(image_values, tmp_path, **changed)
     assert other.built and other.directory != first.directory
@@ -191,14 +206,6 @@ def test_broken_image_names_its_row(image_values, tmp_path):
         open_cache([image_values[0], str(tmp_path / "missing.jpg")], tmp_path)
 
 
-def test_pickled_cache_reopens_lazily(image_values, tmp_path):
-    cache = open_cache(image_values, tmp_path)
-    expected = cache(image_values[1])  # maps the file in this process
-    payload = pickle.dumps(cache)
-    assert len(payload) < 4096  # neither pixels nor index travel with it
-    assert torch.equal(pickle.loads(payload)(image_values[1]), expected)
-
-
 class RowsDataset(torch.utils.data.Dataset):
     def __init__(self, values, transform):
         self.values, self.transform = values, transform
@@ -210,11 +217,15 @@ class RowsDataset(torch.utils.data.Dataset):
         return self.transform(self.values[index])
 
 
-def test_data_loader_workers_get_the_same_tensors(image_values, tmp_path):
+def test_data_loader_workers_get_the_same_tensors_and_a_pickled_cache_reopens_lazily(image_values, tmp_path):
     cache = open_cache(image_values, tmp_path)
     expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
     loader = torch.utils.data.DataLoader(RowsDataset(image_values, cache), batch_size=4, num_workers=2)
     assert torch.equal(torch.cat(list(loader)), expected)
+    expected = cache(image_values[1])  # maps the file in this process
+    payload = pickle.dumps(cache)
+    assert len(payload) < 4096  # neither pixels nor index travel with it
+    assert torch.equal(pickle.loads(payload)(image_values[1]), expected)
 
 
 def test_exif_rotated_images_are_cached_upright(tmp_path, monkeypatch):
@@ -230,17 +241,6 @@ def test_exif_rotated_images_are_cached_upright(tmp_path, monkeypatch):
     assert cache.built and cache.directory != old.directory
     upright = ImageOps.exif_transpose(Image.open(io.BytesIO(values[0]["bytes"])))
     assert torch.equal(cache(values[0]), make_image_transform("fast", SIZE, mean=(), std=())(upright))
-
-
-def test_digest_file_holds_the_blake2b_128_of_each_distinct_images_bytes_in_slot_order(image_values, tmp_path):
-    import hashlib
-
-    cache = open_cache(image_values, tmp_path)
-    digests = np.load(cache.directory / image_cache.DIGESTS_FILE)
-    embedded = [value["bytes"] for value in image_values[:3]]
-    assert cache.manifest["digest"] == "blake2b-128" and digests.shape == (5, 16)
-    assert [row.tobytes() for row in digests[:3]] == [hashlib.blake2b(b, digest_size=16).digest() for b in embedded]
-    assert [cache.slot_of(value) for value in image_values[:6]] == [0, 1, 2, 3, 4, 4]
 
 
 @pytest.mark.parametrize(
@@ -259,11 +259,6 @@ def test_upstream_impossible_sizes_worker_counts_and_fingerprints_are_refused(im
     assert not (tmp_path / "cache").exists(), "refused before anything is written"
 
 
-def test_a_cache_of_one_pixel_images_is_allowed(image_values, tmp_path):
-    cache = open_cache(image_values, tmp_path, image_size=1)
-    assert cache.built and tuple(cache(image_values[0]).shape) == (3, 1, 1)
-
-
 @pytest.mark.parametrize("num_proc", [None, 1])
 def test_a_serial_build_leaves_the_process_thread_count_alone(image_values, tmp_path, num_proc):
     """Only the build's worker processes use one torch thread each; training after a serial build keeps its threads."""
@@ -274,15 +269,6 @@ def test_a_serial_build_leaves_the_process_thread_count_alone(image_values, tmp_
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-
-
-def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
-    started = time.perf_counter()
-    cache = open_cache(image_values, tmp_path)
-    elapsed = time.perf_counter() - started
-    assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
-    written = json.loads((cache.directory / MANIFEST_FILE).read_text())
-    assert written["build_seconds"] == cache.manifest["build_seconds"]
 
 
 @pytest.mark.parametrize("n_images", [None, 3, 40])

@@ -347,10 +347,12 @@ def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path, jpeg_decod
             assert transform(value).shape == (3, 16, 16), (name, type(value))
 
 
-def test_upstream_is_torchvision_float_math():
+def test_upstream_is_torchvision_float_math_and_keeps_palette_images_in_colour():
     img = noise_image(50, 40)
     expected = upstream_steps(24)(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
     assert torch.equal(make_image_transform("upstream", 24, CLIP_MEAN, CLIP_STD)(img), expected)
+    out = make_image_transform("upstream", 32, (0, 0, 0), (1, 1, 1))(noise_image(80, 60).quantize(16))
+    assert not torch.equal(out[0], out[1])  # upstream's grey conversion would make the channels equal
 
 
 # ---- to_rgb and load_image ----
@@ -533,12 +535,6 @@ def test_upstream_pipeline_gives_upstreams_pixels_for_every_source(kind, tmp_pat
     assert torch.equal(transform(str(path)), upstream_math_for_file(str(path), size, apply_exif_orientation=rotated))
     if rotated:
         assert not torch.equal(transform(str(path)), upstream_math_for_file(str(path), size))
-
-
-def test_upstream_keeps_palette_images_in_colour():
-    img = noise_image(80, 60).quantize(16)
-    out = make_image_transform("upstream", 32, (0, 0, 0), (1, 1, 1))(img)
-    assert not torch.equal(out[0], out[1])  # upstream's grey conversion would make the channels equal
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -471,7 +471,9 @@ def rows_of_batch(batch):
     return [int(i) // 100 for i in batch["input_ids"][:, 0]]
 
 
-def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
+def test_loader_needs_attached_inputs_and_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
+    with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
+        MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
     ds = attached_dataset(tmp_path, image_size=8)
     loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=2)
 
@@ -534,11 +536,6 @@ print("exiting", flush=True)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[-2:] == ["exiting", "closed bridgetower-mediapipe-0 after ['del_iter']"]
-
-
-def test_loader_needs_attached_inputs(fake_habana):
-    with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
-        MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
 
 
 def test_attach_rejects_captions_of_different_lengths(tmp_path):
@@ -608,17 +605,14 @@ def test_mixin_shards_training_with_full_batches_and_sharded_evaluation_gathers_
     assert gathered == list(range(len(COLOURS)))
 
 
-def test_mixin_single_device_uses_the_trainers_sampler(fake_habana, tmp_path):
+def test_mixin_single_device_uses_the_trainers_sampler_and_resuming_restarts_the_epoch(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
     trainer = FakeTrainer(trainer_args(), train_dataset=ds, eval_dataset=ds)
     train_rows = [row for b in trainer.get_train_dataloader() for row in rows_of_batch(b)]
     assert sorted(train_rows) == list(range(len(COLOURS)))
     eval_rows = [row for b in trainer.get_eval_dataloader() for row in rows_of_batch(b)]
     assert eval_rows == list(range(len(COLOURS)))
-
-
-def test_mixin_resume_restarts_the_epoch_instead_of_skipping_batches():
-    trainer = FakeTrainer(trainer_args())
+    # a resumed run restarts the epoch instead of skipping batches
     assert trainer.train(resume_from_checkpoint="out/checkpoint-10") == "out/checkpoint-10"
     assert trainer.args.ignore_data_skip is True
 
