@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.guards.resilience import ImageLoadError
 from bridgetower_bench.images import device_decode
 from bridgetower_bench.images.device_decode import (
     ENCODED_IMAGES_KEY,
@@ -188,8 +189,16 @@ def test_an_image_the_decoder_rejects_is_retried_alone_then_decoded_on_the_host(
     assert counts.device_images == 2 and counts.fallback_reasons == {"rejected by the device decoder": 1}
 
 
-def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load_error(monkeypatch):
-    from bridgetower_bench.guards.resilience import ImageLoadError
+def test_bad_image_values_and_a_rejected_image_the_host_cannot_decode_either_raise_errors_naming_them(monkeypatch):
+    transform = EncodedImageTransform(SIZE)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        transform({"bytes": b"\xff\xd8\xff\xe0 not really a jpeg", "path": "broken.jpg"})
+    with pytest.raises(ValueError, match="unsupported image value"):
+        transform(42)
+    with pytest.raises(ValueError, match="image_size"):
+        EncodedImageTransform(0)
+    with pytest.raises(ValueError, match="image_size 294, not 128"):
+        decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
 
     good = jpeg_bytes(cartoon(320, 280))
     corrupt = good[:600] + bytes(64)  # a sound header, then nothing decodable
@@ -202,18 +211,6 @@ def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load
         ImageLoadError, match="image 1 of the batch: rejected by the device decoder, and cannot decode"
     ):
         decode_batch(as_batch([good, corrupt]), "cpu", SIZE)
-
-
-def test_bad_image_values_raise_errors_naming_the_source():
-    transform = EncodedImageTransform(SIZE)
-    with pytest.raises(ValueError, match="broken.jpg"):
-        transform({"bytes": b"\xff\xd8\xff\xe0 not really a jpeg", "path": "broken.jpg"})
-    with pytest.raises(ValueError, match="unsupported image value"):
-        transform(42)
-    with pytest.raises(ValueError, match="image_size"):
-        EncodedImageTransform(0)
-    with pytest.raises(ValueError, match="image_size 294, not 128"):
-        decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
 
 
 # ---- Which JPEGs the device decoder takes (frame headers built by hand) ----

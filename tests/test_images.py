@@ -330,9 +330,7 @@ def test_every_pil_mode_extreme_shape_and_a_one_pixel_size_give_three_channels_a
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_png_and_jpeg_files_of_every_savable_mode_load_and_a_corrupt_jpeg_raises_value_error(
-    pipeline, tmp_path, jpeg_decoders
-):
+def test_files_of_every_savable_mode_load_and_a_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
     encoded = {
         f"png-{m}": encode(image_in_mode(m), "PNG") for m in ("1", "L", "LA", "P", "P+transparency", "RGBA", "I;16")

@@ -236,7 +236,7 @@ def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_pa
     assert Image.open(again[0]).mode == "RGB" and is_decoder_ready_jpeg(open(again[0], "rb").read())
 
 
-def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
+def test_path_values_use_existing_jpeg_files_in_place_and_an_unknown_column_is_a_clear_error(tmp_path):
     jpeg_file, png_file = tmp_path / "photo.jpg", tmp_path / "drawing.png"
     jpeg_file.write_bytes(solid_jpeg((1, 2, 3)))
     png_file.write_bytes(encode(Image.new("RGB", (8, 8), (9, 9, 9)), "PNG"))
@@ -246,6 +246,8 @@ def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
     assert paths[0] == paths[2] == str(jpeg_file)
     assert os.path.dirname(paths[1]) == str(tmp_path / "cache" / "fp")
     assert Image.open(paths[1]).format == "JPEG"
+    with pytest.raises(ValueError, match="--image_column=picture"):
+        materialise_images(ds, "picture", str(tmp_path / "cache"), "fp")
 
 
 @pytest.mark.parametrize("string_column", [False, True])
@@ -284,11 +286,6 @@ def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
     assert Image.open(first[1]).mode == "RGB"
     assert not stale.exists() and live.exists()
     assert (out_dir / MANIFEST_NAME).exists()
-
-
-def test_unknown_column_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="--image_column=picture"):
-        materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
 
 
 # ---- availability on this (non-Gaudi) machine ----
