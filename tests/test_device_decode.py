@@ -267,10 +267,9 @@ def test_encoded_batch_is_one_opaque_container_that_survives_pickling_and_other_
     copy = pickle.loads(pickle.dumps(packed))  # as a loader worker hands it over
     assert [bytes(j.numpy()) for j in copy.jpegs()] == values[:2]
     assert torch.equal(decode_batch(copy, "cpu", SIZE), decode_batch(packed, "cpu", SIZE))
+    foreign = {"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}
     with pytest.raises(ValueError, match="EncodedImageTransform"):
-        collate_encoded(
-            [{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}]
-        )
+        collate_encoded([foreign])
 
 
 # ---- The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU ----
@@ -313,14 +312,9 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
 
 
 @BOTH_ROUTES
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # decode_ahead None: on for CUDA
     "device, decode_ahead, workers",
-    [
-        ("cpu", False, 0),
-        ("cpu", True, 0),
-        ("cpu", True, 1),
-        pytest.param("cuda", None, 2, marks=needs_cuda),
-    ],  # None: on for CUDA
+    [("cpu", False, 0), ("cpu", True, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],
 )
 def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, device, decode_ahead, workers):
     data = CaptionedImages()
@@ -364,10 +358,8 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
         assert (difference * torch.tensor(CLIP_STD).view(1, 3, 1, 1)).mean().item() <= TOLERANCE
         assert difference.max().item() <= MAX_LEVELS[device] / 255 / min(CLIP_STD) + 1e-5
     seen_png = sum(ids.count(3) for ids, _ in trained)
-    assert trainer.device_decode_stats() == {
-        "device_decode_images": 15 - seen_png,
-        "device_decode_fallback_images": seen_png,
-    }
+    stats = trainer.device_decode_stats()
+    assert stats == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
 
 

@@ -202,21 +202,14 @@ def test_broken_image_names_its_row(image_values, tmp_path):
         open_cache([image_values[0], str(tmp_path / "missing.jpg")], tmp_path)
 
 
-class RowsDataset(torch.utils.data.Dataset):
-    def __init__(self, values, transform):
-        self.values, self.transform = values, transform
-
-    def __len__(self):
-        return len(self.values)
-
-    def __getitem__(self, index):
-        return self.transform(self.values[index])
-
-
 def test_data_loader_workers_get_the_same_tensors_and_a_pickled_cache_reopens_lazily(image_values, tmp_path):
     cache = open_cache(image_values, tmp_path)
     expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
-    loader = torch.utils.data.DataLoader(RowsDataset(image_values, cache), batch_size=4, num_workers=2)
+
+    def collate(rows):  # runs in the worker processes
+        return torch.stack([cache(value) for value in rows])
+
+    loader = torch.utils.data.DataLoader(image_values, batch_size=4, num_workers=2, collate_fn=collate)
     assert torch.equal(torch.cat(list(loader)), expected)
     expected = cache(image_values[1])  # maps the file in this process
     payload = pickle.dumps(cache)
