@@ -133,7 +133,9 @@ def test_a_manifest_of_other_library_versions_or_of_an_unfinished_build_is_rebui
     assert json.loads(manifest_path.read_text())[key] != value
 
 
-def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatch):
+def test_a_build_interrupted_or_killed_outright_is_detected_cleaned_up_and_rebuilt(
+    image_values, tmp_path, monkeypatch
+):
     decode_one = image_cache._decode_one
     decoded = []
 
@@ -155,13 +157,10 @@ def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatc
     transform = make_image_transform("fast", SIZE, mean=(), std=())
     assert all(torch.equal(recovered(value), transform(value)) for value in image_values)
 
-
-def test_files_of_a_build_killed_outright_are_cleaned_up(image_values, tmp_path):
-    first = open_cache(image_values, tmp_path)
-    abandoned = first.directory / f"{PIXELS_FILE}.partial-{socket.gethostname()}-{dead_pid()}.1a2b3c"
+    abandoned = directory / f"{PIXELS_FILE}.partial-{socket.gethostname()}-{dead_pid()}.1a2b3c"
     abandoned.write_bytes(b"half a pixel file")
-    (first.directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
-    again = open_cache(image_values, tmp_path)
+    (directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
+    again = open_cache(image_values, tmp_path / "cache")
     assert again.built and not abandoned.exists()
     assert sorted(p.name for p in again.directory.iterdir()) == ["digests.npy", "manifest.json", "pixels.npy"]
 

@@ -191,11 +191,17 @@ def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
         assert torch.equal(fast(data), with_simplejpeg[name]), name
 
 
-def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypatch):
+def test_fast_draft_uses_pil_draft_without_simplejpeg_and_maps_a_three_eighths_decode_with_it(monkeypatch):
     """Shorter side 1003 at 294: 3/8 (377 px) is the smallest scale covering 294, which PIL's draft never picks.
     Measured: 0.8/255; the reduced pixels resized "to size" (stretched by the rounding up) 3.7/255; as 1/2 93/255."""
-    pytest.importorskip("simplejpeg")
     jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
+    with monkeypatch.context() as patch:  # without simplejpeg: PIL's draft, recorded as such
+        patch.setattr(images, "simplejpeg", None)
+        assert images.jpeg_decoder() == "PIL" and images.jpeg_decoder(draft=True) == "PIL draft"
+        pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
+        assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
+        assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255
+    pytest.importorskip("simplejpeg")
     pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
     assert full_size == (1003, 1397) and pixels.shape == (4, 524, 377)  # ceil(1397 * 3/8), ceil(1003 * 3/8)
     assert decoded_scale_eighths(full_size, (377, 524)) == 3
@@ -208,15 +214,6 @@ def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypat
     assert deviation(None) > 2 / 255
     monkeypatch.setattr(images, "decoded_scale_eighths", lambda full_size, decoded_size: 4)
     assert deviation(full_size) > 20 / 255
-
-
-def test_fast_draft_without_simplejpeg_uses_pil_draft_and_records_it(monkeypatch):
-    monkeypatch.setattr(images, "simplejpeg", None)
-    assert images.jpeg_decoder() == "PIL" and images.jpeg_decoder(draft=True) == "PIL draft"
-    jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
-    pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
-    assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
-    assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255
 
 
 # ---- Geometry ----

@@ -152,19 +152,6 @@ def test_embedded_bytes_become_one_file_per_distinct_image_and_baseline_colour_j
     assert Path(paths[0]).read_bytes() == red and Path(paths[1]).read_bytes() == blue
 
 
-def test_second_run_reads_and_writes_nothing(tmp_path, monkeypatch):
-    ds = image_dataset([solid_jpeg((10, 200, 10)), encode(Image.new("RGB", (9, 9), "white"), "PNG")])
-    first = materialise_images(ds, "image", str(tmp_path), "fp")
-    before = stats(tmp_path / "fp")
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("a finished cache was rebuilt")
-
-    monkeypatch.setattr(_ImageStore, "store_all", must_not_run)
-    assert materialise_images(ds, "image", str(tmp_path), "fp") == first
-    assert stats(tmp_path / "fp") == before
-
-
 def _cases():
     gradient = Image.linear_gradient("L").resize((16, 12))
     rgba = Image.new("RGBA", (16, 12), (255, 0, 0, 128))
@@ -264,11 +251,20 @@ def test_missing_image_file_names_row_and_path(tmp_path, string_column):
     assert missing in str(error.value)
 
 
-def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
+def test_a_rerun_writes_nothing_and_a_killed_build_is_completed_without_redoing_finished_files(tmp_path, monkeypatch):
     images = [solid_jpeg((200, 0, 0)), encode(Image.new("RGBA", (8, 8), (0, 0, 255, 255)), "PNG")]
     ds = image_dataset(images)
     first = materialise_images(ds, "image", str(tmp_path), "fp")
     out_dir = tmp_path / "fp"
+    before = stats(out_dir)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished cache was rebuilt")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_ImageStore, "store_all", must_not_run)
+        assert materialise_images(ds, "image", str(tmp_path), "fp") == first
+    assert stats(out_dir) == before, "a second run over a finished cache reads and writes nothing"
     # The state a build killed mid-way leaves: no manifest, one file not yet renamed into place.
     os.remove(out_dir / MANIFEST_NAME)
     os.remove(first[1])
