@@ -517,7 +517,11 @@ def test_upstream_pipeline_gives_upstreams_pixels_for_every_source(kind, tmp_pat
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
-def test_fast_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders):
+def test_upright_tensor_and_fast_turn_exif_rotated_images_upright_like_pil(orientation, jpeg_decoders):
+    png = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
+    expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(png))))
+    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(png)))).permute(2, 0, 1)
+    assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
     data = with_orientation(cartoon(230, 170), orientation)
     expected = FastTransform(64)(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     assert expected.shape == (3, 64, 64)
@@ -548,14 +552,6 @@ def test_jpeg_orientation_reads_headers_like_pil():
     assert images.jpeg_has_exif(b"\xff\xd8garbage")  # cannot walk it: left to PIL
 
 
-@pytest.mark.parametrize("orientation", range(1, 9))
-def test_upright_tensor_matches_pil_exif_transpose(orientation):
-    data = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
-    expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
-    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
-    assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
-
-
 @pytest.mark.parametrize("size", [0, -3, 2.5, "224"])
 @pytest.mark.parametrize("pipeline", ["upstream", "fast"])
 def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
@@ -582,18 +578,13 @@ def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatc
 
 
 def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_write(tmp_path, capsys):
-    report = image_fidelity.main(
-        ["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fidelity.json")]
-    )
-
-    assert json.loads((tmp_path / "out" / "fidelity.json").read_text()) == report
+    report = image_fidelity.main(["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fig.json")])
+    assert json.loads((tmp_path / "out" / "fig.json").read_text()) == report
     sets = ["cartoons 800x650", "cartoons 200x150", "cartoons 100x80", "cartoons 300x300", "cartoons 400x296"]
     sets += ["photos 800x600", "photos 300x300", "line drawings 800x650", "line drawings 300x300"]
     assert set(report["fast_vs_upstream"]) == set(sets)
     assert "line drawings 300x300     vs_uint8_kernel" in capsys.readouterr().out
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(
-        image_fidelity.tool_paths.UserInputError,
-        match="--json=.*a-file/fidelity.json: cannot create the file: .*a-file is a file",
-    ):
+    refused = "--json=.*a-file/fidelity.json: cannot create the file: .*a-file is a file"
+    with pytest.raises(image_fidelity.tool_paths.UserInputError, match=refused):
         image_fidelity.main(["--images", "1", "--json", str(tmp_path / "a-file" / "fidelity.json")])
