@@ -116,7 +116,7 @@ def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline(de
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
+def test_exif_rotated_and_grey_jpegs_take_the_device_path_turned_upright_and_in_three_equal_channels(device):
     values = []
     for orientation in (3, 6, 8, 5):
         exif = Image.Exif()
@@ -126,16 +126,12 @@ def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
     assert batch.jpeg_positions == [0, 1, 2, 3]  # still decoded on the device, then transposed there
     got = decode_batch(batch, device, SIZE).cpu()
     assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE  # the host pipeline turns them upright
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels(device):
     grey = encode(cartoon(640, 480).convert("L"), "JPEG")
     batch = as_batch([grey])
     assert batch.jpeg_positions == [0]
     got = decode_batch(batch, device, SIZE).cpu()
     assert got.shape == (1, 3, SIZE, SIZE)
-    assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2])
+    assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2]), "grey: three equal channels"
     assert normalised_mean_difference(got, host_fast([grey])) <= TOLERANCE
 
 

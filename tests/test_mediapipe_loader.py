@@ -567,8 +567,18 @@ def trainer_args(**overrides):
     return SimpleNamespace(**args)
 
 
-def test_mixin_shards_training_with_full_batches_and_sharded_evaluation_gathers_every_row_once(fake_habana, tmp_path):
+def test_mixin_uses_the_trainers_sampler_on_one_device_and_shards_across_two_ranks(fake_habana, tmp_path):
+    """One device: the trainer's sampler, and a resumed run restarts the epoch. Two ranks: full training batches,
+    the same number of steps each, and an evaluation that gathers every row once."""
     ds = attached_dataset(tmp_path)
+    trainer = FakeTrainer(trainer_args(), train_dataset=ds, eval_dataset=ds)
+    train_rows = [row for b in trainer.get_train_dataloader() for row in rows_of_batch(b)]
+    assert sorted(train_rows) == list(range(len(COLOURS)))
+    eval_rows = [row for b in trainer.get_eval_dataloader() for row in rows_of_batch(b)]
+    assert eval_rows == list(range(len(COLOURS)))
+    assert trainer.train(resume_from_checkpoint="out/checkpoint-10") == "out/checkpoint-10"
+    assert trainer.args.ignore_data_skip is True, "a resumed run restarts the epoch instead of skipping batches"
+
     per_rank, rounds = [], []
     for rank in (0, 1):
         trainer = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds, eval_dataset=ds)
@@ -591,18 +601,6 @@ def test_mixin_shards_training_with_full_batches_and_sharded_evaluation_gathers_
         together = rows0 + rows1  # what gather_for_metrics concatenates, rank by rank
         gathered += together[:remainder] if end and remainder > 0 else together
     assert gathered == list(range(len(COLOURS)))
-
-
-def test_mixin_single_device_uses_the_trainers_sampler_and_resuming_restarts_the_epoch(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    trainer = FakeTrainer(trainer_args(), train_dataset=ds, eval_dataset=ds)
-    train_rows = [row for b in trainer.get_train_dataloader() for row in rows_of_batch(b)]
-    assert sorted(train_rows) == list(range(len(COLOURS)))
-    eval_rows = [row for b in trainer.get_eval_dataloader() for row in rows_of_batch(b)]
-    assert eval_rows == list(range(len(COLOURS)))
-    # a resumed run restarts the epoch instead of skipping batches
-    assert trainer.train(resume_from_checkpoint="out/checkpoint-10") == "out/checkpoint-10"
-    assert trainer.args.ignore_data_skip is True
 
 
 class RowRecordingModel(torch.nn.Module):
