@@ -163,8 +163,10 @@ def test_fast_draft_stays_close_to_upstream_on_large_jpegs(mode, jpeg_decoders):
     assert FIDELITY_BOUND / 10 < deviation <= 2 / 255  # really drafted, and still close
 
 
-def jpegs_of_every_kind() -> dict[str, bytes]:
-    """Colour JPEGs of each chroma subsampling and both colour spaces, grey, progressive, CMYK, photos."""
+def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
+    """simplejpeg and Pillow are the same libjpeg-turbo decode: identical output, for colour JPEGs of each chroma
+    subsampling and both colour spaces, grey, progressive, CMYK, photos."""
+    pytest.importorskip("simplejpeg")
     cartoon = Image.open(io.BytesIO(cartoon_jpeg(seed=6, width=517, height=401)))
     jpegs = {f"colour, subsampling {s}": encode(cartoon, "JPEG", subsampling=s) for s in (0, 1, 2)}
     jpegs["colour, RGB colour space"] = encode(cartoon, "JPEG", keep_rgb=True)
@@ -173,13 +175,6 @@ def jpegs_of_every_kind() -> dict[str, bytes]:
     jpegs["progressive grey"] = encode(cartoon.convert("L"), "JPEG", progressive=True)
     jpegs["CMYK"] = encode(cartoon.convert("CMYK"), "JPEG")
     jpegs.update({photo.name: photo.read_bytes() for photo in real_photos()})
-    return jpegs
-
-
-def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
-    """simplejpeg and Pillow are the same libjpeg-turbo decode: identical output."""
-    pytest.importorskip("simplejpeg")
-    jpegs = jpegs_of_every_kind()
     fast = FastTransform(294)
     channels = {name: fast.decode(data)[0].shape[0] for name, data in jpegs.items()}
     assert channels["grey"] == channels["progressive grey"] == 1

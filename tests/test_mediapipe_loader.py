@@ -60,11 +60,6 @@ def image_dataset(values, **columns) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"image": rows, **columns}, features=datasets.Features(features))
 
 
-def token_columns(n):
-    ids = [[row * 100 + j for j in range(SEQ_LEN)] for row in range(n)]
-    return {"input_ids": ids, "attention_mask": [[1] * SEQ_LEN for _ in range(n)]}
-
-
 def make_reader(n=10, sampler=None, batch_size=4, drop_last=False):
     paths = [f"img{i}.jpg" for i in range(n)]
     ids = np.arange(n * SEQ_LEN).reshape(n, SEQ_LEN)
@@ -452,7 +447,8 @@ COLOURS = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 128), (250, 2
 
 
 def attached_dataset(tmp_path, image_size=8):
-    ds = image_dataset([solid_jpeg(c) for c in COLOURS], **token_columns(len(COLOURS)))
+    ids = [[row * 100 + j for j in range(SEQ_LEN)] for row in range(len(COLOURS))]  # row r's tokens: r * 100 + j
+    ds = image_dataset([solid_jpeg(c) for c in COLOURS], input_ids=ids, attention_mask=[[1] * SEQ_LEN] * len(COLOURS))
     paths = materialise_images(ds, "image", str(tmp_path), ds._fingerprint)
     attach_mediapipe_inputs(ds, paths, image_size, MEAN, STD)
     return ds
