@@ -380,7 +380,7 @@ def test_high_bit_modes_are_scaled_not_clipped():
     assert [to_rgb(beyond).getpixel((x, 0))[0] for x in range(2)] == [255, 0]
 
 
-def test_load_image_prefers_embedded_bytes_over_path_and_its_errors_name_the_source(tmp_path):
+def test_image_values_name_their_source_in_errors_and_labels_and_embedded_bytes_win_over_a_path(tmp_path):
     data = encode(noise_image(8, 6), "PNG")
     img = load_image({"bytes": data, "path": "/nonexistent/original.png"})
     assert img.mode == "RGB" and img.size == (8, 6)
@@ -395,9 +395,7 @@ def test_load_image_prefers_embedded_bytes_over_path_and_its_errors_name_the_sou
         load_image({"bytes": None, "path": None})
     with pytest.raises(ValueError, match="unsupported image value"):
         load_image(42)
-
-
-def test_each_kind_of_image_value_names_where_its_bytes_came_from(tmp_path):
+    # what encoded_image_bytes reads of each kind of value, and where it says the bytes came from
     path = tmp_path / "cat.jpg"
     path.write_bytes(b"on disk")
     labelled = {
