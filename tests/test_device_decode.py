@@ -1,14 +1,15 @@
 """Device-side JPEG decoding (bridgetower_bench.images.device_decode), run on CPU.
 
-On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the same code as on a GPU:
-the same routing of images (device path or host fallback), chunking, resize and crop, the same trainer
-mixin. What it must give is the host `fast` pipeline's pixels.
+On a CPU device decode_batch uses torchvision's CPU decode_jpeg and otherwise the code a GPU runs (routing,
+chunking, resize and crop, the trainer mixin). What it must give is the host `fast` pipeline's pixels.
 """
 
 import io
-import os
 import pickle
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +19,11 @@ from torch.utils.data import Dataset
 from transformers import Trainer
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.guards.resilience import ImageLoadError
 from bridgetower_bench.images import device_decode
 from bridgetower_bench.images.device_decode import (
     ENCODED_IMAGES_KEY,
+    DecodeAhead,
     DecodeCounts,
     DeviceDecodeTrainerMixin,
     EncodedImageTransform,
@@ -32,7 +35,7 @@ from bridgetower_bench.images.images import FastTransform, normalize_on_device
 from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from bridgetower_bench.tools.fixtures import CLIP_MEAN, CLIP_STD
 from bridgetower_bench.trainer import TrainerExtensions
-from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, needs_cuda
+from helpers import BOTH_ROUTES, DEVICES, assert_throughput_adds_up, encode, needs_cuda
 
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec; device decoding stays on torchvision's
@@ -54,21 +57,6 @@ def cartoon(width, height, seed=0):
     return draw_cartoon(np.random.default_rng(seed), width, height)[0]
 
 
-def encoded(img, **save_options):
-    buffer = io.BytesIO()
-    img.save(buffer, format=save_options.pop("format", "JPEG"), **save_options)
-    return buffer.getvalue()
-
-
-def grace_hopper_bytes():
-    matplotlib = pytest.importorskip("matplotlib")
-    path = os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")
-    if not os.path.exists(path):
-        pytest.skip("matplotlib's sample photograph is not installed")
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
 def as_batch(values, image_size=SIZE):
     transform = EncodedImageTransform(image_size)
     examples = [{"pixel_values": transform(v), "input_ids": [i], "attention_mask": [1]} for i, v in enumerate(values)]
@@ -86,13 +74,11 @@ def normalised_mean_difference(a, b):
     return (difference.abs() * std).mean().item()
 
 
-# ------------------------------------------------------------------------------------------------------
-# Pixels: the device path gives the host `fast` pipeline's output
-# ------------------------------------------------------------------------------------------------------
+# ---- Pixels: the device path gives the host `fast` pipeline's output ----
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_cartoons_decode_to_the_fast_pipelines_pixels(device):
+def test_cartoons_and_a_real_photograph_decode_to_the_fast_pipelines_pixels(device):
     # landscape, portrait, square, smaller than S (upscaled), width already S, odd crop offsets
     sizes = [(800, 650), (650, 800), (700, 700), (200, 150), (294, 400), (1001, 613)]
     values = [{"bytes": jpeg_bytes(cartoon(w, h, seed)), "path": None} for seed, (w, h) in enumerate(sizes)]
@@ -108,39 +94,35 @@ def test_cartoons_decode_to_the_fast_pipelines_pixels(device):
     assert (got.int() - expected.int()).abs().max().item() <= MAX_LEVELS[device]
     assert counts.metrics() == {"device_decode_images": len(values), "device_decode_fallback_images": 0}
 
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_real_photograph_baseline_and_progressive_matches_the_fast_pipeline(device):
-    photo = grace_hopper_bytes()
-    progressive = encoded(Image.open(io.BytesIO(photo)), quality=90, progressive=True)
-    values = [photo, progressive]
+    matplotlib = pytest.importorskip("matplotlib")
+    path = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    if not path.exists():
+        pytest.skip("matplotlib's sample photograph is not installed")
+    photo = path.read_bytes()
+    values = [photo, encode(Image.open(io.BytesIO(photo)), "JPEG", quality=90, progressive=True)]
     batch = as_batch(values)
-    assert batch.jpeg_positions == [0, 1]  # both go to the device decoder
+    assert batch.jpeg_positions == [0, 1]  # baseline and progressive both go to the device decoder
     got = decode_batch(batch, device, SIZE).cpu()
-    assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE
+    assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE, "a real photograph"
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_exif_rotated_jpegs_are_turned_upright_on_the_device(device):
+def test_exif_rotated_and_grey_jpegs_take_the_device_path_turned_upright_and_in_three_equal_channels(device):
     values = []
     for orientation in (3, 6, 8, 5):
         exif = Image.Exif()
         exif[0x0112] = orientation
-        values.append(encoded(cartoon(500, 380, orientation), exif=exif))
+        values.append(encode(cartoon(500, 380, orientation), "JPEG", exif=exif))
     batch = as_batch(values)
     assert batch.jpeg_positions == [0, 1, 2, 3]  # still decoded on the device, then transposed there
     got = decode_batch(batch, device, SIZE).cpu()
     assert normalised_mean_difference(got, host_fast(values)) <= TOLERANCE  # the host pipeline turns them upright
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_grayscale_jpeg_takes_the_device_path_and_becomes_three_equal_channels(device):
-    grey = encoded(cartoon(640, 480).convert("L"))
+    grey = encode(cartoon(640, 480).convert("L"), "JPEG")
     batch = as_batch([grey])
     assert batch.jpeg_positions == [0]
     got = decode_batch(batch, device, SIZE).cpu()
     assert got.shape == (1, 3, SIZE, SIZE)
-    assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2])
+    assert torch.equal(got[0, 0], got[0, 1]) and torch.equal(got[0, 1], got[0, 2]), "grey: three equal channels"
     assert normalised_mean_difference(got, host_fast([grey])) <= TOLERANCE
 
 
@@ -148,7 +130,7 @@ def test_png_and_cmyk_jpeg_are_decoded_on_the_host_and_counted():
     art = cartoon(500, 400)
     rgba = art.convert("RGBA")
     rgba.putalpha(200)
-    values = [jpeg_bytes(art), encoded(rgba, format="PNG"), encoded(art.convert("CMYK"))]
+    values = [jpeg_bytes(art), encode(rgba, "PNG"), encode(art.convert("CMYK"), "JPEG")]
     transform = EncodedImageTransform(SIZE)
     routed = [transform(v) for v in values]
     assert routed[0].jpeg is not None and routed[0].pixels is None
@@ -166,7 +148,7 @@ def test_png_and_cmyk_jpeg_are_decoded_on_the_host_and_counted():
 
 def test_chunks_of_any_size_give_the_same_pixels():
     values = [jpeg_bytes(cartoon(300 + 40 * i, 260 + 30 * i, i)) for i in range(5)]
-    values.insert(2, encoded(cartoon(320, 300), format="PNG"))
+    values.insert(2, encode(cartoon(320, 300), "PNG"))
     batch = as_batch(values)
     whole = decode_batch(batch, "cpu", SIZE, chunk_size=64)
     for chunk_size in (1, 2):
@@ -194,8 +176,16 @@ def test_an_image_the_decoder_rejects_is_retried_alone_then_decoded_on_the_host(
     assert counts.device_images == 2 and counts.fallback_reasons == {"rejected by the device decoder": 1}
 
 
-def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load_error(monkeypatch):
-    from bridgetower_bench.guards.resilience import ImageLoadError
+def test_bad_image_values_and_a_rejected_image_the_host_cannot_decode_either_raise_errors_naming_them(monkeypatch):
+    transform = EncodedImageTransform(SIZE)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        transform({"bytes": b"\xff\xd8\xff\xe0 not really a jpeg", "path": "broken.jpg"})
+    with pytest.raises(ValueError, match="unsupported image value"):
+        transform(42)
+    with pytest.raises(ValueError, match="image_size"):
+        EncodedImageTransform(0)
+    with pytest.raises(ValueError, match="image_size 294, not 128"):
+        decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
 
     good = jpeg_bytes(cartoon(320, 280))
     corrupt = good[:600] + bytes(64)  # a sound header, then nothing decodable
@@ -210,21 +200,7 @@ def test_a_rejected_image_the_host_cannot_decode_either_stops_with_an_image_load
         decode_batch(as_batch([good, corrupt]), "cpu", SIZE)
 
 
-def test_bad_image_values_raise_errors_naming_the_source():
-    transform = EncodedImageTransform(SIZE)
-    with pytest.raises(ValueError, match="broken.jpg"):
-        transform({"bytes": b"\xff\xd8\xff\xe0 not really a jpeg", "path": "broken.jpg"})
-    with pytest.raises(ValueError, match="unsupported image value"):
-        transform(42)
-    with pytest.raises(ValueError, match="image_size"):
-        EncodedImageTransform(0)
-    with pytest.raises(ValueError, match="image_size 294, not 128"):
-        decode_batch(as_batch([jpeg_bytes(cartoon(300, 300))]), "cpu", 128)
-
-
-# ------------------------------------------------------------------------------------------------------
-# Which JPEGs the device decoder takes (frame headers built by hand)
-# ------------------------------------------------------------------------------------------------------
+# ---- Which JPEGs the device decoder takes (frame headers built by hand) ----
 
 
 def jpeg_header(marker=0xC0, precision=8, component_ids=b"\x01\x02\x03", adobe_transform=None):
@@ -260,13 +236,11 @@ def test_device_decoder_declines(data, reason):
     assert device_decoder_declines(data) == reason
 
 
-# ------------------------------------------------------------------------------------------------------
-# The batch container
-# ------------------------------------------------------------------------------------------------------
+# ---- The batch container ----
 
 
-def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
-    values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encoded(cartoon(300, 280), format="PNG")]
+def test_encoded_batch_is_one_opaque_container_that_survives_pickling_and_other_images_are_refused():
+    values = [jpeg_bytes(cartoon(300, 280, i)) for i in range(2)] + [encode(cartoon(300, 280), "PNG")]
     transform = EncodedImageTransform(SIZE)
     batch = collate_encoded(
         [{"pixel_values": transform(v), "input_ids": [i, 7], "attention_mask": [1, 1]} for i, v in enumerate(values)]
@@ -280,18 +254,12 @@ def test_encoded_batch_is_one_opaque_container_that_survives_pickling():
     copy = pickle.loads(pickle.dumps(packed))  # as a loader worker hands it over
     assert [bytes(j.numpy()) for j in copy.jpegs()] == values[:2]
     assert torch.equal(decode_batch(copy, "cpu", SIZE), decode_batch(packed, "cpu", SIZE))
-
-
-def test_collate_encoded_refuses_images_from_another_transform():
+    foreign = {"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}
     with pytest.raises(ValueError, match="EncodedImageTransform"):
-        collate_encoded(
-            [{"pixel_values": torch.zeros(3, 4, 4, dtype=torch.uint8), "input_ids": [1], "attention_mask": [1]}]
-        )
+        collate_encoded([foreign])
 
 
-# ------------------------------------------------------------------------------------------------------
-# The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU
-# ------------------------------------------------------------------------------------------------------
+# ---- The trainer mixin: transformers Trainer + TrainerExtensions + DeviceDecodeTrainerMixin on CPU ----
 
 SMALL = 32  # image size for the trainer tests: the geometry is covered above, speed matters here
 
@@ -301,7 +269,7 @@ class CaptionedImages(Dataset):
 
     def __init__(self, n=6):
         self.values = [jpeg_bytes(cartoon(90 + 7 * i, 70 + 5 * i, i)) for i in range(n)]
-        self.values[3] = encoded(cartoon(80, 100, 3), format="PNG")
+        self.values[3] = encode(cartoon(80, 100, 3), "PNG")
         self.transform = EncodedImageTransform(SMALL)
 
     def __len__(self):
@@ -331,14 +299,9 @@ class DeviceDecodeTrainer(DeviceDecodeTrainerMixin, TrainerExtensions, Trainer):
 
 
 @BOTH_ROUTES
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # decode_ahead None: on for CUDA
     "device, decode_ahead, workers",
-    [
-        ("cpu", False, 0),
-        ("cpu", True, 0),
-        ("cpu", True, 1),
-        pytest.param("cuda", None, 2, marks=needs_cuda),
-    ],  # None: on for CUDA
+    [("cpu", False, 0), ("cpu", True, 0), ("cpu", True, 1), pytest.param("cuda", None, 2, marks=needs_cuda)],
 )
 def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp_path, device, decode_ahead, workers):
     data = CaptionedImages()
@@ -382,19 +345,12 @@ def test_trainer_feeds_the_model_normalised_fast_pixels_and_counts_fallbacks(tmp
         assert (difference * torch.tensor(CLIP_STD).view(1, 3, 1, 1)).mean().item() <= TOLERANCE
         assert difference.max().item() <= MAX_LEVELS[device] / 255 / min(CLIP_STD) + 1e-5
     seen_png = sum(ids.count(3) for ids, _ in trained)
-    assert trainer.device_decode_stats() == {
-        "device_decode_images": 15 - seen_png,
-        "device_decode_fallback_images": seen_png,
-    }
+    stats = trainer.device_decode_stats()
+    assert stats == {"device_decode_images": 15 - seen_png, "device_decode_fallback_images": seen_png}
     assert trainer.device_decode_stats("eval") == {"device_decode_images": 5, "device_decode_fallback_images": 1}
 
 
-def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_failing_batch():
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from bridgetower_bench.images.device_decode import DecodeAhead
-
+def test_decode_ahead_reads_in_the_helper_thread_keeps_order_raises_at_the_failing_batch_and_close_waits():
     readers = []
 
     def batches():
@@ -415,26 +371,15 @@ def test_decode_ahead_reads_in_the_helper_thread_keeps_order_and_raises_at_the_f
     assert readers[0] == threading.current_thread().name
     assert all(name.startswith("device-decode") for name in readers[1:]) and len(readers) == 3
     ahead.close()
-    helper.shutdown()
-
-
-def test_decode_ahead_close_waits_for_the_batch_read_ahead():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from bridgetower_bench.images.device_decode import DecodeAhead
-
-    helper = ThreadPoolExecutor(max_workers=1)
     ahead = DecodeAhead(iter([{"index": i} for i in range(5)]), helper, decode=lambda encoded: encoded)
     next(ahead)
     pending = ahead.pending
     ahead.close()
-    assert pending.done() and ahead.pending is None
+    assert pending.done() and ahead.pending is None, "close() waits for the batch read ahead"
     helper.shutdown()
 
 
-# ------------------------------------------------------------------------------------------------------
-# The data-free ceiling (gpu_ceiling.py), smoke-tested on CPU with the tiny model
-# ------------------------------------------------------------------------------------------------------
+# ---- The data-free ceiling (gpu_ceiling.py), smoke-tested on CPU with the tiny model ----
 
 
 def test_gpu_ceiling_trains_on_a_fixed_batch_saves_throughput_and_profiles_the_steps_after_the_warm_up(
@@ -442,23 +387,9 @@ def test_gpu_ceiling_trains_on_a_fixed_batch_saves_throughput_and_profiles_the_s
 ):
     from gpu_ceiling import CEILING_LOADER, main
 
-    common = [
-        "--model_name_or_path",
-        str(fixtures["model"]),
-        "--use_cpu",
-        "--per_device_train_batch_size",
-        "2",
-        "--max_steps",
-        "3",
-        "--throughput_warmup_steps",
-        "1",
-        "--max_seq_length",
-        "16",
-        "--report_to",
-        "none",
-        "--save_strategy",
-        "no",
-    ]
+    common = ["--model_name_or_path", str(fixtures["model"]), "--use_cpu", "--per_device_train_batch_size", "2"]
+    common += ["--max_steps", "3", "--throughput_warmup_steps", "1", "--max_seq_length", "16"]
+    common += ["--report_to", "none", "--save_strategy", "no"]
     metrics = main(common + ["--output_dir", str(tmp_path), "--profile_steps", "2"])
     assert_throughput_adds_up(metrics, counted_steps=2, samples_per_step=2)
     assert metrics["loader"] == CEILING_LOADER

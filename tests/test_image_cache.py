@@ -1,16 +1,16 @@
 """The decode-once image cache: build, reuse, invalidation, recovery, fallbacks, workers."""
 
+import hashlib
 import io
 import json
 import pickle
 import socket
-import subprocess
-import sys
+import time
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from bridgetower_bench.images import image_cache, images
 from bridgetower_bench.images.image_cache import (
@@ -21,7 +21,7 @@ from bridgetower_bench.images.image_cache import (
     open_decoded_image_cache,
 )
 from bridgetower_bench.images.images import make_image_transform
-from helpers import noise_jpeg
+from helpers import dead_pid, encode, noise_jpeg
 
 
 SIZE = 16
@@ -66,8 +66,10 @@ def pixels_mtime(cache: DecodedImageCache) -> int:
 
 
 @pytest.mark.parametrize("pipeline", ["fast", "fast-draft"])
-def test_cached_tensors_equal_uncached_pipeline(image_values, tmp_path, pipeline):
-    cache = open_cache(image_values, tmp_path / "cache", pipeline=pipeline)
+def test_a_cache_equals_its_pipeline_records_its_build_and_is_reused(image_values, tmp_path, pipeline):
+    started = time.perf_counter()
+    cache = open_cache(image_values, tmp_path, pipeline=pipeline)
+    elapsed = time.perf_counter() - started
     transform = make_image_transform(pipeline, SIZE, mean=(), std=())
     assert cache.built and len(cache) == 5
     assert cache.manifest["n_values"] == len(image_values)
@@ -76,25 +78,27 @@ def test_cached_tensors_equal_uncached_pipeline(image_values, tmp_path, pipeline
         assert cached.dtype == torch.uint8 and cached.shape == (3, SIZE, SIZE)
         assert torch.equal(cached, transform(value))
     assert cache.fallback_decodes == 0
+    assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
+    written = json.loads((cache.directory / MANIFEST_FILE).read_text())
+    assert written["build_seconds"] == cache.manifest["build_seconds"]
+    # the digest file holds the blake2b-128 of each distinct image's bytes, in slot order
+    digests = np.load(cache.directory / image_cache.DIGESTS_FILE)
+    embedded = [value["bytes"] for value in image_values[:3]]
+    assert cache.manifest["digest"] == "blake2b-128" and digests.shape == (5, 16)
+    assert [row.tobytes() for row in digests[:3]] == [hashlib.blake2b(b, digest_size=16).digest() for b in embedded]
+    assert [cache.slot_of(value) for value in image_values[:6]] == [0, 1, 2, 3, 4, 4]
 
-
-def test_parallel_build_equals_serial_build(image_values, tmp_path):
-    serial = open_cache(image_values, tmp_path / "serial")
-    parallel = open_cache(image_values, tmp_path / "parallel", num_proc=2)
-    assert np.array_equal(np.load(serial.directory / PIXELS_FILE), np.load(parallel.directory / PIXELS_FILE))
-
-
-def test_reused_without_rebuilding(image_values, tmp_path):
-    first = open_cache(image_values, tmp_path)
-    built_at = pixels_mtime(first)
-    second = open_cache(image_values, tmp_path)
+    built_at = pixels_mtime(cache)
+    second = open_cache(image_values, tmp_path, pipeline=pipeline)
     assert not second.built
-    assert second.directory == first.directory and pixels_mtime(second) == built_at
-    assert torch.equal(second(image_values[3]), first(image_values[3]))
+    assert second.directory == cache.directory and pixels_mtime(second) == built_at
+    assert torch.equal(second(image_values[3]), cache(image_values[3]))
 
 
-@pytest.mark.parametrize("changed", [{"image_size": SIZE + 2}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}])
-def test_other_settings_never_reuse_a_cache(image_values, tmp_path, changed):
+@pytest.mark.parametrize(
+    "changed", [{"image_size": SIZE + 2}, {"image_size": 1}, {"pipeline": "fast-draft"}, {"fingerprint": "data-v2"}]
+)
+def test_other_settings_never_reuse_a_cache_and_one_pixel_images_are_allowed(image_values, tmp_path, changed):
     first = open_cache(image_values, tmp_path)
     other = open_cache(image_values, tmp_path, **changed)
     assert other.built and other.directory != first.directory
@@ -114,18 +118,20 @@ def test_only_fast_draft_caches_depend_on_the_jpeg_decoder(image_values, tmp_pat
     assert pil_draft.built and pil_draft.manifest["jpeg_decoder"] == "PIL draft"
 
 
-def test_manifest_from_other_library_versions_is_rebuilt(image_values, tmp_path):
+@pytest.mark.parametrize("key, value", [("torchvision", "0.0.1"), ("complete", False)])
+def test_a_manifest_of_other_library_versions_or_of_an_unfinished_build_is_rebuilt(image_values, tmp_path, key, value):
     first = open_cache(image_values, tmp_path)
     manifest_path = first.directory / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
-    manifest["torchvision"] = "0.0.1"
+    manifest[key] = value
     manifest_path.write_text(json.dumps(manifest))
-    again = open_cache(image_values, tmp_path)
-    assert again.built
-    assert json.loads(manifest_path.read_text())["torchvision"] != "0.0.1"
+    assert open_cache(image_values, tmp_path).built
+    assert json.loads(manifest_path.read_text())[key] != value
 
 
-def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatch):
+def test_a_build_interrupted_or_killed_outright_is_detected_cleaned_up_and_rebuilt(
+    image_values, tmp_path, monkeypatch
+):
     decode_one = image_cache._decode_one
     decoded = []
 
@@ -147,39 +153,40 @@ def test_killed_build_is_detected_and_rebuilt(image_values, tmp_path, monkeypatc
     transform = make_image_transform("fast", SIZE, mean=(), std=())
     assert all(torch.equal(recovered(value), transform(value)) for value in image_values)
 
-
-def test_files_of_a_build_killed_outright_are_cleaned_up(image_values, tmp_path):
-    first = open_cache(image_values, tmp_path)
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(finished.stdout)
-    abandoned = first.directory / f"{PIXELS_FILE}.partial-{socket.gethostname()}-{dead_pid}.1a2b3c"
+    abandoned = directory / f"{PIXELS_FILE}.partial-{socket.gethostname()}-{dead_pid()}.1a2b3c"
     abandoned.write_bytes(b"half a pixel file")
-    (first.directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
-    again = open_cache(image_values, tmp_path)
+    (directory / MANIFEST_FILE).unlink()  # SIGKILL mid-build: no manifest either
+    again = open_cache(image_values, tmp_path / "cache")
     assert again.built and not abandoned.exists()
     assert sorted(p.name for p in again.directory.iterdir()) == ["digests.npy", "manifest.json", "pixels.npy"]
 
 
-def test_truncated_pixel_file_is_rebuilt(image_values, tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "one image too few"])
+def test_a_truncated_pixel_file_or_one_of_another_shape_than_the_manifest_is_rebuilt(image_values, tmp_path, damage):
     first = open_cache(image_values, tmp_path)
-    pixels = first.directory / PIXELS_FILE
-    with open(pixels, "r+b") as handle:
-        handle.truncate(pixels.stat().st_size // 2)
+    path = first.directory / PIXELS_FILE
+    pixels = np.load(path)
+    if damage == "truncated":
+        with open(path, "r+b") as handle:
+            handle.truncate(path.stat().st_size // 2)
+    else:
+        np.save(path, pixels[:-1])  # whole and readable, its digests still right
     again = open_cache(image_values, tmp_path)
-    assert again.built
+    assert again.built and np.load(again.directory / PIXELS_FILE).shape == pixels.shape
     assert torch.equal(again(image_values[0]), make_image_transform("fast", SIZE, (), ())(image_values[0]))
 
 
-def test_unknown_image_falls_back_to_decoding_and_is_counted(image_values, tmp_path):
+def test_unknown_image_falls_back_to_decoding_is_counted_and_the_first_one_warns_once(image_values, tmp_path, caplog):
     cache = open_cache(image_values, tmp_path)
-    stranger = {"bytes": jpeg(99), "path": None}
-    assert torch.equal(cache(stranger), make_image_transform("fast", SIZE, (), ())(stranger))
-    assert cache.fallback_decodes == 1
-
-
-def test_upstream_pipeline_is_refused(image_values, tmp_path):
-    with pytest.raises(ValueError, match="--image_pipeline=upstream"):
-        open_cache(image_values, tmp_path, pipeline="upstream")
+    with caplog.at_level("WARNING", logger="bridgetower_bench.images.image_cache"):
+        stranger = {"bytes": jpeg(98), "path": None}
+        assert torch.equal(cache(stranger), make_image_transform("fast", SIZE, (), ())(stranger))
+        assert cache.fallback_decodes == 1
+        assert [r.getMessage() for r in caplog.records if "not in the decoded image cache" in r.getMessage()] != []
+        caplog.clear()
+        cache({"bytes": jpeg(99), "path": None})
+    assert not [r for r in caplog.records if "not in the decoded image cache" in r.getMessage()]
+    assert cache.fallback_decodes == 2
 
 
 def test_broken_image_names_its_row(image_values, tmp_path):
@@ -190,99 +197,50 @@ def test_broken_image_names_its_row(image_values, tmp_path):
         open_cache([image_values[0], str(tmp_path / "missing.jpg")], tmp_path)
 
 
-def test_pickled_cache_reopens_lazily(image_values, tmp_path):
+def test_data_loader_workers_get_the_same_tensors_and_a_pickled_cache_reopens_lazily(image_values, tmp_path):
     cache = open_cache(image_values, tmp_path)
+    expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
+
+    def collate(rows):  # runs in the worker processes
+        return torch.stack([cache(value) for value in rows])
+
+    loader = torch.utils.data.DataLoader(image_values, batch_size=4, num_workers=2, collate_fn=collate)
+    assert torch.equal(torch.cat(list(loader)), expected)
     expected = cache(image_values[1])  # maps the file in this process
     payload = pickle.dumps(cache)
     assert len(payload) < 4096  # neither pixels nor index travel with it
     assert torch.equal(pickle.loads(payload)(image_values[1]), expected)
 
 
-class RowsDataset(torch.utils.data.Dataset):
-    def __init__(self, values, transform):
-        self.values, self.transform = values, transform
-
-    def __len__(self):
-        return len(self.values)
-
-    def __getitem__(self, index):
-        return self.transform(self.values[index])
-
-
-def test_data_loader_workers_get_the_same_tensors(image_values, tmp_path):
-    cache = open_cache(image_values, tmp_path)
-    expected = torch.stack([make_image_transform("fast", SIZE, (), ())(value) for value in image_values])
-    loader = torch.utils.data.DataLoader(RowsDataset(image_values, cache), batch_size=4, num_workers=2)
-    assert torch.equal(torch.cat(list(loader)), expected)
-
-
 def test_exif_rotated_images_are_cached_upright(tmp_path, monkeypatch):
-    from PIL import ImageOps
-
     exif = Image.Exif()
     exif[0x0112] = 6  # stored sideways: a quarter turn makes it upright
-    buffer = io.BytesIO()
-    Image.fromarray(np.random.default_rng(5).integers(0, 256, (30, 44, 3), dtype=np.uint8)).save(
-        buffer, format="JPEG", exif=exif
-    )
-    values = [{"bytes": buffer.getvalue(), "path": None}]
+    pixels = np.random.default_rng(5).integers(0, 256, (30, 44, 3), dtype=np.uint8)
+    values = [{"bytes": encode(Image.fromarray(pixels), "JPEG", exif=exif), "path": None}]
     # a cache of the format before images were turned upright is not reused
     monkeypatch.setattr(image_cache, "CACHE_FORMAT_VERSION", 1)
     old = open_cache(values, tmp_path / "cache")
     monkeypatch.undo()
     cache = open_cache(values, tmp_path / "cache")
     assert cache.built and cache.directory != old.directory
-    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(buffer.getvalue())))
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(values[0]["bytes"])))
     assert torch.equal(cache(values[0]), make_image_transform("fast", SIZE, mean=(), std=())(upright))
 
 
-def test_digest_file_holds_the_blake2b_128_of_each_distinct_images_bytes_in_slot_order(image_values, tmp_path):
-    import hashlib
-
-    cache = open_cache(image_values, tmp_path)
-    digests = np.load(cache.directory / image_cache.DIGESTS_FILE)
-    embedded = [value["bytes"] for value in image_values[:3]]
-    assert cache.manifest["digest"] == "blake2b-128" and digests.shape == (5, 16)
-    assert [row.tobytes() for row in digests[:3]] == [hashlib.blake2b(b, digest_size=16).digest() for b in embedded]
-    assert [cache.slot_of(value) for value in image_values[:6]] == [0, 1, 2, 3, 4, 4]
-
-
-@pytest.mark.parametrize("bad", [{"image_size": 0}, {"image_size": "16"}, {"num_proc": 0}, {"num_proc": "2"}])
-def test_impossible_sizes_and_worker_counts_are_refused(image_values, tmp_path, bad):
-    name = next(iter(bad))
-    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+@pytest.mark.parametrize(
+    "bad",
+    [{"pipeline": "upstream"}, {"image_size": 0}, {"image_size": "16"}, {"num_proc": 0}, {"num_proc": "2"}]
+    + [{"fingerprint": ""}, {"fingerprint": 7}, {"fingerprint": None}],
+)
+def test_upstream_impossible_sizes_worker_counts_and_fingerprints_are_refused(image_values, tmp_path, bad):
+    ((name, _),) = bad.items()
+    message = {
+        "pipeline": "--image_pipeline=upstream",
+        "fingerprint": "the decoded image cache needs a non-empty fingerprint string",
+    }.get(name, f"{name} must be a positive integer")
+    with pytest.raises(ValueError, match=message):
         open_cache(image_values, tmp_path / "cache", **bad)
     assert not (tmp_path / "cache").exists(), "refused before anything is written"
-
-
-def test_a_cache_of_one_pixel_images_is_allowed(image_values, tmp_path):
-    cache = open_cache(image_values, tmp_path, image_size=1)
-    assert cache.built and tuple(cache(image_values[0]).shape) == (3, 1, 1)
-
-
-@pytest.mark.parametrize("fingerprint", ["", 7, None])
-def test_a_missing_or_empty_fingerprint_is_refused_before_anything_is_written(image_values, tmp_path, fingerprint):
-    with pytest.raises(ValueError, match="the decoded image cache needs a non-empty fingerprint string"):
-        open_cache(image_values, tmp_path / "cache", fingerprint=fingerprint)
-    assert not (tmp_path / "cache").exists()
-
-
-def test_a_manifest_of_an_unfinished_build_is_not_trusted(image_values, tmp_path):
-    first = open_cache(image_values, tmp_path)
-    manifest_path = first.directory / MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text())
-    manifest["complete"] = False
-    manifest_path.write_text(json.dumps(manifest))
-    assert open_cache(image_values, tmp_path).built
-
-
-def test_a_pixel_file_of_another_shape_than_its_manifest_says_is_rebuilt(image_values, tmp_path):
-    """A whole, readable pixel file that holds one image too few (its digests still right) is rebuilt."""
-    first = open_cache(image_values, tmp_path)
-    pixels = np.load(first.directory / PIXELS_FILE)
-    np.save(first.directory / PIXELS_FILE, pixels[:-1])
-    again = open_cache(image_values, tmp_path)
-    assert again.built and np.load(again.directory / PIXELS_FILE).shape == pixels.shape
 
 
 @pytest.mark.parametrize("num_proc", [None, 1])
@@ -297,34 +255,11 @@ def test_a_serial_build_leaves_the_process_thread_count_alone(image_values, tmp_
         torch.set_num_threads(before)
 
 
-def test_the_first_fallback_decode_warns_once(image_values, tmp_path, caplog):
-    cache = open_cache(image_values, tmp_path)
-    with caplog.at_level("WARNING", logger="bridgetower_bench.images.image_cache"):
-        cache({"bytes": jpeg(98), "path": None})
-        assert [r.getMessage() for r in caplog.records if "not in the decoded image cache" in r.getMessage()] != []
-        caplog.clear()
-        cache({"bytes": jpeg(99), "path": None})
-    assert not [r for r in caplog.records if "not in the decoded image cache" in r.getMessage()]
-    assert cache.fallback_decodes == 2
-
-
-def test_manifest_records_how_long_the_build_took(image_values, tmp_path):
-    import time
-
-    started = time.perf_counter()
-    cache = open_cache(image_values, tmp_path)
-    elapsed = time.perf_counter() - started
-    assert 0 <= cache.manifest["build_seconds"] <= round(elapsed, 3) + 0.001
-    assert (
-        json.loads((cache.directory / MANIFEST_FILE).read_text())["build_seconds"] == cache.manifest["build_seconds"]
-    )
-
-
-@pytest.mark.parametrize("n_images", [3, 40])
-def test_parallel_build_of_few_or_many_images_equals_serial_build(tmp_path, n_images):
-    """Barely more images than workers, and enough that the workers get them several at a time."""
-    values = [{"bytes": jpeg(seed, width=20, height=18), "path": None} for seed in range(n_images)]
+@pytest.mark.parametrize("n_images", [None, 3, 40])
+def test_parallel_build_equals_serial_build(image_values, tmp_path, n_images):
+    """Of the mixed rows; of barely more images than workers; of enough that the workers get several at a time."""
+    values = image_values if n_images is None else [{"bytes": jpeg(i, 20, 18), "path": None} for i in range(n_images)]
     serial = open_cache(values, tmp_path / "serial")
     parallel = open_cache(values, tmp_path / "parallel", num_proc=2)
-    assert len(parallel) == n_images
+    assert len(parallel) == (n_images or 5)
     assert np.array_equal(np.load(serial.directory / PIXELS_FILE), np.load(parallel.directory / PIXELS_FILE))

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
+from PIL import Image, ImageOps
+from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
+from torchvision.transforms.v2 import functional as F
 
 import image_fidelity
 from bridgetower_bench.images import images
@@ -26,6 +27,7 @@ from bridgetower_bench.images.images import (
     resize_geometry,
     to_rgb,
 )
+from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
 from helpers import encode
 
 
@@ -43,8 +45,6 @@ def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 def cartoon_jpeg(seed: int, width: int, height: int) -> bytes:
-    from bridgetower_bench.tools.cartoons import draw_cartoon, jpeg_bytes
-
     img, _ = draw_cartoon(np.random.default_rng(seed), width, height)
     return jpeg_bytes(img)
 
@@ -78,9 +78,7 @@ def jpeg_decoders(request, monkeypatch):
     return request.param
 
 
-# ----------------------------------------------------------------------------------------
-# Fidelity of the fast pipelines
-# ----------------------------------------------------------------------------------------
+# ---- Fidelity of the fast pipelines ----
 
 
 @pytest.mark.parametrize("size", [(800, 650), (517, 701), (640, 480)])
@@ -89,11 +87,15 @@ def test_fast_matches_upstream_on_line_art_cartoons(size):
     assert mean_deviation_from_upstream("fast", jpeg, 294) <= FIDELITY_BOUND
 
 
-def test_fast_matches_upstream_on_real_photos():
+def test_fast_matches_upstream_on_real_photos_and_on_grey_and_cmyk_jpegs():
     photos = real_photos()
     assert photos, "matplotlib's sample photo is missing"
     for photo in photos:
         assert mean_deviation_from_upstream("fast", str(photo), 294) <= FIDELITY_BOUND, photo.name
+    img = Image.open(io.BytesIO(cartoon_jpeg(seed=5, width=300, height=220)))
+    for mode in ("L", "CMYK"):
+        jpeg = encode(img.convert(mode), "JPEG", quality=92)
+        assert mean_deviation_from_upstream("fast", jpeg, 64) <= FIDELITY_BOUND, mode
 
 
 # What docs/UPSTREAM.md and the README state of `fast` against upstream (measured over 24 images per size with
@@ -141,18 +143,15 @@ def test_upstream_reads_transparent_and_16_bit_images_as_docs_upstream_states(tm
     modes = image_fidelity.modes_against_upstream(294, tmp_path)
     rgba, palette, sixteen = modes["RGBA PNG"], modes["palette PNG with transparency"], modes["16-bit grey PNG"]
     # embedded: 4 bands end in Normalize; 16 bits clip to white through 8-bit grey, without an error
-    assert rgba["embedded"]["upstream"].startswith(
-        "RuntimeError: The size of tensor a (4) must match the size of tensor b (3)"
-    )
+    size_error = "RuntimeError: The size of tensor a (4) must match the size of tensor b (3)"
+    assert rgba["embedded"]["upstream"].startswith(size_error)
     assert sixteen["embedded"]["upstream"] == "trains" and sixteen["embedded"]["upstream_mean_value_per_255"] == 255.0
     # files: alpha and the transparent entry dropped (black underneath, where we composite on white)
     for read in (rgba["file"], palette["file"]):
         assert read["upstream"] == "trains" and read["upstream_mean_value_per_255"] < 9 and read["mean"] > 240
     # a 16-bit file resized in uint16: about 6.7 % of the values wrap around
-    assert (
-        sixteen["file"]["upstream"] == "trains" and 0.06 < sixteen["file"]["wrapped_pixels"] / (3 * 294 * 294) < 0.075
-    )
-    assert 12 < sixteen["file"]["mean"] < 15
+    assert sixteen["file"]["upstream"] == "trains" and 12 < sixteen["file"]["mean"] < 15
+    assert 0.06 < sixteen["file"]["wrapped_pixels"] / (3 * 294 * 294) < 0.075
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
@@ -164,24 +163,10 @@ def test_fast_draft_stays_close_to_upstream_on_large_jpegs(mode, jpeg_decoders):
     assert FIDELITY_BOUND / 10 < deviation <= 2 / 255  # really drafted, and still close
 
 
-def test_fast_draft_equals_fast_when_draft_cannot_help(jpeg_decoders):
-    small_jpeg = cartoon_jpeg(seed=4, width=500, height=400)  # under 2x the target
-    png = encode(noise_image(700, 650), "PNG")  # not a JPEG
-    fast = make_image_transform("fast", 294, CLIP_MEAN, CLIP_STD)
-    draft = make_image_transform("fast-draft", 294, CLIP_MEAN, CLIP_STD)
-    for value in (small_jpeg, png):
-        assert torch.equal(fast(value), draft(value))
-
-
-def test_fast_matches_upstream_on_grey_and_cmyk_jpegs():
-    img = Image.open(io.BytesIO(cartoon_jpeg(seed=5, width=300, height=220)))
-    for mode in ("L", "CMYK"):
-        jpeg = encode(img.convert(mode), "JPEG", quality=92)
-        assert mean_deviation_from_upstream("fast", jpeg, 64) <= FIDELITY_BOUND, mode
-
-
-def jpegs_of_every_kind() -> dict[str, bytes]:
-    """Colour JPEGs of each chroma subsampling and both colour spaces, grey, progressive, CMYK, photos."""
+def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
+    """simplejpeg and Pillow are the same libjpeg-turbo decode: identical output, for colour JPEGs of each chroma
+    subsampling and both colour spaces, grey, progressive, CMYK, photos."""
+    pytest.importorskip("simplejpeg")
     cartoon = Image.open(io.BytesIO(cartoon_jpeg(seed=6, width=517, height=401)))
     jpegs = {f"colour, subsampling {s}": encode(cartoon, "JPEG", subsampling=s) for s in (0, 1, 2)}
     jpegs["colour, RGB colour space"] = encode(cartoon, "JPEG", keep_rgb=True)
@@ -190,13 +175,6 @@ def jpegs_of_every_kind() -> dict[str, bytes]:
     jpegs["progressive grey"] = encode(cartoon.convert("L"), "JPEG", progressive=True)
     jpegs["CMYK"] = encode(cartoon.convert("CMYK"), "JPEG")
     jpegs.update({photo.name: photo.read_bytes() for photo in real_photos()})
-    return jpegs
-
-
-def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
-    """simplejpeg and Pillow are the same libjpeg-turbo decode: identical output."""
-    pytest.importorskip("simplejpeg")
-    jpegs = jpegs_of_every_kind()
     fast = FastTransform(294)
     channels = {name: fast.decode(data)[0].shape[0] for name, data in jpegs.items()}
     assert channels["grey"] == channels["progressive grey"] == 1
@@ -208,14 +186,17 @@ def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
         assert torch.equal(fast(data), with_simplejpeg[name]), name
 
 
-def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypatch):
+def test_fast_draft_uses_pil_draft_without_simplejpeg_and_maps_a_three_eighths_decode_with_it(monkeypatch):
     """Shorter side 1003 at 294: 3/8 (377 px) is the smallest scale covering 294, which PIL's draft never picks.
-
-    Measured: 0.8/255 mean deviation; resizing the reduced pixels "to size" (stretched by the
-    rounding up) 3.7/255; reading them as a 1/2 decode 93/255.
-    """
-    pytest.importorskip("simplejpeg")
+    Measured: 0.8/255; the reduced pixels resized "to size" (stretched by the rounding up) 3.7/255; as 1/2 93/255."""
     jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
+    with monkeypatch.context() as patch:  # without simplejpeg: PIL's draft, recorded as such
+        patch.setattr(images, "simplejpeg", None)
+        assert images.jpeg_decoder() == "PIL" and images.jpeg_decoder(draft=True) == "PIL draft"
+        pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
+        assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
+        assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255
+    pytest.importorskip("simplejpeg")
     pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
     assert full_size == (1003, 1397) and pixels.shape == (4, 524, 377)  # ceil(1397 * 3/8), ceil(1003 * 3/8)
     assert decoded_scale_eighths(full_size, (377, 524)) == 3
@@ -230,17 +211,7 @@ def test_fast_draft_maps_a_three_eighths_decode_onto_upstream_geometry(monkeypat
     assert deviation(full_size) > 20 / 255
 
 
-def test_fast_draft_without_simplejpeg_uses_pil_draft(monkeypatch):
-    monkeypatch.setattr(images, "simplejpeg", None)
-    jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
-    pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
-    assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
-    assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255
-
-
-# ----------------------------------------------------------------------------------------
-# Geometry
-# ----------------------------------------------------------------------------------------
+# ---- Geometry ----
 
 ODD_SIZES = [(295, 294), (297, 294), (294, 297), (333, 297), (589, 293), (1001, 3), (7, 5), (31, 31), (100, 301)]
 
@@ -258,8 +229,6 @@ def test_resize_geometry_matches_torchvision_resize_and_center_crop(image_size):
 
 def test_partial_resize_equals_full_uint8_resize_then_crop():
     """resize_and_crop only computes up to the crop corner; the pixels must not change."""
-    from torchvision.transforms.v2 import functional as F
-
     rng = np.random.default_rng(7)
     for width, height in [(83, 61), (61, 83), (200, 47), (40, 40), (20, 13)]:
         pixels = torch.from_numpy(rng.integers(0, 256, (3, height, width), dtype=np.uint8))
@@ -275,27 +244,25 @@ def test_decoded_scale_eighths_recovers_every_scale(full_size):
         assert decoded_scale_eighths(full_size, decoded_size) == eighths, eighths
 
 
-def test_a_size_that_is_no_eighths_scale_is_named_with_the_full_size():
-    with pytest.raises(ValueError, match=r"^a 500x375 image is no M/8 scale \(M = 1\.\.8\) of a 1000x800 one$"):
-        decoded_scale_eighths((1000, 800), (500, 375))
-
-
-def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size(jpeg_decoders):
+def test_fast_draft_decodes_at_a_reduced_scale_from_twice_the_image_size_and_else_equals_fast(jpeg_decoders):
     """Twice the target on the shorter side is where a half-scale decode still covers the resize: 64x80 at
     32 px decodes at 32x40, 63x80 (under twice) at full scale, with either JPEG decoder."""
     draft = FastTransform(32, draft=True)
     for (width, height), decoded in (((64, 80), (40, 32)), ((63, 80), (80, 63)), ((200, 64), (32, 100))):
         pixels, full_size = draft.decode(encode(noise_image(width, height), "JPEG", quality=90))
         assert full_size == (width, height) and tuple(pixels.shape[-2:]) == decoded, (width, height)
+    # where a reduced decode cannot help, fast-draft gives fast's pixels
+    small_jpeg = cartoon_jpeg(seed=4, width=500, height=400)  # under 2x the target
+    png = encode(noise_image(700, 650), "PNG")  # not a JPEG
+    fast = make_image_transform("fast", 294, CLIP_MEAN, CLIP_STD)
+    draft = make_image_transform("fast-draft", 294, CLIP_MEAN, CLIP_STD)
+    for value in (small_jpeg, png):
+        assert torch.equal(fast(value), draft(value)), "fast-draft differs from fast where draft cannot help"
 
 
-def test_an_image_size_of_one_pixel_is_allowed():
-    for pipeline in IMAGE_PIPELINES:
-        out = make_image_transform(pipeline, 1, CLIP_MEAN, CLIP_STD)(encode(noise_image(5, 4), "PNG"))
-        assert tuple(out.shape) == (3, 1, 1), pipeline
-
-
-def test_resize_and_crop_rejects_a_size_that_is_no_eighths_scale():
+def test_a_size_that_is_no_eighths_scale_is_refused_and_named_with_the_full_size():
+    with pytest.raises(ValueError, match=r"^a 500x375 image is no M/8 scale \(M = 1\.\.8\) of a 1000x800 one$"):
+        decoded_scale_eighths((1000, 800), (500, 375))
     with pytest.raises(ValueError, match="100x100 image is no M/8 scale"):
         resize_and_crop(torch.zeros(3, 100, 100, dtype=torch.uint8), 31, full_size=(1000, 1000))
     with pytest.raises(ValueError, match="no M/8 scale"):  # width at 3/8, height at 1/2: no common M
@@ -304,11 +271,8 @@ def test_resize_and_crop_rejects_a_size_that_is_no_eighths_scale():
 
 @pytest.mark.parametrize("size", [(61, 47), (76, 47), (47, 76), (65, 33), (34, 97)])
 def test_fast_keeps_exact_geometry_on_odd_sizes(size):
-    """Sharp 1-pixel stripes; crop offsets x.5 round half to even (61x47: 4.5 -> 4, 76x47: 9.5 -> 10).
-
-    Against upstream clamped to 0..1 (uint8 output cannot overshoot), exact geometry stays
-    near 1/255 on this worst-case pattern, while a one-pixel shift costs about 25/255.
-    """
+    """Sharp 1-pixel stripes; crop offsets x.5 round half to even (61x47: 4.5 -> 4, 76x47: 9.5 -> 10). Against
+    upstream clamped to 0..1 (uint8 cannot overshoot) exact geometry stays near 1/255, a one-pixel shift ~25/255."""
     width, height = size
     pixels = np.full((height, width, 3), 255, dtype=np.uint8)
     pixels[::3, :, :] = 0
@@ -319,9 +283,7 @@ def test_fast_keeps_exact_geometry_on_odd_sizes(size):
     assert (fast - upstream).abs().mean().item() <= 2 / 255
 
 
-# ----------------------------------------------------------------------------------------
-# Every mode, format and shape through every pipeline
-# ----------------------------------------------------------------------------------------
+# ---- Every mode, format and shape through every pipeline ----
 
 
 def image_in_mode(mode: str) -> Image.Image:
@@ -340,39 +302,27 @@ def image_in_mode(mode: str) -> Image.Image:
     return base.convert(mode)
 
 
-ALL_MODES = [
-    "1",
-    "L",
-    "LA",
-    "La",
-    "P",
-    "P+transparency",
-    "PA",
-    "RGB",
-    "RGBA",
-    "RGBa",
-    "RGBX",
-    "CMYK",
-    "YCbCr",
-    "HSV",
-    "I",
-    "I;16",
-    "I;16B",
-    "F",
-]
+ALL_MODES = "1 L LA La P P+transparency PA RGB RGBA RGBa RGBX CMYK YCbCr HSV I I;16 I;16B F".split()
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_every_pil_mode_gives_three_channels(pipeline):
+def test_every_pil_mode_extreme_shape_and_a_one_pixel_size_give_three_channels_and_transforms_pickle(pipeline):
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
+    data = encode(noise_image(40, 30), "JPEG")
+    assert torch.equal(pickle.loads(pickle.dumps(transform))(data), transform(data)), "the transform survives pickling"
     for mode in ALL_MODES:
         out = transform(image_in_mode(mode))
         assert out.shape == (3, 16, 16), mode
         assert out.dtype == (torch.float32 if pipeline == "upstream" else torch.uint8), mode
+    transform = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)
+    for size in [(10, 7), (2000, 20), (5, 900), (32, 32)]:
+        assert transform(encode(noise_image(*size), "JPEG")).shape == (3, 32, 32), size
+    out = make_image_transform(pipeline, 1, CLIP_MEAN, CLIP_STD)(encode(noise_image(5, 4), "PNG"))
+    assert tuple(out.shape) == (3, 1, 1), "an image size of one pixel"
 
 
 @pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path, jpeg_decoders):
+def test_files_of_every_savable_mode_load_and_a_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
     transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
     encoded = {
         f"png-{m}": encode(image_in_mode(m), "PNG") for m in ("1", "L", "LA", "P", "P+transparency", "RGBA", "I;16")
@@ -384,32 +334,26 @@ def test_png_and_jpeg_files_of_every_savable_mode(pipeline, tmp_path, jpeg_decod
         path.write_bytes(data)
         for value in (data, str(path), path, {"bytes": data, "path": None}, {"bytes": None, "path": str(path)}):
             assert transform(value).shape == (3, 16, 16), (name, type(value))
+    truncated = cartoon_jpeg(seed=1, width=200, height=150)[:300]
+    (tmp_path / "broken.jpg").write_bytes(truncated)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        transform(str(tmp_path / "broken.jpg"))
+    with pytest.raises(ValueError, match="embedded bytes"):
+        transform({"bytes": truncated, "path": None})
 
 
-@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-@pytest.mark.parametrize("size", [(10, 7), (2000, 20), (5, 900), (32, 32)])
-def test_small_and_extreme_shapes(pipeline, size):
-    data = encode(noise_image(*size), "JPEG")
-    out = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)(data)
-    assert out.shape == (3, 32, 32)
-
-
-def test_upstream_is_torchvision_float_math():
+def test_upstream_is_torchvision_float_math_and_keeps_palette_images_in_colour():
     img = noise_image(50, 40)
-    expected = torch.nn.Sequential(
-        Resize([24], interpolation=InterpolationMode.BICUBIC, antialias=True),
-        CenterCrop(24),
-        Normalize(CLIP_MEAN, CLIP_STD),
-    )(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
+    expected = upstream_steps(24)(torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255)
     assert torch.equal(make_image_transform("upstream", 24, CLIP_MEAN, CLIP_STD)(img), expected)
+    out = make_image_transform("upstream", 32, (0, 0, 0), (1, 1, 1))(noise_image(80, 60).quantize(16))
+    assert not torch.equal(out[0], out[1])  # upstream's grey conversion would make the channels equal
 
 
-# ----------------------------------------------------------------------------------------
-# to_rgb and load_image
-# ----------------------------------------------------------------------------------------
+# ---- to_rgb and load_image ----
 
 
-def test_alpha_is_composited_on_white():
+def test_alpha_and_transparent_colours_are_composited_on_white():
     rgba = Image.new("RGBA", (2, 1), (10, 20, 30, 255))
     rgba.putpixel((1, 0), (10, 20, 30, 0))
     assert to_rgb(rgba).getpixel((0, 0)) == (10, 20, 30)
@@ -418,6 +362,12 @@ def test_alpha_is_composited_on_white():
     palette.putpixel((1, 0), 1)
     palette.info["transparency"] = 1
     assert to_rgb(palette).getpixel((1, 0)) == (255, 255, 255)
+    img = Image.new("RGB", (2, 1), (0, 0, 0))
+    img.putpixel((1, 0), (200, 10, 10))
+    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
+    assert np.asarray(to_rgb(img)).tolist() == [[[255, 255, 255], [200, 10, 10]]]
+    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
+    assert to_rgb(opaque) is opaque  # nothing to do
 
 
 def test_high_bit_modes_are_scaled_not_clipped():
@@ -430,13 +380,10 @@ def test_high_bit_modes_are_scaled_not_clipped():
     assert [to_rgb(beyond).getpixel((x, 0))[0] for x in range(2)] == [255, 0]
 
 
-def test_load_image_prefers_embedded_bytes_over_path():
+def test_image_values_name_their_source_in_errors_and_labels_and_embedded_bytes_win_over_a_path(tmp_path):
     data = encode(noise_image(8, 6), "PNG")
     img = load_image({"bytes": data, "path": "/nonexistent/original.png"})
     assert img.mode == "RGB" and img.size == (8, 6)
-
-
-def test_load_errors_name_the_source(tmp_path):
     missing = tmp_path / "missing.jpg"
     with pytest.raises(ValueError, match="missing.jpg"):
         load_image(str(missing))
@@ -448,19 +395,13 @@ def test_load_errors_name_the_source(tmp_path):
         load_image({"bytes": None, "path": None})
     with pytest.raises(ValueError, match="unsupported image value"):
         load_image(42)
-
-
-def test_each_kind_of_image_value_names_where_its_bytes_came_from(tmp_path):
+    # what encoded_image_bytes reads of each kind of value, and where it says the bytes came from
     path = tmp_path / "cat.jpg"
     path.write_bytes(b"on disk")
     labelled = {
-        "dict with bytes and path": (
-            {"bytes": b"inline", "path": "cat.jpg"},
-            b"inline",
-            "embedded bytes (of 'cat.jpg')",
-        ),
-        "dict with bytes only": ({"bytes": b"inline", "path": ""}, b"inline", "embedded bytes"),
-        "dict with empty bytes": ({"bytes": b"", "path": str(path)}, b"on disk", repr(str(path))),
+        "dict: bytes and path": ({"bytes": b"inline", "path": "cat.jpg"}, b"inline", "embedded bytes (of 'cat.jpg')"),
+        "dict: bytes only": ({"bytes": b"inline", "path": ""}, b"inline", "embedded bytes"),
+        "dict: empty bytes": ({"bytes": b"", "path": str(path)}, b"on disk", repr(str(path))),
         "path": (str(path), b"on disk", repr(str(path))),
         "PathLike": (path, b"on disk", repr(str(path))),
         "raw bytes": (bytearray(b"raw"), b"raw", "embedded bytes"),
@@ -471,21 +412,7 @@ def test_each_kind_of_image_value_names_where_its_bytes_came_from(tmp_path):
     assert images.image_source(noise_image(2, 2)) is None and images.image_source(42) is None
 
 
-@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_corrupt_jpeg_raises_value_error(pipeline, tmp_path, jpeg_decoders):
-    truncated = cartoon_jpeg(seed=1, width=200, height=150)[:300]
-    path = tmp_path / "broken.jpg"
-    path.write_bytes(truncated)
-    transform = make_image_transform(pipeline, 32, CLIP_MEAN, CLIP_STD)
-    with pytest.raises(ValueError, match="broken.jpg"):
-        transform(str(path))
-    with pytest.raises(ValueError, match="embedded bytes"):
-        transform({"bytes": truncated, "path": None})
-
-
-# ----------------------------------------------------------------------------------------
-# Pipeline names, device normalisation, pickling
-# ----------------------------------------------------------------------------------------
+# ---- Pipeline names, device normalisation ----
 
 
 def test_pipeline_names():
@@ -506,16 +433,7 @@ def test_normalize_on_device_matches_torchvision_normalize():
     assert torch.equal(already_float, batch.float())  # the input is never normalised in place
 
 
-@pytest.mark.parametrize("pipeline", IMAGE_PIPELINES)
-def test_transforms_survive_pickling(pipeline):
-    data = encode(noise_image(40, 30), "JPEG")
-    transform = make_image_transform(pipeline, 16, CLIP_MEAN, CLIP_STD)
-    assert torch.equal(pickle.loads(pickle.dumps(transform))(data), transform(data))
-
-
-# ----------------------------------------------------------------------------------------
-# EXIF orientation, and upstream's pixels per kind of source
-# ----------------------------------------------------------------------------------------
+# ---- EXIF orientation, and upstream's pixels per kind of source ----
 
 
 def with_orientation(img: Image.Image, orientation: int, fmt: str = "JPEG") -> bytes:
@@ -525,8 +443,6 @@ def with_orientation(img: Image.Image, orientation: int, fmt: str = "JPEG") -> b
 
 
 def cartoon(width: int, height: int, seed: int = 3) -> Image.Image:
-    from bridgetower_bench.tools.cartoons import draw_cartoon
-
     return draw_cartoon(np.random.default_rng(seed), width, height)[0].convert("RGB")
 
 
@@ -537,36 +453,32 @@ def datasets_decoded(data: bytes) -> Image.Image:
     return datasets.Image().decode_example({"bytes": data, "path": None})
 
 
-def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
-    """Upstream's route for a PIL image, written out: 1-band -> grey x3, to_tensor, float resize, crop, normalise."""
-    from torchvision.transforms import ConvertImageDtype
-    from torchvision.transforms.functional import to_grayscale, to_tensor
-
-    if len(img.getbands()) == 1:
-        img = to_grayscale(img, num_output_channels=3)
-    steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC),
+def upstream_steps(size: int) -> torch.nn.Sequential:
+    """Upstream's torchvision steps after decoding: resize, centre crop, to float, normalise."""
+    return torch.nn.Sequential(
+        Resize([size], interpolation=InterpolationMode.BICUBIC, antialias=True),
         CenterCrop(size),
         ConvertImageDtype(torch.float),
         Normalize(CLIP_MEAN, CLIP_STD),
     )
-    return steps(to_tensor(img))
+
+
+def upstream_math_for_pil(img: Image.Image, size: int) -> torch.Tensor:
+    """Upstream's route for a PIL image, written out: 1-band -> grey x3, to_tensor, float resize, crop, normalise."""
+    from torchvision.transforms.functional import to_grayscale, to_tensor
+
+    if len(img.getbands()) == 1:
+        img = to_grayscale(img, num_output_channels=3)
+    return upstream_steps(size)(to_tensor(img))
 
 
 def upstream_math_for_file(path: str, size: int, apply_exif_orientation: bool = False) -> torch.Tensor:
     """Upstream's route for a path string, written out: read_image RGB (uint8), uint8 resize, crop, float, normalise."""
     from torchvision.io import ImageReadMode, read_image
-    from torchvision.transforms import ConvertImageDtype
 
     pixels = read_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=apply_exif_orientation)
     assert pixels.dtype == torch.uint8
-    steps = torch.nn.Sequential(
-        Resize([size], interpolation=InterpolationMode.BICUBIC),
-        CenterCrop(size),
-        ConvertImageDtype(torch.float),
-        Normalize(CLIP_MEAN, CLIP_STD),
-    )
-    return steps(pixels)
+    return upstream_steps(size)(pixels)
 
 
 UPSTREAM_SOURCES = {
@@ -597,17 +509,13 @@ def test_upstream_pipeline_gives_upstreams_pixels_for_every_source(kind, tmp_pat
         assert not torch.equal(transform(str(path)), upstream_math_for_file(str(path), size))
 
 
-def test_upstream_keeps_palette_images_in_colour():
-    img = noise_image(80, 60).quantize(16)
-    out = make_image_transform("upstream", 32, (0, 0, 0), (1, 1, 1))(img)
-    assert not torch.equal(out[0], out[1])  # upstream's grey conversion would make the channels equal
-
-
 @pytest.mark.parametrize("orientation", range(1, 9))
-def test_fast_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders):
+def test_upright_tensor_and_fast_turn_exif_rotated_images_upright_like_pil(orientation, jpeg_decoders):
+    png = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
+    expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(png))))
+    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(png)))).permute(2, 0, 1)
+    assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
     data = with_orientation(cartoon(230, 170), orientation)
-    from PIL import ImageOps
-
     expected = FastTransform(64)(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
     assert expected.shape == (3, 64, 64)
     assert torch.equal(FastTransform(64)(data), expected)
@@ -629,9 +537,7 @@ def test_fast_draft_turns_exif_rotated_jpegs_upright(orientation, jpeg_decoders)
 def test_jpeg_orientation_reads_headers_like_pil():
     plain = encode(noise_image(60, 40), "JPEG")
     assert not images.jpeg_has_exif(plain) and images.jpeg_orientation(plain) is None
-    icc_first = encode(
-        noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif()
-    )  # EXIF without the tag
+    icc_first = encode(noise_image(60, 40), "JPEG", icc_profile=b"x" * 70000, exif=Image.Exif())  # EXIF, no tag
     assert images.jpeg_has_exif(icc_first) and images.jpeg_orientation(icc_first) is None
     for orientation in range(1, 9):
         data = with_orientation(noise_image(60, 40), orientation)
@@ -639,36 +545,11 @@ def test_jpeg_orientation_reads_headers_like_pil():
     assert images.jpeg_has_exif(b"\xff\xd8garbage")  # cannot walk it: left to PIL
 
 
-@pytest.mark.parametrize("orientation", range(1, 9))
-def test_upright_tensor_matches_pil_exif_transpose(orientation):
-    from PIL import ImageOps
-
-    data = with_orientation(noise_image(7, 5), orientation, fmt="PNG")
-    expected = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
-    stored = torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)
-    assert np.array_equal(images.upright_tensor(stored, orientation).permute(1, 2, 0).numpy(), expected)
-
-
-def test_an_rgb_image_with_a_transparent_colour_turns_white_there():
-    img = Image.new("RGB", (2, 1), (0, 0, 0))
-    img.putpixel((1, 0), (200, 10, 10))
-    img.info["transparency"] = (0, 0, 0)  # as PIL reads a PNG with a tRNS chunk
-    assert np.asarray(images.to_rgb(img)).tolist() == [[[255, 255, 255], [200, 10, 10]]]
-    opaque = Image.new("RGB", (2, 1), (0, 0, 0))
-    assert images.to_rgb(opaque) is opaque  # nothing to do
-
-
 @pytest.mark.parametrize("size", [0, -3, 2.5, "224"])
 @pytest.mark.parametrize("pipeline", ["upstream", "fast"])
 def test_an_image_size_that_is_no_positive_integer_is_refused(pipeline, size):
     with pytest.raises(ValueError, match="image_size must be a positive integer"):
         images.make_image_transform(pipeline, size, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-
-
-def test_the_recorded_jpeg_decoder_without_simplejpeg(monkeypatch):
-    monkeypatch.setattr(images, "simplejpeg", None)
-    assert images.jpeg_decoder() == "PIL"
-    assert images.jpeg_decoder(draft=True) == "PIL draft"
 
 
 def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refused():
@@ -683,36 +564,20 @@ def test_one_pixel_wide_or_high_images_have_a_geometry_and_empty_ones_are_refuse
 @pytest.mark.parametrize("height", [3, 1, 9])
 def test_a_cmyk_jpeg_of_any_height_has_the_colours_pil_converts_it_to(monkeypatch, height):
     monkeypatch.setattr(images, "simplejpeg", None)
-    buffer = io.BytesIO()
-    Image.new("CMYK", (12, height), (0, 120, 200, 30)).save(buffer, "JPEG", quality=95)
-    data = buffer.getvalue()
-    rgb = io.BytesIO()
-    Image.open(io.BytesIO(data)).convert("RGB").save(rgb, "PNG")
+    data = encode(Image.new("CMYK", (12, height), (0, 120, 200, 30)), "JPEG", quality=95)
+    rgb = encode(Image.open(io.BytesIO(data)).convert("RGB"), "PNG")
     transform = images.make_image_transform("fast", 4, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    assert torch.equal(transform(data), transform(rgb.getvalue()))
+    assert torch.equal(transform(data), transform(rgb))
 
 
 def test_image_fidelity_tool_writes_its_figures_and_refuses_a_place_it_cannot_write(tmp_path, capsys):
-    report = image_fidelity.main(
-        ["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fidelity.json")]
-    )
-
-    assert json.loads((tmp_path / "out" / "fidelity.json").read_text()) == report
-    assert set(report["fast_vs_upstream"]) == {
-        "cartoons 800x650",
-        "cartoons 200x150",
-        "cartoons 100x80",
-        "cartoons 300x300",
-        "cartoons 400x296",
-        "photos 800x600",
-        "photos 300x300",
-        "line drawings 800x650",
-        "line drawings 300x300",
-    }
+    report = image_fidelity.main(["--images", "1", "--image-size", "32", "--json", str(tmp_path / "out" / "fig.json")])
+    assert json.loads((tmp_path / "out" / "fig.json").read_text()) == report
+    sets = ["cartoons 800x650", "cartoons 200x150", "cartoons 100x80", "cartoons 300x300", "cartoons 400x296"]
+    sets += ["photos 800x600", "photos 300x300", "line drawings 800x650", "line drawings 300x300"]
+    assert set(report["fast_vs_upstream"]) == set(sets)
     assert "line drawings 300x300     vs_uint8_kernel" in capsys.readouterr().out
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(
-        image_fidelity.tool_paths.UserInputError,
-        match="--json=.*a-file/fidelity.json: cannot create the file: .*a-file is a file",
-    ):
+    refused = "--json=.*a-file/fidelity.json: cannot create the file: .*a-file is a file"
+    with pytest.raises(image_fidelity.tool_paths.UserInputError, match=refused):
         image_fidelity.main(["--images", "1", "--json", str(tmp_path / "a-file" / "fidelity.json")])

@@ -6,22 +6,16 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench.images.jpeg_headers import read_jpeg_header
+from helpers import encode
 
 
 def jpeg(mode="RGB", size=(24, 16), **save):
-    buffer = io.BytesIO()
-    Image.new(mode, size, 128 if mode == "L" else None).save(buffer, format="JPEG", **save)
-    return buffer.getvalue()
+    return encode(Image.new(mode, size, 128 if mode == "L" else None), "JPEG", **save)
 
 
 @pytest.mark.parametrize(
     "mode, options, marker, components",
-    [
-        ("RGB", {}, 0xC0, 3),
-        ("RGB", {"progressive": True}, 0xC2, 3),
-        ("L", {}, 0xC0, 1),
-        ("CMYK", {}, 0xC0, 4),
-    ],
+    [("RGB", {}, 0xC0, 3), ("RGB", {"progressive": True}, 0xC2, 3), ("L", {}, 0xC0, 1), ("CMYK", {}, 0xC0, 4)],
 )
 def test_the_frame_header_says_how_the_file_is_coded(mode, options, marker, components):
     header = read_jpeg_header(jpeg(mode, **options))
@@ -39,15 +33,9 @@ def test_an_exif_block_is_seen_and_pillow_agrees_on_the_orientation():
     assert Image.open(io.BytesIO(data)).getexif()[0x0112] == 6
 
 
+# nothing, a PNG, a bare start marker, garbage after it, a scan before any frame
 @pytest.mark.parametrize(
-    "data",
-    [
-        b"",
-        b"\x89PNG\r\n\x1a\n",
-        b"\xff\xd8",
-        b"\xff\xd8garbage",
-        b"\xff\xd8\xff\xda\x00\x02",  # a scan first
-    ],
+    "data", [b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8", b"\xff\xd8garbage", b"\xff\xd8\xff\xda\x00\x02"]
 )
 def test_no_header_when_there_is_no_readable_frame(data):
     assert read_jpeg_header(data) is None

@@ -1,18 +1,15 @@
 """The CPU emulation of the HPU decoder's geometry, and the figure the README's differences table quotes."""
 
-import io
-
 import numpy as np
 import pytest
 from PIL import Image
 
 import mediapipe_geometry as mg
+from helpers import encode
 
 
 def jpeg(img):
-    out = io.BytesIO()
-    img.save(out, format="JPEG", quality=95)
-    return {"bytes": out.getvalue(), "path": None}
+    return {"bytes": encode(img, "JPEG", quality=95), "path": None}
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,10 @@
 """The Gaudi media-pipeline loader's CPU-testable parts, plus its wiring against a fake Habana API.
 
-Its modules: which loader runs (mediapipe_availability), the image files (mediapipe_image_files), the
-inputs on a data set (mediapipe_inputs), the graph (mediapipe_graph), the loader (mediapipe_dataloader)
-and the trainer mixin (mediapipe_trainer). The fake (``fake_habana``) stands in for
-habana_frameworks.mediapipe/torch with the API names mediapipe/graph.py documents; its "device" decodes
-a solid-colour JPEG to its mean colour, so the tests can check that decoded images, tokens and rows stay
-aligned and are normalised with the right constants.
+The fake (``fake_habana``) has the API names mediapipe/graph.py documents; its "device" decodes a solid-colour
+JPEG to its mean colour, so the tests can check that images, tokens and rows stay aligned and normalised right.
 """
 
+import gc
 import importlib.machinery
 import importlib.util
 import io
@@ -15,14 +12,16 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import datasets
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
 from bridgetower_bench.images.images import to_rgb
@@ -46,9 +45,7 @@ MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-# ----------------------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------------------
+# ---- helpers ----
 
 
 def solid_jpeg(colour, size=(20, 14)) -> bytes:
@@ -61,11 +58,6 @@ def image_dataset(values, **columns) -> datasets.Dataset:
     features = {"image": datasets.Image(decode=False)}
     features.update({name: datasets.Sequence(datasets.Value("int32")) for name in columns})
     return datasets.Dataset.from_dict({"image": rows, **columns}, features=datasets.Features(features))
-
-
-def token_columns(n):
-    ids = [[row * 100 + j for j in range(SEQ_LEN)] for row in range(n)]
-    return {"input_ids": ids, "attention_mask": [[1] * SEQ_LEN for _ in range(n)]}
 
 
 def make_reader(n=10, sampler=None, batch_size=4, drop_last=False):
@@ -91,34 +83,28 @@ def stats(directory):
     }
 
 
-# ----------------------------------------------------------------------------------------
-# SamplerBatchReader
-# ----------------------------------------------------------------------------------------
+# ---- SamplerBatchReader ----
 
 
-def test_reader_follows_sequential_sampler_and_keeps_last_partial_batch():
-    reader = make_reader(n=10, batch_size=4)
+@pytest.mark.parametrize(
+    "drop_last, expected", [(False, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]), (True, [[0, 1, 2, 3], [4, 5, 6, 7]])]
+)
+def test_reader_follows_sequential_sampler_and_keeps_or_drops_last_partial_batch(drop_last, expected):
+    reader = make_reader(n=10, batch_size=4, drop_last=drop_last)
     batches = list(reader)
-    assert [rows_of(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert len(reader) == 3
+    assert [rows_of(b) for b in batches] == expected
+    assert len(reader) == len(expected)
     for paths, ids, mask in batches:
         assert ids.dtype == np.int64 and mask.dtype == np.int64
         assert ids.shape == mask.shape == (len(paths), SEQ_LEN)
 
 
-def test_reader_drop_last_drops_partial_batch():
-    reader = make_reader(n=10, batch_size=4, drop_last=True)
-    assert [rows_of(b) for b in reader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert len(reader) == 2
-
-
 def test_reader_follows_random_sampler_order():
-    expected = list(RandomSampler(range(10), generator=torch.Generator().manual_seed(7)))
-    reader = make_reader(
-        n=10, batch_size=3, sampler=RandomSampler(range(10), generator=torch.Generator().manual_seed(7))
-    )
-    rows = [row for batch in reader for row in rows_of(batch)]
-    assert rows == expected
+    def sampler():
+        return RandomSampler(range(10), generator=torch.Generator().manual_seed(7))
+
+    rows = [row for batch in make_reader(n=10, batch_size=3, sampler=sampler()) for row in rows_of(batch)]
+    assert rows == list(sampler())
     assert rows != sorted(rows)
 
 
@@ -144,13 +130,11 @@ def test_reader_rejects_mismatched_inputs():
         make_reader(batch_size=0)
 
 
-# ----------------------------------------------------------------------------------------
-# materialise_images
-# ----------------------------------------------------------------------------------------
+# ---- materialise_images ----
 
 
-def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
-    red, blue = solid_jpeg((200, 30, 30)), solid_jpeg((30, 30, 200))
+def test_embedded_bytes_become_one_file_per_distinct_image_and_baseline_colour_jpegs_are_copied_as_they_are(tmp_path):
+    red, blue = solid_jpeg((200, 30, 30)), encode(Image.new("RGB", (16, 12), (30, 30, 200)), "JPEG", quality=90)
     # paths like the New Yorker parquet's: names that are not files on disk
     ds = image_dataset([{"bytes": b, "path": "cartoon.jpg"} for b in (red, blue, red, red, blue)])
     paths = materialise_images(ds, "image", str(tmp_path), "fp1")
@@ -160,21 +144,7 @@ def test_embedded_bytes_become_one_file_per_distinct_image(tmp_path):
     assert sorted(os.listdir(tmp_path / "fp1")) == sorted(
         [os.path.basename(paths[0]), os.path.basename(paths[1]), MANIFEST_NAME]
     )
-    with open(paths[0], "rb") as handle:
-        assert handle.read() == red  # baseline JPEG copied as it is
-
-
-def test_second_run_reads_and_writes_nothing(tmp_path, monkeypatch):
-    ds = image_dataset([solid_jpeg((10, 200, 10)), encode(Image.new("RGB", (9, 9), "white"), "PNG")])
-    first = materialise_images(ds, "image", str(tmp_path), "fp")
-    before = stats(tmp_path / "fp")
-
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("a finished cache was rebuilt")
-
-    monkeypatch.setattr(_ImageStore, "store_all", must_not_run)
-    assert materialise_images(ds, "image", str(tmp_path), "fp") == first
-    assert stats(tmp_path / "fp") == before
+    assert Path(paths[0]).read_bytes() == red and Path(paths[1]).read_bytes() == blue
 
 
 def _cases():
@@ -200,8 +170,7 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
     assert not is_decoder_ready_jpeg(original)
     (path,) = materialise_images(image_dataset([original]), "image", str(tmp_path), "fp")
 
-    with open(path, "rb") as handle:
-        written = handle.read()
+    written = Path(path).read_bytes()
     assert is_decoder_ready_jpeg(written)
     decoded = Image.open(io.BytesIO(written))
     assert decoded.format == "JPEG" and decoded.mode == "RGB"
@@ -212,8 +181,6 @@ def test_images_the_decoder_cannot_take_are_transcoded_to_rgb_jpeg(tmp_path, cas
 
 @pytest.mark.parametrize("as_path", [False, True])
 def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
-    from PIL import ImageOps
-
     exif = Image.Exif()
     exif[0x0112] = 6
     sideways = Image.fromarray(np.repeat(np.arange(20, dtype=np.uint8)[None, :] * 12, 12, axis=0)).convert("RGB")
@@ -228,20 +195,12 @@ def test_exif_rotated_jpegs_are_written_upright(tmp_path, as_path):
     (path,) = materialise_images(ds, "image", str(tmp_path / "cache"), "fp")
 
     assert os.path.dirname(path) == str(tmp_path / "cache" / "fp")
-    with open(path, "rb") as handle:
-        written = handle.read()
+    written = Path(path).read_bytes()
     assert is_decoder_ready_jpeg(written)
     expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original))), dtype=np.float64)
     decoded = np.asarray(Image.open(io.BytesIO(written)), dtype=np.float64)
     assert decoded.shape == expected.shape == (20, 12, 3)
     assert np.abs(decoded - expected).mean() < 3
-
-
-def test_baseline_colour_jpeg_is_copied_as_it_is(tmp_path):
-    colour = encode(Image.new("RGB", (16, 12), (90, 40, 10)), "JPEG", quality=90)
-    (path,) = materialise_images(image_dataset([colour]), "image", str(tmp_path), "fp")
-    with open(path, "rb") as handle:
-        assert handle.read() == colour
 
 
 def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_path):
@@ -259,7 +218,7 @@ def test_cache_of_the_previous_version_with_a_grey_jpeg_is_rebuilt_in_rgb(tmp_pa
     assert Image.open(again[0]).mode == "RGB" and is_decoder_ready_jpeg(open(again[0], "rb").read())
 
 
-def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
+def test_path_values_use_existing_jpeg_files_in_place_and_an_unknown_column_is_a_clear_error(tmp_path):
     jpeg_file, png_file = tmp_path / "photo.jpg", tmp_path / "drawing.png"
     jpeg_file.write_bytes(solid_jpeg((1, 2, 3)))
     png_file.write_bytes(encode(Image.new("RGB", (8, 8), (9, 9, 9)), "PNG"))
@@ -269,6 +228,8 @@ def test_path_values_use_existing_jpeg_files_in_place(tmp_path):
     assert paths[0] == paths[2] == str(jpeg_file)
     assert os.path.dirname(paths[1]) == str(tmp_path / "cache" / "fp")
     assert Image.open(paths[1]).format == "JPEG"
+    with pytest.raises(ValueError, match="--image_column=picture"):
+        materialise_images(ds, "picture", str(tmp_path / "cache"), "fp")
 
 
 @pytest.mark.parametrize("string_column", [False, True])
@@ -285,11 +246,20 @@ def test_missing_image_file_names_row_and_path(tmp_path, string_column):
     assert missing in str(error.value)
 
 
-def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
+def test_a_rerun_writes_nothing_and_a_killed_build_is_completed_without_redoing_finished_files(tmp_path, monkeypatch):
     images = [solid_jpeg((200, 0, 0)), encode(Image.new("RGBA", (8, 8), (0, 0, 255, 255)), "PNG")]
     ds = image_dataset(images)
     first = materialise_images(ds, "image", str(tmp_path), "fp")
     out_dir = tmp_path / "fp"
+    before = stats(out_dir)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished cache was rebuilt")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_ImageStore, "store_all", must_not_run)
+        assert materialise_images(ds, "image", str(tmp_path), "fp") == first
+    assert stats(out_dir) == before, "a second run over a finished cache reads and writes nothing"
     # The state a build killed mid-way leaves: no manifest, one file not yet renamed into place.
     os.remove(out_dir / MANIFEST_NAME)
     os.remove(first[1])
@@ -309,14 +279,7 @@ def test_killed_build_is_completed_without_redoing_finished_files(tmp_path):
     assert (out_dir / MANIFEST_NAME).exists()
 
 
-def test_unknown_column_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="--image_column=picture"):
-        materialise_images(image_dataset([solid_jpeg((1, 1, 1))]), "picture", str(tmp_path), "fp")
-
-
-# ----------------------------------------------------------------------------------------
-# availability on this (non-Gaudi) machine
-# ----------------------------------------------------------------------------------------
+# ---- availability on this (non-Gaudi) machine ----
 
 
 @pytest.mark.skipif(
@@ -334,9 +297,7 @@ def test_unavailable_here_with_a_reason_and_torch_loader_recorded():
         MediaPipeDataLoader(object(), SequentialSampler(range(1)), 1)
 
 
-# ----------------------------------------------------------------------------------------
-# a fake Habana stack, with the API names mediapipe/graph.py documents
-# ----------------------------------------------------------------------------------------
+# ---- a fake Habana stack, with the API names mediapipe/graph.py documents ----
 
 
 class FakeOp:
@@ -381,11 +342,9 @@ class FakeIterator:
         self.batch_size = mediapipe.settings["batch_size"]
         self.outputs = mediapipe.definegraph()
         self.reader_op = next(node[1] for node in self.outputs if node[0] == "reader")
-        kwargs = self.reader_op.kwargs
-        self.reader = kwargs["impl"](
-            {"priv_params": kwargs["priv_params"]}, SimpleNamespace(batch_size=self.batch_size)
-        )
-        assert len(self.reader.gen_output_info()) == kwargs["num_outputs"]
+        kw = self.reader_op.kwargs
+        self.reader = kw["impl"]({"priv_params": kw["priv_params"]}, SimpleNamespace(batch_size=self.batch_size))
+        assert len(self.reader.gen_output_info()) == kw["num_outputs"]
         assert os.path.isfile(self.reader.get_largest_file())
 
     def __iter__(self):
@@ -488,7 +447,8 @@ COLOURS = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 128), (250, 2
 
 
 def attached_dataset(tmp_path, image_size=8):
-    ds = image_dataset([solid_jpeg(c) for c in COLOURS], **token_columns(len(COLOURS)))
+    ids = [[row * 100 + j for j in range(SEQ_LEN)] for row in range(len(COLOURS))]  # row r's tokens: r * 100 + j
+    ds = image_dataset([solid_jpeg(c) for c in COLOURS], input_ids=ids, attention_mask=[[1] * SEQ_LEN] * len(COLOURS))
     paths = materialise_images(ds, "image", str(tmp_path), ds._fingerprint)
     attach_mediapipe_inputs(ds, paths, image_size, MEAN, STD)
     return ds
@@ -498,7 +458,12 @@ def rows_of_batch(batch):
     return [int(i) // 100 for i in batch["input_ids"][:, 0]]
 
 
-def test_loader_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
+def test_loader_needs_attached_padded_inputs_and_yields_normalised_images_aligned_with_tokens(fake_habana, tmp_path):
+    with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
+        MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
+    ragged = image_dataset([solid_jpeg((1, 1, 1))] * 2, input_ids=[[1, 2], [3]], attention_mask=[[1, 1], [1]])
+    with pytest.raises(ValueError, match="padding='max_length'"):
+        attach_mediapipe_inputs(ragged, ["a.jpg", "b.jpg"], 8, MEAN, STD)
     ds = attached_dataset(tmp_path, image_size=8)
     loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3, num_workers=2)
 
@@ -525,27 +490,21 @@ def test_prefetch_depth_follows_workers_within_habanas_documented_range(fake_hab
     assert pipe.settings["prefetch_depth"] == depth
 
 
-def test_closed_loader_has_released_its_pipeline_and_refuses_to_iterate(fake_habana, tmp_path):
+def test_closed_or_dropped_loader_releases_its_pipeline_and_a_closed_one_refuses_to_iterate(fake_habana, tmp_path):
     ds = attached_dataset(tmp_path)
     loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
     assert len(list(loader)) == 3 and FakeMediaPipe.counts() == (1, 0)
     loader.close()
     loader.close()
-    (pipe,) = FakeMediaPipe.created
-    assert pipe.calls == ["del_iter", "close"]  # once, device memory first
+    assert FakeMediaPipe.created[0].calls == ["del_iter", "close"]  # once, device memory first
     with pytest.raises(RuntimeError, match="closed"):
         list(loader)
 
-
-def test_dropped_loader_releases_its_pipeline(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    loader = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
-    list(loader)
-    del loader
-    import gc
-
+    dropped = MediaPipeDataLoader(ds, SequentialSampler(ds), 3)
+    list(dropped)
+    del dropped
     gc.collect()
-    assert FakeMediaPipe.counts() == (1, 1)
+    assert FakeMediaPipe.counts() == (2, 2), "a dropped loader releases its pipeline"
 
 
 def test_pipelines_left_open_are_released_at_process_exit(tmp_path):
@@ -567,17 +526,6 @@ print("exiting", flush=True)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[-2:] == ["exiting", "closed bridgetower-mediapipe-0 after ['del_iter']"]
-
-
-def test_loader_needs_attached_inputs(fake_habana):
-    with pytest.raises(ValueError, match="attach_mediapipe_inputs"):
-        MediaPipeDataLoader(image_dataset([solid_jpeg((1, 1, 1))]), SequentialSampler(range(1)), 1)
-
-
-def test_attach_rejects_captions_of_different_lengths(tmp_path):
-    ds = image_dataset([solid_jpeg((1, 1, 1))] * 2, input_ids=[[1, 2], [3]], attention_mask=[[1, 1], [1]])
-    with pytest.raises(ValueError, match="padding='max_length'"):
-        attach_mediapipe_inputs(ds, ["a.jpg", "b.jpg"], 8, MEAN, STD)
 
 
 class FakeTrainerBase:
@@ -615,50 +563,40 @@ def trainer_args(**overrides):
     return SimpleNamespace(**args)
 
 
-def test_mixin_shards_training_across_ranks_with_full_batches(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    per_rank = []
-    for rank in (0, 1):
-        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds).get_train_dataloader()
-        loader.set_epoch(0)
-        batches = list(loader)
-        assert all(len(b["input_ids"]) == 3 for b in batches)
-        per_rank.append([row for b in batches for row in rows_of_batch(b)])
-    assert len(per_rank[0]) == len(per_rank[1])  # every rank runs the same number of steps
-    assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(COLOURS)))
-
-
-def test_mixin_sharded_evaluation_gathers_every_row_once(fake_habana, tmp_path):
-    ds = attached_dataset(tmp_path)
-    rounds = []
-    for rank in (0, 1):
-        loader = FakeTrainer(trainer_args(world_size=2, process_index=rank), eval_dataset=ds).get_eval_dataloader()
-        seen = []
-        for batch in loader:
-            state = loader.gradient_state
-            seen.append((rows_of_batch(batch), state.end_of_dataloader, state.remainder))
-        rounds.append(seen)
-    assert len(rounds[0]) == len(rounds[1])
-    gathered = []
-    for (rows0, end, remainder), (rows1, _, _) in zip(*rounds):
-        together = rows0 + rows1  # what gather_for_metrics concatenates, rank by rank
-        gathered += together[:remainder] if end and remainder > 0 else together
-    assert gathered == list(range(len(COLOURS)))
-
-
-def test_mixin_single_device_uses_the_trainers_sampler(fake_habana, tmp_path):
+def test_mixin_uses_the_trainers_sampler_on_one_device_and_shards_across_two_ranks(fake_habana, tmp_path):
+    """One device: the trainer's sampler, and a resumed run restarts the epoch. Two ranks: full training batches,
+    the same number of steps each, and an evaluation that gathers every row once."""
     ds = attached_dataset(tmp_path)
     trainer = FakeTrainer(trainer_args(), train_dataset=ds, eval_dataset=ds)
     train_rows = [row for b in trainer.get_train_dataloader() for row in rows_of_batch(b)]
     assert sorted(train_rows) == list(range(len(COLOURS)))
     eval_rows = [row for b in trainer.get_eval_dataloader() for row in rows_of_batch(b)]
     assert eval_rows == list(range(len(COLOURS)))
-
-
-def test_mixin_resume_restarts_the_epoch_instead_of_skipping_batches():
-    trainer = FakeTrainer(trainer_args())
     assert trainer.train(resume_from_checkpoint="out/checkpoint-10") == "out/checkpoint-10"
-    assert trainer.args.ignore_data_skip is True
+    assert trainer.args.ignore_data_skip is True, "a resumed run restarts the epoch instead of skipping batches"
+
+    per_rank, rounds = [], []
+    for rank in (0, 1):
+        trainer = FakeTrainer(trainer_args(world_size=2, process_index=rank), train_dataset=ds, eval_dataset=ds)
+        loader = trainer.get_train_dataloader()
+        loader.set_epoch(0)
+        batches = list(loader)
+        assert all(len(b["input_ids"]) == 3 for b in batches)
+        per_rank.append([row for b in batches for row in rows_of_batch(b)])
+        loader = trainer.get_eval_dataloader()
+        seen = []
+        for batch in loader:
+            state = loader.gradient_state
+            seen.append((rows_of_batch(batch), state.end_of_dataloader, state.remainder))
+        rounds.append(seen)
+    assert len(per_rank[0]) == len(per_rank[1])  # every rank runs the same number of steps
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(COLOURS)))
+    assert len(rounds[0]) == len(rounds[1])
+    gathered = []
+    for (rows0, end, remainder), (rows1, _, _) in zip(*rounds):
+        together = rows0 + rows1  # what gather_for_metrics concatenates, rank by rank
+        gathered += together[:remainder] if end and remainder > 0 else together
+    assert gathered == list(range(len(COLOURS)))
 
 
 class RowRecordingModel(torch.nn.Module):
@@ -733,15 +671,11 @@ def test_trainer_reuses_one_pipeline_per_data_set_and_releases_them(fake_habana,
     trainer.evaluate()  # a fresh one after the release
     assert FakeMediaPipe.counts() == (4, 3)
     del trainer
-    import gc
-
     gc.collect()
     assert FakeMediaPipe.counts() == (4, 4)
 
 
 def test_each_epochs_pipeline_restart_is_waited_for_in_that_epochs_first_step(fake_habana, tmp_path, monkeypatch):
-    import time
-
     restarted_after_step = []
     restart = FakeIterator.__iter__
 
