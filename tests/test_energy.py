@@ -17,6 +17,7 @@ from bridgetower_bench.measurement.energy import (
     integrate_power,
 )
 from bridgetower_bench.measurement.throughput import ThroughputCallback
+from helpers import slow_trainer
 
 
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
@@ -53,9 +54,13 @@ def fake_nvml(monkeypatch, trace, supported=True):
     return module
 
 
-def drive(callback, clock, steps, step_seconds, batch, poll=None):
-    """The Trainer's events for `steps` optimizer steps of `step_seconds` each; `poll(step)` runs before each step end."""
-    state = SimpleNamespace(global_step=0, max_steps=steps)
+def measured(meter, warmup, steps, batch=2, step_seconds=1.0, poll=None, max_steps=None, **options):
+    """The metrics of a ThroughputCallback (`options` its own) measuring `meter` through the Trainer's events for
+    `steps` optimizer steps of `step_seconds` each (of `max_steps`, by default all) on a stand-in clock;
+    `poll(step)` runs before each step end."""
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=warmup, clock=clock, energy=meter, **options)
+    state = SimpleNamespace(global_step=0, max_steps=max_steps or steps)
     callback.on_train_begin(CPU_ARGS, state, None)
     for step in range(1, steps + 1):
         callback.record_fetch(0.0, batch)
@@ -64,19 +69,20 @@ def drive(callback, clock, steps, step_seconds, batch, poll=None):
         if poll:
             poll(step)
         callback.on_step_end(CPU_ARGS, state, None)
+    return callback.metrics()
 
 
-def test_nvml_energy_is_the_counter_difference_over_exactly_the_counted_window(monkeypatch):
+def test_nvml_energy_is_the_counter_difference_read_after_the_device_caught_up_at_the_windows_ends(monkeypatch):
     # Readings: when the meter opens (before the window), at the end of warm-up step 2, at the last step.
-    nvml = fake_nvml(monkeypatch, [1_000_000, 1_050_000, 1_850_000])
-    clock = FakeClock()
+    nvml, events = fake_nvml(monkeypatch, [1_000_000, 1_050_000, 1_850_000]), []
+    read = nvml.nvmlDeviceGetTotalEnergyConsumption
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: events.append("read") or read(handle)
     meter = EnergyMeter.for_device(torch.device("cuda", 0))
-    callback = ThroughputCallback(warmup_steps=2, clock=clock, synchronize=lambda device: None, energy=meter)
 
-    drive(callback, clock, steps=10, step_seconds=0.5, batch=8)
-    metrics = callback.metrics()
+    metrics = measured(meter, 2, steps=10, batch=8, step_seconds=0.5, synchronize=lambda device: events.append("sync"))
 
     assert len(nvml.calls) == 3, "read when opened, at the window's start and at its end: no reading per step"
+    assert events == ["read", "sync", "read", "sync", "read"], "the device caught up before each end's reading"
     # 800 J over 8 counted steps of 0.5 s and 8 samples each
     assert metrics["energy_source"] == "nvml-energy"
     assert metrics["energy_joules"] == pytest.approx(800.0)
@@ -85,44 +91,14 @@ def test_nvml_energy_is_the_counter_difference_over_exactly_the_counted_window(m
     assert metrics["energy_seconds"] == pytest.approx(metrics["throughput_counted_seconds"])
 
 
-def test_the_counter_is_read_after_the_device_caught_up_at_both_ends(monkeypatch):
-    events = []
-    nvml = fake_nvml(monkeypatch, [0, 10_000, 30_000])
-    read = nvml.nvmlDeviceGetTotalEnergyConsumption
-    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: events.append("read") or read(handle)
-    clock = FakeClock()
-    callback = ThroughputCallback(
-        warmup_steps=1,
-        clock=clock,
-        synchronize=lambda device: events.append("sync"),
-        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
-    )
-
-    drive(callback, clock, steps=4, step_seconds=1.0, batch=2)
-
-    assert events == ["read", "sync", "read", "sync", "read"]
-    assert callback.metrics()["energy_joules"] == pytest.approx(20.0)
-
-
-def test_a_gpu_without_an_energy_counter_is_not_measured_and_says_why(monkeypatch):
+def test_a_gpu_without_an_energy_counter_or_without_nvidia_ml_py_is_not_measured_and_says_why(monkeypatch):
     fake_nvml(monkeypatch, [], supported=False)
-    clock = FakeClock()
-    callback = ThroughputCallback(
-        warmup_steps=1,
-        clock=clock,
-        synchronize=lambda device: None,
-        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
-    )
-    drive(callback, clock, steps=3, step_seconds=1.0, batch=2)
-
-    metrics = callback.metrics()
+    metrics = measured(EnergyMeter.for_device(torch.device("cuda", 0)), 1, steps=3, synchronize=lambda device: None)
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == "NVML has no energy counter for this GPU: Not Supported"
     assert metrics["train_samples_per_second"] == pytest.approx(2.0), "training and its figures go on"
     assert "energy_joules_per_sample" not in metrics
 
-
-def test_without_nvidia_ml_py_the_run_says_nvml_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     meter = EnergyMeter.for_device(torch.device("cuda", 0))
     meter.prepare()
@@ -279,19 +255,15 @@ def test_rapl_over_the_throughput_window_polls_every_counted_step(tmp_path, monk
     top = 100_000_000  # 100 J: it wraps inside the window
     powercap = FakePowercap(tmp_path, {"intel-rapl:0": ("package-0", top)})
     monkeypatch.setattr(energy, "POWERCAP_ROOT", str(tmp_path))
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=2, clock=clock, energy=EnergyMeter.for_device(torch.device("cpu")))
 
     # 30 J per step from step 0 on: the counter passes its 100 J top three times over the 8 counted steps
-    drive(
-        callback,
-        clock,
+    metrics = measured(
+        EnergyMeter.for_device(torch.device("cpu")),
+        2,
         steps=10,
-        step_seconds=1.0,
         batch=4,
         poll=lambda step: powercap.set("intel-rapl:0", (step * 30_000_000) % top),
     )
-    metrics = callback.metrics()
 
     assert metrics["energy_source"] == "rapl" and metrics["energy_domains"] == "package-0"
     assert metrics["energy_joules"] == pytest.approx(8 * 30.0)
@@ -342,35 +314,25 @@ class Counter:
     def stop(self):
         return self.value - self._start
 
+    def burn(self, joules):
+        self.value += joules
+
 
 def test_a_warmup_covering_every_step_has_no_window_to_measure():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=10, clock=clock, energy=EnergyMeter(Counter))
-    drive(callback, clock, steps=4, step_seconds=1.0, batch=2)
-    assert callback.metrics()["energy_reason"] == "the warm-up covers every step: no counted window"
+    metrics = measured(EnergyMeter(Counter), 10, steps=4)
+    assert metrics["energy_reason"] == "the warm-up covers every step: no counted window"
 
 
 def test_a_reader_failing_mid_window_never_stops_training_and_is_reported():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, energy=EnergyMeter(lambda: Counter(fail_at="poll")))
-    drive(callback, clock, steps=5, step_seconds=1.0, batch=2)
-    metrics = callback.metrics()
+    metrics = measured(EnergyMeter(lambda: Counter(fail_at="poll")), 1, steps=5)
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == "energy reading failed: OSError('device gone')"
     assert metrics["train_samples_per_second"] == pytest.approx(2.0)
 
 
 def test_a_run_that_ends_before_its_last_step_or_never_opens_the_window_says_so():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, energy=EnergyMeter(Counter))
-    state = SimpleNamespace(global_step=0, max_steps=10)  # stopped after 4 of 10 steps
-    callback.on_train_begin(CPU_ARGS, state, None)
-    for step in range(1, 5):
-        callback.record_fetch(0.0, 2)
-        clock.now += 1.0
-        state.global_step = step
-        callback.on_step_end(CPU_ARGS, state, None)
-    assert callback.metrics()["energy_reason"] == "the counted window did not end at the run's last step"
+    metrics = measured(EnergyMeter(Counter), 1, steps=4, max_steps=10)  # stopped after 4 of 10 steps
+    assert metrics["energy_reason"] == "the counted window did not end at the run's last step"
     assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
 
 
@@ -408,15 +370,9 @@ def test_the_power_sampler_never_keeps_a_dying_run_alive():
 
 
 def test_without_warmup_the_window_and_its_energy_start_with_training():
-    clock = FakeClock()
     counter = Counter()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, energy=EnergyMeter(lambda: counter))
-
-    def burn(step):
-        counter.value += 7.0
-
-    drive(callback, clock, steps=3, step_seconds=1.0, batch=1, poll=burn)
-    assert callback.metrics()["energy_joules"] == pytest.approx(21.0)
+    metrics = measured(EnergyMeter(lambda: counter), 0, steps=3, batch=1, poll=lambda step: counter.burn(7.0))
+    assert metrics["energy_joules"] == pytest.approx(21.0)
 
 
 # --- a real Trainer: the trainer extensions measure the training device over the counted window ------------------
@@ -437,19 +393,13 @@ class PowerMeter:
         return 50.0 * (time.perf_counter() - self._start)
 
 
-def real_training(tmp_path):
-    from helpers import slow_trainer
-
-    return slow_trainer(tmp_path).train().metrics
-
-
 def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tmp_path, monkeypatch):
     opened = []
     monkeypatch.setattr(
         energy, "open_source", lambda device, world_size=1: opened.append((device.type, world_size)) or PowerMeter()
     )
 
-    metrics = real_training(tmp_path)
+    metrics = slow_trainer(tmp_path).train().metrics
 
     assert opened == [("cpu", 1)]
     assert metrics["energy_source"] == "test-50-watts"
@@ -460,7 +410,7 @@ def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tm
 
 def test_the_trainer_records_why_energy_was_not_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(energy, "POWERCAP_ROOT", str(tmp_path / "no-powercap"))
-    metrics = real_training(tmp_path)
+    metrics = slow_trainer(tmp_path).train().metrics
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == f"no RAPL ({tmp_path / 'no-powercap'} has no intel-rapl domain)"
     assert "energy_joules_per_sample" not in metrics
