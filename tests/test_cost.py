@@ -53,19 +53,6 @@ def test_a_malformed_price_is_refused_in_one_line_before_the_sweep_runs(flag, me
     assert "run(s) of" not in captured.out, "refused before anything is planned or run"
 
 
-def test_compare_refuses_a_price_for_no_run_and_no_published_device(tmp_path, capsys):
-    write_run(tmp_path / "run", train_samples_per_second=10.0, world_size=1, device_type="cpu", device_name="CPU Test")
-    with pytest.raises(SystemExit) as exit_info:
-        compare.main([str(tmp_path / "run"), "--price", "TPU=1"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err == (
-        "python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
-        "(the runs compared: cpu (CPU Test)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
-        "a DEVICE is a device type or part of a device name\n"
-    )
-
-
 def test_prices_files_json_and_csv_and_a_device_priced_twice(tmp_path):
     assert prices("cpu=0").for_device("cpu", "CPU").usd_per_hour == 0.0, "a machine of your own: free is a price"
     with pytest.raises(UserInputError, match=r"--price h100=3: 'h100' is priced twice \(also --price H100=2.5\)"):
@@ -184,15 +171,11 @@ def test_published_rows_at_the_users_prices():
     }
     assert set(d for d, _ in costs) == {"Gaudi2 HPU", "A100 80GB GPU"}
     # Gaudi2 with the media pipeline: 847.7 samples/s on 8 HPUs at 1.20 USD each per hour
-    assert costs[("Gaudi2 HPU", "workers=2 + mediapipe")]["usd_per_1m_samples"] == pytest.approx(
-        9.6 / (847.7 * 3600) * 1e6
-    )
-    assert costs[("Gaudi2 HPU", "upstream CI")]["usd_published_experiment"] == pytest.approx(
-        49_000 * 9.6 / (904.93 * 3600)
-    )
-    assert costs[("A100 80GB GPU", "workers=2")]["usd_per_1m_samples"] == pytest.approx(
-        11.581, abs=1e-3
-    )  # 14.40 USD/h for 345.4 x 3600 samples
+    mediapipe, upstream = costs[("Gaudi2 HPU", "workers=2 + mediapipe")], costs[("Gaudi2 HPU", "upstream CI")]
+    assert mediapipe["usd_per_1m_samples"] == pytest.approx(9.6 / (847.7 * 3600) * 1e6)
+    assert upstream["usd_published_experiment"] == pytest.approx(49_000 * 9.6 / (904.93 * 3600))
+    a100 = costs[("A100 80GB GPU", "workers=2")]
+    assert a100["usd_per_1m_samples"] == pytest.approx(11.581, abs=1e-3)  # 14.40 USD/h for 345.4 x 3600 samples
 
 
 # --- the sweep's records ----------------------------------------------------------------------------------------
@@ -280,7 +263,9 @@ def test_without_prices_there_is_no_cost_column_and_a_run_without_counter_says_w
     assert not (out / "chart_cost.png").exists(), "nothing to draw: no price, no energy figure"
 
 
-def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_prices(tmp_path, capsys):
+def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_prices_and_refuses_a_stray_price(
+    tmp_path, capsys
+):
     energy = {"energy_source": "nvml-energy", "energy_joules_per_sample": 4.0, "energy_watts_per_device": 20.0}
     for name, speed in (("slow", 10.0), ("fast", 40.0)):
         device = {"world_size": 2, "device_type": "cuda", "device_name": "NVIDIA H200"}
@@ -291,16 +276,24 @@ def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_pr
     # 2 GPUs at 3.60 USD/h: 7.20 USD/h for 36,000 (slow) or 144,000 (fast) samples per hour
     assert "| usd_per_1m_samples | 200 | 50 |" in printed
     assert "| usd_published_experiment | 9.8 | 2.45 |" in printed
-    assert (
-        "| energy_joules_per_sample | 4 | 4 |" in printed
-        and "| energy_source | nvml-energy | nvml-energy |" in printed
-    )
+    assert "| energy_joules_per_sample | 4 | 4 |" in printed
+    assert "| energy_source | nvml-energy | nvml-energy |" in printed
     assert "| Gaudi2 HPU | workers=2 + mediapipe | 847.7 | 3.15 | 0.154 |" in printed
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["runs"]["fast"]["metrics"]["usd_per_1m_samples"] == pytest.approx(50.0)
 
     compare.main([str(tmp_path / "slow")])
     assert "usd_" not in capsys.readouterr().out
+
+    # a price for no run and no published device
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(tmp_path / "slow"), "--price", "TPU=1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
+        "(the runs compared: cuda (NVIDIA H200)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
+        "a DEVICE is a device type or part of a device name\n"
+    )
 
 
 def test_the_readmes_pricing_examples_run_on_the_machine_they_name(monkeypatch, capsys):

@@ -23,14 +23,6 @@ from helpers import slow_trainer
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
 # --- NVML: the board's millijoule counter ------------------------------------------------------------------
 
 
@@ -58,8 +50,8 @@ def measured(meter, warmup, steps, batch=2, step_seconds=1.0, poll=None, max_ste
     """The metrics of a ThroughputCallback (`options` its own) measuring `meter` through the Trainer's events for
     `steps` optimizer steps of `step_seconds` each (of `max_steps`, by default all) on a stand-in clock;
     `poll(step)` runs before each step end."""
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=warmup, clock=clock, energy=meter, **options)
+    clock = SimpleNamespace(now=100.0)
+    callback = ThroughputCallback(warmup_steps=warmup, clock=lambda: clock.now, energy=meter, **options)
     state = SimpleNamespace(global_step=0, max_steps=max_steps or steps)
     callback.on_train_begin(CPU_ARGS, state, None)
     for step in range(1, steps + 1):
@@ -140,10 +132,10 @@ def test_nvml_reads_the_gpu_torch_trains_on_by_its_uuid_not_its_index(monkeypatc
 # --- HLML: power in milliwatts, sampled ------------------------------------------------------------------------
 
 
-def test_hlml_power_samples_are_integrated_over_the_window():
-    clock = FakeClock()
+def test_hlml_power_samples_are_integrated_over_the_window_by_the_test_or_the_samplers_thread():
+    clock = SimpleNamespace(now=100.0)
     power_mw = iter([100_000, 300_000, 300_000, 200_000])
-    sampler = HlmlPowerSampler(lambda: next(power_mw), interval=3600, clock=clock)  # the test takes the samples
+    sampler = HlmlPowerSampler(lambda: next(power_mw), interval=3600, clock=lambda: clock.now)  # the test samples
 
     sampler.start()  # t=100: 100 W
     clock.now += 1.0
@@ -157,9 +149,7 @@ def test_hlml_power_samples_are_integrated_over_the_window():
     assert joules == pytest.approx(200 + 600 + 250)
     assert integrate_power([(0.0, 50.0)]) == 0.0
 
-
-def test_hlml_sampler_thread_samples_while_training_runs():
-    sampler = HlmlPowerSampler(lambda: 250_000, interval=0.01)
+    sampler = HlmlPowerSampler(lambda: 250_000, interval=0.01)  # its own thread, while training runs
     sampler.start()
     time.sleep(0.2)
     joules = sampler.stop()
@@ -318,25 +308,21 @@ class Counter:
         self.value += joules
 
 
-def test_a_warmup_covering_every_step_has_no_window_to_measure():
-    metrics = measured(EnergyMeter(Counter), 10, steps=4)
-    assert metrics["energy_reason"] == "the warm-up covers every step: no counted window"
-
-
-def test_a_reader_failing_mid_window_never_stops_training_and_is_reported():
-    metrics = measured(EnergyMeter(lambda: Counter(fail_at="poll")), 1, steps=5)
-    assert metrics["energy_source"] == "not measured"
-    assert metrics["energy_reason"] == "energy reading failed: OSError('device gone')"
+@pytest.mark.parametrize(
+    "counter, warmup, steps, max_steps, reason",
+    [
+        (Counter, 10, 4, None, "the warm-up covers every step: no counted window"),
+        (lambda: Counter(fail_at="poll"), 1, 5, None, "energy reading failed: OSError('device gone')"),
+        (Counter, 1, 4, 10, "the counted window did not end at the run's last step"),  # stopped after 4 of 10 steps
+    ],
+)
+def test_a_window_that_cannot_be_measured_says_why_and_never_stops_training(counter, warmup, steps, max_steps, reason):
+    metrics = measured(EnergyMeter(counter), warmup, steps=steps, max_steps=max_steps)
+    assert metrics["energy_source"] == "not measured" and metrics["energy_reason"] == reason
     assert metrics["train_samples_per_second"] == pytest.approx(2.0)
 
 
-def test_a_run_that_ends_before_its_last_step_or_never_opens_the_window_says_so():
-    metrics = measured(EnergyMeter(Counter), 1, steps=4, max_steps=10)  # stopped after 4 of 10 steps
-    assert metrics["energy_reason"] == "the counted window did not end at the run's last step"
-    assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
-
-
-def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing():
+def test_the_figures_per_sample_and_per_second_a_second_stop_changes_nothing_and_a_window_must_open():
     counter = Counter()
     meter = EnergyMeter(lambda: counter)
     meter.prepare()
@@ -354,6 +340,7 @@ def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing
         "energy_joules_per_sample": 12.0,
     }
     assert "energy_joules_per_sample" not in meter.metrics(samples=0, seconds=4.0)
+    assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
 
 
 def test_the_power_sampler_never_keeps_a_dying_run_alive():

@@ -2,6 +2,7 @@
 
 import io
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -199,18 +200,15 @@ def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
     assert ids.tolist() == [0, 1, 0, 2, 2, 3, 3, 1]
 
 
-def test_image_group_ids_compare_pil_images_by_pixels():
+def test_image_group_ids_compare_pil_images_by_pixels_and_read_an_undecoded_datasets_column():
     values = [
         Image.new("RGB", (3, 3), "red"),
         Image.new("RGB", (3, 3), "red"),
         Image.new("RGB", (3, 3), "blue"),
         Image.new("L", (3, 3), 76),
     ]
-
     assert image_group_ids(values).tolist() == [0, 0, 1, 2]
 
-
-def test_image_group_ids_of_an_undecoded_datasets_column():
     import datasets
 
     split = datasets.Dataset.from_dict(
@@ -218,7 +216,6 @@ def test_image_group_ids_of_an_undecoded_datasets_column():
         features=datasets.Features({"image": datasets.Image()}),
     )
     column = split.cast_column("image", datasets.Image(decode=False))["image"]
-
     assert image_group_ids(column).tolist() == [0, 0, 1]
 
 
@@ -242,20 +239,23 @@ def test_image_group_ids_reject_unusable_values(values, message):
 # ------------------------------------------------------------------------ trainer and evaluate
 
 
-class _EvalPrediction:
-    def __init__(self, predictions):
-        self.predictions = predictions
-        self.label_ids = ()
+def _eval_prediction(predictions):
+    return SimpleNamespace(predictions=predictions, label_ids=())
 
 
-def test_compute_metrics_reads_text_then_image_embeddings_and_trims_padding():
+def test_compute_metrics_reads_text_then_image_embeddings_trims_padding_and_takes_a_plain_tuple():
     compute_metrics = make_compute_metrics(HAND_GROUPS, ks=(1, 2, 3))
     padding = np.full((3, 4), 9.0, dtype=np.float32)  # rows a distributed sampler repeated
     predictions = (np.concatenate([HAND_TEXTS, padding]), np.concatenate([HAND_IMAGES, padding]))
 
-    metrics = compute_metrics(_EvalPrediction(predictions))
+    metrics = compute_metrics(_eval_prediction(predictions))
 
     assert metrics == retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+    # a one-row split, given as a plain (predictions, label_ids) tuple
+    embeds = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
+    metrics = make_compute_metrics([7])(((embeds, embeds), ()))
+    assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
+    assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
 
 
 def test_compute_metrics_refuses_bad_group_ids_too_few_rows_and_wrong_prediction_layout():
@@ -271,17 +271,17 @@ def test_compute_metrics_refuses_bad_group_ids_too_few_rows_and_wrong_prediction
         "or group ids computed for a different split)"
     )
     with pytest.raises(ValueError, match=whole(f"text_embeds {not_covered}")):
-        compute_metrics(_EvalPrediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
+        compute_metrics(_eval_prediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
     with pytest.raises(ValueError, match=whole(f"image_embeds {not_covered}")):
-        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES[:4])))
+        compute_metrics(_eval_prediction((HAND_TEXTS, HAND_IMAGES[:4])))
     layout = (
         "retrieval metrics expect predictions = (text_embeds, image_embeds), got {}; evaluate with "
         "ignore_keys=['logits', 'cross_embeds', 'hidden_states', 'attentions'] and eval_do_concat_batches=True"
     )
     with pytest.raises(ValueError, match=whole(layout.format("shape (5, 4)"))):
-        compute_metrics(_EvalPrediction(HAND_TEXTS))
+        compute_metrics(_eval_prediction(HAND_TEXTS))
     with pytest.raises(ValueError, match=whole(layout.format("a tuple of 3"))):
-        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
+        compute_metrics(_eval_prediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
 
 
 def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_the_embeddings(tmp_path):
@@ -294,11 +294,11 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_t
     torch.manual_seed(1)
     pictures = torch.randn(8, 3, 28, 28)
     rows = [
-        {
-            "pixel_values": pictures[g],
-            "input_ids": torch.randint(3, 50, (8,)),
-            "attention_mask": torch.ones(8, dtype=torch.long),
-        }
+        dict(
+            pixel_values=pictures[g],
+            input_ids=torch.randint(3, 50, (8,)),
+            attention_mask=torch.ones(8, dtype=torch.long),
+        )
         for g in groups
     ]
 
@@ -312,14 +312,8 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_t
         seen["predictions"] = eval_pred.predictions
         return compute_metrics(eval_pred)
 
-    args = TrainingArguments(
-        str(tmp_path),
-        per_device_eval_batch_size=5,
-        remove_unused_columns=False,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    options = dict(per_device_eval_batch_size=5, remove_unused_columns=False, report_to=[], use_cpu=True)
+    args = TrainingArguments(str(tmp_path), **options, disable_tqdm=True)
     trainer = Trainer(
         model=model, args=args, eval_dataset=rows, data_collator=collate, compute_metrics=spying_compute_metrics
     )
@@ -374,11 +368,3 @@ def test_summarise_quality_picks_the_quality_figures_of_one_split():
     }
     assert summarise_quality(metrics, "test_") == {"test_i2t_recall@1": 0.4}
     assert summarise_quality({"i2t_recall@5": 0.9, "loss": 2.0}, None) == {"i2t_recall@5": 0.9, "loss": 2.0}
-
-
-def test_compute_metrics_scores_a_one_row_split_given_as_a_plain_tuple():
-    compute_metrics = make_compute_metrics([7])
-    embeds = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
-    metrics = compute_metrics(((embeds, embeds), ()))  # (predictions, label_ids), as a tuple
-    assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
-    assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0

@@ -34,7 +34,7 @@ def simulate(callback, clock, steps, warmup_seconds, step_seconds, wait_seconds,
         callback.on_step_end(CPU_ARGS, state, None)
 
 
-def test_warmup_steps_are_left_out_of_samples_per_second():
+def test_warmup_steps_are_left_out_of_samples_per_second_and_a_run_inside_one_epoch_has_no_epoch_start_wait():
     clock = FakeClock()
     callback = ThroughputCallback(warmup_steps=3, world_size=8, clock=clock)
     simulate(callback, clock, steps=13, warmup_seconds=30.0, step_seconds=0.75, wait_seconds=0.25, batch=48)
@@ -46,6 +46,8 @@ def test_warmup_steps_are_left_out_of_samples_per_second():
     assert metrics["train_samples_per_second_per_device"] == pytest.approx(48.0)
     assert metrics["data_wait_fraction"] == pytest.approx(0.25)
     assert metrics["throughput_warmup_steps"] == 3
+    assert metrics["throughput_epoch_starts"] == 0 and metrics["data_wait_seconds_epoch_start"] == 0.0
+    assert metrics["data_wait_fraction_steady"] == pytest.approx(metrics["data_wait_fraction"])
 
 
 # (steps, seconds of a warm-up step, of another step, of waiting in each; batch; the step it starts after) ->
@@ -183,15 +185,6 @@ def test_epoch_start_steps_are_the_first_step_of_each_later_epoch_inside_the_win
     assert metrics["data_wait_fraction_epoch_start"] + metrics["data_wait_fraction_steady"] == pytest.approx(
         metrics["data_wait_fraction"]
     )
-
-
-def test_a_run_inside_one_epoch_has_no_epoch_start_wait():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=3, clock=clock)
-    simulate(callback, clock, steps=13, warmup_seconds=1.0, step_seconds=0.75, wait_seconds=0.25)
-    metrics = callback.metrics()
-    assert metrics["throughput_epoch_starts"] == 0 and metrics["data_wait_seconds_epoch_start"] == 0.0
-    assert metrics["data_wait_fraction_steady"] == pytest.approx(metrics["data_wait_fraction"])
 
 
 class SlowEpochStarts(torch.utils.data.Sampler):
@@ -387,18 +380,15 @@ def run_two_epochs(fetches_per_step, steps_per_epoch=None, warmup=1):
     return callback.metrics()
 
 
-def test_every_fetch_of_an_epochs_first_step_counts_in_its_wait():
-    """With gradient accumulation a step fetches several batches: the epoch start's wait is all of them."""
+def test_every_fetch_of_an_epochs_first_step_counts_in_its_wait_and_steps_per_epoch_need_a_loader_length():
+    # With gradient accumulation a step fetches several batches: the epoch start's wait is all of them.
     metrics = run_two_epochs(fetches_per_step=2)
     assert metrics["throughput_epoch_starts"] == 1
     assert metrics["data_wait_seconds_epoch_start"] == pytest.approx(3.0 + 0.25)
     # the counted window is 3 s (steps 2-4): waits past it stop at the whole window
     assert metrics["data_wait_fraction_epoch_start"] == 1.0
-
-
-def test_the_steps_per_epoch_are_reported_only_when_the_loader_has_a_length():
+    assert "throughput_steps_per_epoch" not in metrics, "no loader given: no length"
     assert run_two_epochs(fetches_per_step=1, steps_per_epoch=2)["throughput_steps_per_epoch"] == 2
-    assert "throughput_steps_per_epoch" not in run_two_epochs(fetches_per_step=1)
 
 
 def test_a_warm_up_covering_every_step_says_so(caplog):
