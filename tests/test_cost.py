@@ -59,11 +59,9 @@ def test_prices_files_json_and_csv_and_a_device_priced_twice(tmp_path):
         prices("H100=2.5", "h100=3")
     (tmp_path / "p.json").write_text('{"H100": 2.5, "cpu": "0.10"}')
     (tmp_path / "p.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nA100 80GB, 1.8\n")
-    assert [(p.device, p.usd_per_hour) for p in prices(file=str(tmp_path / "p.json")).entries] == [
-        ("H100", 2.5),
-        ("cpu", 0.1),
-    ]
-    assert [(p.device, p.usd_per_hour) for p in prices("cpu=1", file=str(tmp_path / "p.csv")).entries] == [
+    from_json, from_csv = prices(file=str(tmp_path / "p.json")), prices("cpu=1", file=str(tmp_path / "p.csv"))
+    assert [(p.device, p.usd_per_hour) for p in from_json.entries] == [("H100", 2.5), ("cpu", 0.1)]
+    assert [(p.device, p.usd_per_hour) for p in from_csv.entries] == [
         ("cpu", 1.0),
         ("Gaudi2", 1.2),
         ("A100 80GB", 1.8),

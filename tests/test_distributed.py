@@ -1,10 +1,8 @@
 """More than one process: the CUDA script under torchrun on CPU (gloo), as two nodes of one process each (two
-launch_cuda agents on this machine meeting through c10d) or one node of two.
-
-Each rank must train on its own rows (together: every row once), the metrics must be reported and
-written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank
-stops all of them at the same step, with a complete checkpoint, before any of them exits.
-"""
+launch_cuda agents on this machine meeting through c10d) or one node of two. Each rank trains on its own rows
+(together: every row once), the metrics are reported and written once (rank 0), and the sample counts add up to
+what one process sees. A signal to one rank stops all of them at the same step, with a complete checkpoint, before
+any of them exits."""
 
 import json
 import os
@@ -24,17 +22,7 @@ from transformers import HfArgumentParser
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import (
-    CPU_FLAGS,
-    REPO,
-    SCRIPTS,
-    base_args,
-    load_weights,
-    read_json,
-    run_script,
-    script_env,
-    script_module,
-)
+from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env, script_module
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
@@ -55,11 +43,8 @@ def args(fixtures, output_dir, per_device_batch, **overrides):
         "dataloader_num_workers": 0,
         **overrides,
     }
-    return (
-        [item for key, value in values.items() for item in (f"--{key}", str(value))]
-        + ["--do_train"]
-        + CPU_FLAGS["cuda"]
-    )
+    flags = [item for key, value in values.items() for item in (f"--{key}", str(value))]
+    return flags + ["--do_train"] + CPU_FLAGS["cuda"]
 
 
 # Runs the script unchanged, but each rank records which rows of the training set its DataLoader fetched; rank 1
@@ -240,9 +225,8 @@ def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_
             "filesystem every node mounts at the same path",
             log,
         ), log[-3000:]
-    assert (
-        not list((tmp_path / "disk0").glob("checkpoint-*")) and not (tmp_path / "disk0" / "model.safetensors").exists()
-    )
+    assert not list((tmp_path / "disk0").glob("checkpoint-*")), "nothing saved"
+    assert not (tmp_path / "disk0" / "model.safetensors").exists(), "nothing published"
 
 
 # Rank 1 of the job is given another learning rate (as a node started with other flags would be).
@@ -420,10 +404,7 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
         assert 0 < node["train_samples_per_second"] and 0 <= node["data_wait_fraction"] <= 1
         assert "energy_joules" not in node  # RAPL is not read with several processes on one CPU
     printed = [line.split() for t in text for line in t.splitlines() if line.lstrip().startswith("node ")]
-    assert [words[:5] for words in printed] == [
-        ["node", "0", "=", "1", "process(es),"],
-        ["node", "1", "=", "1", "process(es),"],
-    ]
+    assert [words[:5] for words in printed] == [["node", node, "=", "1", "process(es),"] for node in ("0", "1")]
 
     # One process with the same global batch counts the same samples (no per-node figures: one node).
     one_flags = args(fixtures, tmp_path / "one", per_device_batch=4)

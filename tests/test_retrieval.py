@@ -90,26 +90,19 @@ def test_vector_length_tensor_types_and_group_labels_leave_the_figures_unchanged
     assert retrieval_metrics(HAND_IMAGES, HAND_TEXTS, [70, 70, -3, 12, 5], ks=(1, 2, 3)) == expected
 
 
-def test_rows_of_the_same_image_count_as_one_image():
+def test_rows_of_the_same_image_count_as_one_image_and_ties_count_against_the_model():
     # Image A has three captions that all match it exactly, image B one.
     images = np.array([[1, 0], [1, 0], [1, 0], [0, 1]], dtype=np.float32)
-    texts = images.copy()
-
-    metrics = retrieval_metrics(images, texts, ["A", "A", "A", "B"])
-
+    metrics = retrieval_metrics(images, images.copy(), ["A", "A", "A", "B"])
     assert metrics["num_images"] == 2 and metrics["num_captions"] == 4
     # Copies of image A are not competitors of A: every caption finds its image first.
     assert metrics["t2i_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
     # Image A's other captions are correct answers too, not wrong captions ranked ahead.
     assert metrics["i2t_recall@1"] == 1.0 and metrics["i2t_mean_rank"] == 1.0
 
-
-def test_ties_count_against_the_model():
     # A collapsed model: every embedding equal. It must score the worst ranks, not recall 1.
     same = np.ones((4, 8), dtype=np.float32)
-
     metrics = retrieval_metrics(same, same, [0, 0, 1, 2], ks=(1,))
-
     assert metrics["t2i_recall@1"] == 0.0 and metrics["t2i_mean_rank"] == 3.0
     # Image 0 has 2 wrong captions ahead (rank 3); images 1 and 2 have 3 (rank 4).
     assert metrics["i2t_recall@1"] == 0.0

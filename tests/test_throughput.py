@@ -76,26 +76,19 @@ def test_the_counted_window_of_short_resumed_and_warmup_free_runs(warmup, run, e
     assert metrics["data_wait_fraction"] == pytest.approx(wait_fraction)
 
 
-class HostAheadOfDevice:
-    """A device that still has `backlog_seconds` of queued work whenever the host asks it to catch up."""
-
-    def __init__(self, clock, backlog_seconds):
-        self.clock, self.backlog_seconds, self.synced_at = clock, backlog_seconds, []
-
-    def __call__(self, device):
-        self.synced_at.append(self.clock.now)
-        self.clock.now += self.backlog_seconds
-
-
 def test_window_ends_wait_for_the_device_and_no_other_step_does():
     # Host time 0.5 s per step, but the device is 2 s behind at any moment: without waiting, the window
     # would read 10 steps in 5 s. Waiting at its start and end counts the device's time: 10 steps in 5 s
     # plus the final backlog (the start's backlog is drained before the window opens).
-    clock = FakeClock()
-    device = HostAheadOfDevice(clock, backlog_seconds=2.0)
-    callback = ThroughputCallback(warmup_steps=3, clock=clock, synchronize=device)
+    clock, synced_at = FakeClock(), []
+
+    def host_ahead_of_device(device):  # the device still has 2 s of queued work whenever the host asks it to catch up
+        synced_at.append(clock.now)
+        clock.now += 2.0
+
+    callback = ThroughputCallback(warmup_steps=3, clock=clock, synchronize=host_ahead_of_device)
     simulate(callback, clock, steps=13, warmup_seconds=1.0, step_seconds=0.5, wait_seconds=0.0, batch=4)
-    assert len(device.synced_at) == 2  # end of warm-up, last step: no per-step synchronisation
+    assert len(synced_at) == 2  # end of warm-up, last step: no per-step synchronisation
     metrics = callback.metrics()
     assert metrics["throughput_counted_seconds"] == pytest.approx(10 * 0.5 + 2.0)
     assert metrics["train_samples_per_second"] == pytest.approx(40 / 7.0)
