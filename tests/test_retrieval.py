@@ -1,6 +1,5 @@
 """Retrieval quality metrics: exact recalls on hand-built embeddings, grouping, chunking, glue."""
 
-import io
 import re
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ from bridgetower_bench.retrieval import (
     retrieval_metrics,
     summarise_quality,
 )
-from helpers import ranks_by_sorting, tiny_contrastive_model
+from helpers import encode, ranks_by_sorting, tiny_contrastive_model
 
 
 # Four images along the axes of R^4; five unit-length captions whose coordinates are their
@@ -169,9 +168,7 @@ def test_bad_ks_and_chunk_size_are_rejected():
 
 
 def _png_bytes(color):
-    buffer = io.BytesIO()
-    Image.new("RGB", (4, 4), color).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encode(Image.new("RGB", (4, 4), color), "PNG")
 
 
 def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
