@@ -23,12 +23,17 @@ class FakeClock:
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
 
 
-def simulate(callback, clock, steps, warmup_seconds, step_seconds, wait_seconds, batch=4, first_step=0):
+def simulate(callback, clock, steps, warmup_seconds, step_seconds, wait_seconds, batch=4, first_step=0, epoch=None):
+    """Trainer events for `steps` optimizer steps after `first_step`, each waiting `wait_seconds` (or step k
+    `wait_seconds(k)`) for its batch; with `epoch` (the loader's length), an epoch begins every `epoch` steps."""
     state = SimpleNamespace(global_step=first_step, max_steps=first_step + steps)
-    callback.on_train_begin(CPU_ARGS, state, None)
+    callback.on_train_begin(CPU_ARGS, state, None, train_dataloader=epoch and [None] * epoch)
     for step in range(first_step + 1, first_step + steps + 1):
-        clock.now += wait_seconds
-        callback.record_fetch(wait_seconds, batch)
+        if epoch and (step - 1) % epoch == 0:
+            callback.on_epoch_begin(CPU_ARGS, state, None)
+        wait = wait_seconds(step) if callable(wait_seconds) else wait_seconds
+        clock.now += wait
+        callback.record_fetch(wait, batch)
         clock.now += warmup_seconds if step - first_step <= callback.warmup_steps else step_seconds
         state.global_step = step
         callback.on_step_end(CPU_ARGS, state, None)
@@ -142,29 +147,12 @@ def test_real_trainer_reports_samples_over_the_counted_steps_time(tmp_path):
 # --- epoch starts: the first step of every epoch after the first, accounted for apart ---------------------
 
 
-def simulate_epochs(callback, clock, steps, steps_per_epoch, wait_of_step, step_seconds=1.0, batch=4):
-    """Trainer events for `steps` optimizer steps, `steps_per_epoch` per epoch; step k waits `wait_of_step(k)`."""
-    state = SimpleNamespace(global_step=0, max_steps=steps)
-    callback.on_train_begin(CPU_ARGS, state, None, train_dataloader=[None] * steps_per_epoch)
-    for step in range(1, steps + 1):
-        if (step - 1) % steps_per_epoch == 0:
-            callback.on_epoch_begin(CPU_ARGS, state, None)
-        wait = wait_of_step(step)
-        clock.now += wait
-        callback.record_fetch(wait, batch)
-        clock.now += step_seconds
-        state.global_step = step
-        callback.on_step_end(CPU_ARGS, state, None)
-
-
 def test_epoch_start_steps_are_the_first_step_of_each_later_epoch_inside_the_window():
     # 5 steps per epoch, 3 warm-up steps, 14 steps: epochs begin at steps 1, 6 and 11; step 1 starts training
     # (and is warm-up anyway), so 6 and 11 are the counted epoch starts. They wait 2 s, every other step 0.5 s.
     clock = FakeClock()
     callback = ThroughputCallback(warmup_steps=3, clock=clock)
-    simulate_epochs(
-        callback, clock, steps=14, steps_per_epoch=5, wait_of_step=lambda k: 2.0 if k in (1, 6, 11) else 0.5
-    )
+    simulate(callback, clock, 14, 1.0, 1.0, wait_seconds=lambda k: 2.0 if k in (1, 6, 11) else 0.5, epoch=5)
     metrics = callback.metrics()
 
     assert callback.epoch_start_steps == [6, 11]
@@ -235,7 +223,7 @@ def test_real_trainer_puts_the_wait_of_each_epoch_start_on_that_epochs_first_ste
 def test_only_epoch_starts_after_the_warmup_are_counted(warmup, steps, epoch_starts):
     clock = FakeClock()
     callback = ThroughputCallback(warmup_steps=warmup, clock=clock)
-    simulate_epochs(callback, clock, steps=steps, steps_per_epoch=2, wait_of_step=lambda k: 1.0 if k % 2 else 0.0)
+    simulate(callback, clock, steps, 1.0, 1.0, wait_seconds=lambda k: 1.0 if k % 2 else 0.0, epoch=2)
     metrics = callback.metrics()
     assert callback.epoch_start_steps == epoch_starts
     assert metrics["throughput_epoch_starts"] == 2  # steps 5 and 7, or 3 and 5
