@@ -5,6 +5,8 @@ energy columns as the runs record them."""
 import csv
 import json
 import os
+import re
+import shlex
 
 import pytest
 from PIL import Image
@@ -18,6 +20,12 @@ from bridgetower_bench.user_errors import UserInputError
 
 def prices(*texts, file=None):
     return cost.prices_from_args(list(texts), file)
+
+
+def write_run(directory, **metrics):
+    """A run directory holding `metrics` as its train_results.json."""
+    directory.mkdir()
+    (directory / "train_results.json").write_text(json.dumps(metrics))
 
 
 # --- parsing and refusing ---------------------------------------------------------------------------------------
@@ -45,39 +53,15 @@ def test_a_malformed_price_is_refused_in_one_line_before_the_sweep_runs(flag, me
     assert "run(s) of" not in captured.out, "refused before anything is planned or run"
 
 
-def test_the_same_device_priced_twice_is_refused():
+def test_prices_files_json_and_csv_and_a_device_priced_twice(tmp_path):
+    assert prices("cpu=0").for_device("cpu", "CPU").usd_per_hour == 0.0, "a machine of your own: free is a price"
     with pytest.raises(UserInputError, match=r"--price h100=3: 'h100' is priced twice \(also --price H100=2.5\)"):
         prices("H100=2.5", "h100=3")
-
-
-def test_compare_refuses_a_price_for_no_run_and_no_published_device(tmp_path, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "train_results.json").write_text(
-        json.dumps(
-            {"train_samples_per_second": 10.0, "world_size": 1, "device_type": "cpu", "device_name": "CPU Test"}
-        )
-    )
-    with pytest.raises(SystemExit) as exit_info:
-        compare.main([str(run), "--price", "TPU=1"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err == (
-        "python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
-        "(the runs compared: cpu (CPU Test)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
-        "a DEVICE is a device type or part of a device name\n"
-    )
-
-
-def test_prices_files_json_and_csv(tmp_path):
-    assert prices("cpu=0").for_device("cpu", "CPU").usd_per_hour == 0.0, "a machine of your own: free is a price"
     (tmp_path / "p.json").write_text('{"H100": 2.5, "cpu": "0.10"}')
     (tmp_path / "p.csv").write_text("device,usd_per_hour\nGaudi2,1.2\nA100 80GB, 1.8\n")
-    assert [(p.device, p.usd_per_hour) for p in prices(file=str(tmp_path / "p.json")).entries] == [
-        ("H100", 2.5),
-        ("cpu", 0.1),
-    ]
-    assert [(p.device, p.usd_per_hour) for p in prices("cpu=1", file=str(tmp_path / "p.csv")).entries] == [
+    from_json, from_csv = prices(file=str(tmp_path / "p.json")), prices("cpu=1", file=str(tmp_path / "p.csv"))
+    assert [(p.device, p.usd_per_hour) for p in from_json.entries] == [("H100", 2.5), ("cpu", 0.1)]
+    assert [(p.device, p.usd_per_hour) for p in from_csv.entries] == [
         ("cpu", 1.0),
         ("Gaudi2", 1.2),
         ("A100 80GB", 1.8),
@@ -137,12 +121,9 @@ def test_a_price_matches_the_device_type_or_part_of_the_name_the_most_specific_w
 
 
 def h100_row(devices, speed):
-    return {
-        "device_type": "cuda",
-        "device_name": "NVIDIA H100 80GB HBM3",
-        "world_size": devices,
-        "train_samples_per_second": speed,
-    }
+    return dict(
+        device_type="cuda", device_name="NVIDIA H100 80GB HBM3", world_size=devices, train_samples_per_second=speed
+    )
 
 
 def test_cost_columns_of_hand_computed_rows():
@@ -172,14 +153,9 @@ def test_cost_columns_of_hand_computed_rows():
     slow = cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.5}, given)
     assert slow["usd_per_1m_samples"] == pytest.approx(0.1 / (0.5 * 3600) * 1e6)
     # a failed run (no speed, or none measured) keeps its price and gets no cost; an unpriced device and no prices: no column
-    assert cost.cost_fields({"device_type": "cpu", "device_name": "CPU"}, given) == {
-        "price_device": "cpu",
-        "usd_per_device_hour": 0.1,
-    }
-    assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.0}, given) == {
-        "price_device": "cpu",
-        "usd_per_device_hour": 0.1,
-    }
+    priced_only = {"price_device": "cpu", "usd_per_device_hour": 0.1}
+    assert cost.cost_fields({"device_type": "cpu", "device_name": "CPU"}, given) == priced_only
+    assert cost.cost_fields({"device_type": "cpu", "train_samples_per_second": 0.0}, given) == priced_only
     assert (
         cost.cost_fields({"device_type": "hpu", "device_name": "GAUDI2", "train_samples_per_second": 5.0}, given) == {}
     )
@@ -193,15 +169,11 @@ def test_published_rows_at_the_users_prices():
     }
     assert set(d for d, _ in costs) == {"Gaudi2 HPU", "A100 80GB GPU"}
     # Gaudi2 with the media pipeline: 847.7 samples/s on 8 HPUs at 1.20 USD each per hour
-    assert costs[("Gaudi2 HPU", "workers=2 + mediapipe")]["usd_per_1m_samples"] == pytest.approx(
-        9.6 / (847.7 * 3600) * 1e6
-    )
-    assert costs[("Gaudi2 HPU", "upstream CI")]["usd_published_experiment"] == pytest.approx(
-        49_000 * 9.6 / (904.93 * 3600)
-    )
-    assert costs[("A100 80GB GPU", "workers=2")]["usd_per_1m_samples"] == pytest.approx(
-        11.581, abs=1e-3
-    )  # 14.40 USD/h for 345.4 x 3600 samples
+    mediapipe, upstream = costs[("Gaudi2 HPU", "workers=2 + mediapipe")], costs[("Gaudi2 HPU", "upstream CI")]
+    assert mediapipe["usd_per_1m_samples"] == pytest.approx(9.6 / (847.7 * 3600) * 1e6)
+    assert upstream["usd_published_experiment"] == pytest.approx(49_000 * 9.6 / (904.93 * 3600))
+    a100 = costs[("A100 80GB GPU", "workers=2")]
+    assert a100["usd_per_1m_samples"] == pytest.approx(11.581, abs=1e-3)  # 14.40 USD/h for 345.4 x 3600 samples
 
 
 # --- the sweep's records ----------------------------------------------------------------------------------------
@@ -289,46 +261,21 @@ def test_without_prices_there_is_no_cost_column_and_a_run_without_counter_says_w
     assert not (out / "chart_cost.png").exists(), "nothing to draw: no price, no energy figure"
 
 
-def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_prices(tmp_path, capsys):
+def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_prices_and_refuses_a_stray_price(
+    tmp_path, capsys
+):
+    energy = {"energy_source": "nvml-energy", "energy_joules_per_sample": 4.0, "energy_watts_per_device": 20.0}
     for name, speed in (("slow", 10.0), ("fast", 40.0)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "train_results.json").write_text(
-            json.dumps(
-                {
-                    "train_samples_per_second": speed,
-                    "world_size": 2,
-                    "device_type": "cuda",
-                    "device_name": "NVIDIA H200",
-                    "energy_source": "nvml-energy",
-                    "energy_joules_per_sample": 4.0,
-                    "energy_watts_per_device": 20.0,
-                }
-            )
-        )
-
-    assert (
-        compare.main(
-            [
-                str(tmp_path / "slow"),
-                str(tmp_path / "fast"),
-                "--price",
-                "H200=3.6",
-                "--price",
-                "Gaudi2=1.2",
-                "--json",
-                str(tmp_path / "c.json"),
-            ]
-        )
-        == 0
-    )
+        device = {"world_size": 2, "device_type": "cuda", "device_name": "NVIDIA H200"}
+        write_run(tmp_path / name, train_samples_per_second=speed, **device, **energy)
+    prices_given = ["--price", "H200=3.6", "--price", "Gaudi2=1.2", "--json", str(tmp_path / "c.json")]
+    assert compare.main([str(tmp_path / "slow"), str(tmp_path / "fast"), *prices_given]) == 0
     printed = capsys.readouterr().out
     # 2 GPUs at 3.60 USD/h: 7.20 USD/h for 36,000 (slow) or 144,000 (fast) samples per hour
     assert "| usd_per_1m_samples | 200 | 50 |" in printed
     assert "| usd_published_experiment | 9.8 | 2.45 |" in printed
-    assert (
-        "| energy_joules_per_sample | 4 | 4 |" in printed
-        and "| energy_source | nvml-energy | nvml-energy |" in printed
-    )
+    assert "| energy_joules_per_sample | 4 | 4 |" in printed
+    assert "| energy_source | nvml-energy | nvml-energy |" in printed
     assert "| Gaudi2 HPU | workers=2 + mediapipe | 847.7 | 3.15 | 0.154 |" in printed
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["runs"]["fast"]["metrics"]["usd_per_1m_samples"] == pytest.approx(50.0)
@@ -336,24 +283,26 @@ def test_compare_adds_the_cost_of_each_run_and_the_published_rows_at_the_same_pr
     compare.main([str(tmp_path / "slow")])
     assert "usd_" not in capsys.readouterr().out
 
-
-def readme_pricing_examples() -> list[tuple[list[str], str]]:
-    """The README's sweep commands with --price, each with the machine its comment says it runs on."""
-    import re
-    import shlex
-
-    text = (sweep_commands.REPO / "README.md").read_text().replace("\\\n", " ")
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            if "tools.bench" in line and "--price" in line:
-                command, comment = line.split("#", 1)
-                found.append((shlex.split(command)[3:], comment))
-    return found
+    # a price for no run and no published device
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(tmp_path / "slow"), "--price", "TPU=1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m bridgetower_bench.tools.compare: error: --price TPU=1: unknown device 'TPU': it matches no row "
+        "(the runs compared: cuda (NVIDIA H200)) and no published device (Gaudi2, H100, A100 80GB, Gaudi3); "
+        "a DEVICE is a device type or part of a device name\n"
+    )
 
 
 def test_the_readmes_pricing_examples_run_on_the_machine_they_name(monkeypatch, capsys):
-    examples = readme_pricing_examples()
+    # The README's sweep commands with --price, each with the machine its comment says it runs on.
+    text = (sweep_commands.REPO / "README.md").read_text().replace("\\\n", " ")
+    examples = [
+        (shlex.split(line.split("#", 1)[0])[3:], line.split("#", 1)[1])
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for line in block.splitlines()
+        if "tools.bench" in line and "--price" in line
+    ]
     assert len(examples) == 2
     machines = {"without GPU or HPU": "cpu", "NVIDIA": "cuda", "Gaudi": "hpu"}
     for argv, comment in examples:

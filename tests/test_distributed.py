@@ -1,10 +1,8 @@
 """More than one process: the CUDA script under torchrun on CPU (gloo), as two nodes of one process each (two
-launch_cuda agents on this machine meeting through c10d) or one node of two.
-
-Each rank must train on its own rows (together: every row once), the metrics must be reported and
-written once (rank 0), and the sample counts must add up to what one process sees. A signal to one rank
-stops all of them at the same step, with a complete checkpoint, before any of them exits.
-"""
+launch_cuda agents on this machine meeting through c10d) or one node of two. Each rank trains on its own rows
+(together: every row once), the metrics are reported and written once (rank 0), and the sample counts add up to
+what one process sees. A signal to one rank stops all of them at the same step, with a complete checkpoint, before
+any of them exits."""
 
 import json
 import os
@@ -18,27 +16,19 @@ import time
 
 import psutil
 import torch
+from torch.distributed import run as torchrun
+from transformers import HfArgumentParser
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import (
-    CPU_FLAGS,
-    REPO,
-    SCRIPTS,
-    base_args,
-    load_weights,
-    read_json,
-    run_script,
-    script_env,
-    script_module,
-)
+from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env, script_module
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
 
 
-def args(fixtures, output_dir, per_device_batch):
+def args(fixtures, output_dir, per_device_batch, **overrides):
     values = {
         **script_arguments(fixtures),
         "output_dir": output_dir,
@@ -51,12 +41,10 @@ def args(fixtures, output_dir, per_device_batch):
         "seed": 7,
         "save_strategy": "no",
         "dataloader_num_workers": 0,
+        **overrides,
     }
-    return (
-        [item for key, value in values.items() for item in (f"--{key}", str(value))]
-        + ["--do_train"]
-        + CPU_FLAGS["cuda"]
-    )
+    flags = [item for key, value in values.items() for item in (f"--{key}", str(value))]
+    return flags + ["--do_train"] + CPU_FLAGS["cuda"]
 
 
 # Runs the script unchanged, but each rank records which rows of the training set its DataLoader fetched; rank 1
@@ -106,14 +94,15 @@ def one_node(processes, *script_and_flags):
     return launch + [str(processes)] + [str(a) for a in script_and_flags]
 
 
-def launch_cuda(fixtures, out, *flags):
-    command = one_node(2, REPO / SCRIPTS["cuda"], *base_args(fixtures, out), "--do_train", *flags)
-    # script_env hides every GPU (CUDA_VISIBLE_DEVICES empty): the no-GPU refusal on any machine
-    return subprocess.run(command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600)
+def run(command, env=None, timeout=600):
+    """`command` run to its end in the repository, its output captured; script_env() hides every GPU."""
+    env = env or script_env(gaudi=False)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_launch_cuda_refuses_a_run_without_a_usable_gpu_once_in_one_line(fixtures, tmp_path):
-    result = launch_cuda(fixtures, tmp_path / "out")
+    # CUDA_VISIBLE_DEVICES is empty in script_env: the no-GPU refusal on any machine
+    result = run(one_node(2, REPO / SCRIPTS["cuda"], *base_args(fixtures, tmp_path / "out"), "--do_train"))
     assert result.returncode == 2 and result.stdout == "", result.stderr[-3000:]
     [line] = result.stderr.splitlines()
     assert line.startswith("run_bridgetower_cuda.py: error: no usable NVIDIA GPU: ")  # why: as this machine says
@@ -126,10 +115,7 @@ def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(tmp_pat
     script.write_text(
         "import sys\nprint('refusing.py: error: argument --learning_rate', file=sys.stderr)\nsys.exit(2)\n"
     )
-    command = one_node(2, script, "--use_cpu", "--learning_rate", "abc")
-    result = subprocess.run(
-        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600
-    )
+    result = run(one_node(2, script, "--use_cpu", "--learning_rate", "abc"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
     assert "refusing.py: error: argument --learning_rate" in result.stderr  # from each process
@@ -142,9 +128,7 @@ def test_launch_cuda_ends_failed_processes_in_one_line_with_their_status(tmp_pat
 def test_a_signal_to_launch_cuda_reaches_the_processes_which_checkpoint_and_it_ends_in_one_line(fixtures, tmp_path):
     """A scheduler signals the launcher (one task per node): once ended in torchrun's SignalException traceback."""
     out = tmp_path / "out"
-    flags = args(fixtures, out, per_device_batch=2)
-    flags[flags.index("--max_steps") + 1] = "10000"
-    command = one_node(1, REPO / SCRIPTS["cuda"], *flags)
+    command = one_node(1, REPO / SCRIPTS["cuda"], *args(fixtures, out, per_device_batch=2, max_steps=10000))
     with open(tmp_path / "log", "w") as log:
         launcher = subprocess.Popen(
             command, cwd=REPO, env=script_env(gaudi=False), stdout=log, stderr=subprocess.STDOUT
@@ -177,9 +161,8 @@ def free_port() -> int:
 def node_command(port, job, node_rank, *script_and_flags, **rdzv_conf):
     command = [sys.executable, "-m", "bridgetower_bench.tools.launch_cuda", "--nnodes", "2", "--nproc_per_node", "1"]
     command += ["--node_rank", str(node_rank), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
-    command += ["--rdzv_id", job] + [f"--rdzv_conf={','.join(f'{k}={v}' for k, v in rdzv_conf.items())}"] * bool(
-        rdzv_conf
-    )
+    conf = ",".join(f"{k}={v}" for k, v in rdzv_conf.items())
+    command += ["--rdzv_id", job] + ([f"--rdzv_conf={conf}"] if conf else [])
     return command + [str(a) for a in script_and_flags]
 
 
@@ -203,6 +186,16 @@ def start_nodes(commands, logs, env):
     return nodes
 
 
+def two_nodes(tmp_path, job, script_and_flags, env=None, logs="node"):
+    """The job's two nodes (`script_and_flags`: both nodes', or a pair, one per node) run to their end, their output
+    in tmp_path/<logs><node>.log: (exit statuses, outputs, the rendezvous port)."""
+    port, files = free_port(), [tmp_path / f"{logs}{node}.log" for node in (0, 1)]
+    per_node = script_and_flags if isinstance(script_and_flags, tuple) else (script_and_flags,) * 2
+    commands = [node_command(port, job, node, *per_node[node]) for node in (0, 1)]
+    codes = [node.wait(timeout=600) for node in start_nodes(commands, files, env or script_env(gaudi=False))]
+    return codes, [log.read_text() for log in files], port
+
+
 def assert_each_node_ended(codes, text, script, status, job, port):
     """Node 0 (it keeps the rendezvous: `start_nodes`) ends with its process's exit status in one line. So does
     node 1, or, torchrun having no exit barrier for a failed job, node 0 may end before node 1's process has
@@ -219,14 +212,10 @@ def assert_each_node_ended(codes, text, script, status, job, port):
 
 def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_in_one_line(fixtures, tmp_path):
     # Node-local disks: the same path on each node names two directories; here, two paths on one machine.
-    port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
-    commands = [
-        node_command(port, "local-disks", rank, REPO / SCRIPTS["cuda"], *args(fixtures, tmp_path / f"disk{rank}", 2))
-        + ["--ddp_backend", "gloo"]
-        for rank in (0, 1)
-    ]
-    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, script_env(gaudi=False))]
-    text = [log.read_text() for log in logs]
+    per_node = tuple(
+        [REPO / SCRIPTS["cuda"], *args(fixtures, tmp_path / f"disk{n}", 2, ddp_backend="gloo")] for n in (0, 1)
+    )
+    codes, text, port = two_nodes(tmp_path, "local-disks", per_node)
     assert_each_node_ended(codes, text, "run_bridgetower_cuda.py", 2, "local-disks", port)
     for node, log in enumerate(text):
         assert "Traceback" not in log, log[-3000:]
@@ -236,9 +225,8 @@ def test_an_output_dir_that_is_not_shared_by_the_nodes_is_refused_on_every_node_
             "filesystem every node mounts at the same path",
             log,
         ), log[-3000:]
-    assert (
-        not list((tmp_path / "disk0").glob("checkpoint-*")) and not (tmp_path / "disk0" / "model.safetensors").exists()
-    )
+    assert not list((tmp_path / "disk0").glob("checkpoint-*")), "nothing saved"
+    assert not (tmp_path / "disk0" / "model.safetensors").exists(), "nothing published"
 
 
 # Rank 1 of the job is given another learning rate (as a node started with other flags would be).
@@ -252,11 +240,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_processes_of_one_job_given_another_recipe_are_stopped_in_one_line_naming_it(fixtures, tmp_path):
     wrapper = tmp_path / "other_flags.py"
     wrapper.write_text(OTHER_FLAGS_WRAPPER)
-    flags = args(fixtures, tmp_path / "out", per_device_batch=2) + ["--ddp_backend", "gloo"]
-    command = one_node(2, wrapper, REPO / SCRIPTS["cuda"], *flags)
-    result = subprocess.run(
-        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=600
-    )
+    flags = args(fixtures, tmp_path / "out", per_device_batch=2, ddp_backend="gloo")
+    result = run(one_node(2, wrapper, REPO / SCRIPTS["cuda"], *flags))
     assert result.returncode == 2, result.stderr[-3000:]
     said = (
         "run_bridgetower_cuda.py: error: the job's processes run different recipes (rank 1: --learning_rate 5e-05 → "
@@ -268,8 +253,7 @@ def test_processes_of_one_job_given_another_recipe_are_stopped_in_one_line_namin
 
 
 def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fixtures, tmp_path):
-    flags = args(fixtures, tmp_path / "run", per_device_batch=2) + ["--ddp_backend", "gloo"]
-    flags[flags.index("--max_steps") + 1] = "10000"
+    flags = args(fixtures, tmp_path / "run", per_device_batch=2, ddp_backend="gloo", max_steps=10000)
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
     commands = [node_command(port, "killed", rank, REPO / SCRIPTS["cuda"], *flags) for rank in (0, 1)]
     survivor, victim = start_nodes(commands, logs, script_env(gaudi=False))
@@ -300,25 +284,6 @@ def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fi
     ), log[-3000:]
 
 
-def test_a_node_that_never_joins_ends_the_job_after_the_join_timeout_in_one_line(tmp_path):
-    script = tmp_path / "never_started.py"
-    script.write_text("raise SystemExit('started without the other node')\n")
-    port = free_port()
-    command = node_command(port, "alone", 0, script, "--use_cpu", join_timeout=3)
-    result = subprocess.run(
-        command, cwd=REPO, env=script_env(gaudi=False), capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        f"launch_cuda: this node waits at the rendezvous 'alone' at 127.0.0.1:{port} for the job's 2 nodes, at most "
-        "63 s (--rdzv_conf join_timeout=S,read_timeout=S)"
-    ) in result.stderr.splitlines()
-    assert result.stderr.splitlines()[-1] == (
-        f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
-        "in time (join_timeout)"
-    )
-
-
 LISTENER = "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[1]))); print(1, flush=True)"
 LISTENER += "; time.sleep(120)"
 
@@ -330,40 +295,33 @@ def listening(port: int, *name: str) -> subprocess.Popen:
     return holder
 
 
-def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
-    script, port = tmp_path / "never_started.py", free_port()
+def never_started(tmp_path):
+    """A script the node's launcher must end before it starts it."""
+    script = tmp_path / "never_started.py"
     script.write_text("raise SystemExit('started')\n")
-    holder = listening(port)
-    try:
-        taken = subprocess.run(
-            node_command(port, "taken", 0, script, "--use_cpu"), capture_output=True, text=True, timeout=60
-        )
-    finally:
-        holder.kill()
-    assert taken.returncode == 2 and taken.stderr.splitlines() == [
-        f"launch_cuda: error: --rdzv_endpoint 127.0.0.1:{port}: port {port} is taken by "
-        f"{os.path.basename(sys.executable)} (pid {holder.pid}), not a "
-        "rendezvous: choose a free port"
-    ], taken.stderr
-    command = node_command(port, "nowhere", 0, script, "--use_cpu")
-    command[command.index("--rdzv_endpoint") + 1] = "no-such-node.invalid:29500"
-    nowhere = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert nowhere.returncode == 2 and len(nowhere.stderr.splitlines()) == 1, nowhere.stderr
-    assert nowhere.stderr.startswith(
-        "launch_cuda: error: --rdzv_endpoint no-such-node.invalid:29500: no-such-node.invalid does not resolve ("
+    return script
+
+
+def test_a_node_that_never_joins_or_a_store_that_never_answers_ends_the_node_after_its_bound_in_one_line(tmp_path):
+    script, port = never_started(tmp_path), free_port()
+    result = run(node_command(port, "alone", 0, script, "--use_cpu", join_timeout=3), timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        f"launch_cuda: this node waits at the rendezvous 'alone' at 127.0.0.1:{port} for the job's 2 nodes, at most "
+        "63 s (--rdzv_conf join_timeout=S,read_timeout=S)"
+    ) in result.stderr.splitlines()
+    assert result.stderr.splitlines()[-1] == (
+        f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
+        "in time (join_timeout)"
     )
 
-
-def test_a_rendezvous_store_that_never_answers_ends_the_node_after_the_bound_in_one_line(tmp_path):
     # A listener that looks like a torchrun to the port check (its command line says so) but never answers:
     # torchrun's own timeouts do not end such a wait; the launcher's bound (join + read timeouts) does.
-    script, port = tmp_path / "never_started.py", free_port()
-    script.write_text("raise SystemExit('started')\n")
+    port = free_port()
     holder = listening(port, "torchrun-lookalike")
     try:
-        command = node_command(port, "mute", 0, script, "--use_cpu", join_timeout=2, read_timeout=2)
         started = time.monotonic()
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        result = run(node_command(port, "mute", 0, script, "--use_cpu", join_timeout=2, read_timeout=2), timeout=120)
         took = time.monotonic() - started
     finally:
         holder.kill()
@@ -374,6 +332,27 @@ def test_a_rendezvous_store_that_never_answers_ends_the_node_after_the_bound_in_
     assert took < 60, took
 
 
+def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
+    script, port = never_started(tmp_path), free_port()
+    holder = listening(port)
+    try:
+        taken = run(node_command(port, "taken", 0, script, "--use_cpu"), timeout=60)
+    finally:
+        holder.kill()
+    assert taken.returncode == 2 and taken.stderr.splitlines() == [
+        f"launch_cuda: error: --rdzv_endpoint 127.0.0.1:{port}: port {port} is taken by "
+        f"{os.path.basename(sys.executable)} (pid {holder.pid}), not a "
+        "rendezvous: choose a free port"
+    ], taken.stderr
+    command = node_command(port, "nowhere", 0, script, "--use_cpu")
+    command[command.index("--rdzv_endpoint") + 1] = "no-such-node.invalid:29500"
+    nowhere = run(command, timeout=60)
+    assert nowhere.returncode == 2 and len(nowhere.stderr.splitlines()) == 1, nowhere.stderr
+    assert nowhere.stderr.startswith(
+        "launch_cuda: error: --rdzv_endpoint no-such-node.invalid:29500: no-such-node.invalid does not resolve ("
+    )
+
+
 def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_the_same_command_finishes(
     fixtures, tmp_path
 ):
@@ -381,22 +360,13 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
     wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
     out, exits = tmp_path / "run", tmp_path / "exits"
     exits.mkdir()
-    flags = args(fixtures, out, per_device_batch=2) + ["--ddp_backend", "gloo", "--save_steps", "100"]
-    flags[flags.index("--max_steps") + 1] = "12"
-    flags[flags.index("--save_strategy") + 1] = "steps"
+    flags = args(fixtures, out, 2, ddp_backend="gloo", save_steps=100, max_steps=12, save_strategy="steps")
     env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
-    logs, port = [tmp_path / "node0.log", tmp_path / "node1.log"], free_port()
-    commands = [node_command(port, "stopped", r, wrapper, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
-    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
-    text = [log.read_text() for log in logs]
+    codes, text, port = two_nodes(tmp_path, "stopped", [wrapper, REPO / SCRIPTS["cuda"], *flags], env)
     assert_each_node_ended(codes, text, "signal_rank1.py", 143, "stopped", port)  # stopped as by SIGTERM
     # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
-    assert (
-        sum(
-            log.count("SIGTERM received: training stops and saves a checkpoint after the current step") for log in text
-        )
-        == 1
-    )
+    received = "SIGTERM received: training stops and saves a checkpoint after the current step"
+    assert sum(log.count(received) for log in text) == 1, text
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
     checkpoint = out / "checkpoint-10"
@@ -416,10 +386,7 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
         assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(ROWS))
 
     # The same command on both nodes (without the signalling wrapper) resumes from it and finishes the run.
-    logs, port = [tmp_path / "resumed0.log", tmp_path / "resumed1.log"], free_port()
-    commands = [node_command(port, "resumed", r, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
-    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
-    text = [log.read_text() for log in logs]
+    codes, text, _ = two_nodes(tmp_path, "resumed", [REPO / SCRIPTS["cuda"], *flags], env, logs="resumed")
     assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
     assert sum(f"resuming training at {out / 'checkpoint-10'}" in log for log in text) == 2  # each node's rank
     assert read_json(out / "trainer_state.json")["global_step"] == 12
@@ -437,10 +404,7 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
         assert 0 < node["train_samples_per_second"] and 0 <= node["data_wait_fraction"] <= 1
         assert "energy_joules" not in node  # RAPL is not read with several processes on one CPU
     printed = [line.split() for t in text for line in t.splitlines() if line.lstrip().startswith("node ")]
-    assert [words[:5] for words in printed] == [
-        ["node", "0", "=", "1", "process(es),"],
-        ["node", "1", "=", "1", "process(es),"],
-    ]
+    assert [words[:5] for words in printed] == [["node", node, "=", "1", "process(es),"] for node in ("0", "1")]
 
     # One process with the same global batch counts the same samples (no per-node figures: one node).
     one_flags = args(fixtures, tmp_path / "one", per_device_batch=4)
@@ -450,9 +414,30 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
     assert one["throughput_counted_samples"] + WARMUP * 4 == STEPS * 4 == ROWS
 
 
-def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_and_under_slurm():
-    from torch.distributed import run as torchrun
+def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_with_the_same_threads(
+    fixtures, tmp_path
+):
+    # Without OMP_NUM_THREADS, torchrun sets one thread per process only with several processes per node and
+    # accelerate gives a lone process every core: CPU kernels then reduce in another order. launch_cuda sets one.
+    env = {key: value for key, value in script_env(gaudi=False).items() if key != "OMP_NUM_THREADS"}
+    flags = args(fixtures, tmp_path / "nodes", per_device_batch=2, ddp_backend="gloo")
+    codes, text, _ = two_nodes(tmp_path, "threads", [REPO / SCRIPTS["cuda"], *flags], env)
+    assert codes == [0, 0], "".join(log[-3000:] for log in text)
+    flags[flags.index("--output_dir") + 1] = str(tmp_path / "one")
+    one = run(one_node(2, REPO / SCRIPTS["cuda"], *flags), env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    for directory in ("nodes", "one"):
+        assert read_json(tmp_path / directory / "train_results.json")["cpu_threads"] == 1, directory
+    nodes_weights, one_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
+    assert nodes_weights.keys() == one_weights.keys()
+    assert all(torch.equal(nodes_weights[name], one_weights[name]) for name in nodes_weights)
 
+
+SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
+
+
+def test_the_readmes_multi_node_commands_and_the_sbatch_file_run_the_published_command_by_c10d_rendezvous(tmp_path):
+    # The README's two multi-node commands: torchrun's c10d rendezvous by hand and under Slurm.
     readme = (REPO / "README.md").read_text().replace("\\\n", " ")
     commands = [
         shlex.split(line, comments=True) for line in readme.splitlines() if re.search(r"launch_cuda\s+--nnodes", line)
@@ -468,37 +453,7 @@ def test_the_readmes_multi_node_commands_are_torchruns_c10d_rendezvous_by_hand_a
     assert slurm[5:7] == ["--cpus-per-task", "$SLURM_CPUS_PER_TASK"]  # srun no longer inherits it (Slurm 22.05)
     assert options.rdzv_id == "$SLURM_JOB_ID" and options.rdzv_endpoint == "$HEAD:29500"
 
-
-def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_with_the_same_threads(
-    fixtures, tmp_path
-):
-    # Without OMP_NUM_THREADS, torchrun sets one thread per process only with several processes per node and
-    # accelerate gives a lone process every core: CPU kernels then reduce in another order. launch_cuda sets one.
-    env = {key: value for key, value in script_env(gaudi=False).items() if key != "OMP_NUM_THREADS"}
-    flags = args(fixtures, tmp_path / "nodes", per_device_batch=2) + ["--ddp_backend", "gloo"]
-    logs, port = [tmp_path / "node0.log", tmp_path / "node1.log"], free_port()
-    commands = [node_command(port, "threads", r, REPO / SCRIPTS["cuda"], *flags) for r in (0, 1)]
-    codes = [node.wait(timeout=600) for node in start_nodes(commands, logs, env)]
-    assert codes == [0, 0], "".join(log.read_text()[-3000:] for log in logs)
-    flags[flags.index("--output_dir") + 1] = str(tmp_path / "one")
-    one = subprocess.run(
-        one_node(2, REPO / SCRIPTS["cuda"], *flags), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    for run in ("nodes", "one"):
-        assert read_json(tmp_path / run / "train_results.json")["cpu_threads"] == 1
-    two_nodes, one_node_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
-    assert two_nodes.keys() == one_node_weights.keys()
-    assert all(torch.equal(two_nodes[name], one_node_weights[name]) for name in two_nodes)
-
-
-SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
-
-
-def test_the_sbatch_file_runs_the_published_command_once_per_node_with_its_cpus_and_gpus(tmp_path):
-    from torch.distributed import run as torchrun
-    from transformers import HfArgumentParser
-
+    # The sbatch file: the published command once per node, with its CPUs and GPUs.
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0  # bash's syntax check
     # sbatch reads the `#SBATCH` lines before the first command
     head = SBATCH.read_text().split("\nset -euo pipefail\n")[0].splitlines()
@@ -534,7 +489,6 @@ def test_the_sbatch_file_runs_the_published_command_once_per_node_with_its_cpus_
     assert (options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id) == ("c10d", "gpu-a:29500", "4242")
     assert options.training_script == SCRIPTS["cuda"]
     # The README's published 8-GPU command's flags, --output_dir in the submission directory (the nodes share it)
-    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
     (published,) = [
         line for line in readme.splitlines() if "launch_cuda --nproc_per_node 8 run_bridgetower_cuda" in line
     ]

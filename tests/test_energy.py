@@ -17,17 +17,10 @@ from bridgetower_bench.measurement.energy import (
     integrate_power,
 )
 from bridgetower_bench.measurement.throughput import ThroughputCallback
+from helpers import slow_trainer
 
 
 CPU_ARGS = SimpleNamespace(device=torch.device("cpu"))
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 # --- NVML: the board's millijoule counter ------------------------------------------------------------------
@@ -53,9 +46,13 @@ def fake_nvml(monkeypatch, trace, supported=True):
     return module
 
 
-def drive(callback, clock, steps, step_seconds, batch, poll=None):
-    """The Trainer's events for `steps` optimizer steps of `step_seconds` each; `poll(step)` runs before each step end."""
-    state = SimpleNamespace(global_step=0, max_steps=steps)
+def measured(meter, warmup, steps, batch=2, step_seconds=1.0, poll=None, max_steps=None, **options):
+    """The metrics of a ThroughputCallback (`options` its own) measuring `meter` through the Trainer's events for
+    `steps` optimizer steps of `step_seconds` each (of `max_steps`, by default all) on a stand-in clock;
+    `poll(step)` runs before each step end."""
+    clock = SimpleNamespace(now=100.0)
+    callback = ThroughputCallback(warmup_steps=warmup, clock=lambda: clock.now, energy=meter, **options)
+    state = SimpleNamespace(global_step=0, max_steps=max_steps or steps)
     callback.on_train_begin(CPU_ARGS, state, None)
     for step in range(1, steps + 1):
         callback.record_fetch(0.0, batch)
@@ -64,19 +61,20 @@ def drive(callback, clock, steps, step_seconds, batch, poll=None):
         if poll:
             poll(step)
         callback.on_step_end(CPU_ARGS, state, None)
+    return callback.metrics()
 
 
-def test_nvml_energy_is_the_counter_difference_over_exactly_the_counted_window(monkeypatch):
+def test_nvml_energy_is_the_counter_difference_read_after_the_device_caught_up_at_the_windows_ends(monkeypatch):
     # Readings: when the meter opens (before the window), at the end of warm-up step 2, at the last step.
-    nvml = fake_nvml(monkeypatch, [1_000_000, 1_050_000, 1_850_000])
-    clock = FakeClock()
+    nvml, events = fake_nvml(monkeypatch, [1_000_000, 1_050_000, 1_850_000]), []
+    read = nvml.nvmlDeviceGetTotalEnergyConsumption
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: events.append("read") or read(handle)
     meter = EnergyMeter.for_device(torch.device("cuda", 0))
-    callback = ThroughputCallback(warmup_steps=2, clock=clock, synchronize=lambda device: None, energy=meter)
 
-    drive(callback, clock, steps=10, step_seconds=0.5, batch=8)
-    metrics = callback.metrics()
+    metrics = measured(meter, 2, steps=10, batch=8, step_seconds=0.5, synchronize=lambda device: events.append("sync"))
 
     assert len(nvml.calls) == 3, "read when opened, at the window's start and at its end: no reading per step"
+    assert events == ["read", "sync", "read", "sync", "read"], "the device caught up before each end's reading"
     # 800 J over 8 counted steps of 0.5 s and 8 samples each
     assert metrics["energy_source"] == "nvml-energy"
     assert metrics["energy_joules"] == pytest.approx(800.0)
@@ -85,44 +83,14 @@ def test_nvml_energy_is_the_counter_difference_over_exactly_the_counted_window(m
     assert metrics["energy_seconds"] == pytest.approx(metrics["throughput_counted_seconds"])
 
 
-def test_the_counter_is_read_after_the_device_caught_up_at_both_ends(monkeypatch):
-    events = []
-    nvml = fake_nvml(monkeypatch, [0, 10_000, 30_000])
-    read = nvml.nvmlDeviceGetTotalEnergyConsumption
-    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: events.append("read") or read(handle)
-    clock = FakeClock()
-    callback = ThroughputCallback(
-        warmup_steps=1,
-        clock=clock,
-        synchronize=lambda device: events.append("sync"),
-        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
-    )
-
-    drive(callback, clock, steps=4, step_seconds=1.0, batch=2)
-
-    assert events == ["read", "sync", "read", "sync", "read"]
-    assert callback.metrics()["energy_joules"] == pytest.approx(20.0)
-
-
-def test_a_gpu_without_an_energy_counter_is_not_measured_and_says_why(monkeypatch):
+def test_a_gpu_without_an_energy_counter_or_without_nvidia_ml_py_is_not_measured_and_says_why(monkeypatch):
     fake_nvml(monkeypatch, [], supported=False)
-    clock = FakeClock()
-    callback = ThroughputCallback(
-        warmup_steps=1,
-        clock=clock,
-        synchronize=lambda device: None,
-        energy=EnergyMeter.for_device(torch.device("cuda", 0)),
-    )
-    drive(callback, clock, steps=3, step_seconds=1.0, batch=2)
-
-    metrics = callback.metrics()
+    metrics = measured(EnergyMeter.for_device(torch.device("cuda", 0)), 1, steps=3, synchronize=lambda device: None)
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == "NVML has no energy counter for this GPU: Not Supported"
     assert metrics["train_samples_per_second"] == pytest.approx(2.0), "training and its figures go on"
     assert "energy_joules_per_sample" not in metrics
 
-
-def test_without_nvidia_ml_py_the_run_says_nvml_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     meter = EnergyMeter.for_device(torch.device("cuda", 0))
     meter.prepare()
@@ -164,10 +132,10 @@ def test_nvml_reads_the_gpu_torch_trains_on_by_its_uuid_not_its_index(monkeypatc
 # --- HLML: power in milliwatts, sampled ------------------------------------------------------------------------
 
 
-def test_hlml_power_samples_are_integrated_over_the_window():
-    clock = FakeClock()
+def test_hlml_power_samples_are_integrated_over_the_window_by_the_test_or_the_samplers_thread():
+    clock = SimpleNamespace(now=100.0)
     power_mw = iter([100_000, 300_000, 300_000, 200_000])
-    sampler = HlmlPowerSampler(lambda: next(power_mw), interval=3600, clock=clock)  # the test takes the samples
+    sampler = HlmlPowerSampler(lambda: next(power_mw), interval=3600, clock=lambda: clock.now)  # the test samples
 
     sampler.start()  # t=100: 100 W
     clock.now += 1.0
@@ -181,9 +149,7 @@ def test_hlml_power_samples_are_integrated_over_the_window():
     assert joules == pytest.approx(200 + 600 + 250)
     assert integrate_power([(0.0, 50.0)]) == 0.0
 
-
-def test_hlml_sampler_thread_samples_while_training_runs():
-    sampler = HlmlPowerSampler(lambda: 250_000, interval=0.01)
+    sampler = HlmlPowerSampler(lambda: 250_000, interval=0.01)  # its own thread, while training runs
     sampler.start()
     time.sleep(0.2)
     joules = sampler.stop()
@@ -204,7 +170,7 @@ def fake_hlml(monkeypatch, modules=(0, 1, 2, 3), power_mw=400_000):
     return module
 
 
-def test_hlml_samples_the_hpu_of_this_process_by_module_id(monkeypatch):
+def test_hlml_samples_the_hpu_of_this_process_by_module_id_or_says_why_not(monkeypatch):
     hlml = fake_hlml(monkeypatch, modules=(3, 2, 1, 0))
     sampler = HlmlPowerSampler.open({"OMPI_COMM_WORLD_LOCAL_RANK": "1"})
     sampler.sample()
@@ -213,16 +179,14 @@ def test_hlml_samples_the_hpu_of_this_process_by_module_id(monkeypatch):
     assert energy.hpu_module_id({"HABANA_VISIBLE_MODULES": "4,5,6,7", "LOCAL_RANK": "2"}) == 6
     assert energy.hpu_module_id({"HABANA_VISIBLE_MODULES": "6"}) == 6
 
-
-def test_hlml_not_measured_paths(monkeypatch):
     with pytest.raises(NotMeasured, match="single process takes the first free HPU.*set HLS_MODULE_ID"):
         energy.hpu_module_id({})
-    monkeypatch.setitem(sys.modules, "pyhlml", None)
-    with pytest.raises(NotMeasured, match=r"^no HLML \(habana-pyhlml not installed\)$"):
-        HlmlPowerSampler.open({"LOCAL_RANK": "0"})
     fake_hlml(monkeypatch, modules=(0, 1))
     with pytest.raises(NotMeasured, match="HLML lists no HPU with module ID 7"):
         HlmlPowerSampler.open({"HLS_MODULE_ID": "7"})
+    monkeypatch.setitem(sys.modules, "pyhlml", None)
+    with pytest.raises(NotMeasured, match=r"^no HLML \(habana-pyhlml not installed\)$"):
+        HlmlPowerSampler.open({"LOCAL_RANK": "0"})
 
 
 # --- RAPL: package counters in microjoules, with wrap-around --------------------------------------------------
@@ -279,19 +243,12 @@ def test_rapl_over_the_throughput_window_polls_every_counted_step(tmp_path, monk
     top = 100_000_000  # 100 J: it wraps inside the window
     powercap = FakePowercap(tmp_path, {"intel-rapl:0": ("package-0", top)})
     monkeypatch.setattr(energy, "POWERCAP_ROOT", str(tmp_path))
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=2, clock=clock, energy=EnergyMeter.for_device(torch.device("cpu")))
 
     # 30 J per step from step 0 on: the counter passes its 100 J top three times over the 8 counted steps
-    drive(
-        callback,
-        clock,
-        steps=10,
-        step_seconds=1.0,
-        batch=4,
-        poll=lambda step: powercap.set("intel-rapl:0", (step * 30_000_000) % top),
-    )
-    metrics = callback.metrics()
+    def burn(step):
+        powercap.set("intel-rapl:0", (step * 30_000_000) % top)
+
+    metrics = measured(EnergyMeter.for_device(torch.device("cpu")), 2, steps=10, batch=4, poll=burn)
 
     assert metrics["energy_source"] == "rapl" and metrics["energy_domains"] == "package-0"
     assert metrics["energy_joules"] == pytest.approx(8 * 30.0)
@@ -342,39 +299,25 @@ class Counter:
     def stop(self):
         return self.value - self._start
 
-
-def test_a_warmup_covering_every_step_has_no_window_to_measure():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=10, clock=clock, energy=EnergyMeter(Counter))
-    drive(callback, clock, steps=4, step_seconds=1.0, batch=2)
-    assert callback.metrics()["energy_reason"] == "the warm-up covers every step: no counted window"
+    def burn(self, joules):
+        self.value += joules
 
 
-def test_a_reader_failing_mid_window_never_stops_training_and_is_reported():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, energy=EnergyMeter(lambda: Counter(fail_at="poll")))
-    drive(callback, clock, steps=5, step_seconds=1.0, batch=2)
-    metrics = callback.metrics()
-    assert metrics["energy_source"] == "not measured"
-    assert metrics["energy_reason"] == "energy reading failed: OSError('device gone')"
+@pytest.mark.parametrize(
+    "counter, warmup, steps, max_steps, reason",
+    [
+        (Counter, 10, 4, None, "the warm-up covers every step: no counted window"),
+        (lambda: Counter(fail_at="poll"), 1, 5, None, "energy reading failed: OSError('device gone')"),
+        (Counter, 1, 4, 10, "the counted window did not end at the run's last step"),  # stopped after 4 of 10 steps
+    ],
+)
+def test_a_window_that_cannot_be_measured_says_why_and_never_stops_training(counter, warmup, steps, max_steps, reason):
+    metrics = measured(EnergyMeter(counter), warmup, steps=steps, max_steps=max_steps)
+    assert metrics["energy_source"] == "not measured" and metrics["energy_reason"] == reason
     assert metrics["train_samples_per_second"] == pytest.approx(2.0)
 
 
-def test_a_run_that_ends_before_its_last_step_or_never_opens_the_window_says_so():
-    clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=1, clock=clock, energy=EnergyMeter(Counter))
-    state = SimpleNamespace(global_step=0, max_steps=10)  # stopped after 4 of 10 steps
-    callback.on_train_begin(CPU_ARGS, state, None)
-    for step in range(1, 5):
-        callback.record_fetch(0.0, 2)
-        clock.now += 1.0
-        state.global_step = step
-        callback.on_step_end(CPU_ARGS, state, None)
-    assert callback.metrics()["energy_reason"] == "the counted window did not end at the run's last step"
-    assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
-
-
-def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing():
+def test_the_figures_per_sample_and_per_second_a_second_stop_changes_nothing_and_a_window_must_open():
     counter = Counter()
     meter = EnergyMeter(lambda: counter)
     meter.prepare()
@@ -392,6 +335,7 @@ def test_the_figures_per_sample_and_per_second_and_a_second_stop_changes_nothing
         "energy_joules_per_sample": 12.0,
     }
     assert "energy_joules_per_sample" not in meter.metrics(samples=0, seconds=4.0)
+    assert EnergyMeter(Counter).metrics(samples=4, seconds=1.0)["energy_reason"] == "the counted window never opened"
 
 
 def test_the_power_sampler_never_keeps_a_dying_run_alive():
@@ -408,15 +352,9 @@ def test_the_power_sampler_never_keeps_a_dying_run_alive():
 
 
 def test_without_warmup_the_window_and_its_energy_start_with_training():
-    clock = FakeClock()
     counter = Counter()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, energy=EnergyMeter(lambda: counter))
-
-    def burn(step):
-        counter.value += 7.0
-
-    drive(callback, clock, steps=3, step_seconds=1.0, batch=1, poll=burn)
-    assert callback.metrics()["energy_joules"] == pytest.approx(21.0)
+    metrics = measured(EnergyMeter(lambda: counter), 0, steps=3, batch=1, poll=lambda step: counter.burn(7.0))
+    assert metrics["energy_joules"] == pytest.approx(21.0)
 
 
 # --- a real Trainer: the trainer extensions measure the training device over the counted window ------------------
@@ -437,19 +375,13 @@ class PowerMeter:
         return 50.0 * (time.perf_counter() - self._start)
 
 
-def real_training(tmp_path):
-    from helpers import slow_trainer
-
-    return slow_trainer(tmp_path).train().metrics
-
-
 def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tmp_path, monkeypatch):
     opened = []
     monkeypatch.setattr(
         energy, "open_source", lambda device, world_size=1: opened.append((device.type, world_size)) or PowerMeter()
     )
 
-    metrics = real_training(tmp_path)
+    metrics = slow_trainer(tmp_path).train().metrics
 
     assert opened == [("cpu", 1)]
     assert metrics["energy_source"] == "test-50-watts"
@@ -460,7 +392,7 @@ def test_the_trainer_records_the_energy_of_its_device_over_the_counted_window(tm
 
 def test_the_trainer_records_why_energy_was_not_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(energy, "POWERCAP_ROOT", str(tmp_path / "no-powercap"))
-    metrics = real_training(tmp_path)
+    metrics = slow_trainer(tmp_path).train().metrics
     assert metrics["energy_source"] == "not measured"
     assert metrics["energy_reason"] == f"no RAPL ({tmp_path / 'no-powercap'} has no intel-rapl domain)"
     assert "energy_joules_per_sample" not in metrics

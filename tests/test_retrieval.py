@@ -1,7 +1,7 @@
 """Retrieval quality metrics: exact recalls on hand-built embeddings, grouping, chunking, glue."""
 
-import io
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from bridgetower_bench.retrieval import (
     retrieval_metrics,
     summarise_quality,
 )
-from helpers import ranks_by_sorting, tiny_contrastive_model
+from helpers import encode, ranks_by_sorting, tiny_contrastive_model
 
 
 # Four images along the axes of R^4; five unit-length captions whose coordinates are their
@@ -47,7 +47,7 @@ def whole(message: str) -> str:
 # Text -> image ranks: 1, 2, 1, 2, 3.
 
 
-def test_hand_built_embeddings_give_known_recalls_and_ranks():
+def test_hand_built_embeddings_give_known_recalls_and_ranks_as_plain_python_values():
     metrics = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
 
     assert metrics == pytest.approx(
@@ -64,94 +64,51 @@ def test_hand_built_embeddings_give_known_recalls_and_ranks():
             "num_captions": 5,
         }
     )
+    defaults = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS)
+    recalls = [f"{direction}_recall@{k}" for direction in ("i2t", "t2i") for k in (1, 5, 10)]
+    assert list(defaults) == recalls + ["i2t_mean_rank", "t2i_mean_rank", "num_images", "num_captions"]
+    assert defaults["t2i_recall@1"] == pytest.approx(0.4)
+    assert defaults["t2i_recall@5"] == 1.0  # only four images to rank
+    assert all(type(value) in (float, int) for value in defaults.values())
 
 
-def test_default_ks_and_plain_python_values():
-    metrics = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS)
-
-    assert list(metrics) == [
-        "i2t_recall@1",
-        "i2t_recall@5",
-        "i2t_recall@10",
-        "t2i_recall@1",
-        "t2i_recall@5",
-        "t2i_recall@10",
-        "i2t_mean_rank",
-        "t2i_mean_rank",
-        "num_images",
-        "num_captions",
-    ]
-    assert metrics["t2i_recall@1"] == pytest.approx(0.4)
-    assert metrics["t2i_recall@5"] == 1.0  # only four images to rank
-    assert all(type(value) in (float, int) for value in metrics.values())
-
-
-def test_cosine_similarity_ignores_vector_length_and_accepts_torch():
+def test_vector_length_tensor_types_and_group_labels_leave_the_figures_unchanged():
+    expected = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
     rng = np.random.default_rng(0)
     scaled_images = HAND_IMAGES * rng.uniform(0.1, 10, size=(5, 1)).astype(np.float32)
     scaled_texts = HAND_TEXTS * rng.uniform(0.1, 10, size=(5, 1)).astype(np.float32)
-
+    # cosine similarity: vector length ignored; torch tensors (bfloat16 too) accepted
     from_torch = retrieval_metrics(
         torch.from_numpy(scaled_images).to(torch.bfloat16),
         torch.from_numpy(scaled_texts),
         torch.tensor(HAND_GROUPS),
         ks=(1, 2, 3),
     )
+    assert from_torch == pytest.approx(expected)
+    # group ids are labels, not positions
+    assert retrieval_metrics(HAND_IMAGES, HAND_TEXTS, [70, 70, -3, 12, 5], ks=(1, 2, 3)) == expected
 
-    assert from_torch == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3)))
 
-
-def test_rows_of_the_same_image_count_as_one_image():
+def test_rows_of_the_same_image_count_as_one_image_and_ties_count_against_the_model():
     # Image A has three captions that all match it exactly, image B one.
     images = np.array([[1, 0], [1, 0], [1, 0], [0, 1]], dtype=np.float32)
-    texts = images.copy()
-
-    metrics = retrieval_metrics(images, texts, ["A", "A", "A", "B"])
-
+    metrics = retrieval_metrics(images, images.copy(), ["A", "A", "A", "B"])
     assert metrics["num_images"] == 2 and metrics["num_captions"] == 4
     # Copies of image A are not competitors of A: every caption finds its image first.
     assert metrics["t2i_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
     # Image A's other captions are correct answers too, not wrong captions ranked ahead.
     assert metrics["i2t_recall@1"] == 1.0 and metrics["i2t_mean_rank"] == 1.0
 
-
-def test_group_ids_are_labels_not_positions():
-    relabelled = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, [70, 70, -3, 12, 5], ks=(1, 2, 3))
-
-    assert relabelled == retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
-
-
-def test_ties_count_against_the_model():
     # A collapsed model: every embedding equal. It must score the worst ranks, not recall 1.
     same = np.ones((4, 8), dtype=np.float32)
-
     metrics = retrieval_metrics(same, same, [0, 0, 1, 2], ks=(1,))
-
     assert metrics["t2i_recall@1"] == 0.0 and metrics["t2i_mean_rank"] == 3.0
     # Image 0 has 2 wrong captions ahead (rank 3); images 1 and 2 have 3 (rank 4).
     assert metrics["i2t_recall@1"] == 0.0
     assert metrics["i2t_mean_rank"] == pytest.approx((3 + 4 + 4) / 3)
 
 
-def _brute_force_ranks(images, texts, groups):
-    """Reference: full similarity matrix, one image row per group, explicit loops."""
-    unique = sorted(set(groups))
-    first_row = {g: groups.index(g) for g in unique}
-    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
-    group_images = unit(np.stack([images[first_row[g]] for g in unique]))
-    sims = unit(texts) @ group_images.T  # captions x unique images
-    t2i = []
-    for j, g in enumerate(groups):
-        correct = sims[j, unique.index(g)]
-        t2i.append(1 + sum(sims[j, m] >= correct for m, other in enumerate(unique) if other != g))
-    i2t = []
-    for m, g in enumerate(unique):
-        best = max(sims[j, m] for j in range(len(groups)) if groups[j] == g)
-        i2t.append(1 + sum(sims[j, m] >= best for j in range(len(groups)) if groups[j] != g))
-    return np.array(i2t), np.array(t2i)
-
-
-def test_chunked_equals_unchunked_and_matches_brute_force():
+def test_chunked_equals_unchunked_and_matches_ranks_by_sorting():
     rng = np.random.default_rng(1)
     groups = rng.integers(0, 40, size=97).tolist()
     distinct_images = rng.normal(size=(40, 16)).astype(np.float32)
@@ -162,7 +119,7 @@ def test_chunked_equals_unchunked_and_matches_brute_force():
     for chunk_size in (1, 7, 32):
         assert retrieval_metrics(images, texts, groups, chunk_size=chunk_size) == whole
 
-    i2t, t2i = _brute_force_ranks(images, texts, groups)
+    i2t, t2i = ranks_by_sorting(images, texts, groups)  # the reference: shares no code with the package
     assert whole["num_images"] == len(set(groups))
     assert whole["i2t_mean_rank"] == pytest.approx(i2t.mean())
     assert whole["t2i_mean_rank"] == pytest.approx(t2i.mean())
@@ -211,9 +168,7 @@ def test_bad_ks_and_chunk_size_are_rejected():
 
 
 def _png_bytes(color):
-    buffer = io.BytesIO()
-    Image.new("RGB", (4, 4), color).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encode(Image.new("RGB", (4, 4), color), "PNG")
 
 
 def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
@@ -235,18 +190,15 @@ def test_image_group_ids_match_identical_bytes_in_first_appearance_order():
     assert ids.tolist() == [0, 1, 0, 2, 2, 3, 3, 1]
 
 
-def test_image_group_ids_compare_pil_images_by_pixels():
+def test_image_group_ids_compare_pil_images_by_pixels_and_read_an_undecoded_datasets_column():
     values = [
         Image.new("RGB", (3, 3), "red"),
         Image.new("RGB", (3, 3), "red"),
         Image.new("RGB", (3, 3), "blue"),
         Image.new("L", (3, 3), 76),
     ]
-
     assert image_group_ids(values).tolist() == [0, 0, 1, 2]
 
-
-def test_image_group_ids_of_an_undecoded_datasets_column():
     import datasets
 
     split = datasets.Dataset.from_dict(
@@ -254,7 +206,6 @@ def test_image_group_ids_of_an_undecoded_datasets_column():
         features=datasets.Features({"image": datasets.Image()}),
     )
     column = split.cast_column("image", datasets.Image(decode=False))["image"]
-
     assert image_group_ids(column).tolist() == [0, 0, 1]
 
 
@@ -264,6 +215,10 @@ def test_image_group_ids_of_an_undecoded_datasets_column():
         ([b"x", {"bytes": None, "path": None}], "image value in row 1 is a dict with neither bytes nor a path"),
         ([b"x", b"y", 3.5], f"image value in row 2 has unsupported type float; {EXPECTED_IMAGE_VALUES}"),
         ([None], f"image value in row 0 has unsupported type NoneType; {EXPECTED_IMAGE_VALUES}"),
+        (
+            [np.zeros((2, 2), dtype=np.uint8)],
+            f"image value in row 0 has unsupported type ndarray; {EXPECTED_IMAGE_VALUES}",
+        ),
     ],
 )
 def test_image_group_ids_reject_unusable_values(values, message):
@@ -274,23 +229,31 @@ def test_image_group_ids_reject_unusable_values(values, message):
 # ------------------------------------------------------------------------ trainer and evaluate
 
 
-class _EvalPrediction:
-    def __init__(self, predictions):
-        self.predictions = predictions
-        self.label_ids = ()
+def _eval_prediction(predictions):
+    return SimpleNamespace(predictions=predictions, label_ids=())
 
 
-def test_compute_metrics_reads_text_then_image_embeddings_and_trims_padding():
+def test_compute_metrics_reads_text_then_image_embeddings_trims_padding_and_takes_a_plain_tuple():
     compute_metrics = make_compute_metrics(HAND_GROUPS, ks=(1, 2, 3))
     padding = np.full((3, 4), 9.0, dtype=np.float32)  # rows a distributed sampler repeated
     predictions = (np.concatenate([HAND_TEXTS, padding]), np.concatenate([HAND_IMAGES, padding]))
 
-    metrics = compute_metrics(_EvalPrediction(predictions))
+    metrics = compute_metrics(_eval_prediction(predictions))
 
     assert metrics == retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+    # a one-row split, given as a plain (predictions, label_ids) tuple
+    embeds = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
+    metrics = make_compute_metrics([7])(((embeds, embeds), ()))
+    assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
+    assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
 
 
-def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
+def test_compute_metrics_refuses_bad_group_ids_too_few_rows_and_wrong_prediction_layout():
+    for ids, shape in (([[0, 1], [1, 2]], "(2, 2)"), ([], "(0,)")):
+        with pytest.raises(
+            ValueError, match=whole(f"image_group_ids must be a non-empty 1-D sequence, got shape {shape}")
+        ):
+            make_compute_metrics(ids)
     compute_metrics = make_compute_metrics(HAND_GROUPS)
 
     not_covered = (
@@ -298,17 +261,17 @@ def test_compute_metrics_refuses_too_few_rows_and_wrong_prediction_layout():
         "or group ids computed for a different split)"
     )
     with pytest.raises(ValueError, match=whole(f"text_embeds {not_covered}")):
-        compute_metrics(_EvalPrediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
+        compute_metrics(_eval_prediction((HAND_TEXTS[:4], HAND_IMAGES[:4])))
     with pytest.raises(ValueError, match=whole(f"image_embeds {not_covered}")):
-        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES[:4])))
+        compute_metrics(_eval_prediction((HAND_TEXTS, HAND_IMAGES[:4])))
     layout = (
         "retrieval metrics expect predictions = (text_embeds, image_embeds), got {}; evaluate with "
         "ignore_keys=['logits', 'cross_embeds', 'hidden_states', 'attentions'] and eval_do_concat_batches=True"
     )
     with pytest.raises(ValueError, match=whole(layout.format("shape (5, 4)"))):
-        compute_metrics(_EvalPrediction(HAND_TEXTS))
+        compute_metrics(_eval_prediction(HAND_TEXTS))
     with pytest.raises(ValueError, match=whole(layout.format("a tuple of 3"))):
-        compute_metrics(_EvalPrediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
+        compute_metrics(_eval_prediction((HAND_TEXTS, HAND_IMAGES, HAND_IMAGES)))
 
 
 def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_the_embeddings(tmp_path):
@@ -321,11 +284,11 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_t
     torch.manual_seed(1)
     pictures = torch.randn(8, 3, 28, 28)
     rows = [
-        {
-            "pixel_values": pictures[g],
-            "input_ids": torch.randint(3, 50, (8,)),
-            "attention_mask": torch.ones(8, dtype=torch.long),
-        }
+        dict(
+            pixel_values=pictures[g],
+            input_ids=torch.randint(3, 50, (8,)),
+            attention_mask=torch.ones(8, dtype=torch.long),
+        )
         for g in groups
     ]
 
@@ -339,14 +302,8 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_t
         seen["predictions"] = eval_pred.predictions
         return compute_metrics(eval_pred)
 
-    args = TrainingArguments(
-        str(tmp_path),
-        per_device_eval_batch_size=5,
-        remove_unused_columns=False,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    options = dict(per_device_eval_batch_size=5, remove_unused_columns=False, report_to=[], use_cpu=True)
+    args = TrainingArguments(str(tmp_path), **options, disable_tqdm=True)
     trainer = Trainer(
         model=model, args=args, eval_dataset=rows, data_collator=collate, compute_metrics=spying_compute_metrics
     )
@@ -368,27 +325,18 @@ def test_trainer_evaluate_with_the_ignore_keys_reports_the_recalls_sorted_from_t
     assert "eval_loss" in metrics
 
 
-def test_evaluate_module_loads_offline_from_folder_and_file():
-    inputs = dict(image_embeds=HAND_IMAGES.tolist(), text_embeds=HAND_TEXTS.tolist(), image_group_ids=HAND_GROUPS)
-    expected = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+def test_evaluate_module_loads_offline_from_folder_and_file_and_accumulates_batches():
     import evaluate
 
-    from_package = load_retrieval_metric().compute(**inputs, ks=(1, 2, 3))
+    inputs = dict(image_embeds=HAND_IMAGES.tolist(), text_embeds=HAND_TEXTS.tolist(), image_group_ids=HAND_GROUPS)
+    expected = retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS, ks=(1, 2, 3))
+    assert load_retrieval_metric().compute(**inputs, ks=(1, 2, 3)) == pytest.approx(expected), "from the package"
     from_file = evaluate.load(str(METRIC_DIR / "retrieval_recall.py")).compute(**inputs, ks=(1, 2, 3))
+    assert from_file == pytest.approx(expected), "from the file"
 
-    assert from_package == pytest.approx(expected)
-    assert from_file == pytest.approx(expected)
-
-
-def test_evaluate_module_accumulates_batches():
     metric = load_retrieval_metric()
     for start in (0, 2, 4):
-        metric.add_batch(
-            image_embeds=HAND_IMAGES[start : start + 2].tolist(),
-            text_embeds=HAND_TEXTS[start : start + 2].tolist(),
-            image_group_ids=HAND_GROUPS[start : start + 2],
-        )
-
+        metric.add_batch(**{key: value[start : start + 2] for key, value in inputs.items()})
     assert metric.compute() == pytest.approx(retrieval_metrics(HAND_IMAGES, HAND_TEXTS, HAND_GROUPS))
 
 
@@ -410,23 +358,3 @@ def test_summarise_quality_picks_the_quality_figures_of_one_split():
     }
     assert summarise_quality(metrics, "test_") == {"test_i2t_recall@1": 0.4}
     assert summarise_quality({"i2t_recall@5": 0.9, "loss": 2.0}, None) == {"i2t_recall@5": 0.9, "loss": 2.0}
-
-
-def test_compute_metrics_scores_a_one_row_split_given_as_a_plain_tuple():
-    compute_metrics = make_compute_metrics([7])
-    embeds = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
-    metrics = compute_metrics(((embeds, embeds), ()))  # (predictions, label_ids), as a tuple
-    assert metrics["num_images"] == 1 and metrics["num_captions"] == 1
-    assert metrics["i2t_recall@1"] == 1.0 and metrics["t2i_mean_rank"] == 1.0
-
-
-def test_an_array_is_no_image_value_and_group_ids_must_be_a_non_empty_list():
-    with pytest.raises(
-        ValueError, match=whole(f"image value in row 0 has unsupported type ndarray; {EXPECTED_IMAGE_VALUES}")
-    ):
-        image_group_ids([np.zeros((2, 2), dtype=np.uint8)])
-    for ids, shape in (([[0, 1], [1, 2]], "(2, 2)"), ([], "(0,)")):
-        with pytest.raises(
-            ValueError, match=whole(f"image_group_ids must be a non-empty 1-D sequence, got shape {shape}")
-        ):
-            make_compute_metrics(ids)
