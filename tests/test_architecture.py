@@ -33,12 +33,8 @@ def imported_modules(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_the_scripts_never_import_the_tools_or_the_tests(path):
-    offending = [
-        n
-        for n in imported_modules(path)
-        if n == "bridgetower_bench.tools"
-        or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "helpers", "habana_shim"))
-    ]
+    tools_or_tests = ("bridgetower_bench.tools.", "tests", "conftest", "helpers", "habana_shim")
+    offending = [n for n in imported_modules(path) if n == "bridgetower_bench.tools" or n.startswith(tools_or_tests)]
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
@@ -53,12 +49,8 @@ def package_copy(tmp_path: Path) -> Path:
 
 def broken_contracts(root: Path) -> tuple[list[str], str]:
     """lint-imports over the copy under root: the lines naming broken contracts, and its whole report."""
-    lint = [
-        sys.executable,
-        "-c",
-        "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()",
-        "--no-cache",
-    ]
+    code = "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()"
+    lint = [sys.executable, "-c", code, "--no-cache"]
     result = subprocess.run(lint, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, capture_output=True, text=True)
     assert result.returncode in (0, 1), result.stdout + result.stderr
     return [line for line in result.stdout.splitlines() if line.endswith("BROKEN")], result.stdout

@@ -1,9 +1,8 @@
 """Checkpoints are complete or skipped: a checkpoint counts only when every file it should hold is there as saved.
 
-The trainer lists each file of a checkpoint with its size and sha256, last (bridgetower_bench/output_dir/checkpoint_manifest.py).
-A resume passes over a checkpoint with a file missing, cut short or changed, names it and why, and resumes from
-the newest complete one, to the weights of an uninterrupted run.
-"""
+The trainer lists each file of a checkpoint with its size and sha256, last (output_dir/checkpoint_manifest.py). A
+resume passes over a checkpoint with a file missing, cut short or changed, names it and why, and resumes from the
+newest complete one, to the weights of an uninterrupted run."""
 
 import hashlib
 import shutil
@@ -21,17 +20,18 @@ REQUIRED = checkpoint_manifest.required_files(save_only_model=False, world_size=
 def saved_checkpoint(directory):
     directory.mkdir()
     for name in (
-        "model.safetensors",
-        "config.json",
-        "trainer_state.json",
-        "training_args.bin",
-        "optimizer.pt",
-        "scheduler.pt",
-        "rng_state.pth",
-    ):
+        "model.safetensors config.json trainer_state.json training_args.bin optimizer.pt scheduler.pt rng_state.pth"
+    ).split():
         (directory / name).write_bytes(name.encode() * 100)
     assert checkpoint_manifest.write(str(directory), REQUIRED) is None
     return directory
+
+
+def assert_same_weights(reference, out):
+    expected, actual = load_weights(reference), load_weights(out)
+    assert expected.keys() == actual.keys()
+    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
+    assert not differing, f"{len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
 
 
 def test_a_checkpoint_counts_only_with_every_file_as_saved(tmp_path):
@@ -65,9 +65,7 @@ def test_a_checkpoint_counts_only_with_every_file_as_saved(tmp_path):
     assert "optimizer.pt" not in str(checkpoint_manifest.required_files(save_only_model=True, world_size=1))
 
 
-# ---------------------------------------------------------------------------------------------
-# End to end: a damaged checkpoint is skipped, the earlier one resumed, bit for bit
-# ---------------------------------------------------------------------------------------------
+# End to end: a damaged checkpoint is skipped, the earlier one resumed, bit for bit ---------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -107,24 +105,14 @@ def test_a_damaged_checkpoint_is_skipped_and_the_earlier_one_resumed_to_the_unin
     damage(out / "checkpoint-4" / name, how)
 
     resumed = run_script("cuda", command(fixtures, out, max_steps=6))
-    expected, actual = load_weights(runs["reference"]), load_weights(out)
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), (
-        "resumed weights differ from the uninterrupted run"
-    )
+    assert_same_weights(runs["reference"], out)
     log = resumed.stdout + resumed.stderr
     assert (
         f"Not resuming from {out / 'checkpoint-4'}: {name} " + ("is missing" if how == "removed" else "has ") in log
     ), log[-3000:]
     assert f"resuming training at {out / 'checkpoint-2'}" in log and resumed_at(log, 2)
-    assert [e["step"] for e in read_json(out / "trainer_state.json")["log_history"] if "loss" in e] == [
-        1,
-        2,
-        3,
-        4,
-        5,
-        6,
-    ]
+    log_history = read_json(out / "trainer_state.json")["log_history"]
+    assert [e["step"] for e in log_history if "loss" in e] == list(range(1, 7))
     assert checkpoint_manifest.incomplete_reason(str(out / "checkpoint-4")) is None, "saved again, complete"
 
 
@@ -139,8 +127,7 @@ def test_with_no_complete_checkpoint_the_run_says_so_and_starts_afresh(runs, fix
     assert f"{out} holds no complete checkpoint, only incomplete ones (checkpoint-4: optimizer.pt has " in log
     assert "; checkpoint-2: trainer_state.json has " in log and "training starts afresh" in log
     assert "Continuing training" not in log and "Resuming training from checkpoint" not in log  # (4.x, 5.x)
-    expected, actual = load_weights(runs["reference"]), load_weights(out)
-    assert all(torch.equal(expected[k], actual[k]) for k in expected)
+    assert_same_weights(runs["reference"], out)
 
 
 def test_gaudi_script_skips_a_checkpoint_whose_optimizer_state_is_cut_short(fixtures, tmp_path):
@@ -150,10 +137,7 @@ def test_gaudi_script_skips_a_checkpoint_whose_optimizer_state_is_cut_short(fixt
     damage(out / "checkpoint-4" / "optimizer.pt", "truncated")
 
     resumed = run_script("gaudi", command(fixtures, out, "gaudi", max_steps=4))
-    expected, actual = load_weights(reference), load_weights(out)
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), (
-        "resumed weights differ from the uninterrupted run"
-    )
+    assert_same_weights(reference, out)
     log = resumed.stdout + resumed.stderr
     assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt has " in log
     assert f"resuming training at {out / 'checkpoint-2'}" in log

@@ -7,6 +7,7 @@ one call each wraps.
 
 import json
 import re
+import types
 
 import pytest
 
@@ -53,15 +54,8 @@ def test_use_cpu_in_any_spelling_lets_the_run_through(tmp_path, monkeypatch):
         with pytest.raises(cd.NoUsableGpu, match=r"^no usable NVIDIA GPU: the reason\. Fix that, or pass --use_cpu"):
             cd.refuse_without_gpu(argv, environ, why=lambda: "the reason")
 
-    for argv in (
-        ["s", "--use_cpu"],
-        ["s", "--use_cpu", "True", "--bf16"],
-        ["s", "--use_cpu=yes"],
-        ["s", "--no_cuda"],
-        ["s", "--help"],
-        ["s", "--use_cpu", "maybe"],
-    ):  # (an unreadable value is left to the parser's error)
-        never(argv)
+    for flags in ("--use_cpu", "--use_cpu True --bf16", "--use_cpu=yes", "--no_cuda", "--help", "--use_cpu maybe"):
+        never(["s", *flags.split()])  # (an unreadable value is left to the parser's error)
     never(["s", "--bf16"], {"ACCELERATE_USE_CPU": "true"})
     for argv in (["s", "--bf16"], ["s", "--use_cpu", "False"], ["s", "--use_cpu=no", "--do_train"]):
         refused(argv)
@@ -77,11 +71,7 @@ def test_use_cpu_in_any_spelling_lets_the_run_through(tmp_path, monkeypatch):
 
 
 def smi(returncode, stdout, stderr=""):
-    class Done:
-        pass
-
-    done = Done()
-    done.returncode, done.stdout, done.stderr = returncode, stdout, stderr
+    done = types.SimpleNamespace(returncode=returncode, stdout=stdout, stderr=stderr)
     return lambda command, **kwargs: done
 
 
@@ -138,31 +128,18 @@ def test_nvml_first_then_nvidia_smi():
 
 
 def reason(**facts):
-    base = dict(
-        available=False,
-        torch_version="2.14.1+cu130",
-        torch_cuda="13.0",
-        visible=None,
-        driver=cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8),
-        libraries=["cuda", "nvidia-ml"],
-    )
-    return cd.unusable_reason(**{**base, **facts})
+    """The reason given where only `facts` differ from torch 2.14.1+cu130 on 8 GPUs and driver 580.95.05."""
+    driver = cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8)
+    base = dict(available=False, torch_version="2.14.1+cu130", torch_cuda="13.0", visible=None, driver=driver)
+    return cd.unusable_reason(**{**base, "libraries": ["cuda", "nvidia-ml"], **facts})
 
 
 def test_the_reason_names_the_driver_the_build_needs():
     # NVIDIA's figures: CUDA 13.x builds run on R580 or newer, 12.x on 525.60.13 or newer (minor version
     # compatibility); the toolkits shipped with 580.65.06 (13.0), 570.26 (12.8), 560.28.03 (12.6), 550.54.14 (12.4).
-    assert (cd.driver_floor("13.0"), cd.driver_floor("12.6"), cd.driver_floor("12.8")) == (
-        "580",
-        "525.60.13",
-        "525.60.13",
-    )
-    assert [cd.TOOLKIT_DRIVER[v] for v in ("13.0", "12.8", "12.6", "12.4")] == [
-        "580.65.06",
-        "570.26",
-        "560.28.03",
-        "550.54.14",
-    ]
+    assert [cd.driver_floor(v) for v in ("13.0", "12.6", "12.8")] == ["580", "525.60.13", "525.60.13"]
+    toolkits = {"13.0": "580.65.06", "12.8": "570.26", "12.6": "560.28.03", "12.4": "550.54.14"}
+    assert {v: cd.TOOLKIT_DRIVER[v] for v in toolkits} == toolkits
 
     old = reason(driver=cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8))
     assert old == (
@@ -171,15 +148,10 @@ def test_the_reason_names_the_driver_the_build_needs():
         "12.6 build (pip install -r requirements-cuda12.txt), which runs on this driver"
     )
     older = reason(driver=cd.DriverAnswer("NVML", version="520.61.05", gpus=1))
-    assert (
-        "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older
-    )  # too old for CUDA 12 as well
-    assert "too old" in reason(
-        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1)
-    )
-    assert "too old" not in reason(
-        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1)
-    )
+    assert "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older  # too old for 12.x too
+    cu126 = dict(torch_cuda="12.6", torch_version="2.14.1+cu126")
+    assert "too old" in reason(**cu126, driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1))
+    assert "too old" not in reason(**cu126, driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1))
     assert "too old" not in reason()  # 580.95.05 is new enough: something else is wrong
 
 

@@ -23,20 +23,14 @@ VARIABLE = "PT_HPU_LAZY_MODE"
 
 @pytest.fixture
 def datasets_cache(tmp_path):
-    """A data set cache the runs point to: any data set load would create it (none must: the refusals come before
-    the data)."""
+    """A data set cache the runs point to: any data set load would create it (none must: refusals come first)."""
     return tmp_path / "never-loaded" / "datasets-cache"
 
 
 def short_run(fixtures, tmp_path) -> dict:
     """A short Gaudi run on the fixtures, as a JSON configuration's values (no --use_habana yet)."""
-    return {
-        **script_arguments(fixtures),
-        "output_dir": str(tmp_path / "run"),
-        "do_train": True,
-        "max_steps": 1,
-        "report_to": "none",
-    }
+    run = {"output_dir": str(tmp_path / "run"), "do_train": True, "max_steps": 1, "report_to": "none"}
+    return {**script_arguments(fixtures), **run}
 
 
 def gaudi_args(fixtures, tmp_path, flags):
@@ -90,18 +84,14 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(
-    "flags, value, message", REFUSED, ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED]
+    "flags, value, message, process",
+    [(*refused, False) for refused in REFUSED] + [(*REFUSED[0], True)],  # the first once more in a fresh process
+    ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED] + ["default-None-in-a-fresh-process"],
 )
 def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(
-    fixtures, tmp_path, datasets_cache, flags, value, message
+    fixtures, tmp_path, datasets_cache, flags, value, message, process
 ):
-    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
-    assert_refused_before_loading(result, tmp_path, datasets_cache, message)
-
-
-def test_the_refusal_ends_a_fresh_process_in_one_line_before_anything_is_loaded(fixtures, tmp_path, datasets_cache):
-    flags, value, message = REFUSED[0]
-    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=True)
+    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=process)
     assert_refused_before_loading(result, tmp_path, datasets_cache, message)
 
 
@@ -170,12 +160,7 @@ def shim_bridge(monkeypatch):
 
 @pytest.mark.parametrize(
     "value, compile_, recorded",
-    [
-        ("1", False, "lazy"),
-        (None, False, "eager"),
-        ("0", False, "eager"),
-        ("0", True, "eager+compile"),
-    ],
+    [("1", False, "lazy"), (None, False, "eager"), ("0", False, "eager"), ("0", True, "eager+compile")],
 )
 def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile_, recorded):
     if value is None:
@@ -183,8 +168,7 @@ def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile
     else:
         shim_bridge.setenv(VARIABLE, value)
     assert execution_mode.mode_that_ran("hpu", compile_) == recorded
-    assert execution_mode.mode_that_ran("cpu", compile_) == "n/a"
-    assert execution_mode.mode_that_ran("cuda", compile_) == "n/a"
+    assert execution_mode.mode_that_ran("cpu", compile_) == execution_mode.mode_that_ran("cuda", compile_) == "n/a"
 
 
 def test_an_hpu_run_without_the_bridges_report_is_unknown(monkeypatch):

@@ -90,10 +90,8 @@ def lines(name):
 
 
 def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libraries_only():
-    current, pinned = (
-        lines("requirements-cuda-current.txt"),
-        lines("requirements.txt") | lines("requirements-cuda.txt"),
-    )
+    current = lines("requirements-cuda-current.txt")
+    pinned = lines("requirements.txt") | lines("requirements-cuda.txt")
     differing = {canonicalize_name(Requirement(line).name) for line in current ^ pinned}
     assert {"transformers", "accelerate", "datasets"} <= differing <= HUGGING_FACE, "only transformers' stack differs"
     stack = {canonicalize_name(Requirement(line).name): Requirement(line) for line in current}
@@ -106,21 +104,15 @@ def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libra
 
 
 @BOTH_ROUTES
-def test_overwrite_output_dir_is_a_flag_of_the_cuda_scripts_arguments_on_this_route(tmp_path):
-    from transformers import HfArgumentParser
-
-    parser = HfArgumentParser(WarmupTrainingArguments)
-    (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
-    (default,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
-    assert given.overwrite_output_dir is True and default.overwrite_output_dir is False
-
-
-@BOTH_ROUTES
-def test_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
+def test_overwrite_output_dir_is_a_flag_and_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
     import torch
     from transformers import HfArgumentParser, Trainer
 
     parser = HfArgumentParser(WarmupTrainingArguments)
+    (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
+    (default,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    assert given.overwrite_output_dir is True and default.overwrite_output_dir is False, "--overwrite_output_dir"
+
     common = ["--output_dir", str(tmp_path), "--use_cpu", "--learning_rate", "1"]
     for flags, warm_up in ((["--warmup_ratio", "0.3"], 3), (["--warmup_ratio", "0.3", "--warmup_steps", "2"], 2)):
         (args,) = parser.parse_args_into_dataclasses(common + flags)
@@ -158,10 +150,9 @@ def published_command(fixtures, out):
     scaled = {
         "--model_name_or_path": fixtures["model"],
         "--dataset_name": fixtures["dataset"],
-        "--per_device_train_batch_size": 4,
-        "--per_device_eval_batch_size": 4,
         "--num_train_epochs": 1,
     }
+    scaled |= {"--per_device_train_batch_size": 4, "--per_device_eval_batch_size": 4}
     for flag, value in scaled.items():
         args[args.index(flag) + 1] = str(value)
     assert "--overwrite_output_dir" in args
@@ -196,14 +187,9 @@ def test_the_gpu_benchmark_runs_the_kits_environment_not_a_bare_python3(tmp_path
     root = tmp_path / "kit"
     fake_python(root / ".venv" / "bin" / "python", "venv")
     fake_python(tmp_path / "bin" / "python3", "python3")
-    env = {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "CALLS": str(tmp_path / "calls"),
-        "WHEELS": "",
-        "OUT": str(tmp_path / "out"),
-        "WORK": str(tmp_path / "work"),
-        "HOME": str(tmp_path),
-    }
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    env = {"PATH": path, "CALLS": str(tmp_path / "calls"), "WHEELS": "", "HOME": str(tmp_path)}
+    env |= {"OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
     script = str(REPO / "scripts" / "h200_benchmark.sh")
     result = subprocess.run(["bash", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

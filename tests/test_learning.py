@@ -49,16 +49,8 @@ def learnable_model(tmp_path_factory):
 def learnable(learnable_model, tmp_path_factory):
     """The learnable model and a data set it can learn from in a few hundred CPU steps (about 10 s to build)."""
     root = tmp_path_factory.mktemp("learnable")
-    dataset = make_synthetic_dataset(
-        root / "dataset",
-        train_rows=TRAIN_CARTOONS,
-        validation_rows=VALIDATION_CARTOONS,
-        test_rows=1,
-        rows_per_cartoon=1,
-        seed=1,
-        image_side_range=(160, 260),
-        stroke_scale=2.0,
-    )
+    rows = dict(train_rows=TRAIN_CARTOONS, validation_rows=VALIDATION_CARTOONS, test_rows=1, rows_per_cartoon=1)
+    dataset = make_synthetic_dataset(root / "dataset", **rows, seed=1, image_side_range=(160, 260), stroke_scale=2.0)
     return {"model": learnable_model, "dataset": dataset, "image_cache": root / "decoded-images"}
 
 
@@ -140,27 +132,18 @@ def test_small_cartoons_stay_in_their_side_range_and_bold_strokes_lay_more_ink()
 
 
 @pytest.mark.parametrize(
-    "options, named",
+    "make, options, named",
     [
-        ({"image_side_range": (32, 100)}, "image_side_range"),
-        ({"image_side_range": (300, 200)}, "image_side_range"),
-        ({"image_side_range": 200}, "image_side_range"),
-        ({"stroke_scale": 0}, "stroke_scale"),
+        (make_synthetic_dataset, {"image_side_range": (32, 100)}, "image_side_range"),
+        (make_synthetic_dataset, {"image_side_range": (300, 200)}, "image_side_range"),
+        (make_synthetic_dataset, {"image_side_range": 200}, "image_side_range"),
+        (make_synthetic_dataset, {"stroke_scale": 0}, "stroke_scale"),
+        (make_tiny_model, {"dropout": 1.0}, "dropout"),
+        (make_tiny_model, {"dropout": -0.1}, "dropout"),
+        (make_tiny_model, {"vision_position_scale": 0}, "vision_position_scale"),
     ],
 )
-def test_bad_dataset_options_are_refused_by_name(tmp_path, options, named):
+def test_bad_dataset_and_model_options_are_refused_by_name(tmp_path, make, options, named):
+    rows = dict(train_rows=1, validation_rows=1, test_rows=1) if make is make_synthetic_dataset else {}
     with pytest.raises(ValueError, match=named):
-        make_synthetic_dataset(tmp_path, train_rows=1, validation_rows=1, test_rows=1, **options)
-
-
-@pytest.mark.parametrize(
-    "options, named",
-    [
-        ({"dropout": 1.0}, "dropout"),
-        ({"dropout": -0.1}, "dropout"),
-        ({"vision_position_scale": 0}, "vision_position_scale"),
-    ],
-)
-def test_bad_model_options_are_refused_by_name(tmp_path, options, named):
-    with pytest.raises(ValueError, match=named):
-        make_tiny_model(tmp_path, **options)
+        make(tmp_path, **rows, **options)

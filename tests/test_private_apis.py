@@ -6,7 +6,6 @@ import inspect
 import re
 
 import datasets
-import pytest
 import torch
 import transformers
 from transformers import Trainer
@@ -99,52 +98,27 @@ def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_t
     )
 
 
-@pytest.fixture(scope="module")
-def gaudi():
-    """What optimum-habana (behind the tests' Habana shim) has of the names the kit relies on."""
-    with optimum_habana():
+def test_optimum_habana_keeps_the_gaudi_trainer_methods_and_the_runner_attributes_the_kit_relies_on():
+    with optimum_habana():  # (behind the tests' Habana shim)
         from optimum.habana import GaudiTrainer
         from optimum.habana.distributed import DistributedRunner
 
+        problems = missing_or_changed(GaudiTrainer, TRAINER_METHODS)
         runner = DistributedRunner(command_list=["train.py --flag 1"], world_size=1, use_mpi=False, master_port=29500)
-        return {
-            "trainer": {
-                name: parameters(getattr(GaudiTrainer, name))
-                for name in TRAINER_METHODS
-                if hasattr(GaudiTrainer, name)
-            },
-            "runner": {name: getattr(runner, name, None) for name in ("_commands", "_interpreter")},
-            "mpi_variables": getattr(
-                DistributedRunner(command_list=["train.py"], world_size=2, use_mpi=True, master_port=29601),
-                "_model_env_vars",
-                None,
-            ),
-        }
-
-
-def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
-    found = gaudi["trainer"]
-    problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in found]
-    problems += [
-        f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
-        for name, params in TRAINER_METHODS.items()
-        if name in found and found[name][: len(params)] != params
-    ]
+        commands, interpreter = getattr(runner, "_commands", None), getattr(runner, "_interpreter", None)
+        with_mpi = DistributedRunner(command_list=["train.py"], world_size=2, use_mpi=True, master_port=29601)
+        variables = getattr(with_mpi, "_model_env_vars", None)
     assert not problems, "optimum-habana changed private GaudiTrainer methods:\n" + "\n".join(problems)
-
-
-def test_optimum_habana_distributed_runner_still_holds_the_commands_launch_gaudi_prints(gaudi):
     # tools/launch_gaudi.py --dry_run prints runner._interpreter + each of runner._commands
-    runner = gaudi["runner"]
-    assert isinstance(runner["_commands"], list) and any("train.py --flag 1" in c for c in runner["_commands"]), (
-        f"optimum-habana's DistributedRunner._commands changed: {runner['_commands']!r}"
+    assert isinstance(commands, list) and any("train.py --flag 1" in c for c in commands), (
+        f"optimum-habana's DistributedRunner._commands changed: {commands!r}"
     )
-    assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), (
-        f"optimum-habana's DistributedRunner._interpreter changed: {runner['_interpreter']!r}"
+    assert isinstance(interpreter, str) and interpreter.strip(), (
+        f"optimum-habana's DistributedRunner._interpreter changed: {interpreter!r}"
     )
     # ... preceded by runner._model_env_vars, the variables run() exports (MASTER_ADDR, MASTER_PORT with MPI)
-    assert gaudi["mpi_variables"] == {"MASTER_ADDR": "localhost", "MASTER_PORT": 29601}, (
-        f"optimum-habana's DistributedRunner._model_env_vars changed: {gaudi['mpi_variables']!r}"
+    assert variables == {"MASTER_ADDR": "localhost", "MASTER_PORT": 29601}, (
+        f"optimum-habana's DistributedRunner._model_env_vars changed: {variables!r}"
     )
 
 

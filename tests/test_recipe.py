@@ -83,17 +83,9 @@ def test_summed_accumulation_sums_the_micro_batches_where_trainer_averages_them(
             self.seen.append(model.w.grad.item())
 
     rows = [{"x": torch.tensor([float(i + 1)])} for i in range(4)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=2,
-        max_steps=2,
-        learning_rate=0.0,
-        max_grad_norm=0,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-    )
+    steps = dict(per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=2, max_grad_norm=0)
+    off = dict(learning_rate=0.0, report_to="none", use_cpu=True, save_strategy="no")
+    args = TrainingArguments(output_dir=str(tmp_path), **steps, **off)
     found = {}
     for name, cls in {"Trainer": Trainer, "summed": type("Summed", (SummedAccumulation, Trainer), {})}.items():
         gradients = Gradients()
