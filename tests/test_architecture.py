@@ -65,10 +65,8 @@ def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a
         f.write("\nimport helpers\n")
     broken, report = broken_contracts(tmp_path)
     assert len(broken) == 3, report  # the runtime importing the tools is also a circle: the tools import the runtime
-    assert (
-        "bridgetower_bench.redaction -> bridgetower_bench.tools" in report
-        and "bridgetower_bench.data -> helpers" in report
-    )
+    assert "bridgetower_bench.redaction -> bridgetower_bench.tools" in report, report
+    assert "bridgetower_bench.data -> helpers" in report, report
 
 
 def test_the_import_contracts_break_on_an_import_circle_between_two_tools(tmp_path):

@@ -36,30 +36,27 @@ def assert_same_weights(reference, out):
 
 def test_a_checkpoint_counts_only_with_every_file_as_saved(tmp_path):
     checkpoint = saved_checkpoint(tmp_path / "checkpoint-2")
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
 
+    def reason():
+        return checkpoint_manifest.incomplete_reason(str(checkpoint))
+
+    assert reason() is None
     (checkpoint / "optimizer.pt").unlink()
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "optimizer.pt is missing"
+    assert reason() == "optimizer.pt is missing"
     (checkpoint / "optimizer.pt").write_bytes(b"optimizer.pt" * 50)
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "optimizer.pt has 600 bytes, not the 1200 saved"
+    assert reason() == "optimizer.pt has 600 bytes, not the 1200 saved"
     (checkpoint / "optimizer.pt").write_bytes(b"optimizer.pT" * 100)  # same size, other content
-    assert (
-        checkpoint_manifest.incomplete_reason(str(checkpoint))
-        == "optimizer.pt is not the file saved (its sha256 differs)"
-    )
+    assert reason() == "optimizer.pt is not the file saved (its sha256 differs)"
 
     (checkpoint / checkpoint_manifest.MANIFEST_NAME).write_text('{"files": ')
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) == "its checkpoint-manifest.json is unreadable"
+    assert reason() == "its checkpoint-manifest.json is unreadable"
     checkpoint_manifest.remove(str(checkpoint))  # (what a save into this directory does first)
-    assert (
-        checkpoint_manifest.incomplete_reason(str(checkpoint))
-        == "it has no checkpoint-manifest.json (its save did not finish)"
-    )
+    assert reason() == "it has no checkpoint-manifest.json (its save did not finish)"
 
     # a save that left out a file the trainer needs to resume exactly writes no manifest: the checkpoint never counts
     (checkpoint / "rng_state.pth").unlink()
     assert checkpoint_manifest.write(str(checkpoint), REQUIRED) == "it has no rng_state.pth"
-    assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is not None
+    assert reason() is not None
     distributed = checkpoint_manifest.required_files(save_only_model=False, world_size=2)
     assert "rng_state_0.pth" in distributed and "rng_state_1.pth" in distributed and "rng_state.pth" not in distributed
     assert "optimizer.pt" not in str(checkpoint_manifest.required_files(save_only_model=True, world_size=1))

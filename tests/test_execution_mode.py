@@ -182,7 +182,7 @@ def test_the_cuda_script_carries_no_habana_mode_check():
     assert "check_lazy_mode_variable" not in text and VARIABLE not in text
 
 
-def test_the_environment_record_off_gaudi(monkeypatch):
+def test_the_environment_record_off_gaudi_and_the_nvidia_driver_read_from_nvidia_smi(tmp_path, monkeypatch):
     from bridgetower_bench.measurement import run_record
 
     monkeypatch.setenv("PATH", "")  # neither nvidia-smi nor hl-smi found
@@ -191,15 +191,11 @@ def test_the_environment_record_off_gaudi(monkeypatch):
     assert record["driver_version"] is None and record["device_count"] == 1
     assert record["version_torch"] == torch.__version__ and record["version_cuda"] == torch.version.cuda
     assert run_record.nvidia_driver_version() is None and run_record.gaudi_driver_version() is None
-
-
-def test_the_nvidia_driver_is_read_from_nvidia_smi_without_a_device(tmp_path, monkeypatch):
+    # with nvidia-smi on PATH, the driver is read from it without a device
     tool = tmp_path / "nvidia-smi"
     tool.write_text(
         '#!/bin/sh\n[ "$1 $2" = "--query-gpu=driver_version --format=csv,noheader" ] && printf "580.82.07\\n580.82.07\\n"\n'
     )
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    from bridgetower_bench.measurement import run_record
-
     assert run_record.nvidia_driver_version() == "580.82.07"

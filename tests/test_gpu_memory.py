@@ -43,7 +43,7 @@ def test_the_published_parameter_count_is_bridgetower_larges():
     assert shape + (vision.image_size, vision.patch_size) == experiment.SHAPE
 
 
-def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
+def test_the_parts_reproduce_the_measured_peak_and_say_which_gpus_hold_the_batch_and_what_the_others_run():
     need = published()
     assert need.fixed_gib == pytest.approx(16 * 865_612_289 / 2**30)  # weights, gradients, AdamW's two moments
     assert need.tensors_gib(48) == pytest.approx(64.47)  # the measured peak, at the measured batch
@@ -57,10 +57,7 @@ def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
     unmeasured = [{"attention": "sdpa"}, {"bf16": False}, {"sequence_length": 64}, {"gradient_checkpointing": True}]
     for change in [*unmeasured, {"shape": (64, 1, 1, 1, 294, 42)}]:
         assert published(**change) is None, change
-
-
-def test_which_gpus_hold_the_published_batch_and_what_the_others_should_run():
-    need = published()
+    # which GPUs hold the published batch, and what the others should run
     for gib in (79.15, 80.0, 139.8):  # A100 / H100 80GB, H200
         assert need.fits(48, gib)
     assert not need.fits(48, 39.39) and not need.fits(48, 44.99)  # A100 40GB, L40S

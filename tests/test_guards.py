@@ -78,7 +78,7 @@ def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
 # The decoded-image cache key ------------------------------------------------------------------------------------
 
 
-def test_a_cache_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch):
+def test_a_cache_or_manifest_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch):
     """Pillow's resampling and JPEG decoding change between versions: the cache directory changes with it."""
     for pipeline in image_cache.CACHEABLE_PIPELINES:
         before = image_cache.decoded_image_cache_dir(tmp_path, pipeline, 294, "fingerprint")
@@ -87,9 +87,7 @@ def test_a_cache_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch
         assert image_cache.decoded_image_cache_dir(tmp_path, pipeline, 294, "fingerprint") != before
         assert image_cache.cache_settings(pipeline, 294, "fingerprint")["pillow"] == PIL.__version__
         monkeypatch.undo()
-
-
-def test_a_manifest_from_another_pillow_is_not_read_as_complete(tmp_path, monkeypatch):
+    # nor is a manifest from another Pillow read as complete
     values = [{"bytes": encode(Image.new("RGB", (40, 30), (200, 10, 10)), "PNG"), "path": None}]
     cache = image_cache.open_decoded_image_cache(
         values, pipeline="fast", image_size=32, cache_dir=tmp_path, fingerprint="f"

@@ -104,9 +104,10 @@ def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libra
 
 
 @BOTH_ROUTES
-def test_overwrite_output_dir_is_a_flag_and_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
+def test_overwrite_output_dir_warmup_ratio_and_the_flags_this_route_dropped_on_this_route(tmp_path):
+    """--overwrite_output_dir is a flag, --warmup_ratio warms up alike, a dropped flag is refused naming its spelling."""
     import torch
-    from transformers import HfArgumentParser, Trainer
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
 
     parser = HfArgumentParser(WarmupTrainingArguments)
     (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
@@ -123,12 +124,6 @@ def test_overwrite_output_dir_is_a_flag_and_warmup_ratio_gives_the_same_warm_up_
     with pytest.raises(UserInputError, match="--warmup_ratio=1.5: must lie between 0 and 1|warmup_ratio must lie"):
         parse_arguments(parser, ["script", *common, "--warmup_ratio", "1.5"])
 
-
-@BOTH_ROUTES
-def test_a_flag_this_route_dropped_is_refused_in_one_line_naming_its_spelling(tmp_path):
-    from transformers import HfArgumentParser, TrainingArguments
-
-    parser = HfArgumentParser(WarmupTrainingArguments)
     argv = ["script", "--output_dir", str(tmp_path), "--no_cuda"]
     if "no_cuda" in TrainingArguments.__dataclass_fields__:  # the pinned route still has it
         assert parse_arguments(parser, argv)[0].use_cpu
