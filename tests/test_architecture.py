@@ -1,10 +1,9 @@
-"""The package's two wings (docs/ARCHITECTURE.md): the runtime modules the scripts import never import the
-command-line tools, and no package module imports the tests.
+"""The package's two wings (docs/ARCHITECTURE.md): the runtime modules the scripts import never import the command-line
+tools, and no package module imports the tests.
 
-Inside the package, import-linter's contracts (pyproject.toml, `lint-imports`, run by `make test`) state both
-rules, and that no two modules of one package import each other, however indirectly; here: that they break
-when the rules are broken, and the same rules for the two scripts, which are not
-part of a package import-linter can analyse."""
+Inside the package, import-linter's contracts (pyproject.toml, `lint-imports`, run by `make test`) state both rules,
+and that no two modules of one package import each other, however indirectly; here: that they break when the rules are
+broken, and the same rules for the two scripts, which are not part of a package import-linter can analyse."""
 
 import ast
 import shutil

@@ -1,8 +1,7 @@
 """--attn_implementation sdpa: the same function as transformers' eager attention, in one fused call.
 
 The tests parametrised by device also run on a GPU (`pytest tests/test_attention.py -k cuda`, which
-scripts/h200_benchmark.sh does): there SDPA picks a fused CUDA kernel, here the CPU one.
-"""
+scripts/h200_benchmark.sh does): there SDPA picks a fused CUDA kernel, here the CPU one."""
 
 import pytest
 import torch

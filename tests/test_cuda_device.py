@@ -1,9 +1,7 @@
 """No usable NVIDIA GPU and no --use_cpu: the CUDA script ends in one line saying why, before anything loads.
 
-The refusal runs for real on this machine (no GPU). The driver logic runs against recorded answers of
-`nvidia-smi --query-gpu=driver_version --format=csv,noheader` and of NVML (nvidia-ml-py), replaced at the
-one call each wraps.
-"""
+The refusal runs for real on this machine (no GPU). The driver logic runs against recorded answers of `nvidia-smi
+--query-gpu=driver_version --format=csv,noheader` and of NVML (nvidia-ml-py), replaced at the one call each wraps."""
 
 import json
 import re
@@ -75,19 +73,6 @@ def smi(returncode, stdout, stderr=""):
     return lambda command, **kwargs: done
 
 
-def test_nvidia_smi_answers_recorded_on_real_machines():
-    which = lambda name: "/usr/bin/nvidia-smi"  # noqa: E731
-    eight = cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=which)
-    assert (eight.version, eight.gpus, eight.error) == ("535.104.05", 8, None)
-    broken = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=which)
-    assert broken.version is None and broken.error.startswith(
-        "exit status 9: NVIDIA-SMI has failed because it couldn't communicate"
-    )
-    none = cd.ask_nvidia_smi(run=smi(6, "No devices were found\n"), which=which)
-    assert none.error == "exit status 6: No devices were found"
-    assert cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=lambda name: None) is None  # no nvidia-smi at all
-
-
 class FakeNvml:
     """nvidia-ml-py's pynvml, answering as it does with a driver loaded (older releases return bytes)."""
 
@@ -113,16 +98,26 @@ class NVMLError_LibraryNotFound(Exception):  # noqa: N801 (pynvml's own class na
         return "NVML Shared Library Not Found"
 
 
-def test_nvml_first_then_nvidia_smi():
+def test_nvidia_smi_answers_recorded_on_real_machines_and_nvml_asked_first():
+    which = lambda name: "/usr/bin/nvidia-smi"  # noqa: E731
+    eight = cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=which)
+    assert (eight.version, eight.gpus, eight.error) == ("535.104.05", 8, None)
+    broken = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=which)
+    assert broken.version is None and broken.error.startswith(
+        "exit status 9: NVIDIA-SMI has failed because it couldn't communicate"
+    )
+    none = cd.ask_nvidia_smi(run=smi(6, "No devices were found\n"), which=which)
+    assert none.error == "exit status 6: No devices were found"
+    assert cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=lambda name: None) is None  # no nvidia-smi at all
+
     nvml = FakeNvml()
     answer = cd.ask_nvml(nvml)
     assert (answer.source, answer.version, answer.gpus) == ("NVML", "550.54.15", 4) and nvml.shut
     missing = cd.ask_nvml(FakeNvml(init_error=NVMLError_LibraryNotFound()))
     assert missing.error == "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
-
-    from_smi = cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8)
-    assert cd.ask_driver(nvml=lambda: answer, smi=lambda: from_smi) is answer
-    assert cd.ask_driver(nvml=lambda: missing, smi=lambda: from_smi) is from_smi  # NVML failed: nvidia-smi answers
+    # NVML first; where it failed, nvidia-smi's answer
+    assert cd.ask_driver(nvml=lambda: answer, smi=lambda: eight) is answer
+    assert cd.ask_driver(nvml=lambda: missing, smi=lambda: eight) is eight
     assert cd.ask_driver(nvml=lambda: None, smi=lambda: None) is None
     assert cd.ask_driver(nvml=lambda: missing, smi=lambda: None) is missing
 

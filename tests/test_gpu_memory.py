@@ -1,8 +1,7 @@
 """A per-device batch the GPU cannot hold ends in one line at step 1, nothing published, saying what fits.
 
-The arithmetic runs here; the trainer's two checks (the known need before the first forward pass, an
-out-of-memory error in the first step) run in-process with the GPU's answers replaced (no GPU here).
-"""
+The arithmetic runs here; the trainer's two checks (the known need before the first forward pass, an out-of-memory
+error in the first step) run in-process with the GPU's answers replaced (no GPU here)."""
 
 import os
 import types

@@ -1,9 +1,8 @@
-"""The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12
-build from the index its label names, every requirements file the README names exists, and the driver the
-README states for each route is the one the CUDA script's refusal checks. The current route (today's
-transformers line) differs from the pinned one in the Hugging Face libraries only, and the published command,
---overwrite_output_dir included, means the same on whichever route runs these tests (`make test` runs the
-both_routes tests on each)."""
+"""The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12 build from
+the index its label names, every requirements file the README names exists, and the driver the README states for each
+route is the one the CUDA script's refusal checks. The current route (today's transformers line) differs from the
+pinned one in the Hugging Face libraries only, and the published command, --overwrite_output_dir included, means the
+same on whichever route runs these tests (`make test` runs the both_routes tests on each)."""
 
 import os
 import re
@@ -47,7 +46,7 @@ def exact(requirement):
     return Version(spec.version)
 
 
-def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requirements():
+def test_every_route_pins_the_same_torch_and_torchvision_on_the_common_requirements_and_the_readme_names_it():
     pairs = {}
     for name, label in ROUTES.items():
         includes, indexes, pins = read(name)
@@ -67,8 +66,7 @@ def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requ
     assert "torch" not in common and "torchvision" not in common  # Gaudi images keep their own torch
     assert read("requirements-test.txt")[0] == ["requirements-cuda.txt"]
 
-
-def test_the_readme_names_each_route_and_its_driver():
+    # the README names each route and its driver
     readme = (REPO / "README.md").read_text()
     named = set(re.findall(r"requirements[\w-]*\.txt", readme))
     assert set(ROUTES) <= named

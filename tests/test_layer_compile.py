@@ -1,9 +1,7 @@
 """--compile_layers (CUDA script) and the ceiling's same option: every repeated layer compiled in place.
 
-The tests compile with torch.compile's "eager" backend (Dynamo's tracing and guards, no code generation),
-which checks the wiring in seconds; "inductor", the option users pass, generates kernels and takes
-minutes on these CPUs.
-"""
+The tests compile with torch.compile's "eager" backend (Dynamo's tracing and guards, no code generation), which checks
+the wiring in seconds; "inductor", the option users pass, generates kernels and takes minutes on these CPUs."""
 
 import math
 

@@ -1,26 +1,24 @@
-"""The tiny model learns: a few hundred CPU steps of the real script on the synthetic cartoons
-raise validation recall@1 far above its value at initialisation.
+"""The tiny model learns: a few hundred CPU steps of the real script on the synthetic cartoons raise validation
+recall@1 far above its value at initialisation.
 
-The model has make_tiny_model's default shape (14-px patches, two layers per tower; the local
-preset's model, DEFAULT_MODEL_OPTIONS, is coarser still, built for speed, not learning). The fixtures
-differ from the defaults in ways documented in make_tiny_model and make_synthetic_dataset, each needed
-for a random-weight model to learn in a minute rather than not at all:
+The model has make_tiny_model's default shape (14-px patches, two layers per tower; the local preset's model,
+DEFAULT_MODEL_OPTIONS, is coarser still, built for speed, not learning). The fixtures differ from the defaults in ways
+documented in make_tiny_model and make_synthetic_dataset, each needed for a random-weight model to learn in a minute
+rather than not at all:
 - no dropout: with it the image tower collapses to one embedding and retrieval stays at chance;
-- vision position embeddings 10x BridgeTower's initial scale: otherwise they are drowned by the
-  patch embeddings of blank paper, and left/middle/right is learned very slowly;
+- vision position embeddings 10x BridgeTower's initial scale: otherwise they are drowned by the patch embeddings of
+  blank paper, and left/middle/right is learned very slowly;
 - small cartoons (160-260 px) with bold strokes: scan-sized strokes fade to grey at 84 px;
-- one row per cartoon and 1536 training cartoons: no false negatives within a batch, and
-  nothing small enough to memorise.
+- one row per cartoon and 1536 training cartoons: no false negatives within a batch, and nothing small enough to
+  memorise.
 
-Why the margin cannot be chance: with one row per cartoon the validation split has N images and
-N captions, so i2t and t2i recall@1 together count hits among 2N rankings. A model that has
-learned nothing ranks at random: for N = 96 its hits average 2, and among 20,000 simulated
-random 96 x 96 similarity matrices, 10 or more hits came up with frequency 4.5e-4 (12 or more:
-5e-5). The test asks for MIN_EXTRA_HITS = 10 more hits after training than at initialisation.
-Both directions are summed because each alone has half the hits and twice the relative noise.
-Measured with the seeds below: 2 hits at initialisation, 23 after training (20 with the upstream
-image pipeline); with four other model or data-order seeds, 23 to 40 hits after 600 steps.
-"""
+Why the margin cannot be chance: with one row per cartoon the validation split has N images and N captions, so i2t and
+t2i recall@1 together count hits among 2N rankings. A model that has learned nothing ranks at random: for N = 96 its
+hits average 2, and among 20,000 simulated random 96 x 96 similarity matrices, 10 or more hits came up with frequency
+4.5e-4 (12 or more: 5e-5). The test asks for MIN_EXTRA_HITS = 10 more hits after training than at initialisation. Both
+directions are summed because each alone has half the hits and twice the relative noise. Measured with the seeds below:
+2 hits at initialisation, 23 after training (20 with the upstream image pipeline); with four other model or data-order
+seeds, 23 to 40 hits after 600 steps."""
 
 import numpy as np
 import pytest

@@ -39,12 +39,6 @@ def missing_or_changed(cls, expected: dict) -> list:
 
 
 @BOTH_ROUTES
-def test_transformers_trainer_still_has_the_private_methods_the_kit_overrides_and_calls():
-    problems = missing_or_changed(Trainer, TRAINER_METHODS)
-    assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
-
-
-@BOTH_ROUTES
 def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_function():
     # trainer._resumed_epoch_keeps_its_order swaps transformers.trainer.skip_first_batches while training and
     # hands the new loader the epoch (`iteration`) of accelerate's loader it skips in
@@ -85,7 +79,9 @@ def _counts_from_0_unless_transformers_5(source: str) -> None:
 
 
 @BOTH_ROUTES
-def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_to_save_total_limit():
+def test_transformers_trainer_keeps_the_private_methods_save_model_and_save_total_limit_the_kit_relies_on():
+    problems = missing_or_changed(Trainer, TRAINER_METHODS)
+    assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
     # trainer.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
     # the Trainer's own rotation and its end-of-training deletion read args.save_total_limit, which the kit
     # sets to None while training so that only its own rotation, over the checkpoints runs wrote, deletes
