@@ -109,9 +109,8 @@ def test_a_pil_images_mode_and_pixels_are_part_of_its_identity():
     pixels[5, 7, 2] = 101  # one channel of one pixel
     other = Image.fromarray(pixels)
     assert image_cache.image_digest(one) != image_cache.image_digest(other)
-    assert image_cache.image_digest(one) == image_cache.image_digest(
-        Image.fromarray(np.full((6, 8, 3), 100, np.uint8))
-    )
+    same = Image.fromarray(np.full((6, 8, 3), 100, np.uint8))
+    assert image_cache.image_digest(one) == image_cache.image_digest(same)
 
     # Same bytes, other shape: 8x6 vs 6x8.
     assert image_cache.image_digest(Image.new("L", (6, 8), 7)) != image_cache.image_digest(grey)

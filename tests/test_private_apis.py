@@ -140,9 +140,6 @@ def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
     chosen = dataset.select([2, 0])
     assert isinstance(getattr(dataset, "_fingerprint", None), str), "datasets.Dataset no longer has _fingerprint"
     assert chosen._fingerprint != dataset._fingerprint
-    assert getattr(dataset, "_indices", "missing") is None, (
-        "datasets.Dataset._indices changed (expected None unselected)"
-    )
-    assert chosen._indices.column(0).to_pylist() == [2, 0], (
-        "datasets.Dataset._indices no longer maps a selection's rows"
-    )
+    indices = "datasets.Dataset._indices"
+    assert getattr(dataset, "_indices", "missing") is None, f"{indices} changed (expected None unselected)"
+    assert chosen._indices.column(0).to_pylist() == [2, 0], f"{indices} no longer maps a selection's rows"

@@ -43,6 +43,17 @@ def assert_ends_like(reference, out, stop, train_loss=True):
         ), "train_loss must average every step of the run"
 
 
+def resume_to_the_end(reference, steps, fixtures, out, kind, workers, stop, **recipe):
+    """Resume the uninterrupted run (of `steps` steps) in reference from its checkpoint at `stop`, into out."""
+    assert read_json(reference / "trainer_state.json")["global_step"] == steps
+    checkpoint = reference / f"checkpoint-{stop}"
+    args = command(fixtures, out, workers, save_strategy="no", resume_from_checkpoint=checkpoint, **recipe)
+    resumed = run_script(kind, args + CPU_FLAGS[kind])
+    assert resumed_at(resumed.stdout + resumed.stderr, stop)
+    assert read_json(out / "trainer_state.json")["global_step"] == steps
+    assert_ends_like(reference, out, stop)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(fixtures, tmp_path_factory):
     """The uninterrupted run of a configuration (script, workers), made once: its directory."""
@@ -69,15 +80,7 @@ def uninterrupted(fixtures, tmp_path_factory):
 def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(
     kind, workers, stop, fixtures, uninterrupted, tmp_path
 ):
-    reference = uninterrupted(kind, workers)
-    assert read_json(reference / "trainer_state.json")["global_step"] == STEPS
-    out = tmp_path / "resumed"
-    checkpoint = reference / f"checkpoint-{stop}"
-    resumed = run_script(
-        kind, command(fixtures, out, workers, save_strategy="no", resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind]
-    )
-    assert resumed_at(resumed.stdout + resumed.stderr, stop)
-    assert_ends_like(reference, out, stop)
+    resume_to_the_end(uninterrupted(kind, workers), STEPS, fixtures, tmp_path / "resumed", kind, workers, stop)
 
 
 # 20 rows in batches of 4, 4 micro-batches a step: windows of 4 and 1 in each of the 3 epochs, 6 steps.
@@ -95,14 +98,7 @@ def test_a_run_stopped_before_an_epochs_partial_accumulation_window_resumes_to_t
     micro-batch once got no step of its own on transformers 4.55 and GaudiTrainer 1.21.2 (their loop restarts its
     count of the epoch's micro-batches at the skipped ones), 5 steps instead of 6 and the weights 9e-4 away."""
     reference = uninterrupted(kind, 0, **ACCUMULATION)
-    assert read_json(reference / "trainer_state.json")["global_step"] == 6
-    out = tmp_path / "resumed"
-    checkpoint = reference / f"checkpoint-{stop}"
-    args = command(fixtures, out, 0, save_strategy="no", resume_from_checkpoint=checkpoint, **ACCUMULATION)
-    resumed = run_script(kind, args + CPU_FLAGS[kind])
-    assert resumed_at(resumed.stdout + resumed.stderr, stop)
-    assert read_json(out / "trainer_state.json")["global_step"] == 6
-    assert_ends_like(reference, out, stop)
+    resume_to_the_end(reference, 6, fixtures, tmp_path / "resumed", kind, 0, stop, **ACCUMULATION)
 
 
 def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(
