@@ -63,19 +63,17 @@ def test_the_training_loop_still_syncs_by_the_accumulation_steps_it_reads_each_m
     if int(transformers.__version__.split(".")[0]) < 5:
         with optimum_habana() as habana:
             loops.append(habana.GaudiTrainer._inner_training_loop)
+    sync = "do_sync_step = (step + 1) % args.gradient_accumulation_steps == 0 or (step + 1) == steps_in_epoch"
     for loop in loops:
-        _counts_from_0_unless_transformers_5(re.sub(r"\bself\.args\b", "args", inspect.getsource(loop)))
-
-
-def _counts_from_0_unless_transformers_5(source: str) -> None:
-    assert "do_sync_step = (step + 1) % args.gradient_accumulation_steps == 0 or (step + 1) == steps_in_epoch" in (
-        source
-    ), "the Trainer no longer decides a micro-batch's sync from args.gradient_accumulation_steps as it reads it"
-    counts_skipped = "step = steps_trained_in_current_epoch - 1" in source
-    assert counts_skipped == (int(transformers.__version__.split(".")[0]) >= 5), (
-        "the Trainer's count of a resumed epoch's micro-batches changed: mend it in trainer.py on the line whose "
-        "count restarts at 0"
-    )
+        source = re.sub(r"\bself\.args\b", "args", inspect.getsource(loop))
+        assert sync in source, (
+            "the Trainer no longer decides a micro-batch's sync from args.gradient_accumulation_steps as it reads it"
+        )
+        counts_skipped = "step = steps_trained_in_current_epoch - 1" in source
+        assert counts_skipped == (int(transformers.__version__.split(".")[0]) >= 5), (
+            "the Trainer's count of a resumed epoch's micro-batches changed: mend it in trainer.py on the line whose "
+            "count restarts at 0"
+        )
 
 
 @BOTH_ROUTES
