@@ -1,10 +1,9 @@
-"""The package's two wings (docs/ARCHITECTURE.md): the runtime modules the scripts import never import the
-command-line tools, and no package module imports the tests.
+"""The package's two wings (docs/ARCHITECTURE.md): the runtime modules the scripts import never import the command-line
+tools, and no package module imports the tests.
 
-Inside the package, import-linter's contracts (pyproject.toml, `lint-imports`, run by `make test`) state both
-rules, and that no two modules of one package import each other, however indirectly; here: that they break
-when the rules are broken, and the same rules for the two scripts, which are not
-part of a package import-linter can analyse."""
+Inside the package, import-linter's contracts (pyproject.toml, `lint-imports`, run by `make test`) state both rules,
+and that no two modules of one package import each other, however indirectly; here: that they break when the rules are
+broken, and the same rules for the two scripts, which are not part of a package import-linter can analyse."""
 
 import ast
 import shutil
@@ -33,12 +32,8 @@ def imported_modules(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_the_scripts_never_import_the_tools_or_the_tests(path):
-    offending = [
-        n
-        for n in imported_modules(path)
-        if n == "bridgetower_bench.tools"
-        or n.startswith(("bridgetower_bench.tools.", "tests", "conftest", "helpers", "habana_shim"))
-    ]
+    tools_or_tests = ("bridgetower_bench.tools.", "tests", "conftest", "helpers", "habana_shim")
+    offending = [n for n in imported_modules(path) if n == "bridgetower_bench.tools" or n.startswith(tools_or_tests)]
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
@@ -53,12 +48,8 @@ def package_copy(tmp_path: Path) -> Path:
 
 def broken_contracts(root: Path) -> tuple[list[str], str]:
     """lint-imports over the copy under root: the lines naming broken contracts, and its whole report."""
-    lint = [
-        sys.executable,
-        "-c",
-        "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()",
-        "--no-cache",
-    ]
+    code = "import sys; from importlinter.cli import lint_imports_command; lint_imports_command()"
+    lint = [sys.executable, "-c", code, "--no-cache"]
     result = subprocess.run(lint, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, capture_output=True, text=True)
     assert result.returncode in (0, 1), result.stdout + result.stderr
     return [line for line in result.stdout.splitlines() if line.endswith("BROKEN")], result.stdout
@@ -73,10 +64,8 @@ def test_the_import_contracts_break_when_a_runtime_module_imports_the_tools_or_a
         f.write("\nimport helpers\n")
     broken, report = broken_contracts(tmp_path)
     assert len(broken) == 3, report  # the runtime importing the tools is also a circle: the tools import the runtime
-    assert (
-        "bridgetower_bench.redaction -> bridgetower_bench.tools" in report
-        and "bridgetower_bench.data -> helpers" in report
-    )
+    assert "bridgetower_bench.redaction -> bridgetower_bench.tools" in report, report
+    assert "bridgetower_bench.data -> helpers" in report, report
 
 
 def test_the_import_contracts_break_on_an_import_circle_between_two_tools(tmp_path):

@@ -1,8 +1,7 @@
 """--attn_implementation sdpa: the same function as transformers' eager attention, in one fused call.
 
 The tests parametrised by device also run on a GPU (`pytest tests/test_attention.py -k cuda`, which
-scripts/h200_benchmark.sh does): there SDPA picks a fused CUDA kernel, here the CPU one.
-"""
+scripts/h200_benchmark.sh does): there SDPA picks a fused CUDA kernel, here the CPU one."""
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from transformers.models.bridgetower.modeling_bridgetower import (
 
 from bridgetower_bench.modeling.attention import SdpaBridgeTowerSelfAttention, use_attention
 from bridgetower_bench.tools import fixtures as fixture_builders
-from helpers import BOTH_ROUTES, DEVICES
+from helpers import BOTH_ROUTES, CPU_FLAGS, DEVICES, assert_throughput_adds_up, base_args, read_json, run_script
 
 
 def tiny_model(dropout=0.0, device="cpu"):
@@ -31,11 +30,8 @@ def batch(size=4, length=12, device="cpu"):
     attention_mask[1, 5:] = 0  # padded captions: their padding must be masked out in every attention
     attention_mask[2, 9:] = 0
     pixel_values = torch.randn(size, 3, 56, 56, generator=generator)
-    return {
-        "input_ids": input_ids.to(device),
-        "attention_mask": attention_mask.to(device),
-        "pixel_values": pixel_values.to(device),
-    }
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixel_values}
+    return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
 def loss_and_grads(model, inputs):
@@ -132,14 +128,8 @@ def test_switching_touches_no_parameter_and_checkpoints_stay_eager(tmp_path):
 
 
 def test_gaudi_script_trains_with_sdpa_attention(fixtures, tmp_path):
-    from helpers import CPU_FLAGS, assert_throughput_adds_up, base_args, read_json, run_script
-
     out = tmp_path / "run"
-    result = run_script(
-        "gaudi",
-        base_args(fixtures, out, max_steps=2, save_steps=None, save_strategy="no")
-        + ["--do_train", "--attn_implementation", "sdpa"]
-        + CPU_FLAGS["gaudi"],
-    )
+    args = base_args(fixtures, out, max_steps=2, save_steps=None, save_strategy="no")
+    result = run_script("gaudi", [*args, "--do_train", "--attn_implementation", "sdpa", *CPU_FLAGS["gaudi"]])
     assert "--attn_implementation sdpa: 5 text and cross-modal attention modules" in result.stdout + result.stderr
     assert_throughput_adds_up(read_json(out / "train_results.json"), counted_steps=1, samples_per_step=4)

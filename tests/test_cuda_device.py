@@ -1,12 +1,11 @@
 """No usable NVIDIA GPU and no --use_cpu: the CUDA script ends in one line saying why, before anything loads.
 
-The refusal runs for real on this machine (no GPU). The driver logic runs against recorded answers of
-`nvidia-smi --query-gpu=driver_version --format=csv,noheader` and of NVML (nvidia-ml-py), replaced at the
-one call each wraps.
-"""
+The refusal runs for real on this machine (no GPU). The driver logic runs against recorded answers of `nvidia-smi
+--query-gpu=driver_version --format=csv,noheader` and of NVML (nvidia-ml-py), replaced at the one call each wraps."""
 
 import json
 import re
+import types
 
 import pytest
 
@@ -53,15 +52,8 @@ def test_use_cpu_in_any_spelling_lets_the_run_through(tmp_path, monkeypatch):
         with pytest.raises(cd.NoUsableGpu, match=r"^no usable NVIDIA GPU: the reason\. Fix that, or pass --use_cpu"):
             cd.refuse_without_gpu(argv, environ, why=lambda: "the reason")
 
-    for argv in (
-        ["s", "--use_cpu"],
-        ["s", "--use_cpu", "True", "--bf16"],
-        ["s", "--use_cpu=yes"],
-        ["s", "--no_cuda"],
-        ["s", "--help"],
-        ["s", "--use_cpu", "maybe"],
-    ):  # (an unreadable value is left to the parser's error)
-        never(argv)
+    for flags in ("--use_cpu", "--use_cpu True --bf16", "--use_cpu=yes", "--no_cuda", "--help", "--use_cpu maybe"):
+        never(["s", *flags.split()])  # (an unreadable value is left to the parser's error)
     never(["s", "--bf16"], {"ACCELERATE_USE_CPU": "true"})
     for argv in (["s", "--bf16"], ["s", "--use_cpu", "False"], ["s", "--use_cpu=no", "--do_train"]):
         refused(argv)
@@ -77,25 +69,8 @@ def test_use_cpu_in_any_spelling_lets_the_run_through(tmp_path, monkeypatch):
 
 
 def smi(returncode, stdout, stderr=""):
-    class Done:
-        pass
-
-    done = Done()
-    done.returncode, done.stdout, done.stderr = returncode, stdout, stderr
+    done = types.SimpleNamespace(returncode=returncode, stdout=stdout, stderr=stderr)
     return lambda command, **kwargs: done
-
-
-def test_nvidia_smi_answers_recorded_on_real_machines():
-    which = lambda name: "/usr/bin/nvidia-smi"  # noqa: E731
-    eight = cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=which)
-    assert (eight.version, eight.gpus, eight.error) == ("535.104.05", 8, None)
-    broken = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=which)
-    assert broken.version is None and broken.error.startswith(
-        "exit status 9: NVIDIA-SMI has failed because it couldn't communicate"
-    )
-    none = cd.ask_nvidia_smi(run=smi(6, "No devices were found\n"), which=which)
-    assert none.error == "exit status 6: No devices were found"
-    assert cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=lambda name: None) is None  # no nvidia-smi at all
 
 
 class FakeNvml:
@@ -123,46 +98,43 @@ class NVMLError_LibraryNotFound(Exception):  # noqa: N801 (pynvml's own class na
         return "NVML Shared Library Not Found"
 
 
-def test_nvml_first_then_nvidia_smi():
+def test_nvidia_smi_answers_recorded_on_real_machines_and_nvml_asked_first():
+    which = lambda name: "/usr/bin/nvidia-smi"  # noqa: E731
+    eight = cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=which)
+    assert (eight.version, eight.gpus, eight.error) == ("535.104.05", 8, None)
+    broken = cd.ask_nvidia_smi(run=smi(9, SMI_NO_DRIVER), which=which)
+    assert broken.version is None and broken.error.startswith(
+        "exit status 9: NVIDIA-SMI has failed because it couldn't communicate"
+    )
+    none = cd.ask_nvidia_smi(run=smi(6, "No devices were found\n"), which=which)
+    assert none.error == "exit status 6: No devices were found"
+    assert cd.ask_nvidia_smi(run=smi(0, SMI_EIGHT_GPUS), which=lambda name: None) is None  # no nvidia-smi at all
+
     nvml = FakeNvml()
     answer = cd.ask_nvml(nvml)
     assert (answer.source, answer.version, answer.gpus) == ("NVML", "550.54.15", 4) and nvml.shut
     missing = cd.ask_nvml(FakeNvml(init_error=NVMLError_LibraryNotFound()))
     assert missing.error == "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
-
-    from_smi = cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8)
-    assert cd.ask_driver(nvml=lambda: answer, smi=lambda: from_smi) is answer
-    assert cd.ask_driver(nvml=lambda: missing, smi=lambda: from_smi) is from_smi  # NVML failed: nvidia-smi answers
+    # NVML first; where it failed, nvidia-smi's answer
+    assert cd.ask_driver(nvml=lambda: answer, smi=lambda: eight) is answer
+    assert cd.ask_driver(nvml=lambda: missing, smi=lambda: eight) is eight
     assert cd.ask_driver(nvml=lambda: None, smi=lambda: None) is None
     assert cd.ask_driver(nvml=lambda: missing, smi=lambda: None) is missing
 
 
 def reason(**facts):
-    base = dict(
-        available=False,
-        torch_version="2.14.1+cu130",
-        torch_cuda="13.0",
-        visible=None,
-        driver=cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8),
-        libraries=["cuda", "nvidia-ml"],
-    )
-    return cd.unusable_reason(**{**base, **facts})
+    """The reason given where only `facts` differ from torch 2.14.1+cu130 on 8 GPUs and driver 580.95.05."""
+    driver = cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8)
+    base = dict(available=False, torch_version="2.14.1+cu130", torch_cuda="13.0", visible=None, driver=driver)
+    return cd.unusable_reason(**{**base, "libraries": ["cuda", "nvidia-ml"], **facts})
 
 
 def test_the_reason_names_the_driver_the_build_needs():
     # NVIDIA's figures: CUDA 13.x builds run on R580 or newer, 12.x on 525.60.13 or newer (minor version
     # compatibility); the toolkits shipped with 580.65.06 (13.0), 570.26 (12.8), 560.28.03 (12.6), 550.54.14 (12.4).
-    assert (cd.driver_floor("13.0"), cd.driver_floor("12.6"), cd.driver_floor("12.8")) == (
-        "580",
-        "525.60.13",
-        "525.60.13",
-    )
-    assert [cd.TOOLKIT_DRIVER[v] for v in ("13.0", "12.8", "12.6", "12.4")] == [
-        "580.65.06",
-        "570.26",
-        "560.28.03",
-        "550.54.14",
-    ]
+    assert [cd.driver_floor(v) for v in ("13.0", "12.6", "12.8")] == ["580", "525.60.13", "525.60.13"]
+    toolkits = {"13.0": "580.65.06", "12.8": "570.26", "12.6": "560.28.03", "12.4": "550.54.14"}
+    assert {v: cd.TOOLKIT_DRIVER[v] for v in toolkits} == toolkits
 
     old = reason(driver=cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8))
     assert old == (
@@ -171,15 +143,10 @@ def test_the_reason_names_the_driver_the_build_needs():
         "12.6 build (pip install -r requirements-cuda12.txt), which runs on this driver"
     )
     older = reason(driver=cd.DriverAnswer("NVML", version="520.61.05", gpus=1))
-    assert (
-        "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older
-    )  # too old for CUDA 12 as well
-    assert "too old" in reason(
-        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1)
-    )
-    assert "too old" not in reason(
-        torch_cuda="12.6", torch_version="2.14.1+cu126", driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1)
-    )
+    assert "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older  # too old for 12.x too
+    cu126 = dict(torch_cuda="12.6", torch_version="2.14.1+cu126")
+    assert "too old" in reason(**cu126, driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1))
+    assert "too old" not in reason(**cu126, driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1))
     assert "too old" not in reason()  # 580.95.05 is new enough: something else is wrong
 
 

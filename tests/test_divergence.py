@@ -27,19 +27,14 @@ def last_line(result) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
-# ---------------------------------------------------------------------------------------------
-# The scripts: --learning_rate 1e6 makes the loss NaN from step 2
-# ---------------------------------------------------------------------------------------------
+# The scripts: --learning_rate 1e6 makes the loss NaN from step 2 -----------------------------------------------------
 
 
 def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publishes_nothing(fixtures, tmp_path):
     out = tmp_path / "run"
-    args = base_args(fixtures, out, learning_rate=1e6, max_steps=6, save_strategy="steps", save_steps=1) + [
-        "--do_train",
-        "--do_eval",
-    ]
+    args = base_args(fixtures, out, learning_rate=1e6, max_steps=6, save_strategy="steps", save_steps=1)
     # (a process of its own: exit status 3 and one last line, no traceback, are what the user sees)
-    result = run_script("cuda", args + CPU_FLAGS["cuda"], check=False, process=True)
+    result = run_script("cuda", [*args, "--do_train", "--do_eval", *CPU_FLAGS["cuda"]], check=False, process=True)
     assert result.returncode == divergence.DIVERGED_EXIT_STATUS == 3, result.stderr[-3000:]
     assert last_line(result) == (
         f"Training diverged at step 2 of 6 (loss NaN and gradient norm NaN): stopped, nothing published in {out}; the last "
@@ -47,9 +42,8 @@ def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publis
         "rerun with --overwrite_output_dir or another --output_dir."
     )
     assert "Traceback" not in result.stderr
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoint-1"], (
-        "nothing after step 1"
-    )
+    saved = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert saved == ["checkpoint-1"], "nothing after step 1"
     strict_json(out / "checkpoint-1" / "trainer_state.json")
 
 
@@ -57,10 +51,8 @@ def test_divergence_between_logging_steps_is_found_at_the_end_and_names_its_step
     """No step waits for the device to check: the first non-finite step is recorded on the device and read where the
     Trainer reads anyway (here only at the end: no logging step, no checkpoint). Nothing is published."""
     out = tmp_path / "run"
-    args = base_args(fixtures, out, learning_rate=1e6, max_steps=4, logging_steps=100, save_strategy="no") + [
-        "--do_train"
-    ]
-    result = run_script("gaudi", args + CPU_FLAGS["gaudi"], check=False)
+    args = base_args(fixtures, out, learning_rate=1e6, max_steps=4, logging_steps=100, save_strategy="no")
+    result = run_script("gaudi", [*args, "--do_train", *CPU_FLAGS["gaudi"]], check=False)
     assert result.returncode == 3, result.stderr[-3000:]
     assert last_line(result).startswith(
         "Training diverged at step 2 of 4 (loss NaN and gradient norm NaN): stopped, "
@@ -70,25 +62,17 @@ def test_divergence_between_logging_steps_is_found_at_the_end_and_names_its_step
 
 
 @pytest.mark.parametrize(
-    "flags, refusal",
+    "flag, advice",
     [
-        (
-            ["--max_steps", "0"],
-            "--max_steps=0 with --do_train trains nothing: pass a positive --max_steps, or leave it out "
-            "to train --num_train_epochs",
-        ),
-        (
-            ["--num_train_epochs", "0"],
-            "--num_train_epochs=0 with --do_train trains nothing: pass a positive "
-            "--num_train_epochs (or a positive --max_steps)",
-        ),
+        ("--max_steps", "pass a positive --max_steps, or leave it out to train --num_train_epochs"),
+        ("--num_train_epochs", "pass a positive --num_train_epochs (or a positive --max_steps)"),
     ],
 )
-def test_a_run_that_would_train_nothing_is_refused(flags, refusal, fixtures, tmp_path):
+def test_a_run_that_would_train_nothing_is_refused(flag, advice, fixtures, tmp_path):
     out = tmp_path / "run"
-    result = run_script("cuda", base_args(fixtures, out) + ["--do_train"] + flags + CPU_FLAGS["cuda"], check=False)
+    result = run_script("cuda", [*base_args(fixtures, out), "--do_train", flag, "0", *CPU_FLAGS["cuda"]], check=False)
     assert result.returncode == 2
-    assert last_line(result) == f"run_bridgetower_cuda.py: error: {refusal}"
+    assert last_line(result) == f"run_bridgetower_cuda.py: error: {flag}=0 with --do_train trains nothing: {advice}"
     assert not out.exists()
 
 
@@ -110,9 +94,7 @@ class _DataArgs:
         return None
 
 
-# ---------------------------------------------------------------------------------------------
-# The watch: the first non-finite step, kept on the device
-# ---------------------------------------------------------------------------------------------
+# The watch: the first non-finite step, kept on the device ------------------------------------------------------------
 
 
 def test_the_first_non_finite_step_is_kept_with_its_values():
@@ -147,9 +129,8 @@ def test_ranks_agree_on_the_earliest_non_finite_step(monkeypatch):
     watch = divergence.DivergenceWatch()
     watch.observe(7, torch.tensor(math.nan), torch.tensor(1.0))
     assert watch.first_non_finite(world_size=2) == (4, None, None)
-    assert (
-        "at step 4 of 9 (a value on another process not finite)" in watch.check(9, "out", None, world_size=2).message
-    )
+    message = watch.check(9, "out", None, world_size=2).message
+    assert "at step 4 of 9 (a value on another process not finite)" in message
     watch.reset()
     watch.observe(1, torch.tensor(1.0), torch.tensor(1.0))
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda value, op: None)  # every rank finite
@@ -174,9 +155,7 @@ def test_watching_a_step_never_waits_for_the_device(device):
     assert watch.first_non_finite() == (6, math.inf, 2.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Records: JSON proper
-# ---------------------------------------------------------------------------------------------
+# Records: JSON proper ------------------------------------------------------------------------------------------------
 
 
 def test_records_hold_null_where_a_number_is_not_finite(fixtures, tmp_path):
@@ -189,11 +168,8 @@ def test_records_hold_null_where_a_number_is_not_finite(fixtures, tmp_path):
         trainer.save_metrics("validation", {"eval_loss": math.nan, "eval_t2i_recall@1": 0.5, "nested": [-math.inf]})
         trainer.save_state()
     validation = strict_json(out / "validation_results.json")
-    assert {key: validation.pop(key) for key in ("eval_loss", "eval_t2i_recall@1", "nested")} == {
-        "eval_loss": None,
-        "eval_t2i_recall@1": 0.5,
-        "nested": [None],
-    }
+    written = {key: validation.pop(key) for key in ("eval_loss", "eval_t2i_recall@1", "nested")}
+    assert written == {"eval_loss": None, "eval_t2i_recall@1": 0.5, "nested": [None]}
     assert validation["device_type"] == "cpu"  # the rest: the environment the record names
     assert strict_json(out / "all_results.json")["eval_loss"] is None
     state = strict_json(out / "trainer_state.json")

@@ -1,11 +1,10 @@
-"""Habana's execution mode: the Gaudi script refuses a PT_HPU_LAZY_MODE that does not select the mode its flags
-ask for, in one line, before it loads anything; the mode the bridge ran is what the run records.
+"""Habana's execution mode: the Gaudi script refuses a PT_HPU_LAZY_MODE that does not select the mode its flags ask
+for, in one line, before it loads anything; the mode the bridge ran is what the run records.
 
-The refusals run the real Gaudi script's main() with `--use_habana` behind tests/habana_shim (no HPU here), in the
-test process with its argument parsing replaced by a failure (`run_script(..., refused=True)`): past the check,
-GaudiTrainingArguments would set up Habana's bridge, which replaces transformers' model code for good. One refusal
-runs as a process of its own: the exit status, the one line, and nothing loaded in a fresh interpreter.
-"""
+The refusals run the real Gaudi script's main() with `--use_habana` behind tests/habana_shim (no HPU here), in the test
+process with its argument parsing replaced by a failure (`run_script(..., refused=True)`): past the check,
+GaudiTrainingArguments would set up Habana's bridge, which replaces transformers' model code for good. One refusal runs
+as a process of its own: the exit status, the one line, and nothing loaded in a fresh interpreter."""
 
 import json
 import sys
@@ -23,20 +22,14 @@ VARIABLE = "PT_HPU_LAZY_MODE"
 
 @pytest.fixture
 def datasets_cache(tmp_path):
-    """A data set cache the runs point to: any data set load would create it (none must: the refusals come before
-    the data)."""
+    """A data set cache the runs point to: any data set load would create it (none must: refusals come first)."""
     return tmp_path / "never-loaded" / "datasets-cache"
 
 
 def short_run(fixtures, tmp_path) -> dict:
     """A short Gaudi run on the fixtures, as a JSON configuration's values (no --use_habana yet)."""
-    return {
-        **script_arguments(fixtures),
-        "output_dir": str(tmp_path / "run"),
-        "do_train": True,
-        "max_steps": 1,
-        "report_to": "none",
-    }
+    run = {"output_dir": str(tmp_path / "run"), "do_train": True, "max_steps": 1, "report_to": "none"}
+    return {**script_arguments(fixtures), **run}
 
 
 def gaudi_args(fixtures, tmp_path, flags):
@@ -90,18 +83,14 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(
-    "flags, value, message", REFUSED, ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED]
+    "flags, value, message, process",
+    [(*refused, False) for refused in REFUSED] + [(*REFUSED[0], True)],  # the first once more in a fresh process
+    ids=[f"{' '.join(f) or 'default'}-{v}" for f, v, _ in REFUSED] + ["default-None-in-a-fresh-process"],
 )
 def test_gaudi_script_refuses_a_variable_that_does_not_select_the_mode_asked(
-    fixtures, tmp_path, datasets_cache, flags, value, message
+    fixtures, tmp_path, datasets_cache, flags, value, message, process
 ):
-    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache)
-    assert_refused_before_loading(result, tmp_path, datasets_cache, message)
-
-
-def test_the_refusal_ends_a_fresh_process_in_one_line_before_anything_is_loaded(fixtures, tmp_path, datasets_cache):
-    flags, value, message = REFUSED[0]
-    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=True)
+    result = run_gaudi_script(fixtures, tmp_path, flags, value, datasets_cache, process=process)
     assert_refused_before_loading(result, tmp_path, datasets_cache, message)
 
 
@@ -170,12 +159,7 @@ def shim_bridge(monkeypatch):
 
 @pytest.mark.parametrize(
     "value, compile_, recorded",
-    [
-        ("1", False, "lazy"),
-        (None, False, "eager"),
-        ("0", False, "eager"),
-        ("0", True, "eager+compile"),
-    ],
+    [("1", False, "lazy"), (None, False, "eager"), ("0", False, "eager"), ("0", True, "eager+compile")],
 )
 def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile_, recorded):
     if value is None:
@@ -183,8 +167,7 @@ def test_the_record_says_the_mode_the_bridge_reports(shim_bridge, value, compile
     else:
         shim_bridge.setenv(VARIABLE, value)
     assert execution_mode.mode_that_ran("hpu", compile_) == recorded
-    assert execution_mode.mode_that_ran("cpu", compile_) == "n/a"
-    assert execution_mode.mode_that_ran("cuda", compile_) == "n/a"
+    assert execution_mode.mode_that_ran("cpu", compile_) == execution_mode.mode_that_ran("cuda", compile_) == "n/a"
 
 
 def test_an_hpu_run_without_the_bridges_report_is_unknown(monkeypatch):
@@ -198,7 +181,7 @@ def test_the_cuda_script_carries_no_habana_mode_check():
     assert "check_lazy_mode_variable" not in text and VARIABLE not in text
 
 
-def test_the_environment_record_off_gaudi(monkeypatch):
+def test_the_environment_record_off_gaudi_and_the_nvidia_driver_read_from_nvidia_smi(tmp_path, monkeypatch):
     from bridgetower_bench.measurement import run_record
 
     monkeypatch.setenv("PATH", "")  # neither nvidia-smi nor hl-smi found
@@ -207,15 +190,11 @@ def test_the_environment_record_off_gaudi(monkeypatch):
     assert record["driver_version"] is None and record["device_count"] == 1
     assert record["version_torch"] == torch.__version__ and record["version_cuda"] == torch.version.cuda
     assert run_record.nvidia_driver_version() is None and run_record.gaudi_driver_version() is None
-
-
-def test_the_nvidia_driver_is_read_from_nvidia_smi_without_a_device(tmp_path, monkeypatch):
+    # with nvidia-smi on PATH, the driver is read from it without a device
     tool = tmp_path / "nvidia-smi"
     tool.write_text(
         '#!/bin/sh\n[ "$1 $2" = "--query-gpu=driver_version --format=csv,noheader" ] && printf "580.82.07\\n580.82.07\\n"\n'
     )
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    from bridgetower_bench.measurement import run_record
-
     assert run_record.nvidia_driver_version() == "580.82.07"

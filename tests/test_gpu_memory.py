@@ -1,8 +1,7 @@
 """A per-device batch the GPU cannot hold ends in one line at step 1, nothing published, saying what fits.
 
-The arithmetic runs here; the trainer's two checks (the known need before the first forward pass, an
-out-of-memory error in the first step) run in-process with the GPU's answers replaced (no GPU here).
-"""
+The arithmetic runs here; the trainer's two checks (the known need before the first forward pass, an out-of-memory
+error in the first step) run in-process with the GPU's answers replaced (no GPU here)."""
 
 import os
 import types
@@ -23,7 +22,7 @@ def published(**changes):
     return gm.memory_need(**{**gm.PUBLISHED_RUN, **changes})
 
 
-def test_the_published_parameter_count_is_bridgetower_larges():
+def large_on_meta():
     from transformers import BridgeTowerForContrastiveLearning
 
     from bridgetower_bench.tools.fixtures import bridgetower_config
@@ -31,19 +30,19 @@ def test_the_published_parameter_count_is_bridgetower_larges():
     with torch.device("meta"):
         model = BridgeTowerForContrastiveLearning(bridgetower_config(large=True, vocab_size=50265))
     model.bridgetower.text_model.pooler = None  # as the scripts do (--freeze_text_pooler, the default)
+    return model
+
+
+def test_the_published_parameter_count_is_bridgetower_larges():
+    model = large_on_meta()
     assert sum(p.numel() for p in model.parameters()) == experiment.TRAINED_PARAMETERS
-    config = model.config
-    assert (
-        config.hidden_size,
-        config.text_config.num_hidden_layers,
-        config.vision_config.num_hidden_layers,
-        config.num_hidden_layers,
-        config.vision_config.image_size,
-        config.vision_config.patch_size,
-    ) == experiment.SHAPE
+    config, vision = model.config, model.config.vision_config
+    text_layers = config.text_config.num_hidden_layers
+    shape = (config.hidden_size, text_layers, vision.num_hidden_layers, config.num_hidden_layers)
+    assert shape + (vision.image_size, vision.patch_size) == experiment.SHAPE
 
 
-def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
+def test_the_parts_reproduce_the_measured_peak_and_say_which_gpus_hold_the_batch_and_what_the_others_run():
     need = published()
     assert need.fixed_gib == pytest.approx(16 * 865_612_289 / 2**30)  # weights, gradients, AdamW's two moments
     assert need.tensors_gib(48) == pytest.approx(64.47)  # the measured peak, at the measured batch
@@ -54,18 +53,10 @@ def test_fixed_and_per_sample_parts_reproduce_the_measured_peak():
     assert frozen.fixed_gib < need.fixed_gib and frozen.per_sample_gib == need.per_sample_gib
     assert published(compiled=True).tensors_gib(48) == pytest.approx(54.7)
     # No figure for what was not measured: the first step decides.
-    for change in (
-        {"attention": "sdpa"},
-        {"bf16": False},
-        {"sequence_length": 64},
-        {"gradient_checkpointing": True},
-        {"shape": (64, 1, 1, 1, 294, 42)},
-    ):
+    unmeasured = [{"attention": "sdpa"}, {"bf16": False}, {"sequence_length": 64}, {"gradient_checkpointing": True}]
+    for change in [*unmeasured, {"shape": (64, 1, 1, 1, 294, 42)}]:
         assert published(**change) is None, change
-
-
-def test_which_gpus_hold_the_published_batch_and_what_the_others_should_run():
-    need = published()
+    # which GPUs hold the published batch, and what the others should run
     for gib in (79.15, 80.0, 139.8):  # A100 / H100 80GB, H200
         assert need.fits(48, gib)
     assert not need.fits(48, 39.39) and not need.fits(48, 44.99)  # A100 40GB, L40S
@@ -77,14 +68,8 @@ def test_which_gpus_hold_the_published_batch_and_what_the_others_should_run():
 
 
 def test_the_line_names_the_batch_the_device_the_need_and_what_keeps_the_global_batch():
-    line = gm.does_not_fit_message(
-        batch=48,
-        accumulation=1,
-        world_size=8,
-        device_name=A100_40GB[0],
-        device_total_gib=A100_40GB[1],
-        need=published(),
-    )
+    a100 = dict(device_name=A100_40GB[0], device_total_gib=A100_40GB[1])
+    line = gm.does_not_fit_message(batch=48, accumulation=1, world_size=8, need=published(), **a100)
     assert "\n" not in line
     assert line == (
         "--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB (39.4 GiB): BridgeTower Large (294 px, "
@@ -93,48 +78,20 @@ def test_the_line_names_the_batch_the_device_the_need_and_what_keeps_the_global_
         "--gradient_accumulation_steps 3 keeps the global batch of 384, about 34.1 GiB (each step's contrastive loss "
         "then sees 16 pairs, not 48)"
     )
-    unknown = gm.does_not_fit_message(
-        batch=48,
-        accumulation=1,
-        world_size=1,
-        device_name="NVIDIA L4",
-        device_total_gib=22.0,
-        need=None,
-        reached_gib=21.7,
-    )
+    l4 = dict(device_name="NVIDIA L4", device_total_gib=22.0)
+    unknown = gm.does_not_fit_message(batch=48, accumulation=1, world_size=1, need=None, reached_gib=21.7, **l4)
     assert "the first step ran out of memory after reaching 21.7 GiB" in unknown
     assert "--per_device_train_batch_size 24 --gradient_accumulation_steps 2 keeps the global batch of 48" in unknown
 
 
-def large_on_meta():
-    from transformers import BridgeTowerForContrastiveLearning
-
-    from bridgetower_bench.tools.fixtures import bridgetower_config
-
-    with torch.device("meta"):
-        model = BridgeTowerForContrastiveLearning(bridgetower_config(large=True, vocab_size=50265))
-    model.bridgetower.text_model.pooler = None
-    return model
-
-
 def test_the_check_before_step_1_refuses_the_published_batch_on_a_40gb_gpu():
-    args = types.SimpleNamespace(
-        device=torch.device("cuda", 0),
-        bf16=True,
-        attn_implementation="eager",
-        compile_layers=None,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=48,
-        gradient_accumulation_steps=1,
-        world_size=8,
-    )
+    recipe = dict(bf16=True, attn_implementation="eager", compile_layers=None, gradient_checkpointing=False)
+    batch = dict(per_device_train_batch_size=48, gradient_accumulation_steps=1, world_size=8)
+    args = types.SimpleNamespace(device=torch.device("cuda", 0), **recipe, **batch)
     model = large_on_meta()
-    with pytest.raises(
-        gm.BatchDoesNotFit,
-        match=r"^--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB .*"
-        r"--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps "
-        r"the global batch of 384",
-    ):
+    refusal = r"^--per_device_train_batch_size 48 does not fit on NVIDIA A100-SXM4-40GB .*"
+    refusal += r"--per_device_train_batch_size 16 --gradient_accumulation_steps 3 keeps the global batch of 384"
+    with pytest.raises(gm.BatchDoesNotFit, match=refusal):
         gm.check_batch_fits(model, 128, args, memory=lambda device: A100_40GB)
     assert isinstance(gm.BatchDoesNotFit("x"), UserInputError)  # one line, exit status 2
     assert gm.check_batch_fits(model, 128, args, memory=lambda device: ("NVIDIA H100 80GB HBM3", 79.2)) is not None
@@ -149,12 +106,8 @@ class Rows(torch.utils.data.Dataset):
         return 16
 
     def __getitem__(self, i):
-        generator = torch.Generator().manual_seed(i)
-        return {
-            "pixel_values": torch.rand(3, 294, 294, generator=generator),
-            "input_ids": [0, 100 + i, 2, 1],
-            "attention_mask": [1, 1, 1, 0],
-        }
+        pixels = torch.rand(3, 294, 294, generator=torch.Generator().manual_seed(i))
+        return {"pixel_values": pixels, "input_ids": [0, 100 + i, 2, 1], "attention_mask": [1, 1, 1, 0]}
 
 
 def oom_trainer(fixtures, out, monkeypatch, fail_at_call):

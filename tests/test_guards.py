@@ -10,7 +10,7 @@ from PIL import Image
 
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.images import image_cache
-from helpers import run_cuda_script
+from helpers import encode, run_cuda_script
 
 
 SCRIPT = "run_bridgetower_cuda.py"
@@ -24,37 +24,16 @@ def refusal(flags: str, verb: str = "is") -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# The flag guard: --flag=value, dashes, and the .json configuration form
-# ---------------------------------------------------------------------------------------------
+# The flag guard: --flag=value, dashes, and the .json configuration form -------------------------------------------
 
 
 def spellings(tmp_path, model):
     """name -> (argv after the script, the one stderr line expected)."""
-    common = [
-        "--model_name_or_path",
-        model,
-        "--train_file",
-        tmp_path / "train.csv",
-        "--output_dir",
-        tmp_path / "out",
-        "--do_train",
-        "--report_to",
-        "none",
-        "--use_cpu",
-    ]
+    common = ["--model_name_or_path", model, "--train_file", tmp_path / "train.csv", "--output_dir", tmp_path / "out"]
+    common += ["--do_train", "--report_to", "none", "--use_cpu"]
     config = tmp_path / "published.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_name_or_path": str(model),
-                "output_dir": str(tmp_path / "out"),
-                "do_train": True,
-                "gaudi_config_name": "Habana/clip",
-                "use_habana": True,
-            }
-        )
-    )
+    published = {"model_name_or_path": str(model), "output_dir": str(tmp_path / "out"), "do_train": True}
+    config.write_text(json.dumps({**published, "gaudi_config_name": "Habana/clip", "use_habana": True}))
     dashed_config = tmp_path / "dashed.json"
     dashed_config.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "use-hpu-graphs-for-training": True}))
     return {
@@ -70,17 +49,10 @@ def spellings(tmp_path, model):
     }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "--flag=value",
-        "--flag=False",
-        "dashes",
-        "dashes with =value",
-        "json configuration",
-        "json configuration with dashes",
-    ],
-)
+ON_THE_COMMAND_LINE = ["--flag=value", "--flag=False", "dashes", "dashes with =value"]
+
+
+@pytest.mark.parametrize("case", [*ON_THE_COMMAND_LINE, "json configuration", "json configuration with dashes"])
 def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtures, tmp_path):
     args, expected = spellings(tmp_path, fixtures["model"])[case]
     status, stderr = run_cuda_script(args)
@@ -92,18 +64,8 @@ def test_every_spelling_of_a_gaudi_only_flag_is_refused_in_one_line(case, fixtur
 
 def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
     # Values, lookalike names and single-dash words are not Gaudi flags.
-    argv = [
-        SCRIPT,
-        "--output_dir",
-        "use_habana",
-        "--use_habana_extra",
-        "x",
-        "-use_habana",
-        "--mediapipe_dataloader_x",
-        "--use_cpu",
-        "--use_habana",
-    ]
-    assert flag_guard.hpu_only_flags_in(argv) == ["--use_habana"]
+    argv = [SCRIPT, "--output_dir", "use_habana", "--use_habana_extra", "x", "-use_habana", "--mediapipe_dataloader_x"]
+    assert flag_guard.hpu_only_flags_in([*argv, "--use_cpu", "--use_habana"]) == ["--use_habana"]
     assert flag_guard.hpu_only_flags_in([SCRIPT, "--output_dir", "out", "--do_train"]) == []
     assert flag_guard.hpu_only_flags_in([SCRIPT, "--use_habana"]) == ["--use_habana"]  # one flag is not a file
     # A .json file among other flags is not a configuration file: only its flags count.
@@ -113,12 +75,10 @@ def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
     assert flag_guard.hpu_only_flags_in([SCRIPT, str(config)]) == ["--distribution_strategy", "--mediapipe_dataloader"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The decoded-image cache key
-# ---------------------------------------------------------------------------------------------
+# The decoded-image cache key ------------------------------------------------------------------------------------
 
 
-def test_a_cache_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch):
+def test_a_cache_or_manifest_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch):
     """Pillow's resampling and JPEG decoding change between versions: the cache directory changes with it."""
     for pipeline in image_cache.CACHEABLE_PIPELINES:
         before = image_cache.decoded_image_cache_dir(tmp_path, pipeline, 294, "fingerprint")
@@ -127,10 +87,8 @@ def test_a_cache_built_with_another_pillow_is_never_reused(tmp_path, monkeypatch
         assert image_cache.decoded_image_cache_dir(tmp_path, pipeline, 294, "fingerprint") != before
         assert image_cache.cache_settings(pipeline, 294, "fingerprint")["pillow"] == PIL.__version__
         monkeypatch.undo()
-
-
-def test_a_manifest_from_another_pillow_is_not_read_as_complete(tmp_path, monkeypatch):
-    values = [{"bytes": _png(Image.new("RGB", (40, 30), (200, 10, 10))), "path": None}]
+    # nor is a manifest from another Pillow read as complete
+    values = [{"bytes": encode(Image.new("RGB", (40, 30), (200, 10, 10)), "PNG"), "path": None}]
     cache = image_cache.open_decoded_image_cache(
         values, pipeline="fast", image_size=32, cache_dir=tmp_path, fingerprint="f"
     )
@@ -138,14 +96,6 @@ def test_a_manifest_from_another_pillow_is_not_read_as_complete(tmp_path, monkey
     assert image_cache.read_complete_manifest(cache.directory, settings) is not None
     monkeypatch.setattr(PIL, "__version__", PIL.__version__ + ".post1")
     assert image_cache.read_complete_manifest(cache.directory, image_cache.cache_settings("fast", 32, "f")) is None
-
-
-def _png(image: Image.Image) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def test_a_pil_images_mode_and_pixels_are_part_of_its_identity():
@@ -159,9 +109,8 @@ def test_a_pil_images_mode_and_pixels_are_part_of_its_identity():
     pixels[5, 7, 2] = 101  # one channel of one pixel
     other = Image.fromarray(pixels)
     assert image_cache.image_digest(one) != image_cache.image_digest(other)
-    assert image_cache.image_digest(one) == image_cache.image_digest(
-        Image.fromarray(np.full((6, 8, 3), 100, np.uint8))
-    )
+    same = Image.fromarray(np.full((6, 8, 3), 100, np.uint8))
+    assert image_cache.image_digest(one) == image_cache.image_digest(same)
 
     # Same bytes, other shape: 8x6 vs 6x8.
     assert image_cache.image_digest(Image.new("L", (6, 8), 7)) != image_cache.image_digest(grey)

@@ -10,19 +10,10 @@ from bridgetower_bench.user_errors import UserInputError
 from helpers import run_tool
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "gaudi-a",
-        "GAUDI-A.example.com",
-        "gpu-a.",
-        "10.0.0.7",
-        "fe80::1",
-        "[fe80::1]",
-        "root@gaudi-a",
-        "ubuntu@10.0.0.7",
-    ],
-)
+MACHINES = ["gaudi-a", "GAUDI-A.example.com", "gpu-a.", "10.0.0.7", "fe80::1", "[fe80::1]"]
+
+
+@pytest.mark.parametrize("text", [*MACHINES, "root@gaudi-a", "ubuntu@10.0.0.7"])
 def test_names_and_addresses_are_hosts(text):
     assert hosts.host(text, "here") == text
 

@@ -1,9 +1,8 @@
-"""The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12
-build from the index its label names, every requirements file the README names exists, and the driver the
-README states for each route is the one the CUDA script's refusal checks. The current route (today's
-transformers line) differs from the pinned one in the Hugging Face libraries only, and the published command,
---overwrite_output_dir included, means the same on whichever route runs these tests (`make test` runs the
-both_routes tests on each)."""
+"""The NVIDIA install routes agree: the same torch / torchvision pair and common requirements, each CUDA 12 build from
+the index its label names, every requirements file the README names exists, and the driver the README states for each
+route is the one the CUDA script's refusal checks. The current route (today's transformers line) differs from the
+pinned one in the Hugging Face libraries only, and the published command, --overwrite_output_dir included, means the
+same on whichever route runs these tests (`make test` runs the both_routes tests on each)."""
 
 import os
 import re
@@ -47,7 +46,7 @@ def exact(requirement):
     return Version(spec.version)
 
 
-def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requirements():
+def test_every_route_pins_the_same_torch_and_torchvision_on_the_common_requirements_and_the_readme_names_it():
     pairs = {}
     for name, label in ROUTES.items():
         includes, indexes, pins = read(name)
@@ -67,8 +66,7 @@ def test_every_route_pins_the_same_torch_and_torchvision_on_the_same_common_requ
     assert "torch" not in common and "torchvision" not in common  # Gaudi images keep their own torch
     assert read("requirements-test.txt")[0] == ["requirements-cuda.txt"]
 
-
-def test_the_readme_names_each_route_and_its_driver():
+    # the README names each route and its driver
     readme = (REPO / "README.md").read_text()
     named = set(re.findall(r"requirements[\w-]*\.txt", readme))
     assert set(ROUTES) <= named
@@ -90,10 +88,8 @@ def lines(name):
 
 
 def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libraries_only():
-    current, pinned = (
-        lines("requirements-cuda-current.txt"),
-        lines("requirements.txt") | lines("requirements-cuda.txt"),
-    )
+    current = lines("requirements-cuda-current.txt")
+    pinned = lines("requirements.txt") | lines("requirements-cuda.txt")
     differing = {canonicalize_name(Requirement(line).name) for line in current ^ pinned}
     assert {"transformers", "accelerate", "datasets"} <= differing <= HUGGING_FACE, "only transformers' stack differs"
     stack = {canonicalize_name(Requirement(line).name): Requirement(line) for line in current}
@@ -106,21 +102,16 @@ def test_the_current_route_differs_from_the_pinned_one_in_the_hugging_face_libra
 
 
 @BOTH_ROUTES
-def test_overwrite_output_dir_is_a_flag_of_the_cuda_scripts_arguments_on_this_route(tmp_path):
-    from transformers import HfArgumentParser
+def test_overwrite_output_dir_warmup_ratio_and_the_flags_this_route_dropped_on_this_route(tmp_path):
+    """--overwrite_output_dir is a flag, --warmup_ratio warms up alike, a dropped flag is refused naming its spelling."""
+    import torch
+    from transformers import HfArgumentParser, Trainer, TrainingArguments
 
     parser = HfArgumentParser(WarmupTrainingArguments)
     (given,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--overwrite_output_dir"])
     (default,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
-    assert given.overwrite_output_dir is True and default.overwrite_output_dir is False
+    assert given.overwrite_output_dir is True and default.overwrite_output_dir is False, "--overwrite_output_dir"
 
-
-@BOTH_ROUTES
-def test_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
-    import torch
-    from transformers import HfArgumentParser, Trainer
-
-    parser = HfArgumentParser(WarmupTrainingArguments)
     common = ["--output_dir", str(tmp_path), "--use_cpu", "--learning_rate", "1"]
     for flags, warm_up in ((["--warmup_ratio", "0.3"], 3), (["--warmup_ratio", "0.3", "--warmup_steps", "2"], 2)):
         (args,) = parser.parse_args_into_dataclasses(common + flags)
@@ -131,12 +122,6 @@ def test_warmup_ratio_gives_the_same_warm_up_on_this_route(tmp_path):
     with pytest.raises(UserInputError, match="--warmup_ratio=1.5: must lie between 0 and 1|warmup_ratio must lie"):
         parse_arguments(parser, ["script", *common, "--warmup_ratio", "1.5"])
 
-
-@BOTH_ROUTES
-def test_a_flag_this_route_dropped_is_refused_in_one_line_naming_its_spelling(tmp_path):
-    from transformers import HfArgumentParser, TrainingArguments
-
-    parser = HfArgumentParser(WarmupTrainingArguments)
     argv = ["script", "--output_dir", str(tmp_path), "--no_cuda"]
     if "no_cuda" in TrainingArguments.__dataclass_fields__:  # the pinned route still has it
         assert parse_arguments(parser, argv)[0].use_cpu
@@ -158,10 +143,9 @@ def published_command(fixtures, out):
     scaled = {
         "--model_name_or_path": fixtures["model"],
         "--dataset_name": fixtures["dataset"],
-        "--per_device_train_batch_size": 4,
-        "--per_device_eval_batch_size": 4,
         "--num_train_epochs": 1,
     }
+    scaled |= {"--per_device_train_batch_size": 4, "--per_device_eval_batch_size": 4}
     for flag, value in scaled.items():
         args[args.index(flag) + 1] = str(value)
     assert "--overwrite_output_dir" in args
@@ -196,14 +180,9 @@ def test_the_gpu_benchmark_runs_the_kits_environment_not_a_bare_python3(tmp_path
     root = tmp_path / "kit"
     fake_python(root / ".venv" / "bin" / "python", "venv")
     fake_python(tmp_path / "bin" / "python3", "python3")
-    env = {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "CALLS": str(tmp_path / "calls"),
-        "WHEELS": "",
-        "OUT": str(tmp_path / "out"),
-        "WORK": str(tmp_path / "work"),
-        "HOME": str(tmp_path),
-    }
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    env = {"PATH": path, "CALLS": str(tmp_path / "calls"), "WHEELS": "", "HOME": str(tmp_path)}
+    env |= {"OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
     script = str(REPO / "scripts" / "h200_benchmark.sh")
     result = subprocess.run(["bash", script], cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -1,9 +1,7 @@
 """--compile_layers (CUDA script) and the ceiling's same option: every repeated layer compiled in place.
 
-The tests compile with torch.compile's "eager" backend (Dynamo's tracing and guards, no code generation),
-which checks the wiring in seconds; "inductor", the option users pass, generates kernels and takes
-minutes on these CPUs.
-"""
+The tests compile with torch.compile's "eager" backend (Dynamo's tracing and guards, no code generation), which checks
+the wiring in seconds; "inductor", the option users pass, generates kernels and takes minutes on these CPUs."""
 
 import math
 
@@ -24,24 +22,24 @@ def two_layer_model(tmp_path_factory):
     return out
 
 
-def test_the_repeated_layers_are_the_towers_and_cross_modal_stacks(two_layer_model):
+def test_the_repeated_layers_are_the_towers_and_cross_modal_stacks_and_a_bad_backend_is_refused(two_layer_model):
     model = BridgeTowerForContrastiveLearning.from_pretrained(two_layer_model)
     kinds = sorted({type(layer).__name__ for layer in repeated_layers(model)})
     assert kinds == ["BridgeTowerBertCrossLayer", "BridgeTowerResidualAttention", "BridgeTowerTextLayer"]
     # 2 vision blocks + 2 text layers + 2 x 2 cross-modal layers (the single link tower repeats nothing)
     assert len(repeated_layers(model)) == 8
+    with pytest.raises(ValueError, match="--compile_layers 'inductorr': not a torch.compile backend"):
+        compile_repeated_layers(model, backend="inductorr")
 
 
 def test_compiled_layers_train_like_the_plain_model_and_keep_their_names(two_layer_model):
     model = BridgeTowerForContrastiveLearning.from_pretrained(two_layer_model)
     model.train()
     generator = torch.Generator().manual_seed(3)
-    inputs = {
-        "input_ids": torch.randint(5, 100, (4, 10), generator=generator),
-        "attention_mask": torch.ones(4, 10, dtype=torch.long),
-        "pixel_values": torch.randn(4, 3, 56, 56, generator=generator),
-        "return_loss": True,
-    }
+    ids, pixels = torch.randint(5, 100, (4, 10), generator=generator), torch.randn(4, 3, 56, 56, generator=generator)
+    inputs = dict(
+        input_ids=ids, attention_mask=torch.ones(4, 10, dtype=torch.long), pixel_values=pixels, return_loss=True
+    )
     names = [name for name, _ in model.named_parameters()]
 
     plain = model(**inputs).loss
@@ -58,12 +56,6 @@ def test_compiled_layers_train_like_the_plain_model_and_keep_their_names(two_lay
     assert torch.allclose(compiled, plain, atol=1e-6)
     for name, grad in plain_grads.items():
         assert torch.allclose(model.get_parameter(name).grad, grad, atol=1e-6), name
-
-
-def test_an_unknown_backend_is_refused_by_name(two_layer_model):
-    model = BridgeTowerForContrastiveLearning.from_pretrained(two_layer_model)
-    with pytest.raises(ValueError, match="--compile_layers 'inductorr': not a torch.compile backend"):
-        compile_repeated_layers(model, backend="inductorr")
 
 
 @BOTH_ROUTES
@@ -93,34 +85,11 @@ def test_the_ceiling_takes_the_same_speed_options(two_layer_model, tmp_path, cap
     from gpu_ceiling import main
 
     torch._dynamo.reset()
+    argv = ["--model_name_or_path", str(two_layer_model), "--output_dir", str(tmp_path), "--use_cpu"]
+    argv += "--per_device_train_batch_size 2 --max_steps 2 --throughput_warmup_steps 1 --max_seq_length 16".split()
+    argv += "--report_to none --save_strategy no --attn_implementation sdpa --compile_layers eager".split()
     with caplog.at_level("INFO", logger="bridgetower_bench"):
-        metrics = main(
-            [
-                "--model_name_or_path",
-                str(two_layer_model),
-                "--output_dir",
-                str(tmp_path),
-                "--use_cpu",
-                "--per_device_train_batch_size",
-                "2",
-                "--max_steps",
-                "2",
-                "--throughput_warmup_steps",
-                "1",
-                "--max_seq_length",
-                "16",
-                "--report_to",
-                "none",
-                "--save_strategy",
-                "no",
-                "--attn_implementation",
-                "sdpa",
-                "--compile_layers",
-                "eager",
-                "--logging_nan_inf_filter",
-                "False",
-            ]
-        )
+        metrics = main([*argv, "--logging_nan_inf_filter", "False"])
     assert "--attn_implementation sdpa: 10 text and cross-modal attention modules" in caplog.text
     assert "--compile_layers eager: 8 repeated layers compiled in place" in caplog.text
     assert_throughput_adds_up(metrics, counted_steps=1, samples_per_step=2)

@@ -1,26 +1,24 @@
-"""The tiny model learns: a few hundred CPU steps of the real script on the synthetic cartoons
-raise validation recall@1 far above its value at initialisation.
+"""The tiny model learns: a few hundred CPU steps of the real script on the synthetic cartoons raise validation
+recall@1 far above its value at initialisation.
 
-The model has make_tiny_model's default shape (14-px patches, two layers per tower; the local
-preset's model, DEFAULT_MODEL_OPTIONS, is coarser still, built for speed, not learning). The fixtures
-differ from the defaults in ways documented in make_tiny_model and make_synthetic_dataset, each needed
-for a random-weight model to learn in a minute rather than not at all:
+The model has make_tiny_model's default shape (14-px patches, two layers per tower; the local preset's model,
+DEFAULT_MODEL_OPTIONS, is coarser still, built for speed, not learning). The fixtures differ from the defaults in ways
+documented in make_tiny_model and make_synthetic_dataset, each needed for a random-weight model to learn in a minute
+rather than not at all:
 - no dropout: with it the image tower collapses to one embedding and retrieval stays at chance;
-- vision position embeddings 10x BridgeTower's initial scale: otherwise they are drowned by the
-  patch embeddings of blank paper, and left/middle/right is learned very slowly;
+- vision position embeddings 10x BridgeTower's initial scale: otherwise they are drowned by the patch embeddings of
+  blank paper, and left/middle/right is learned very slowly;
 - small cartoons (160-260 px) with bold strokes: scan-sized strokes fade to grey at 84 px;
-- one row per cartoon and 1536 training cartoons: no false negatives within a batch, and
-  nothing small enough to memorise.
+- one row per cartoon and 1536 training cartoons: no false negatives within a batch, and nothing small enough to
+  memorise.
 
-Why the margin cannot be chance: with one row per cartoon the validation split has N images and
-N captions, so i2t and t2i recall@1 together count hits among 2N rankings. A model that has
-learned nothing ranks at random: for N = 96 its hits average 2, and among 20,000 simulated
-random 96 x 96 similarity matrices, 10 or more hits came up with frequency 4.5e-4 (12 or more:
-5e-5). The test asks for MIN_EXTRA_HITS = 10 more hits after training than at initialisation.
-Both directions are summed because each alone has half the hits and twice the relative noise.
-Measured with the seeds below: 2 hits at initialisation, 23 after training (20 with the upstream
-image pipeline); with four other model or data-order seeds, 23 to 40 hits after 600 steps.
-"""
+Why the margin cannot be chance: with one row per cartoon the validation split has N images and N captions, so i2t and
+t2i recall@1 together count hits among 2N rankings. A model that has learned nothing ranks at random: for N = 96 its
+hits average 2, and among 20,000 simulated random 96 x 96 similarity matrices, 10 or more hits came up with frequency
+4.5e-4 (12 or more: 5e-5). The test asks for MIN_EXTRA_HITS = 10 more hits after training than at initialisation. Both
+directions are summed because each alone has half the hits and twice the relative noise. Measured with the seeds below:
+2 hits at initialisation, 23 after training (20 with the upstream image pipeline); with four other model or data-order
+seeds, 23 to 40 hits after 600 steps."""
 
 import numpy as np
 import pytest
@@ -49,16 +47,8 @@ def learnable_model(tmp_path_factory):
 def learnable(learnable_model, tmp_path_factory):
     """The learnable model and a data set it can learn from in a few hundred CPU steps (about 10 s to build)."""
     root = tmp_path_factory.mktemp("learnable")
-    dataset = make_synthetic_dataset(
-        root / "dataset",
-        train_rows=TRAIN_CARTOONS,
-        validation_rows=VALIDATION_CARTOONS,
-        test_rows=1,
-        rows_per_cartoon=1,
-        seed=1,
-        image_side_range=(160, 260),
-        stroke_scale=2.0,
-    )
+    rows = dict(train_rows=TRAIN_CARTOONS, validation_rows=VALIDATION_CARTOONS, test_rows=1, rows_per_cartoon=1)
+    dataset = make_synthetic_dataset(root / "dataset", **rows, seed=1, image_side_range=(160, 260), stroke_scale=2.0)
     return {"model": learnable_model, "dataset": dataset, "image_cache": root / "decoded-images"}
 
 
@@ -140,27 +130,18 @@ def test_small_cartoons_stay_in_their_side_range_and_bold_strokes_lay_more_ink()
 
 
 @pytest.mark.parametrize(
-    "options, named",
+    "make, options, named",
     [
-        ({"image_side_range": (32, 100)}, "image_side_range"),
-        ({"image_side_range": (300, 200)}, "image_side_range"),
-        ({"image_side_range": 200}, "image_side_range"),
-        ({"stroke_scale": 0}, "stroke_scale"),
+        (make_synthetic_dataset, {"image_side_range": (32, 100)}, "image_side_range"),
+        (make_synthetic_dataset, {"image_side_range": (300, 200)}, "image_side_range"),
+        (make_synthetic_dataset, {"image_side_range": 200}, "image_side_range"),
+        (make_synthetic_dataset, {"stroke_scale": 0}, "stroke_scale"),
+        (make_tiny_model, {"dropout": 1.0}, "dropout"),
+        (make_tiny_model, {"dropout": -0.1}, "dropout"),
+        (make_tiny_model, {"vision_position_scale": 0}, "vision_position_scale"),
     ],
 )
-def test_bad_dataset_options_are_refused_by_name(tmp_path, options, named):
+def test_bad_dataset_and_model_options_are_refused_by_name(tmp_path, make, options, named):
+    rows = dict(train_rows=1, validation_rows=1, test_rows=1) if make is make_synthetic_dataset else {}
     with pytest.raises(ValueError, match=named):
-        make_synthetic_dataset(tmp_path, train_rows=1, validation_rows=1, test_rows=1, **options)
-
-
-@pytest.mark.parametrize(
-    "options, named",
-    [
-        ({"dropout": 1.0}, "dropout"),
-        ({"dropout": -0.1}, "dropout"),
-        ({"vision_position_scale": 0}, "vision_position_scale"),
-    ],
-)
-def test_bad_model_options_are_refused_by_name(tmp_path, options, named):
-    with pytest.raises(ValueError, match=named):
-        make_tiny_model(tmp_path, **options)
+        make(tmp_path, **rows, **options)

@@ -18,39 +18,38 @@ def copy(tmp_path):
     return tmp_path
 
 
-def test_the_committed_cuda_script_is_the_generated_one(copy, capsys):
-    assert make_cuda_script.main(["--check"], repo=copy) == 0
+def edit(path, old, new):
+    """Replace the first `old` in the file at path with `new`."""
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}"
+    path.write_text(text.replace(old, new, 1))
 
 
-def test_a_hand_edit_of_the_cuda_script_fails_the_check_with_the_diff(copy, capsys):
-    cuda = copy / "run_bridgetower_cuda.py"
-    cuda.write_text(cuda.read_text().replace("set_seed(training_args.seed)", "set_seed(training_args.seed + 1)"))
-
+def test_the_committed_cuda_script_is_the_generated_one_and_a_hand_edit_fails_the_check_with_the_diff(copy, capsys):
+    assert make_cuda_script.main(["--check"], repo=copy) == 0, "the committed script is not the generated one"
+    edit(copy / "run_bridgetower_cuda.py", "set_seed(training_args.seed)", "set_seed(training_args.seed + 1)")
     assert make_cuda_script.main(["--check"], repo=copy) == 1
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
     assert "-    set_seed(training_args.seed + 1)" in printed and "+    set_seed(training_args.seed)" in printed
 
 
 def test_a_gaudi_change_the_cuda_script_lacks_fails_the_check_and_regenerating_mends_it(copy, capsys):
-    gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(gaudi.read_text().replace("# 2. Logging.", "# 2. Logging (changed on the Gaudi side)."))
-
+    edit(copy / "run_bridgetower.py", "# 2. Logging.", "# 2. Logging (changed on the Gaudi side).")
     assert make_cuda_script.main(["--check"], repo=copy) == 1
     assert make_cuda_script.main([], repo=copy) == 0
     assert "# 2. Logging (changed on the Gaudi side)." in (copy / "run_bridgetower_cuda.py").read_text()
     assert make_cuda_script.main(["--check"], repo=copy) == 0
 
 
-def test_a_patch_that_no_longer_applies_is_named(copy):
-    gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(
-        gaudi.read_text().replace(
-            "from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
-            "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments",
-        )
+def test_a_patch_that_no_longer_applies_is_named_with_the_hunks_that_failed(copy):
+    imports = "from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments"
+    edit(
+        copy / "run_bridgetower.py", imports, imports.replace("GaudiConfig, GaudiTrainer", "GaudiTrainer, GaudiConfig")
     )
-    with pytest.raises(SystemExit, match="patches/01-trainer-classes.patch does not apply"):
+    with pytest.raises(SystemExit, match="patches/01-trainer-classes.patch does not apply") as stopped:
         make_cuda_script.main(["--check"], repo=copy)
+    # patch's own words, as text on a line of their own
+    assert re.search(r"^\d+ out of \d+ hunks? FAILED$", str(stopped.value), re.MULTILINE), str(stopped.value)
 
 
 def test_the_check_without_a_repository_argument_checks_this_repository(capsys):
@@ -60,55 +59,23 @@ def test_the_check_without_a_repository_argument_checks_this_repository(capsys):
     assert "run_bridgetower_cuda.py equals run_bridgetower.py + " in capsys.readouterr().out
 
 
-def test_a_patch_that_no_longer_applies_says_which_hunks_failed(copy):
-    gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(
-        gaudi.read_text().replace(
-            "from optimum.habana import GaudiConfig, GaudiTrainer, GaudiTrainingArguments",
-            "from optimum.habana import GaudiTrainer, GaudiConfig, GaudiTrainingArguments",
-        )
-    )
-    with pytest.raises(SystemExit) as stopped:
-        make_cuda_script.main(["--check"], repo=copy)
-    # patch's own words, as text on a line of their own
-    assert re.search(r"^\d+ out of \d+ hunks? FAILED$", str(stopped.value), re.MULTILINE), str(stopped.value)
-
-
-def test_the_diff_of_a_hand_edit_is_printed_line_by_line(copy, capsys):
-    cuda = copy / "run_bridgetower_cuda.py"
-    cuda.write_text(cuda.read_text().replace("set_seed(training_args.seed)", "set_seed(training_args.seed + 1)"))
-    assert make_cuda_script.main(["--check"], repo=copy) == 1
-    printed = capsys.readouterr().out.splitlines()
-    assert "-    set_seed(training_args.seed + 1)" in printed and "+    set_seed(training_args.seed)" in printed
-
-
 def test_a_patch_whose_hunk_lands_one_line_away_is_refused_by_name(copy):
     # GNU patch would apply it "at an offset"; a hunk that moves can land in the wrong place without a word.
-    patch = copy / "patches" / "05-compile-layers.patch"
-    patch.write_text(patch.read_text().replace("@@ -23,6 +23,7 @@", "@@ -24,6 +24,7 @@", 1))
+    edit(copy / "patches" / "05-compile-layers.patch", "@@ -23,6 +23,7 @@", "@@ -24,6 +24,7 @@")
     with pytest.raises(SystemExit, match=r"patches/05-compile-layers.patch applies only at an offset of -1 lines"):
         make_cuda_script.main(["--check"], repo=copy)
 
 
 def test_a_patch_that_needs_fuzz_is_refused_by_name(copy):
     # One context line no longer matches: patch's default fuzz would still apply the hunk, --fuzz=0 does not.
-    patch = copy / "patches" / "05-compile-layers.patch"
-    patch.write_text(
-        patch.read_text().replace(
-            " from bridgetower_bench.images.device_decode import",
-            " from bridgetower_bench.device_decode_elsewhere import",
-            1,
-        )
-    )
+    patch, context = copy / "patches" / "05-compile-layers.patch", " from bridgetower_bench.{} import"
+    edit(patch, context.format("images.device_decode"), context.format("device_decode_elsewhere"))
     with pytest.raises(SystemExit, match="patches/05-compile-layers.patch does not apply"):
         make_cuda_script.main(["--check"], repo=copy)
 
 
 def test_refresh_rewrites_the_patches_a_gaudi_edit_moved_and_the_check_passes_again(copy, capsys):
-    gaudi = copy / "run_bridgetower.py"
-    gaudi.write_text(
-        gaudi.read_text().replace("# 2. Logging.", "# 2. Logging.\n# (a line added on the Gaudi side)", 1)
-    )
+    edit(copy / "run_bridgetower.py", "# 2. Logging.", "# 2. Logging.\n# (a line added on the Gaudi side)")
     with pytest.raises(SystemExit, match="applies only at an offset of 1 lines"):
         make_cuda_script.main(["--check"], repo=copy)
 

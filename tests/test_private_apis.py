@@ -6,7 +6,6 @@ import inspect
 import re
 
 import datasets
-import pytest
 import torch
 import transformers
 from transformers import Trainer
@@ -40,12 +39,6 @@ def missing_or_changed(cls, expected: dict) -> list:
 
 
 @BOTH_ROUTES
-def test_transformers_trainer_still_has_the_private_methods_the_kit_overrides_and_calls():
-    problems = missing_or_changed(Trainer, TRAINER_METHODS)
-    assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
-
-
-@BOTH_ROUTES
 def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_function():
     # trainer._resumed_epoch_keeps_its_order swaps transformers.trainer.skip_first_batches while training and
     # hands the new loader the epoch (`iteration`) of accelerate's loader it skips in
@@ -70,23 +63,23 @@ def test_the_training_loop_still_syncs_by_the_accumulation_steps_it_reads_each_m
     if int(transformers.__version__.split(".")[0]) < 5:
         with optimum_habana() as habana:
             loops.append(habana.GaudiTrainer._inner_training_loop)
+    sync = "do_sync_step = (step + 1) % args.gradient_accumulation_steps == 0 or (step + 1) == steps_in_epoch"
     for loop in loops:
-        _counts_from_0_unless_transformers_5(re.sub(r"\bself\.args\b", "args", inspect.getsource(loop)))
-
-
-def _counts_from_0_unless_transformers_5(source: str) -> None:
-    assert "do_sync_step = (step + 1) % args.gradient_accumulation_steps == 0 or (step + 1) == steps_in_epoch" in (
-        source
-    ), "the Trainer no longer decides a micro-batch's sync from args.gradient_accumulation_steps as it reads it"
-    counts_skipped = "step = steps_trained_in_current_epoch - 1" in source
-    assert counts_skipped == (int(transformers.__version__.split(".")[0]) >= 5), (
-        "the Trainer's count of a resumed epoch's micro-batches changed: mend it in trainer.py on the line whose "
-        "count restarts at 0"
-    )
+        source = re.sub(r"\bself\.args\b", "args", inspect.getsource(loop))
+        assert sync in source, (
+            "the Trainer no longer decides a micro-batch's sync from args.gradient_accumulation_steps as it reads it"
+        )
+        counts_skipped = "step = steps_trained_in_current_epoch - 1" in source
+        assert counts_skipped == (int(transformers.__version__.split(".")[0]) >= 5), (
+            "the Trainer's count of a resumed epoch's micro-batches changed: mend it in trainer.py on the line whose "
+            "count restarts at 0"
+        )
 
 
 @BOTH_ROUTES
-def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_to_save_total_limit():
+def test_transformers_trainer_keeps_the_private_methods_save_model_and_save_total_limit_the_kit_relies_on():
+    problems = missing_or_changed(Trainer, TRAINER_METHODS)
+    assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
     # trainer.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
     # the Trainer's own rotation and its end-of-training deletion read args.save_total_limit, which the kit
     # sets to None while training so that only its own rotation, over the checkpoints runs wrote, deletes
@@ -99,52 +92,27 @@ def test_the_trainer_saves_a_checkpoint_through_save_model_and_leaves_rotation_t
     )
 
 
-@pytest.fixture(scope="module")
-def gaudi():
-    """What optimum-habana (behind the tests' Habana shim) has of the names the kit relies on."""
-    with optimum_habana():
+def test_optimum_habana_keeps_the_gaudi_trainer_methods_and_the_runner_attributes_the_kit_relies_on():
+    with optimum_habana():  # (behind the tests' Habana shim)
         from optimum.habana import GaudiTrainer
         from optimum.habana.distributed import DistributedRunner
 
+        problems = missing_or_changed(GaudiTrainer, TRAINER_METHODS)
         runner = DistributedRunner(command_list=["train.py --flag 1"], world_size=1, use_mpi=False, master_port=29500)
-        return {
-            "trainer": {
-                name: parameters(getattr(GaudiTrainer, name))
-                for name in TRAINER_METHODS
-                if hasattr(GaudiTrainer, name)
-            },
-            "runner": {name: getattr(runner, name, None) for name in ("_commands", "_interpreter")},
-            "mpi_variables": getattr(
-                DistributedRunner(command_list=["train.py"], world_size=2, use_mpi=True, master_port=29601),
-                "_model_env_vars",
-                None,
-            ),
-        }
-
-
-def test_optimum_habana_gaudi_trainer_keeps_the_private_methods_the_kit_overrides_and_calls(gaudi):
-    found = gaudi["trainer"]
-    problems = [f"GaudiTrainer.{name} no longer exists" for name in TRAINER_METHODS if name not in found]
-    problems += [
-        f"GaudiTrainer.{name}({', '.join(gaudi['trainer'][name])}): the kit relies on ({', '.join(params)})"
-        for name, params in TRAINER_METHODS.items()
-        if name in found and found[name][: len(params)] != params
-    ]
+        commands, interpreter = getattr(runner, "_commands", None), getattr(runner, "_interpreter", None)
+        with_mpi = DistributedRunner(command_list=["train.py"], world_size=2, use_mpi=True, master_port=29601)
+        variables = getattr(with_mpi, "_model_env_vars", None)
     assert not problems, "optimum-habana changed private GaudiTrainer methods:\n" + "\n".join(problems)
-
-
-def test_optimum_habana_distributed_runner_still_holds_the_commands_launch_gaudi_prints(gaudi):
     # tools/launch_gaudi.py --dry_run prints runner._interpreter + each of runner._commands
-    runner = gaudi["runner"]
-    assert isinstance(runner["_commands"], list) and any("train.py --flag 1" in c for c in runner["_commands"]), (
-        f"optimum-habana's DistributedRunner._commands changed: {runner['_commands']!r}"
+    assert isinstance(commands, list) and any("train.py --flag 1" in c for c in commands), (
+        f"optimum-habana's DistributedRunner._commands changed: {commands!r}"
     )
-    assert isinstance(runner["_interpreter"], str) and runner["_interpreter"].strip(), (
-        f"optimum-habana's DistributedRunner._interpreter changed: {runner['_interpreter']!r}"
+    assert isinstance(interpreter, str) and interpreter.strip(), (
+        f"optimum-habana's DistributedRunner._interpreter changed: {interpreter!r}"
     )
     # ... preceded by runner._model_env_vars, the variables run() exports (MASTER_ADDR, MASTER_PORT with MPI)
-    assert gaudi["mpi_variables"] == {"MASTER_ADDR": "localhost", "MASTER_PORT": 29601}, (
-        f"optimum-habana's DistributedRunner._model_env_vars changed: {gaudi['mpi_variables']!r}"
+    assert variables == {"MASTER_ADDR": "localhost", "MASTER_PORT": 29601}, (
+        f"optimum-habana's DistributedRunner._model_env_vars changed: {variables!r}"
     )
 
 
@@ -170,9 +138,6 @@ def test_datasets_still_exposes_the_fingerprint_and_the_indices_mapping():
     chosen = dataset.select([2, 0])
     assert isinstance(getattr(dataset, "_fingerprint", None), str), "datasets.Dataset no longer has _fingerprint"
     assert chosen._fingerprint != dataset._fingerprint
-    assert getattr(dataset, "_indices", "missing") is None, (
-        "datasets.Dataset._indices changed (expected None unselected)"
-    )
-    assert chosen._indices.column(0).to_pylist() == [2, 0], (
-        "datasets.Dataset._indices no longer maps a selection's rows"
-    )
+    indices = "datasets.Dataset._indices"
+    assert getattr(dataset, "_indices", "missing") is None, f"{indices} changed (expected None unselected)"
+    assert chosen._indices.column(0).to_pylist() == [2, 0], f"{indices} no longer maps a selection's rows"

@@ -75,30 +75,19 @@ def test_summed_accumulation_sums_the_micro_batches_where_trainer_averages_them(
         def forward(self, x):
             return {"loss": (self.w * x).sum()}  # d loss / d w = x
 
-    class Gradients(TrainerCallback):
-        def __init__(self):
-            self.seen = []
-
+    class Gradients(TrainerCallback):  # notes each step's gradient in `seen`, the run's own list
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            self.seen.append(model.w.grad.item())
+            seen.append(model.w.grad.item())
 
     rows = [{"x": torch.tensor([float(i + 1)])} for i in range(4)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=2,
-        max_steps=2,
-        learning_rate=0.0,
-        max_grad_norm=0,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-    )
+    steps = dict(per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=2, max_grad_norm=0)
+    off = dict(learning_rate=0.0, report_to="none", use_cpu=True, save_strategy="no")
+    args = TrainingArguments(output_dir=str(tmp_path), **steps, **off)
     found = {}
     for name, cls in {"Trainer": Trainer, "summed": type("Summed", (SummedAccumulation, Trainer), {})}.items():
-        gradients = Gradients()
-        loss = cls(model=Scale(), args=args, train_dataset=rows, callbacks=[gradients]).train().metrics["train_loss"]
-        found[name] = (sorted(gradients.seen), loss)
+        seen = []
+        loss = cls(model=Scale(), args=args, train_dataset=rows, callbacks=[Gradients()]).train().metrics["train_loss"]
+        found[name] = (sorted(seen), loss)
     # the 4 rows x = 1..4 in two steps of two: the pairs' sums are 10 in all, their means 5
     assert sum(found["summed"][0]) == 10 and found["summed"][1] == 5.0
     assert sum(found["Trainer"][0]) == 5 and found["Trainer"][1] == 2.5

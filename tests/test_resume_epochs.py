@@ -1,14 +1,12 @@
 """Resume bit for bit at any step of any epoch, in both scripts, with and without loader workers.
 
-One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step
-saves: SIGTERM saves the same checkpoint: the last test); each stop is then a rerun resumed from
-one of them, which must end with the uninterrupted run's weights exactly and the same `train_loss` (the mean
-over every step of the run, the resumed ones included).
+One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step saves: SIGTERM
+saves the same checkpoint: the last test); each stop is then a rerun resumed from one of them, which must end with the
+uninterrupted run's weights exactly and the same `train_loss` (the mean over every step, the resumed ones included).
 
-12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the
-middle (step 4) and the last epoch (step 8), and on an epoch boundary (step 6). One more run takes the user's
-path: SIGTERM in the second epoch, then the same command again.
-"""
+12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the middle
+(step 4) and the last epoch (step 8), and on an epoch boundary (step 6). One more run takes the user's path: SIGTERM
+in the second epoch, then the same command again."""
 
 import json
 import re
@@ -19,31 +17,41 @@ import pytest
 import torch
 
 from bridgetower_bench.output_dir import checkpoint_manifest
-from helpers import (
-    BOTH_ROUTES,
-    CPU_FLAGS,
-    ForkedRun,
-    base_args,
-    load_weights,
-    read_json,
-    resumed_at,
-    run_script,
-)
+from helpers import BOTH_ROUTES, CPU_FLAGS, ForkedRun, base_args, load_weights, read_json, resumed_at, run_script
 
 
 STEPS = 9
 
 
 def command(fixtures, out, workers, **overrides):
-    options = dict(
-        max_train_samples=12,
-        num_train_epochs=3,
-        dataloader_num_workers=workers,
-        save_strategy="steps",
-        save_steps=1,
-        seed=11,
-    )
+    options = dict(max_train_samples=12, num_train_epochs=3, dataloader_num_workers=workers, seed=11)
+    options |= dict(save_strategy="steps", save_steps=1)
     return base_args(fixtures, out, **{**options, **overrides}) + ["--do_train"]
+
+
+def assert_ends_like(reference, out, stop, train_loss=True):
+    """The resumed run in out ends with the weights (and the train_loss) of the uninterrupted one."""
+    expected, actual = load_weights(reference), load_weights(out)
+    assert expected.keys() == actual.keys()
+    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
+    assert not differing, (
+        f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
+    )
+    if train_loss:
+        assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
+            read_json(reference / "train_results.json")["train_loss"], rel=1e-9
+        ), "train_loss must average every step of the run"
+
+
+def resume_to_the_end(reference, steps, fixtures, out, kind, workers, stop, **recipe):
+    """Resume the uninterrupted run (of `steps` steps) in reference from its checkpoint at `stop`, into out."""
+    assert read_json(reference / "trainer_state.json")["global_step"] == steps
+    checkpoint = reference / f"checkpoint-{stop}"
+    args = command(fixtures, out, workers, save_strategy="no", resume_from_checkpoint=checkpoint, **recipe)
+    resumed = run_script(kind, args + CPU_FLAGS[kind])
+    assert resumed_at(resumed.stdout + resumed.stderr, stop)
+    assert read_json(out / "trainer_state.json")["global_step"] == steps
+    assert_ends_like(reference, out, stop)
 
 
 @pytest.fixture(scope="module")
@@ -66,39 +74,13 @@ def uninterrupted(fixtures, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "kind, workers, stop",
-    [
-        ("cuda", 0, 2),
-        ("cuda", 0, 4),
-        ("cuda", 0, 6),
-        ("cuda", 0, 8),
-        ("cuda", 1, 2),
-        ("cuda", 1, 4),
-        ("cuda", 1, 8),
-        ("gaudi", 0, 8),
-        ("gaudi", 1, 4),
-    ],
+    [("cuda", 0, 2), ("cuda", 0, 4), ("cuda", 0, 6), ("cuda", 0, 8), ("cuda", 1, 2), ("cuda", 1, 4), ("cuda", 1, 8)]
+    + [("gaudi", 0, 8), ("gaudi", 1, 4)],
 )
 def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(
     kind, workers, stop, fixtures, uninterrupted, tmp_path
 ):
-    reference = uninterrupted(kind, workers)
-    assert read_json(reference / "trainer_state.json")["global_step"] == STEPS
-    out = tmp_path / "resumed"
-    checkpoint = reference / f"checkpoint-{stop}"
-    resumed = run_script(
-        kind, command(fixtures, out, workers, save_strategy="no", resume_from_checkpoint=checkpoint) + CPU_FLAGS[kind]
-    )
-    assert resumed_at(resumed.stdout + resumed.stderr, stop)
-
-    expected, actual = load_weights(reference), load_weights(out)
-    assert expected.keys() == actual.keys()
-    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
-    assert not differing, (
-        f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ from the uninterrupted run's"
-    )
-    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
-        read_json(reference / "train_results.json")["train_loss"], rel=1e-9
-    ), "train_loss must average every step of the run"
+    resume_to_the_end(uninterrupted(kind, workers), STEPS, fixtures, tmp_path / "resumed", kind, workers, stop)
 
 
 # 20 rows in batches of 4, 4 micro-batches a step: windows of 4 and 1 in each of the 3 epochs, 6 steps.
@@ -107,12 +89,7 @@ ACCUMULATION = dict(max_train_samples=20, gradient_accumulation_steps=4)
 
 @pytest.mark.parametrize(
     "kind, stop",
-    [
-        pytest.param("cuda", 3, marks=BOTH_ROUTES),
-        pytest.param("cuda", 5, marks=BOTH_ROUTES),
-        ("gaudi", 3),
-        ("gaudi", 5),
-    ],
+    [*(pytest.param("cuda", stop, marks=BOTH_ROUTES) for stop in (3, 5)), ("gaudi", 3), ("gaudi", 5)],
 )
 def test_a_run_stopped_before_an_epochs_partial_accumulation_window_resumes_to_the_uninterrupted_weights(
     kind, stop, fixtures, uninterrupted, tmp_path
@@ -121,19 +98,7 @@ def test_a_run_stopped_before_an_epochs_partial_accumulation_window_resumes_to_t
     micro-batch once got no step of its own on transformers 4.55 and GaudiTrainer 1.21.2 (their loop restarts its
     count of the epoch's micro-batches at the skipped ones), 5 steps instead of 6 and the weights 9e-4 away."""
     reference = uninterrupted(kind, 0, **ACCUMULATION)
-    assert read_json(reference / "trainer_state.json")["global_step"] == 6
-    out = tmp_path / "resumed"
-    checkpoint = reference / f"checkpoint-{stop}"
-    args = command(fixtures, out, 0, save_strategy="no", resume_from_checkpoint=checkpoint, **ACCUMULATION)
-    resumed = run_script(kind, args + CPU_FLAGS[kind])
-    assert resumed_at(resumed.stdout + resumed.stderr, stop)
-    assert read_json(out / "trainer_state.json")["global_step"] == 6
-    expected, actual = load_weights(reference), load_weights(out)
-    differing = [k for k in expected if not torch.equal(expected[k], actual[k])]
-    assert not differing, f"stopped at step {stop}: {len(differing)} of {len(expected)} tensors differ"
-    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
-        read_json(reference / "train_results.json")["train_loss"], rel=1e-9
-    )
+    resume_to_the_end(reference, 6, fixtures, tmp_path / "resumed", kind, 0, stop, **ACCUMULATION)
 
 
 def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(
@@ -153,7 +118,7 @@ def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_los
         "does not hold the loss sum of its steps: train_loss will average only the steps trained from now on"
         in resumed.stdout + resumed.stderr
     )
-    assert all(torch.equal(a, b) for a, b in zip(load_weights(reference).values(), load_weights(out).values()))
+    assert_ends_like(reference, out, 8, train_loss=False)
     assert "TrainingLossSum" in read_json(out / "checkpoint-9" / "trainer_state.json")["stateful_callbacks"]
 
 
@@ -174,14 +139,13 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
             run.send_signal(signal.SIGTERM)
             break
     stopped = run.wait()
-    stderr_text = stopped.stderr
-    assert stopped.returncode == 128 + signal.SIGTERM, stderr_text[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     match = re.fullmatch(
         r"Training stopped by SIGTERM at step (\d+) of 9; checkpoint saved in (.*)\. Rerun the same "
         r"command \(without --overwrite_output_dir\) to resume from it\.",
-        stderr_text.strip().splitlines()[-1],
+        stopped.stderr.strip().splitlines()[-1],
     )
-    assert match, stderr_text[-3000:]
+    assert match, stopped.stderr[-3000:]
     step = int(match.group(1))
     assert 5 <= step < 9 and match.group(2) == str(out / f"checkpoint-{step}")
     assert not (out / "model.safetensors").exists(), "an interrupted run saves a checkpoint, not a final model"
@@ -190,9 +154,4 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
     assert resumed_at(resumed.stdout + resumed.stderr, step)
     state = read_json(out / "trainer_state.json")
     assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, STEPS + 1))
-    expected, actual = load_weights(reference), load_weights(out)
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[k], actual[k]) for k in expected), f"stopped at step {step}: weights differ"
-    assert read_json(out / "train_results.json")["train_loss"] == pytest.approx(
-        read_json(reference / "train_results.json")["train_loss"], rel=1e-9
-    )
+    assert_ends_like(reference, out, step)

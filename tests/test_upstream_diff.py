@@ -94,7 +94,7 @@ def test_the_reasons_are_read_from_the_notes(upstream_file, tmp_path, monkeypatc
     assert "no section '## Differences from the upstream example'" in capsys.readouterr().err
 
 
-def test_full_report_compares_arguments_diffs_and_maps_steps(upstream_file, capsys):
+def test_full_report_compares_arguments_diffs_and_maps_steps_and_one_section_comes_alone(upstream_file, capsys):
     assert upstream_diff.main(["--upstream", str(upstream_file), "--full"]) == 0
     out = capsys.readouterr().out
     digest = hashlib.sha256(UPSTREAM_LIKE.encode()).hexdigest()
@@ -112,26 +112,17 @@ def test_full_report_compares_arguments_diffs_and_maps_steps(upstream_file, caps
     assert "1. Parse input arguments" in steps and "arguments.parse_arguments" in steps
     assert "4. Load dataset" in steps and "data.load_raw_datasets" in steps
     assert ("11. Write Training Stats and push to hub.", "12. Model card.") in _steps(steps)
-
-
-def test_one_section(upstream_file, capsys):
+    # one section alone
     assert upstream_diff.main(["--upstream", str(upstream_file), "--section", "steps"]) == 0
     out = capsys.readouterr().out
     assert "== Where upstream's steps live now" in out and "== Arguments" not in out and "== Unified diff" not in out
     assert "calls  guards.execution_mode.check_lazy_mode_variable, arguments.parse_arguments," in out
 
 
-class _Response(io.BytesIO):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def test_fetch_checks_the_pinned_hash(monkeypatch):
     content = UPSTREAM_LIKE.encode()
-    monkeypatch.setattr(upstream_diff.urllib.request, "urlopen", lambda url, timeout: _Response(content))
+    # (BytesIO is a context manager, as urlopen's answer is)
+    monkeypatch.setattr(upstream_diff.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(content))
     assert upstream_diff.fetch_upstream(sha256=hashlib.sha256(content).hexdigest()) == UPSTREAM_LIKE
     with pytest.raises(ValueError, match="not the pinned"):
         upstream_diff.fetch_upstream()  # the fake content is not the pinned file
