@@ -83,9 +83,7 @@ def _needs_optimum_habana(kind: str) -> None:
         pytest.skip("the Gaudi script needs optimum-habana, which this install route does not have")
 
 
-# ---------------------------------------------------------------------------------------------
-# Running the scripts
-# ---------------------------------------------------------------------------------------------
+# Running the scripts -----------------------------------------------------------------------------------------
 
 
 def run_environment() -> dict:
@@ -562,9 +560,7 @@ def run_cuda_script(args) -> tuple[int, str]:
     return result.returncode, result.stderr
 
 
-# ---------------------------------------------------------------------------------------------
-# Arguments and results of the scripts' runs
-# ---------------------------------------------------------------------------------------------
+# Arguments and results of the scripts' runs ------------------------------------------------------------------
 
 
 def base_args(fixtures, output_dir, **overrides):
@@ -639,9 +635,7 @@ def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_ste
     assert metrics["data_wait_fraction"] == pytest.approx(waited / seconds)
 
 
-# ---------------------------------------------------------------------------------------------
-# Images, data sets, processes
-# ---------------------------------------------------------------------------------------------
+# Images, data sets, processes --------------------------------------------------------------------------------
 
 
 def encode(img, fmt: str, **options) -> bytes:
@@ -707,9 +701,7 @@ def dead_pid() -> int:
     return process.pid
 
 
-# ---------------------------------------------------------------------------------------------
-# Trainers, models and data sets built in the test process
-# ---------------------------------------------------------------------------------------------
+# Trainers, models and data sets built in the test process ----------------------------------------------------
 
 
 def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
