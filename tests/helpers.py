@@ -704,6 +704,10 @@ def dead_pid() -> int:
 # Trainers, models and data sets built in the test process ----------------------------------------------------
 
 
+# The training arguments of the trainers built here: on the CPU, the main process loading, nothing saved or reported.
+_ON_THE_CPU = dict(use_cpu=True, dataloader_num_workers=0, save_strategy="no", report_to="none")
+
+
 def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
     """A TrainerExtensions trainer of the tiny fixture model on `ds`, on the CPU (2 steps of 4 unless overridden)."""
     from transformers import BridgeTowerForContrastiveLearning
@@ -716,13 +720,10 @@ def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_steps=2,
-        use_cpu=True,
         seed=3,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
         remove_unused_columns=False,
         disable_tqdm=True,
+        **_ON_THE_CPU,
     )
     options.update(overrides)
     model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
@@ -787,11 +788,8 @@ def slow_trainer(out, trainer_class=None, args=(), **trainer_options):
         per_device_train_batch_size=2,
         max_steps=6,
         throughput_warmup_steps=2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
         logging_steps=100,
-        dataloader_num_workers=0,
+        **_ON_THE_CPU,
     )
     options.update(args)
     trainer_options = {

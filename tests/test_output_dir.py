@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
@@ -23,6 +22,7 @@ from helpers import (
     ForkedRun,
     base_args,
     dead_pid,
+    load_weights,
     read_json,
     run_script,
     run_stopped_at,
@@ -294,14 +294,14 @@ def script_command(kind, fixtures, out):
 
 
 def assert_rerun_only_evaluates(kind, args, out):
-    pending = out / run_directory.PUBLISHING_NAME / "model.safetensors"  # committed, not yet moved into place
-    weights = load_file(str(pending if pending.exists() else out / "model.safetensors"))
+    pending = out / run_directory.PUBLISHING_NAME  # committed, not yet moved into place
+    weights = load_weights(pending if (pending / "model.safetensors").exists() else out)
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
     assert "eval_loss" in read_json(out / "validation_results.json")
     assert "train_loss" in read_json(out / "all_results.json")
-    again = load_file(str(out / "model.safetensors"))
+    again = load_weights(out)
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 

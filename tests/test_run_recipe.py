@@ -1,10 +1,7 @@
 """A run directory knows its recipe: a rerun, resume or evaluation uses the model its command describes, or refuses.
 
-What makes a model (model, data fingerprints, every argument that changes the weights, seed, the scripts'
-version) is saved with the model and with every checkpoint; a rerun of another recipe into a finished run
-is refused naming what differs, a resume takes the newest complete checkpoint of the same recipe, and an
-evaluation alone into a trained run's directory evaluates that run's model.
-"""
+The recipe (model, data fingerprints, every argument that changes the weights, seed, the scripts' version) is saved
+with the model and with every checkpoint; a refusal names what differs."""
 
 import dataclasses
 import inspect
