@@ -78,6 +78,10 @@ CONFIGURATIONS = {
     "json learning_rate NaN": (', "learning_rate": NaN}', "--learning_rate=nan: must be a finite number"),
     "json seed 10**30": (f', "seed": {10**30}}}', f"--seed={10**30}: a seed must be between 0 and 4294967295"),
     "json seed 1e30": (', "seed": 1e30}', '{config}: "seed" is 1e+30 (a number), expected an integer'),
+    "json overwrite_output_dir string": (  # "false" was once taken as true
+        ', "overwrite_output_dir": "false"}',
+        '{config}: "overwrite_output_dir" is "false" (a string), expected a boolean (true or false)',
+    ),
     "json output_dir empty": (
         ', "output_dir": ""}',
         "--output_dir='' is empty: give the directory the run writes into",
