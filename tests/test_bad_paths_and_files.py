@@ -156,8 +156,7 @@ print(json.dumps([[p.row, p.reason] for p in problems]))
 
 
 def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, special_files):
-    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
-    subprocess with a timeout: before the fix this test would otherwise hang.)"""
+    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out (hence a process)."""
     cases = special_files
     good = tmp_path / "good.jpg"
     good.write_bytes(noise_jpeg(0))
@@ -218,8 +217,7 @@ def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch
 
 @pytest.fixture
 def small_filesystem(tmp_path):
-    """A real filesystem of a few MiB (a tmpfs: needs the right to mount, e.g. root); skipped where it cannot be
-    mounted (the tests below also run against a simulated full disk)."""
+    """Real tmpfs of `size_kib` KiB (needs the right to mount, e.g. root), or a skip; simulated full disks run too."""
     mounted = []
 
     def make(size_kib: int):
@@ -291,11 +289,6 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     assert decoded == []
     assert "cannot reserve" in caplog.text and "No space left on device" in caplog.text
     assert [n for _, _, names in os.walk(tmp_path / "cache") for n in names] == []
-
-
-def _flags(args: dict) -> list:
-    """--name value for each argument (None: a flag without a value)."""
-    return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
 
 
 def _error_line(status: int, stderr: str) -> str:
@@ -394,19 +387,17 @@ def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_pat
     assert [(p.row, p.reason.split(":")[0]) for p in problems] == [(0, f"cannot decode image file {str(path)!r}")]
 
 
-def _csv_data(tmp_path, rows=8):
+def _csv_run_args(fixtures, tmp_path, **extra):
+    """8 images and a csv of them in tmp_path; a CPU training run of the tiny model on it into tmp_path/out, then
+    --name value for each of `extra`."""
     (tmp_path / "images").mkdir()
-    for row in range(rows):
+    for row in range(8):
         (tmp_path / "images" / f"{row}.jpg").write_bytes(noise_jpeg(row, (64, 48)))
     data_file = tmp_path / "train.csv"
-    data_file.write_text("image_path,caption\n" + "".join(f"images/{row}.jpg,picture {row}\n" for row in range(rows)))
-    return data_file
-
-
-def _csv_run_args(fixtures, tmp_path, data_file, **extra):
-    """A CPU training run of the tiny model on `data_file` into tmp_path/out."""
-    args = {"model_name_or_path": fixtures["model"], "train_file": data_file, "output_dir": tmp_path / "out", **extra}
-    return _flags({**args, "do_train": None, "report_to": "none", "use_cpu": None, "dataloader_num_workers": 0})
+    data_file.write_text("image_path,caption\n" + "".join(f"images/{row}.jpg,picture {row}\n" for row in range(8)))
+    args = ["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", tmp_path / "out"]
+    args += ["--do_train", "--report_to", "none", "--use_cpu", "--dataloader_num_workers", 0]
+    return args + [word for name, value in extra.items() for word in (f"--{name}", value)]
 
 
 def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
@@ -414,7 +405,6 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
 ):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
-    data_file = _csv_data(tmp_path)
     original = preflight.check_splits
     changed = None
 
@@ -428,7 +418,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         return checked
 
     common = _csv_run_args(
-        fixtures, tmp_path, data_file, per_device_train_batch_size=8, max_steps=1, preflight_cache_dir=tmp_path / "pre"
+        fixtures, tmp_path, per_device_train_batch_size=8, max_steps=1, preflight_cache_dir=tmp_path / "pre"
     )
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
     status, stderr = run_cuda_script(common)
@@ -451,10 +441,9 @@ def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tm
     recipe (--drop_bad_rows false -> true). Each rerun it now advises is run as written."""
     from transformers.trainer_callback import CallbackHandler
 
-    data_file = _csv_data(tmp_path)
     out = tmp_path / "out"
-    common = _csv_run_args(fixtures, tmp_path, data_file, per_device_train_batch_size=4, num_train_epochs=2)
-    common += _flags({"save_strategy": "no", "seed": 3, "preflight_cache_dir": tmp_path / "pre"})
+    common = _csv_run_args(fixtures, tmp_path, per_device_train_batch_size=4, num_train_epochs=2, seed=3)
+    common += ["--save_strategy", "no", "--preflight_cache_dir", tmp_path / "pre"]
     broken, kept = tmp_path / "images" / "0.jpg", (tmp_path / "images" / "0.jpg").read_bytes()
     step_end = CallbackHandler.on_step_end
 
