@@ -68,13 +68,8 @@ def test_cells_with_neither_bytes_nor_a_path_are_bad_rows(tmp_path):
     # As a parquet file's image struct holds them (no Image feature), and as an Image column holds an empty cell.
     cell = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
     struct = datasets.Features({"image": cell, "caption": datasets.Value("string")})
-    cells = [
-        {"bytes": GOOD, "path": None},
-        {"bytes": None, "path": None},
-        {"bytes": b"", "path": ""},
-        {"bytes": None, "path": None},
-        {"bytes": OTHER, "path": None},
-    ]
+    cells = [{"bytes": GOOD, "path": None}, {"bytes": None, "path": None}, {"bytes": b"", "path": ""}]
+    cells += [{"bytes": None, "path": None}, {"bytes": OTHER, "path": None}]
     structs = datasets.Dataset.from_dict({"image": cells, "caption": ["c"] * len(cells)}, features=struct)
     image_feature = datasets.Features({"image": datasets.Image(decode=False), "caption": datasets.Value("string")})
     empty_cells = datasets.Dataset.from_dict(
@@ -134,11 +129,8 @@ def test_the_error_lists_twenty_bad_rows_and_counts_the_rest(tmp_path):
     assert exactly[0].startswith("20 bad rows found") and len(exactly) == 21  # all listed, no "... and 0 more"
     assert exactly[-1].startswith("  split 'train' row 19, column 'image': cannot decode embedded image")
     more = error_lines(21)
-    assert (
-        len(more) == 22
-        and more[-2].startswith("  split 'train' row 19,")
-        and more[-1].startswith("  ... and 1 more (all listed in ")
-    )
+    assert len(more) == 22 and more[-2].startswith("  split 'train' row 19,"), more[-2:]
+    assert more[-1].startswith("  ... and 1 more (all listed in "), more[-1]
 
 
 def test_a_second_check_of_the_same_splits_reads_the_cache_and_logs_what_it_checked(tmp_path, caplog):

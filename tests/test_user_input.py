@@ -19,7 +19,7 @@ from bridgetower_bench import data, preflight
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script, write_csv
+from helpers import CPU_FLAGS, embedded, noise_jpeg, run_cuda_script, write_csv
 
 
 SCRIPT = "run_bridgetower_cuda.py: error: "
@@ -396,10 +396,6 @@ def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monk
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     paths = [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")]
     splits = {"train": datasets.Dataset.from_dict({"image": paths, "caption": ["x", "y"]})}
-    embedded = datasets.Dataset.from_dict(
-        {"image": [{"bytes": noise_jpeg(0), "path": None}]},
-        features=datasets.Features({"image": datasets.Image(decode=False)}),
-    )
     args = SimpleNamespace(image_pipeline="fast", decoded_image_cache_dir=None, preprocessing_num_workers=None)
 
     def plain(value):
@@ -407,7 +403,7 @@ def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monk
 
     with caplog.at_level(logging.WARNING):
         problems, cache_file = preflight.find_problems(splits, "image", "caption")
-        transform = data.decoded_image_cache({"train": embedded}, "image", args, 32, plain)
+        transform = data.decoded_image_cache({"train": embedded([noise_jpeg(0)], ["x"])}, "image", args, 32, plain)
     assert [p.row for p in problems] == [1]
     assert str(cache_file).startswith(str(tmp_path / "file" / "home" / ".cache" / "bridgetower_bench" / "preflight"))
     assert "Preflight: cannot write its cache" in caplog.text
