@@ -32,9 +32,9 @@ from helpers import CPU_FLAGS, REPO, command, embedded, noise_jpeg, run_cuda_scr
 # ---------------------------------------------------------------------------------------------
 
 SCHEDULES = ", ".join(t.value for t in SchedulerType)
-# key -> (its value in the file, what the line says after '"key" ')
+# key -> (its value in the file, what the line says after '"key" ') ("false" for a boolean was once taken as true)
 CONFIG_REFUSALS = {
-    "overwrite_output_dir": ("false", 'is "false" (a string), expected a boolean (true or false)'),  # once true
+    "overwrite_output_dir": ("false", 'is "false" (a string), expected a boolean (true or false)'),
     "output_dir": (None, "is null, expected a path (null would write the run into ./trainer_output)"),
     "per_device_train_batch_size": ("four", 'is "four" (a string), expected an integer'),
     "max_steps": ("2", 'is "2" (a string), expected an integer'),
