@@ -25,9 +25,7 @@ from bridgetower_bench.output_dir.atomic_files import (
 from helpers import dead_pid
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- writing
 
 
 def test_a_json_write_is_the_trainers_text_and_a_failed_one_keeps_the_old_file_and_leaves_no_temporary(
@@ -158,9 +156,7 @@ def test_a_staged_directory_replaces_the_old_one_whole_or_not_at_all(tmp_path):
     assert os.listdir(tmp_path) == ["fixture"] and os.listdir(target) == ["new.txt"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The cleaner
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- the cleaner
 
 
 def test_the_cleaner_removes_only_dead_writers_leftovers_of_this_host(tmp_path):
@@ -195,25 +191,18 @@ def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tm
     assert sorted(os.listdir(tmp_path)) == sorted([unrecorded, young])
 
 
-# ---------------------------------------------------------------------------------------------
-# Whether a writer is alive
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- whether a writer is alive
 
 
 def test_process_alive_tells_a_running_process_from_a_finished_one_without_disturbing_it(monkeypatch):
     assert atomic_files.process_alive(os.getpid())
     assert atomic_files.process_alive(1)  # exists, whoever owns it
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import signal, sys, time\n"
-            "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
-            "print('ready', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+    code = (
+        "import signal, sys, time\n"
+        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+        "print('ready', flush=True); time.sleep(60)"
     )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         assert atomic_files.process_alive(child.pid)

@@ -144,7 +144,7 @@ def _dataset(n):
     return datasets.Dataset.from_dict({"image": [f"{i}.png" for i in range(n)], "caption": [str(i) for i in range(n)]})
 
 
-def test_existing_validation_split_is_kept_and_only_test_is_split_off_with_the_seed():
+def test_an_existing_validation_split_is_kept_and_test_is_split_off_with_the_seed_only_for_do_predict():
     raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
     splits = data.make_splits(raw, seed=3)
     assert list(splits["validation"]["caption"]) == list(raw["validation"]["caption"])
@@ -155,13 +155,10 @@ def test_existing_validation_split_is_kept_and_only_test_is_split_off_with_the_s
     other_seed = list(data.make_splits(raw, seed=4)["test"]["caption"])
     assert other_seed != list(splits["test"]["caption"]), "drawn with the seed"
     assert sorted(splits["test"]["caption"]) != sorted(str(i) for i in range(40, 50)), "not taken from the end"
-
-
-def test_without_do_predict_no_test_split_is_carved_off_train():
-    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    # without --do_predict no test split is carved off train
     splits = data.make_splits(raw, seed=3, need_test=False)
-    assert set(splits) == {"train", "validation"}
-    assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
+    assert set(splits) == {"train", "validation"}, "no test split without --do_predict"
+    assert list(splits["train"]["caption"]) == list(raw["train"]["caption"]), "every row trains, in order"
     # a missing validation split is still carved off (evaluation needs it)
     raw = datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)})
     no_validation = data.make_splits(raw, seed=3, need_test=False)

@@ -33,30 +33,17 @@ TORCH_CU130 = pinned("torch", "requirements-cuda.txt") + "+cu130"
 
 
 def two_a100_40gb(**changes):
-    facts = dict(
-        count=2,
-        names=["NVIDIA A100-SXM4-40GB"] * 2,
-        memory_gib=[39.39, 39.39],
-        torch=TORCH_CU126,
-        cuda="12.6",
-        bf16=True,
-        driver="535.104.05",
-        driver_source="nvidia-smi",
-        capabilities=["8.0", "8.0"],
-        jpeg="ok: 64x48 JPEG decoded on the GPU, max difference from the host's pixels 0/255",
-    )
+    facts = dict(count=2, names=["NVIDIA A100-SXM4-40GB"] * 2, memory_gib=[39.39, 39.39], capabilities=["8.0", "8.0"])
+    facts.update(torch=TORCH_CU126, cuda="12.6", bf16=True, driver="535.104.05", driver_source="nvidia-smi")
+    facts["jpeg"] = "ok: 64x48 JPEG decoded on the GPU, max difference from the host's pixels 0/255"
     return nc.Gpus(**{**facts, **changes})
 
 
 def installed_as(versions):
-    def installed(name):
-        from importlib import metadata
+    """Installed versions: those given, else what is installed here."""
+    from importlib import metadata
 
-        if name in versions:
-            return versions[name]
-        return metadata.version(name)
-
-    return installed
+    return lambda name: versions[name] if name in versions else metadata.version(name)
 
 
 def reports(outcomes):
