@@ -68,15 +68,12 @@ def test_a_failure_before_the_rename_keeps_the_old_file_leaves_no_temporary_and_
 @pytest.mark.parametrize("fsync", [True, False])
 def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypatch, fsync):
     events = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(
-        atomic_files.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd))
-    )
-    monkeypatch.setattr(
-        atomic_files.os,
-        "replace",
-        lambda src, dst: (events.append(("rename", os.stat(src).st_ino)), real_replace(src, dst)),
-    )
+
+    def recording(event, real):  # the call, recorded with the inode of its first argument (a descriptor or a path)
+        return lambda *args: (events.append((event, os.stat(args[0]).st_ino)), real(*args))
+
+    monkeypatch.setattr(atomic_files.os, "fsync", recording("fsync", os.fsync))
+    monkeypatch.setattr(atomic_files.os, "replace", recording("rename", os.replace))
     path = tmp_path / "image.jpg"
     write_atomically(path, b"\xff\xd8 jpeg", fsync=fsync)
     written = path.stat().st_ino

@@ -21,20 +21,12 @@ def write_images(directory):
     rgb = Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
     palette_with_alpha = rgb.convert("P")
     palette_with_alpha.info["transparency"] = 0
-    cases = {
-        "mode_1.png": rgb.convert("1"),
-        "mode_L.jpg": rgb.convert("L"),
-        "mode_LA.png": rgb.convert("LA"),
-        "mode_P.png": rgb.convert("P"),
-        "mode_P_transparent.png": palette_with_alpha,
-        "mode_RGBA.png": rgb.convert("RGBA"),
-        "mode_CMYK.jpg": rgb.convert("CMYK"),
-        "mode_I16.png": Image.fromarray((rng.integers(0, 65535, (90, 70))).astype(np.uint16)),
-        "mode_RGB.jpg": rgb,
-        "tiny_12x9.png": rgb.resize((12, 9)),
-        "wide_2000x20.jpg": rgb.resize((2000, 20)),
-        "tall_20x900.png": rgb.resize((20, 900)),
-    }
+    converted = "mode_1.png mode_L.jpg mode_LA.png mode_P.png mode_RGBA.png mode_CMYK.jpg".split()
+    cases = {name: rgb.convert(name.removeprefix("mode_").split(".")[0]) for name in converted}  # mode_<mode>.<format>
+    cases |= {"mode_P_transparent.png": palette_with_alpha, "mode_RGB.jpg": rgb}
+    cases["mode_I16.png"] = Image.fromarray((rng.integers(0, 65535, (90, 70))).astype(np.uint16))
+    sizes = {"tiny_12x9.png": (12, 9), "wide_2000x20.jpg": (2000, 20), "tall_20x900.png": (20, 900)}
+    cases |= {name: rgb.resize(size) for name, size in sizes.items()}
     for name, image in cases.items():
         image.save(directory / name)
     return sorted(cases)

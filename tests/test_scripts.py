@@ -193,8 +193,7 @@ def test_loader_workers_forked_after_tokenizing_print_no_tokenizers_warning(fixt
     assert "huggingface/tokenizers" not in result.stdout + result.stderr
 
 
-# What optimum-habana's GaudiTrainingArguments logs through optimum's logger on one process (--log_level info): a
-# library logger's line.
+# A library logger's line: what GaudiTrainingArguments logs through optimum's logger on one process (--log_level info)
 OPTIMUM_LINE = "average_tokens_across_devices is True but world size is 1"
 
 
