@@ -83,9 +83,7 @@ def _needs_optimum_habana(kind: str) -> None:
         pytest.skip("the Gaudi script needs optimum-habana, which this install route does not have")
 
 
-# ---------------------------------------------------------------------------------------------
-# Running the scripts
-# ---------------------------------------------------------------------------------------------
+# Running the scripts -----------------------------------------------------------------------------------------
 
 
 def run_environment() -> dict:
@@ -562,9 +560,7 @@ def run_cuda_script(args) -> tuple[int, str]:
     return result.returncode, result.stderr
 
 
-# ---------------------------------------------------------------------------------------------
-# Arguments and results of the scripts' runs
-# ---------------------------------------------------------------------------------------------
+# Arguments and results of the scripts' runs ------------------------------------------------------------------
 
 
 def base_args(fixtures, output_dir, **overrides):
@@ -639,9 +635,7 @@ def assert_throughput_adds_up(metrics: dict, counted_steps: int, samples_per_ste
     assert metrics["data_wait_fraction"] == pytest.approx(waited / seconds)
 
 
-# ---------------------------------------------------------------------------------------------
-# Images, data sets, processes
-# ---------------------------------------------------------------------------------------------
+# Images, data sets, processes --------------------------------------------------------------------------------
 
 
 def encode(img, fmt: str, **options) -> bytes:
@@ -707,9 +701,11 @@ def dead_pid() -> int:
     return process.pid
 
 
-# ---------------------------------------------------------------------------------------------
-# Trainers, models and data sets built in the test process
-# ---------------------------------------------------------------------------------------------
+# Trainers, models and data sets built in the test process ----------------------------------------------------
+
+
+# The training arguments of the trainers built here: on the CPU, the main process loading, nothing saved or reported.
+_ON_THE_CPU = dict(use_cpu=True, dataloader_num_workers=0, save_strategy="no", report_to="none")
 
 
 def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
@@ -724,13 +720,10 @@ def trainer_on(fixtures, ds, out, callbacks=(), **overrides):
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_steps=2,
-        use_cpu=True,
         seed=3,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
         remove_unused_columns=False,
         disable_tqdm=True,
+        **_ON_THE_CPU,
     )
     options.update(overrides)
     model = BridgeTowerForContrastiveLearning.from_pretrained(fixtures["model"])
@@ -795,11 +788,8 @@ def slow_trainer(out, trainer_class=None, args=(), **trainer_options):
         per_device_train_batch_size=2,
         max_steps=6,
         throughput_warmup_steps=2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
         logging_steps=100,
-        dataloader_num_workers=0,
+        **_ON_THE_CPU,
     )
     options.update(args)
     trainer_options = {

@@ -25,9 +25,7 @@ from bridgetower_bench.output_dir.atomic_files import (
 from helpers import dead_pid
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- writing
 
 
 def test_a_json_write_is_the_trainers_text_and_a_failed_one_keeps_the_old_file_and_leaves_no_temporary(
@@ -70,15 +68,12 @@ def test_a_failure_before_the_rename_keeps_the_old_file_leaves_no_temporary_and_
 @pytest.mark.parametrize("fsync", [True, False])
 def test_fsync_forces_the_temporary_to_disk_before_the_rename(tmp_path, monkeypatch, fsync):
     events = []
-    real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(
-        atomic_files.os, "fsync", lambda fd: (events.append(("fsync", os.fstat(fd).st_ino)), real_fsync(fd))
-    )
-    monkeypatch.setattr(
-        atomic_files.os,
-        "replace",
-        lambda src, dst: (events.append(("rename", os.stat(src).st_ino)), real_replace(src, dst)),
-    )
+
+    def recording(event, real):  # the call, recorded with the inode of its first argument (a descriptor or a path)
+        return lambda *args: (events.append((event, os.stat(args[0]).st_ino)), real(*args))
+
+    monkeypatch.setattr(atomic_files.os, "fsync", recording("fsync", os.fsync))
+    monkeypatch.setattr(atomic_files.os, "replace", recording("rename", os.replace))
     path = tmp_path / "image.jpg"
     write_atomically(path, b"\xff\xd8 jpeg", fsync=fsync)
     written = path.stat().st_ino
@@ -158,9 +153,7 @@ def test_a_staged_directory_replaces_the_old_one_whole_or_not_at_all(tmp_path):
     assert os.listdir(tmp_path) == ["fixture"] and os.listdir(target) == ["new.txt"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The cleaner
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- the cleaner
 
 
 def test_the_cleaner_removes_only_dead_writers_leftovers_of_this_host(tmp_path):
@@ -195,25 +188,18 @@ def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tm
     assert sorted(os.listdir(tmp_path)) == sorted([unrecorded, young])
 
 
-# ---------------------------------------------------------------------------------------------
-# Whether a writer is alive
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- whether a writer is alive
 
 
 def test_process_alive_tells_a_running_process_from_a_finished_one_without_disturbing_it(monkeypatch):
     assert atomic_files.process_alive(os.getpid())
     assert atomic_files.process_alive(1)  # exists, whoever owns it
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import signal, sys, time\n"
-            "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
-            "print('ready', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+    code = (
+        "import signal, sys, time\n"
+        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+        "print('ready', flush=True); time.sleep(60)"
     )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         assert atomic_files.process_alive(child.pid)

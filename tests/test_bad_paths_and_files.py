@@ -17,56 +17,34 @@ from types import SimpleNamespace
 
 import datasets
 import pytest
+from transformers.trainer_utils import SchedulerType
 
 from bridgetower_bench import arguments, data, preflight, regular_files
 from bridgetower_bench.images import image_cache, images
 from bridgetower_bench.output_dir import disk_space
 from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
 from bridgetower_bench.output_dir.run_directory import checkpoints
-from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, noise_jpeg, run_cuda_script, run_script, run_tool, script_env
+from helpers import CPU_FLAGS, REPO, command, embedded, noise_jpeg, run_cuda_script, run_script, run_tool, script_env
 
 
 # ---------------------------------------------------------------------------------------------
 # A JSON configuration: every value of its field's type
 # ---------------------------------------------------------------------------------------------
 
+SCHEDULES = ", ".join(t.value for t in SchedulerType)
+# key -> (its value in the file, what the line says after '"key" ') ("false" for a boolean was once taken as true)
 CONFIG_REFUSALS = {
-    "a string for a boolean": (
-        {"overwrite_output_dir": "false"},
-        '"overwrite_output_dir" is "false" (a string), expected a boolean (true or false)',
-    ),
-    "null for output_dir": (
-        {"output_dir": None},
-        '"output_dir" is null, expected a path (null would write the run into ./trainer_output)',
-    ),
-    "a word for a number": (
-        {"per_device_train_batch_size": "four"},
-        '"per_device_train_batch_size" is "four" (a string), expected an integer',
-    ),
-    "a string of digits for a number": ({"max_steps": "2"}, '"max_steps" is "2" (a string), expected an integer'),
-    "a list for a number": ({"learning_rate": [1e-4]}, '"learning_rate" is [0.0001] (a list), expected a number'),
-    "a fraction for an integer": ({"seed": 1.5}, '"seed" is 1.5 (a number), expected an integer'),
-    "a boolean for a number": (
-        {"num_train_epochs": True},
-        '"num_train_epochs" is true (a boolean), expected a number',
-    ),
-    "null for a required string": ({"model_name_or_path": None}, '"model_name_or_path" is null, expected a string'),
-    "an unknown schedule": (
-        {"lr_scheduler_type": "cosin"},
-        '"lr_scheduler_type" is "cosin" (a string), expected one of '
-        "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, "
-        "inverse_sqrt, reduce_lr_on_plateau, cosine_with_min_lr, cosine_warmup_with_min_lr, "
-        "warmup_stable_decay",
-    ),
-    "an unknown pipeline": (
-        {"image_pipeline": "fastt"},
-        '"image_pipeline" is "fastt" (a string), expected one of upstream, fast, fast-draft',
-    ),
-    "a number in a list of strings": (
-        {"report_to": ["none", 3]},
-        '"report_to" is ["none", 3] (a list), expected null or a string or a list of strings',
-    ),
+    "overwrite_output_dir": ("false", 'is "false" (a string), expected a boolean (true or false)'),
+    "output_dir": (None, "is null, expected a path (null would write the run into ./trainer_output)"),
+    "per_device_train_batch_size": ("four", 'is "four" (a string), expected an integer'),
+    "max_steps": ("2", 'is "2" (a string), expected an integer'),
+    "learning_rate": ([1e-4], "is [0.0001] (a list), expected a number"),
+    "seed": (1.5, "is 1.5 (a number), expected an integer"),
+    "num_train_epochs": (True, "is true (a boolean), expected a number"),
+    "model_name_or_path": (None, "is null, expected a string"),
+    "lr_scheduler_type": ("cosin", f'is "cosin" (a string), expected one of {SCHEDULES}'),
+    "image_pipeline": ("fastt", f'is "fastt" (a string), expected one of {", ".join(images.IMAGE_PIPELINES)}'),
+    "report_to": (["none", 3], 'is ["none", 3] (a list), expected null or a string or a list of strings'),
 }
 
 
@@ -86,33 +64,23 @@ def script_parser():
 BASE_CONFIG = {"model_name_or_path": "a-model", "train_file": "train.csv", "do_train": True}
 
 
-@pytest.mark.parametrize("case", sorted(CONFIG_REFUSALS))
-def test_configuration_values_of_the_wrong_type_are_refused_naming_key_value_and_type(case, script_parser, tmp_path):
-    values, expected = CONFIG_REFUSALS[case]
+@pytest.mark.parametrize("key", sorted(CONFIG_REFUSALS))
+def test_configuration_values_of_the_wrong_type_are_refused_naming_key_value_and_type(key, script_parser, tmp_path):
+    value, expected = CONFIG_REFUSALS[key]
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), **values}))
+    config.write_text(json.dumps({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), key: value}))
     with pytest.raises(preflight.UserInputError) as refused:
         arguments.parse_arguments(script_parser, ["script.py", str(config)])
-    assert str(refused.value) == f"{config}: {expected}"
+    assert str(refused.value) == f'{config}: "{key}" {expected}'
 
 
 def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them(script_parser, tmp_path):
     config = tmp_path / "run.json"
-    values = {
-        **BASE_CONFIG,
-        "output_dir": str(tmp_path / "out"),
-        "overwrite_output_dir": False,
-        "learning_rate": 1,
-        "max_train_samples": None,
-        "lr_scheduler_type": "cosine",
-        "report_to": ["none"],
-        "log_level": "info",
-        "num_train_epochs": 2,
-        "image_pipeline": "fast",
-        "image_column": None,
-    }
+    values = {**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "overwrite_output_dir": False, "learning_rate": 1}
+    values.update(max_train_samples=None, lr_scheduler_type="cosine", report_to=["none"], log_level="info")
+    values.update(num_train_epochs=2, image_pipeline="fast", image_column=None)
     config.write_text(json.dumps(values))
-    model_args, data_args, training_args = arguments.parse_arguments(script_parser, ["script.py", str(config)])
+    _, data_args, training_args = arguments.parse_arguments(script_parser, ["script.py", str(config)])
     flags = "script.py --model_name_or_path a-model --train_file train.csv --do_train --learning_rate 1".split()
     flags += "--lr_scheduler_type cosine --report_to none --log_level info --num_train_epochs 2".split()
     flags += ["--image_pipeline", "fast", "--output_dir", str(tmp_path / "out")]
@@ -121,22 +89,6 @@ def test_configuration_values_of_the_right_type_are_taken_as_the_flags_take_them
     assert training_args.lr_scheduler_type == from_flags[2].lr_scheduler_type
     assert training_args.report_to == from_flags[2].report_to == []
     assert data_args.image_pipeline == "fast" and data_args.image_column is None
-
-
-def test_a_configuration_with_a_string_boolean_ends_the_script_in_one_line(fixtures, tmp_path):
-    """What used to happen: "overwrite_output_dir": "false" was taken as true."""
-    config = tmp_path / "run.json"
-    run = {"model_name_or_path": str(fixtures["model"]), "dataset_name": str(fixtures["dataset"])}
-    run.update(output_dir=str(tmp_path / "out"), do_train=True, overwrite_output_dir="false", use_cpu=True)
-    config.write_text(json.dumps(run))
-    result = run_script("cuda", [config], check=False, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f'run_bridgetower_cuda.py: error: {config}: "overwrite_output_dir" is "false" (a string), '
-        "expected a boolean (true or false)"
-    )
-    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,23 +140,18 @@ import datasets
 from bridgetower_bench import preflight
 paths = json.loads(sys.argv[2])
 splits = {"train": datasets.Dataset.from_dict({"image": paths + [sys.argv[3]], "caption": ["c"] * (len(paths) + 1)})}
-problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=sys.argv[4], num_proc=int(sys.argv[5]))
+problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=sys.argv[4])
 print(json.dumps([[p.row, p.reason] for p in problems]))
 """
 
 
-@pytest.mark.parametrize("num_proc", [1])
-def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(
-    tmp_path, num_proc, special_files
-):
-    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out. (In a
-    subprocess with a timeout: before the fix this test would otherwise hang.)"""
+def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, special_files):
+    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out (hence a process)."""
     cases = special_files
     good = tmp_path / "good.jpg"
     good.write_bytes(noise_jpeg(0))
     names = sorted(cases)
-    paths = json.dumps([cases[n][0] for n in names])
-    argv = [str(REPO), paths, str(good), str(tmp_path / "cache"), str(num_proc)]
+    argv = [str(REPO), json.dumps([cases[n][0] for n in names]), str(good), str(tmp_path / "cache")]
     env = {**script_env(False), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-c", CHECK_SPECIAL_FILES, *argv], capture_output=True, text=True, timeout=240, env=env
@@ -260,8 +207,7 @@ def test_a_fifo_swapped_in_after_the_look_is_not_waited_on(tmp_path, monkeypatch
 
 @pytest.fixture
 def small_filesystem(tmp_path):
-    """A real filesystem of a few MiB (a tmpfs: needs the right to mount, e.g. root); skipped where it cannot be
-    mounted (the tests below also run against a simulated full disk)."""
+    """Real tmpfs of `size_kib` KiB (needs the right to mount, e.g. root), or a skip; simulated full disks run too."""
     mounted = []
 
     def make(size_kib: int):
@@ -280,22 +226,20 @@ def small_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
+def decoded_cache_of(cache_dir, n_images: int, image_size: int):
+    """data.decoded_image_cache over `n_images` embedded images: (the transform it gives, the fallback, a row)."""
+    splits = {"train": embedded([noise_jpeg(i, (64, 64)) for i in range(n_images)], ["c"] * n_images)}
+    args = SimpleNamespace(decoded_image_cache_dir=str(cache_dir), image_pipeline="fast", preprocessing_num_workers=1)
+    fallback = images.make_image_transform("fast", image_size, (), ())
+    return data.decoded_image_cache(splits, "image", args, image_size, fallback), fallback, splits["train"][0]["image"]
+
+
 BUILD_CACHE = """
 import logging, sys
-sys.path.insert(0, sys.argv[1])
 logging.basicConfig(level=logging.WARNING)
-import datasets
-from types import SimpleNamespace
-from bridgetower_bench import data
-from bridgetower_bench.images.images import make_image_transform
-from helpers import noise_jpeg
-rows = [{"bytes": noise_jpeg(i, (64, 64)), "path": None} for i in range(int(sys.argv[3]))]
-features = datasets.Features({"image": datasets.Image(decode=False)})
-splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=features)}
-args = SimpleNamespace(decoded_image_cache_dir=sys.argv[2], image_pipeline="fast", preprocessing_num_workers=1)
-fallback = make_image_transform("fast", 294, (), ())
-transform = data.decoded_image_cache(splits, "image", args, 294, fallback)
-print("cache" if transform is not fallback else "fallback", transform(rows[0]).shape)
+from test_bad_paths_and_files import decoded_cache_of
+transform, fallback, row = decoded_cache_of(sys.argv[1], int(sys.argv[2]), 294)
+print("cache" if transform is not fallback else "fallback", transform(row).shape)
 """
 
 
@@ -304,11 +248,11 @@ def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning
     fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left)."""
     disk = small_filesystem(4096)
     result = subprocess.run(
-        [sys.executable, "-c", BUILD_CACHE, str(REPO), str(disk / "cache"), "60"],
+        [sys.executable, "-c", BUILD_CACHE, str(disk / "cache"), "60"],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**script_env(False), "PYTHONPATH": str(REPO / "tests")},
+        env={**script_env(False), "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"},
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert result.stdout.strip().splitlines()[-1] == "fallback torch.Size([3, 294, 294])"
@@ -328,42 +272,11 @@ def test_the_decoded_image_cache_reserves_its_space_before_writing(tmp_path, mon
     decoded = []
     monkeypatch.setattr(image_cache.os, "posix_fallocate", full)
     monkeypatch.setattr(image_cache, "_decode_into", lambda *a, **k: decoded.append(1))
-    rows = [{"bytes": noise_jpeg(i), "path": None} for i in range(3)]
-    features = datasets.Features({"image": datasets.Image(decode=False)})
-    splits = {"train": datasets.Dataset.from_dict({"image": rows}, features=features)}
-    args = SimpleNamespace(
-        decoded_image_cache_dir=str(tmp_path / "cache"), image_pipeline="fast", preprocessing_num_workers=1
-    )
-    fallback = images.make_image_transform("fast", 32, (), ())
-    assert data.decoded_image_cache(splits, "image", args, 32, fallback) is fallback
+    transform, fallback, _ = decoded_cache_of(tmp_path / "cache", 3, 32)
+    assert transform is fallback
     assert decoded == []
     assert "cannot reserve" in caplog.text and "No space left on device" in caplog.text
     assert [n for _, _, names in os.walk(tmp_path / "cache") for n in names] == []
-
-
-def _flags(args: dict) -> list:
-    """--name value for each argument (None: a flag without a value)."""
-    return [item for key, value in args.items() for item in ([f"--{key}"] + ([] if value is None else [str(value)]))]
-
-
-def _train_args(fixtures, output_dir, **extra):
-    args = {
-        **script_arguments(fixtures),
-        "output_dir": output_dir,
-        "do_train": None,
-        "per_device_train_batch_size": 2,
-        "max_train_samples": 8,
-        "max_steps": 3,
-        "learning_rate": 1e-3,
-        "report_to": "none",
-        "seed": 7,
-        "dataloader_num_workers": 0,
-        "save_strategy": "steps",
-        "save_steps": 1,
-        "use_cpu": None,
-        **extra,
-    }
-    return _flags(args)
 
 
 def _error_line(status: int, stderr: str) -> str:
@@ -381,7 +294,7 @@ def test_a_full_disk_while_saving_a_checkpoint_ends_in_one_line_keeping_the_last
 ):
     """Real small filesystem: room for one checkpoint (about 7.6 MiB with the tiny model), not two."""
     out = small_filesystem(11 * 1024) / "out"
-    result = run_script("cuda", _train_args(fixtures, out), check=False, timeout=600)
+    result = run_script("cuda", command(fixtures, out, max_steps=3, save_steps=1), check=False, timeout=600)
     last = _error_line(result.returncode, result.stderr)
     assert last.startswith(
         f"run_bridgetower_cuda.py: error: disk full while writing a checkpoint ({out / 'checkpoint-2'}): "
@@ -398,7 +311,7 @@ def test_a_full_disk_while_publishing_ends_in_one_line_and_keeps_what_was_publis
     """Real small filesystem: training (no checkpoints) fits, the final model does not."""
     disk = small_filesystem(1024)
     out = disk / "out"
-    result = run_script("cuda", _train_args(fixtures, out, save_strategy="no", max_steps=1), check=False, timeout=600)
+    result = run_script("cuda", command(fixtures, out, save_strategy="no", max_steps=1), check=False, timeout=600)
     last = _error_line(result.returncode, result.stderr)
     assert last.startswith(f"run_bridgetower_cuda.py: error: disk full while writing the final results into {out} (")
     assert last.endswith(
@@ -462,19 +375,17 @@ def test_the_checks_cache_never_vouches_for_a_file_whose_content_changed(tmp_pat
     assert [(p.row, p.reason.split(":")[0]) for p in problems] == [(0, f"cannot decode image file {str(path)!r}")]
 
 
-def _csv_data(tmp_path, rows=8):
+def _csv_run_args(fixtures, tmp_path, **extra):
+    """8 images and a csv of them in tmp_path; a CPU training run of the tiny model on it into tmp_path/out, then
+    --name value for each of `extra`."""
     (tmp_path / "images").mkdir()
-    for row in range(rows):
+    for row in range(8):
         (tmp_path / "images" / f"{row}.jpg").write_bytes(noise_jpeg(row, (64, 48)))
     data_file = tmp_path / "train.csv"
-    data_file.write_text("image_path,caption\n" + "".join(f"images/{row}.jpg,picture {row}\n" for row in range(rows)))
-    return data_file
-
-
-def _csv_run_args(fixtures, tmp_path, data_file, **extra):
-    """A CPU training run of the tiny model on `data_file` into tmp_path/out."""
-    args = {"model_name_or_path": fixtures["model"], "train_file": data_file, "output_dir": tmp_path / "out", **extra}
-    return _flags({**args, "do_train": None, "report_to": "none", "use_cpu": None, "dataloader_num_workers": 0})
+    data_file.write_text("image_path,caption\n" + "".join(f"images/{row}.jpg,picture {row}\n" for row in range(8)))
+    args = ["--model_name_or_path", fixtures["model"], "--train_file", data_file, "--output_dir", tmp_path / "out"]
+    args += ["--do_train", "--report_to", "none", "--use_cpu", "--dataloader_num_workers", 0]
+    return args + [word for name, value in extra.items() for word in (f"--{name}", value)]
 
 
 def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_drop_bad_rows_drops_it(
@@ -482,7 +393,6 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
 ):
     """What used to happen: a traceback at step 1 (exit 1), and --drop_bad_rows, as the message advised, reused the
     check's cached verdict and stopped again."""
-    data_file = _csv_data(tmp_path)
     original = preflight.check_splits
     changed = None
 
@@ -496,7 +406,7 @@ def test_an_image_changed_between_the_check_and_step_1_stops_in_one_line_then_dr
         return checked
 
     common = _csv_run_args(
-        fixtures, tmp_path, data_file, per_device_train_batch_size=8, max_steps=1, preflight_cache_dir=tmp_path / "pre"
+        fixtures, tmp_path, per_device_train_batch_size=8, max_steps=1, preflight_cache_dir=tmp_path / "pre"
     )
     monkeypatch.setattr(preflight, "check_splits", check_then_change)
     status, stderr = run_cuda_script(common)
@@ -519,10 +429,9 @@ def test_an_image_changed_mid_run_stops_with_advice_the_kit_accepts(fixtures, tm
     recipe (--drop_bad_rows false -> true). Each rerun it now advises is run as written."""
     from transformers.trainer_callback import CallbackHandler
 
-    data_file = _csv_data(tmp_path)
     out = tmp_path / "out"
-    common = _csv_run_args(fixtures, tmp_path, data_file, per_device_train_batch_size=4, num_train_epochs=2)
-    common += _flags({"save_strategy": "no", "seed": 3, "preflight_cache_dir": tmp_path / "pre"})
+    common = _csv_run_args(fixtures, tmp_path, per_device_train_batch_size=4, num_train_epochs=2, seed=3)
+    common += ["--save_strategy", "no", "--preflight_cache_dir", tmp_path / "pre"]
     broken, kept = tmp_path / "images" / "0.jpg", (tmp_path / "images" / "0.jpg").read_bytes()
     step_end = CallbackHandler.on_step_end
 
@@ -579,20 +488,33 @@ def places(tmp_path):
 
 OUT_IS_A_FILE = "--out={file} is a file, not a directory"
 OUTPUT_DIR_IS_A_FILE = "--output_dir={file} is a file, not a directory"
+# tool -> (its arguments before --json, after it): the tools that write a --json file
+JSON_WRITERS = {
+    "compare": (["{run}"], []),
+    "image_bench": ([], []),
+    "image_fidelity": ([], []),
+    "cache_memory_bench": ([], []),
+    "device_decode_check": (["{file}"], []),
+    "gaudi_check": ([], ["--output_dir", "{missing}"]),
+    "nvidia_check": ([], ["--output_dir", "{missing}"]),
+    "cluster_check": (["--nodes", "localhost", "--output_dir", "{dir}"], []),
+}
 TOOL_CASES = {
     **{
         f"{tool} --json <a directory>": (
             [tool, *before, "--json", "{dir}", *after],
             "--json={dir} is a directory; give a file name to write",
         )
-        for tool, before, after in [
-            ("compare", ["{run}"], []),
-            ("image_bench", [], []),
-            ("cache_memory_bench", [], []),
-            ("gaudi_check", [], ["--output_dir", "{missing}"]),
-            ("nvidia_check", [], ["--output_dir", "{missing}"]),
-            ("cluster_check", ["--nodes", "localhost", "--output_dir", "{dir}"], []),
-        ]
+        for tool, (before, after) in JSON_WRITERS.items()
+    },
+    # A FIFO is neither waited on nor written through (the write would block until a reader came, or rename over
+    # it); --prices and the sweep's results.json are read without waiting.
+    **{
+        f"{tool} --json <a FIFO>": (
+            [tool, *before, "--json", "{fifo}", *after],
+            "--json={fifo}: not a regular file: FIFO; give the name of a regular file to write",
+        )
+        for tool, (before, after) in JSON_WRITERS.items()
     },
     "compare --json under a file": (
         ["compare", "{run}", "--json", "{under_file}/x.json"],
@@ -614,7 +536,6 @@ TOOL_CASES = {
     ),
     "gaudi_check --output_dir <a file>": (["gaudi_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
     "nvidia_check --output_dir <a file>": (["nvidia_check", "--output_dir", "{file}"], OUTPUT_DIR_IS_A_FILE),
-    "image_fidelity --json <a directory>": (["image_fidelity", "--json", "{dir}"], None),
     "gpu_ceiling --output_dir <a file>": (
         ["gpu_ceiling", "--model_name_or_path", "{dir}", "--output_dir", "{file}"],
         OUTPUT_DIR_IS_A_FILE,
@@ -624,23 +545,6 @@ TOOL_CASES = {
         "--model_name_or_path={missing}: no such directory",
     ),
     "upstream_diff --upstream <a directory>": (["upstream_diff", "--upstream", "{dir}"], None),
-    # A FIFO is neither waited on nor written through (the write would block until a reader came, or rename over
-    # it); --prices and the sweep's results.json are read without waiting.
-    **{
-        f"{tool} --json <a FIFO>": (
-            [tool, *before, "--json", "{fifo}", *after],
-            "--json={fifo}: not a regular file: FIFO; give the name of a regular file to write",
-        )
-        for tool, before, after in [
-            ("compare", ["{run}"], []),
-            ("image_fidelity", [], []),
-            ("image_bench", [], []),
-            ("cache_memory_bench", [], []),
-            ("device_decode_check", ["{file}"], []),
-            ("nvidia_check", [], ["--output_dir", "{missing}"]),
-            ("gaudi_check", [], ["--output_dir", "{missing}"]),
-        ]
-    },
     # an image the tool cannot decode is named (the check decodes on the host first)
     "device_decode_check <an empty JPEG>": (
         ["device_decode_check", "--device", "cpu", "{empty_jpeg}"],
@@ -686,14 +590,10 @@ def _assert_ended_in_one_line(result, line, places):
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
 def test_every_tool_ends_in_one_line_on_a_bad_path(case, places, tmp_path, within_seconds):
-    """Each tool as `python -m` runs it, here in the test process (helpers.run_tool)."""
+    """Each tool as `python -m` runs it, here in the test process (helpers.run_tool); one in a process of its own."""
     tool, args, line = _tool_case(case, places, tmp_path)
-    _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path), line, places)
-
-
-def test_a_tools_bad_path_ends_its_process_with_status_2(places, tmp_path):
-    tool, args, line = _tool_case("compare --json <a directory>", places, tmp_path)
-    _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path, process=True), line, places)
+    process = case == "compare --json <a directory>"
+    _assert_ended_in_one_line(run_tool(tool, args, cwd=tmp_path, process=process), line, places)
 
 
 def test_a_tool_never_writes_over_a_device_and_a_full_disk_ends_in_one_line(places, small_filesystem, tmp_path):

@@ -18,38 +18,17 @@ def _write_run(root, name, files):
 
 def _run(root, name, samples_per_second, recall, loader="torch"):
     """A typical finished run: train figures, eval and test retrieval metrics in separate files."""
-    return _write_run(
-        root,
-        name,
-        {
-            "train_results.json": {
-                "train_samples_per_second": samples_per_second,
-                "data_wait_fraction": 0.25,
-                "loader": loader,
-                "image_pipeline": "fast",
-                "train_loss": 0.9,
-            },
-            "validation_results.json": {
-                "eval_loss": 1.5,
-                "eval_i2t_recall@1": recall,
-                "eval_t2i_recall@1": recall / 2,
-                "eval_i2t_mean_rank": 4.0,
-                "eval_runtime": 3.0,
-            },
-            "test_results.json": {"test_i2t_recall@10": 0.8},
-        },
-    )
+    train = dict(train_samples_per_second=samples_per_second, data_wait_fraction=0.25, loader=loader)
+    train.update(image_pipeline="fast", train_loss=0.9)
+    evaluation = {"eval_loss": 1.5, "eval_i2t_recall@1": recall, "eval_t2i_recall@1": recall / 2}
+    evaluation.update(eval_i2t_mean_rank=4.0, eval_runtime=3.0)
+    results = {"train_results.json": train, "validation_results.json": evaluation}
+    return _write_run(root, name, {**results, "test_results.json": {"test_i2t_recall@10": 0.8}})
 
 
 def test_load_run_merges_results_files_with_per_split_files_winning_and_names_what_is_missing(tmp_path):
-    run_dir = _write_run(
-        tmp_path,
-        "run",
-        {
-            "all_results.json": {"train_samples_per_second": 10.0, "eval_loss": 9.9},
-            "validation_results.json": {"eval_loss": 1.0},
-        },
-    )
+    files = {"all_results.json": {"train_samples_per_second": 10.0, "eval_loss": 9.9}}
+    run_dir = _write_run(tmp_path, "run", {**files, "validation_results.json": {"eval_loss": 1.0}})
     assert compare.load_run(run_dir) == {"train_samples_per_second": 10.0, "eval_loss": 1.0}
 
     (tmp_path / "empty").mkdir()
@@ -91,11 +70,8 @@ def test_cli_prints_runs_side_by_side_and_names_a_missing_directory(tmp_path, ca
 def test_the_same_world_size_on_one_node_or_across_two_is_told_apart(tmp_path, capsys):
     node = {"processes": 8, "train_samples_per_second": 400.0, "data_wait_fraction": 0.1}
     one = _write_run(tmp_path, "one", {"train_results.json": {"train_samples_per_second": 900.0, "world_size": 16}})
-    two = _write_run(
-        tmp_path,
-        "two",
-        {"train_results.json": {"train_samples_per_second": 800.0, "world_size": 16, "per_node": [node, node]}},
-    )
+    two_nodes = {"train_samples_per_second": 800.0, "world_size": 16, "per_node": [node, node]}
+    two = _write_run(tmp_path, "two", {"train_results.json": two_nodes})
     assert compare.main([one, two]) == 0
     out = capsys.readouterr().out
     assert "| world_size | 16 | 16 |" in out and "| nodes | 1 | 2 |" in out
@@ -189,11 +165,7 @@ def test_same_directory_names_in_different_places_stay_apart(tmp_path, capsys):
 
 def test_runs_of_different_library_versions_are_shown_and_said_to_differ(tmp_path, capsys):
     def run(name, transformers, accelerate):
-        versions = {
-            "version_transformers": transformers,
-            "version_accelerate": accelerate,
-            "version_datasets": "5.0.1",
-        }
+        versions = dict(version_transformers=transformers, version_accelerate=accelerate, version_datasets="5.0.1")
         return _write_run(tmp_path, name, {"train_results.json": {"train_samples_per_second": 600.0, **versions}})
 
     pinned, current = run("pinned", "4.55.4", "1.10.1"), run("current", "5.24.0", "1.16.0")

@@ -21,20 +21,12 @@ def write_images(directory):
     rgb = Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
     palette_with_alpha = rgb.convert("P")
     palette_with_alpha.info["transparency"] = 0
-    cases = {
-        "mode_1.png": rgb.convert("1"),
-        "mode_L.jpg": rgb.convert("L"),
-        "mode_LA.png": rgb.convert("LA"),
-        "mode_P.png": rgb.convert("P"),
-        "mode_P_transparent.png": palette_with_alpha,
-        "mode_RGBA.png": rgb.convert("RGBA"),
-        "mode_CMYK.jpg": rgb.convert("CMYK"),
-        "mode_I16.png": Image.fromarray((rng.integers(0, 65535, (90, 70))).astype(np.uint16)),
-        "mode_RGB.jpg": rgb,
-        "tiny_12x9.png": rgb.resize((12, 9)),
-        "wide_2000x20.jpg": rgb.resize((2000, 20)),
-        "tall_20x900.png": rgb.resize((20, 900)),
-    }
+    converted = "mode_1.png mode_L.jpg mode_LA.png mode_P.png mode_RGBA.png mode_CMYK.jpg".split()
+    cases = {name: rgb.convert(name.removeprefix("mode_").split(".")[0]) for name in converted}  # mode_<mode>.<format>
+    cases |= {"mode_P_transparent.png": palette_with_alpha, "mode_RGB.jpg": rgb}
+    cases["mode_I16.png"] = Image.fromarray((rng.integers(0, 65535, (90, 70))).astype(np.uint16))
+    sizes = {"tiny_12x9.png": (12, 9), "wide_2000x20.jpg": (2000, 20), "tall_20x900.png": (20, 900)}
+    cases |= {name: rgb.resize(size) for name, size in sizes.items()}
     for name, image in cases.items():
         image.save(directory / name)
     return sorted(cases)
@@ -144,7 +136,7 @@ def _dataset(n):
     return datasets.Dataset.from_dict({"image": [f"{i}.png" for i in range(n)], "caption": [str(i) for i in range(n)]})
 
 
-def test_existing_validation_split_is_kept_and_only_test_is_split_off_with_the_seed():
+def test_an_existing_validation_split_is_kept_and_test_is_split_off_with_the_seed_only_for_do_predict():
     raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
     splits = data.make_splits(raw, seed=3)
     assert list(splits["validation"]["caption"]) == list(raw["validation"]["caption"])
@@ -155,13 +147,10 @@ def test_existing_validation_split_is_kept_and_only_test_is_split_off_with_the_s
     other_seed = list(data.make_splits(raw, seed=4)["test"]["caption"])
     assert other_seed != list(splits["test"]["caption"]), "drawn with the seed"
     assert sorted(splits["test"]["caption"]) != sorted(str(i) for i in range(40, 50)), "not taken from the end"
-
-
-def test_without_do_predict_no_test_split_is_carved_off_train():
-    raw = datasets.DatasetDict({"train": _dataset(50), "validation": _dataset(7)})
+    # without --do_predict no test split is carved off train
     splits = data.make_splits(raw, seed=3, need_test=False)
-    assert set(splits) == {"train", "validation"}
-    assert list(splits["train"]["caption"]) == list(raw["train"]["caption"])  # every row trains, in order
+    assert set(splits) == {"train", "validation"}, "no test split without --do_predict"
+    assert list(splits["train"]["caption"]) == list(raw["train"]["caption"]), "every row trains, in order"
     # a missing validation split is still carved off (evaluation needs it)
     raw = datasets.DatasetDict({"train": _dataset(50), "test": _dataset(5)})
     no_validation = data.make_splits(raw, seed=3, need_test=False)

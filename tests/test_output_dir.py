@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
@@ -21,7 +20,9 @@ from helpers import (
     CPU_FLAGS,
     REPO,
     ForkedRun,
+    base_args,
     dead_pid,
+    load_weights,
     read_json,
     run_script,
     run_stopped_at,
@@ -51,9 +52,7 @@ def claim_in_another_process(output_dir, hold=True):
     return process
 
 
-# ---------------------------------------------------------------------------------------------
-# The lock
-# ---------------------------------------------------------------------------------------------
+# The lock ----------------------------------------------------------------------------------------------------
 
 
 def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_is_taken_over(
@@ -89,9 +88,7 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_a_dead_holders_lock_
     assert os.listdir(out) == [], "a run that wrote nothing leaves the directory as it found it"
 
 
-# ---------------------------------------------------------------------------------------------
-# What is ours: refuse foreign files, clear leftovers of killed writes
-# ---------------------------------------------------------------------------------------------
+# What is ours: refuse foreign files, clear leftovers of killed writes ----------------------------------------
 
 
 def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
@@ -110,6 +107,7 @@ def test_foreign_files_are_refused_even_with_overwrite_output_dir(tmp_path):
         r"--overwrite_output_dir",
     ):
         run_directory.check_output_dir(str(out))
+    assert run_directory.check_output_dir(str(tmp_path / "absent")) is None
 
 
 def test_the_checkpoint_walk_takes_the_newest_complete_one_its_caller_accepts_and_names_those_passed_over(tmp_path):
@@ -166,9 +164,7 @@ def test_leftovers_of_killed_writers_are_removed_at_the_next_start_but_not_those
     assert f"removed what killed writes left: {', '.join(sorted(removed_files + removed_dirs))}" in caplog.text
 
 
-# ---------------------------------------------------------------------------------------------
-# Publication: a kill at every step leaves one complete set
-# ---------------------------------------------------------------------------------------------
+# Publication: a kill at every step leaves one complete set ---------------------------------------------------
 
 
 def _make_generation(trainer, generation):
@@ -289,37 +285,23 @@ def test_a_process_that_does_not_save_touches_nothing_not_even_the_saving_proces
     assert read_json(out / "metrics.json") == {"second": True}
 
 
-# ---------------------------------------------------------------------------------------------
-# The scripts: a kill or signal during the final save, then rerunning the same command
-# ---------------------------------------------------------------------------------------------
+# The scripts: a kill or signal during the final save, then rerunning the same command ------------------------
 
 
 def script_command(kind, fixtures, out):
-    flags = script_flags(
-        fixtures,
-        output_dir=out,
-        per_device_train_batch_size=4,
-        max_train_samples=16,
-        max_eval_samples=8,
-        max_steps=2,
-        save_strategy="no",
-        logging_steps=1,
-        report_to="none",
-        dataloader_num_workers=0,
-        image_pipeline="fast",
-    )
+    flags = base_args(fixtures, out, max_steps=2, save_strategy="no", image_pipeline="fast")
     return [*flags, "--do_train", "--do_eval", *CPU_FLAGS[kind]]
 
 
 def assert_rerun_only_evaluates(kind, args, out):
-    pending = out / run_directory.PUBLISHING_NAME / "model.safetensors"  # committed, not yet moved into place
-    weights = load_file(str(pending if pending.exists() else out / "model.safetensors"))
+    pending = out / run_directory.PUBLISHING_NAME  # committed, not yet moved into place
+    weights = load_weights(pending if (pending / "model.safetensors").exists() else out)
     rerun = run_script(kind, args)
     assert "'loss'" not in rerun.stdout, "the finished training was done again"
     assert "not training again" in rerun.stdout + rerun.stderr
     assert "eval_loss" in read_json(out / "validation_results.json")
     assert "train_loss" in read_json(out / "all_results.json")
-    again = load_file(str(out / "model.safetensors"))
+    again = load_weights(out)
     assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 

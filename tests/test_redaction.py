@@ -21,26 +21,19 @@ from helpers import REPO, run_script
 # --------------------------------------------------------------------------------------------- the rule
 
 
-@pytest.mark.parametrize(
-    "name",
-    (
-        "--token --hub_token --push_to_hub_token --use_auth_token token api_key hf_api_key wandb_api_key --db_password "
-        "--client-secret HF_TOKEN HUGGING_FACE_HUB_TOKEN WANDB_API_KEY AWS_SECRET_ACCESS_KEY --Hub-Token openai_apikey"
-    ).split(),
-)
-def test_credential_names_are_recognised(name):
-    assert redaction.is_secret_name(name)
+CREDENTIAL_NAMES = (
+    "--token --hub_token --push_to_hub_token --use_auth_token token api_key hf_api_key wandb_api_key --db_password "
+    "--client-secret HF_TOKEN HUGGING_FACE_HUB_TOKEN WANDB_API_KEY AWS_SECRET_ACCESS_KEY --Hub-Token openai_apikey"
+).split()
+ORDINARY_NAMES = (
+    "--tokenizer_name --max_tokens_per_batch --max_seq_length --pad_to_max_length --use_fast_tokenizer "
+    "--include_tokens_per_second --keyboard HF_HOME --output_dir"
+).split()
 
 
-@pytest.mark.parametrize(
-    "name",
-    (
-        "--tokenizer_name --max_tokens_per_batch --max_seq_length --pad_to_max_length --use_fast_tokenizer "
-        "--include_tokens_per_second --keyboard HF_HOME --output_dir"
-    ).split(),
-)
-def test_ordinary_flags_are_left_alone(name):
-    assert not redaction.is_secret_name(name)
+@pytest.mark.parametrize("name, secret", [(n, True) for n in CREDENTIAL_NAMES] + [(n, False) for n in ORDINARY_NAMES])
+def test_credential_names_are_recognised_and_ordinary_flags_left_alone(name, secret):
+    assert redaction.is_secret_name(name) is secret
 
 
 def test_both_flag_forms_are_redacted_and_the_list_is_otherwise_unchanged():
@@ -82,7 +75,7 @@ def test_a_command_line_as_typed_is_redacted_quotes_and_all_even_stray_ones(text
     assert redaction.redact_text(text) == shown
 
 
-def test_a_sweep_refusing_extra_args_it_cannot_split_does_not_print_their_token(tmp_path):
+def test_a_sweep_refusing_extra_args_it_cannot_split_does_not_print_their_token():
     """The refusal once echoed the text whole, token included, when its quotes did not close."""
     with pytest.raises(ValueError) as refused:
         sweep_presets.parse_extra_args("--token 'hf_abcdef --seed 1")
@@ -92,27 +85,14 @@ def test_a_sweep_refusing_extra_args_it_cannot_split_does_not_print_their_token(
 def test_a_json_configuration_is_copied_redacted_and_left_untouched():
     config = {"token": "hf_A", "model_name_or_path": "m", "nested": [{"wandb_api_key": "k123"}], "hub_token": None}
     before = json.dumps(config)
-
-    copied = redaction.shareable(config, env={})
-
-    assert copied == {
-        "token": "REDACTED",
-        "model_name_or_path": "m",
-        "nested": [{"wandb_api_key": "REDACTED"}],
-        "hub_token": None,
-    }
+    expected = {**config, "token": "REDACTED", "nested": [{"wandb_api_key": "REDACTED"}]}  # hub_token None stays
+    assert redaction.shareable(config, env={}) == expected
     assert json.dumps(config) == before
     assert redaction.secret_values(configs=[config]) == {"hf_A", "k123"}
 
 
 def test_the_values_of_credential_environment_variables_are_scrubbed_and_no_others():
-    env = {
-        "HF_TOKEN": "hf_A",
-        "HUGGING_FACE_HUB_TOKEN": "hf_B",
-        "WANDB_API_KEY": "k123",
-        "HF_HOME": "/home/h",
-        "PATH": "/bin",
-    }
+    env = dict(HF_TOKEN="hf_A", HUGGING_FACE_HUB_TOKEN="hf_B", WANDB_API_KEY="k123", HF_HOME="/home/h", PATH="/bin")
     assert redaction.secret_values(env=env) == {"hf_A", "hf_B", "k123"}
     assert redaction.shareable({"log": "saw hf_A, hf_B and k123 under /home/h"}, env=env) == {
         "log": "saw REDACTED, REDACTED and REDACTED under /home/h"
@@ -128,9 +108,7 @@ def test_a_tool_record_is_made_shareable_in_one_call(monkeypatch):
         "steps": [1, 2],
     }
 
-    shared = redaction.shareable(record, args=["--token", "hf_Arg12"])
-
-    assert shared == {
+    assert redaction.shareable(record, args=["--token", "hf_Arg12"]) == {
         "command": ["python", "x.py", "--hub_token", "REDACTED", "--api-key=REDACTED"],
         "env": {"HF_TOKEN": "REDACTED", "HABANA_VISIBLE_DEVICES": "all"},
         "message": "login with REDACTED failed; --hub_token REDACTED",
@@ -257,16 +235,9 @@ def test_what_a_run_prints_reaches_the_log_and_the_results_redacted(tmp_path, mo
     script = tmp_path / "echo.py"
     script.write_text(ECHOING_SCRIPT.format(token=token, env=in_env))
     monkeypatch.setenv("HF_TOKEN", in_env)
-    plan = bench.Plan(
-        preset="local",
-        script="cuda",
-        device="cpu",
-        nproc=1,
-        variants=sweep_commands.expand_matrix([0], ["torch"], ["upstream"], repeats=1),
-        base_args=[],
-        extra_args=["--token", token],
-        script_path=script,
-    )
+    variants = sweep_commands.expand_matrix([0], ["torch"], ["upstream"], repeats=1)
+    local = dict(preset="local", script="cuda", device="cpu", nproc=1, base_args=[])
+    plan = bench.Plan(**local, variants=variants, extra_args=["--token", token], script_path=script)
     out = tmp_path / "out"
 
     rows, _ = bench.run_sweep(plan, out, echo=lambda line: None)
@@ -284,21 +255,9 @@ def test_a_json_configuration_run_saves_no_credential_while_the_script_parses_it
     token, hub = "hf_FAKEjsonToken0005", "hf_FAKEjsonHub0006"
     output_dir = tmp_path / "run"
     config = tmp_path / "args.json"
-    values = {
-        **script_arguments(fixtures),
-        "remove_unused_columns": False,
-        "do_train": True,
-        "max_steps": 2,
-        "per_device_train_batch_size": 2,
-        "max_seq_length": 32,
-        "save_strategy": "no",
-        "report_to": "none",
-        "use_cpu": True,
-        "use_lazy_mode": False,
-        "output_dir": str(output_dir),
-        "token": token,
-        "hub_token": hub,
-    }
+    values = dict(script_arguments(fixtures), do_train=True, max_steps=2, per_device_train_batch_size=2)
+    values.update(remove_unused_columns=False, max_seq_length=32, save_strategy="no", report_to="none")
+    values.update(use_cpu=True, use_lazy_mode=False, output_dir=str(output_dir), token=token, hub_token=hub)
     config.write_text(json.dumps(values))
     before = config.read_bytes()
     parsed = {}  # the credential fields the script's argument parser produced

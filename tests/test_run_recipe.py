@@ -1,10 +1,7 @@
 """A run directory knows its recipe: a rerun, resume or evaluation uses the model its command describes, or refuses.
 
-What makes a model (model, data fingerprints, every argument that changes the weights, seed, the scripts'
-version) is saved with the model and with every checkpoint; a rerun of another recipe into a finished run
-is refused naming what differs, a resume takes the newest complete checkpoint of the same recipe, and an
-evaluation alone into a trained run's directory evaluates that run's model.
-"""
+The recipe (model, data fingerprints, every argument that changes the weights, seed, the scripts' version) is saved
+with the model and with every checkpoint; a refusal names what differs."""
 
 import dataclasses
 import inspect
@@ -48,9 +45,7 @@ def files(out, *names) -> dict:
     return {name: (out / name).read_bytes() for name in names}
 
 
-# ---------------------------------------------------------------------------------------------
-# A finished run is reused only by its own recipe
-# ---------------------------------------------------------------------------------------------
+# A finished run is reused only by its own recipe -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", [pytest.param("cuda", marks=BOTH_ROUTES), "gaudi"])
@@ -196,9 +191,7 @@ def test_a_resume_with_another_seed_is_refused_and_the_checkpoints_kept(fixtures
     assert files(out / "checkpoint-4", *kept) == kept and not (out / "model.safetensors").exists()
 
 
-# ---------------------------------------------------------------------------------------------
-# Evaluation alone into a trained run's directory
-# ---------------------------------------------------------------------------------------------
+# Evaluation alone into a trained run's directory -------------------------------------------------------------
 
 
 def eval_only(fixtures, out, model):
@@ -240,9 +233,7 @@ def test_evaluation_alone_evaluates_the_trained_model_and_refuses_another(fixtur
     assert files(out, *kept) == kept and (out / "model.safetensors").read_bytes() == weights
 
 
-# ---------------------------------------------------------------------------------------------
-# Which checkpoint a run resumes from (no training: the decision alone)
-# ---------------------------------------------------------------------------------------------
+# Which checkpoint a run resumes from (no training: the decision alone) ---------------------------------------
 
 
 def parsed(name, values, **derived):
@@ -281,21 +272,14 @@ def plan(out, **training):
 def save_checkpoint(out, step, recipe=None, complete=True, last_step=6):
     checkpoint = out / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": last_step}))
-    for name in (
-        "model.safetensors",
-        "config.json",
-        "training_args.bin",
-        "optimizer.pt",
-        "scheduler.pt",
-        "rng_state.pth",
-    ):
+    required = checkpoint_manifest.required_files(save_only_model=False, world_size=1)
+    for name in [name if isinstance(name, str) else name[0] for name in required]:  # (a tuple: one of these)
         (checkpoint / name).write_text(f"{name} at step {step}")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": last_step}))
     if recipe is not None:
         run_recipe.write(str(checkpoint), recipe)
     run_directory.record_written(str(out), [checkpoint.name])
     if complete:
-        required = checkpoint_manifest.required_files(save_only_model=False, world_size=1)
         assert checkpoint_manifest.write(str(checkpoint), required) is None
     return checkpoint
 
@@ -478,9 +462,7 @@ def test_checkpoints_of_another_recipe_only_are_refused_and_incomplete_ones_only
     ) in caplog.text
 
 
-# ---------------------------------------------------------------------------------------------
-# Every argument is decided: in the recipe or, on purpose, not
-# ---------------------------------------------------------------------------------------------
+# Every argument is decided: in the recipe or, on purpose, not ------------------------------------------------
 
 
 def test_an_argument_these_scripts_do_not_know_is_in_the_recipe_and_named(tmp_path, caplog):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bridgetower_bench.images import image_cache
-from helpers import CPU_FLAGS, base_args, load_weights, read_json, run_script
+from helpers import CPU_FLAGS, assert_throughput_adds_up, base_args, load_weights, read_json, run_script
 
 
 BATCH = 4
@@ -24,14 +24,10 @@ def tower_weights(weights: dict, tower: str) -> dict:
     return {name: tensor for name, tensor in weights.items() if name.startswith(prefix)}
 
 
-def check_throughput_arithmetic(train: dict, steps: int, warmup: int = 1) -> None:
-    """samples/s is the counted samples over the counted seconds, and the counted samples are the counted steps'."""
-    assert train["throughput_counted_steps"] == steps - warmup
-    assert train["throughput_counted_samples"] == BATCH * (steps - warmup)
-    assert train["train_samples_per_second"] == pytest.approx(
-        train["throughput_counted_samples"] / train["throughput_counted_seconds"], rel=1e-9
-    )
-    assert 0 < train["throughput_counted_seconds"] < train["train_runtime"]
+def check_throughput_arithmetic(train: dict, steps: int) -> None:
+    """The throughput of the steps after the one warm-up step adds up, within the run's own time."""
+    assert_throughput_adds_up(train, steps - 1, BATCH)
+    assert train["throughput_counted_seconds"] < train["train_runtime"]
 
 
 @pytest.mark.parametrize(
@@ -96,12 +92,13 @@ def test_gaudi_script_trains_from_the_decoded_image_cache(fixtures, tmp_path):
     assert second_train["train_loss"] != pytest.approx(first_train["train_loss"], rel=1e-6, abs=0)
 
 
-def test_config_tokenizer_and_image_processor_flags_load_what_they_name_and_the_pooler_flag_keeps_it(
+def test_naming_flags_load_what_they_name_the_pooler_flag_keeps_it_and_the_sample_limits_cut_the_splits(
     fixtures, tmp_path
 ):
     """--config_name, --tokenizer_name and --image_processor_name each name a copy of the model's file with one
     value changed: the run trains with (and publishes) the copy's. --freeze_text_pooler False keeps the pooler;
-    --use_fast_tokenizer False loads the slow tokenizer, which saves no tokenizer.json."""
+    --use_fast_tokenizer False loads the slow tokenizer, which saves no tokenizer.json. The run they are compared
+    with is cut by --max_train_samples and --max_eval_samples."""
     model = Path(fixtures["model"])
     changed = {
         "config_name": ("config.json", "initializer_factor", 0.5),
@@ -117,23 +114,16 @@ def test_config_tokenizer_and_image_processor_flags_load_what_they_name_and_the_
                 (copy / file.name).write_bytes(file.read_bytes())
         (copy / name).write_text(json.dumps({**read_json(model / name), key: value}))
         flags += [f"--{flag}", str(copy)]
-    runs = {}
-    for label, extra in (
-        ("named", flags + ["--freeze_text_pooler", "False", "--use_fast_tokenizer", "False"]),
-        ("default", []),
-    ):
-        runs[label] = tmp_path / label
-        run_script("cuda", base_args(fixtures, runs[label], max_steps=1) + ["--do_train", *extra] + CPU_FLAGS["cuda"])
-    for flag, (name, key, value) in changed.items():
-        assert read_json(runs["named"] / name)[key] == value != read_json(runs["default"] / name).get(key), flag
-    assert (runs["default"] / "tokenizer.json").exists() and not (runs["named"] / "tokenizer.json").exists()  # slow
-    pooler = [name for name in load_weights(runs["named"]) if ".text_model.pooler." in name]
-    assert pooler and not [name for name in load_weights(runs["default"]) if ".text_model.pooler." in name]
-
-
-def test_the_sample_limits_cut_the_splits(fixtures, tmp_path):
-    out = tmp_path / "run"
-    args = base_args(fixtures, out, max_train_samples=12, max_eval_samples=4) + ["--do_train", "--do_eval"]
+    named, default = tmp_path / "named", tmp_path / "default"
+    extra = ["--freeze_text_pooler", "False", "--use_fast_tokenizer", "False"]
+    run_script("cuda", base_args(fixtures, named, max_steps=1) + ["--do_train", *flags, *extra] + CPU_FLAGS["cuda"])
+    args = base_args(fixtures, default, max_train_samples=12, max_eval_samples=4) + ["--do_train", "--do_eval"]
     log = run_script("cuda", args + CPU_FLAGS["cuda"])
     shown = re.findall(r"Num examples = (\d+)", log.stdout + log.stderr)
-    assert shown[0] == "12" and shown[-1] == "4" and read_json(out / "trainer_state.json")["global_step"] == 3
+    assert shown[0] == "12" and shown[-1] == "4", shown  # 12 training rows, 4 evaluation rows
+    assert read_json(default / "trainer_state.json")["global_step"] == 3  # 12 rows in batches of 4
+    for flag, (name, key, value) in changed.items():
+        assert read_json(named / name)[key] == value != read_json(default / name).get(key), flag
+    assert (default / "tokenizer.json").exists() and not (named / "tokenizer.json").exists()  # slow
+    pooler = [name for name in load_weights(named) if ".text_model.pooler." in name]
+    assert pooler and not [name for name in load_weights(default) if ".text_model.pooler." in name]

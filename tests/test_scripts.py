@@ -88,15 +88,8 @@ def test_train_eval_predict_save_and_resume(kind, fixtures, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_json_configuration_file(kind, fixtures, tmp_path):
     out = tmp_path / "run"
-    config = {
-        **script_arguments(fixtures),
-        "output_dir": str(out),
-        "do_eval": True,
-        "per_device_eval_batch_size": 4,
-        "max_eval_samples": 8,
-        "report_to": "none",
-        "use_cpu": True,
-    }
+    config = dict(script_arguments(fixtures), output_dir=str(out), do_eval=True, report_to="none", use_cpu=True)
+    config.update(per_device_eval_batch_size=4, max_eval_samples=8)
     if kind == "gaudi":
         config["use_lazy_mode"] = False
     path = tmp_path / "args.json"
@@ -120,36 +113,36 @@ def test_help_lists_every_upstream_argument_with_its_default(kind):
                 assert match.group(1) == shown, f"--{name}: default {match.group(1)!r}, upstream {shown!r}"
 
 
-@BOTH_ROUTES
-def test_cuda_script_refuses_gaudi_only_flags_in_one_error(fixtures, tmp_path):
-    published = (
-        "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip "
-        "--distribution_strategy fast_ddp --sdp_on_bf16 --mediapipe_dataloader"
-    ).split()
-    # (in this process: a user error's one line and status 2 in a process of its own are test_cuda_device's)
-    result = run_script("cuda", base_args(fixtures, tmp_path / "o") + ["--do_train"] + published, check=False)
-    assert result.returncode == 2
-    error = [line for line in result.stderr.splitlines() if "Gaudi-only" in line]
-    assert len(error) == 1
-    for flag in (word for word in published if word.startswith("--")):
-        assert flag in error[0]
-    assert not (tmp_path / "o").exists()
+GAUDI_ONLY = "--use_habana --use_lazy_mode --use_hpu_graphs_for_inference --gaudi_config_name Habana/clip".split()
+GAUDI_ONLY += "--distribution_strategy fast_ddp --sdp_on_bf16 --mediapipe_dataloader".split()
+ALL_NAMED = ", ".join(sorted(word for word in GAUDI_ONLY if word.startswith("--")))
 
 
 @BOTH_ROUTES
-def test_a_flag_the_parser_refuses_ends_the_run_in_one_line_with_status_2(fixtures, tmp_path):
-    """The parser's own error: usage and one error line, exit status 2, no traceback, nothing written. (One script:
-    both use HfArgumentParser. In this process: the refusal's process of its own is test_cuda_device's.)"""
-    kind = "cuda"
-    args = base_args(fixtures, tmp_path / "o") + ["--do_train", "--image_pipeline", "nope"] + CPU_FLAGS[kind]
-    result = run_script(kind, args, check=False)
+@pytest.mark.parametrize(
+    "flags, line",
+    [  # every Gaudi-only flag named in one error; the parser's own error (one script: both use HfArgumentParser)
+        (
+            GAUDI_ONLY,
+            f"{ALL_NAMED} are Gaudi-only (Habana HPU) and not supported by run_bridgetower_cuda.py; "
+            "remove them, or run run_bridgetower.py on a Gaudi machine.",
+        ),
+        (
+            ["--image_pipeline", "nope", *CPU_FLAGS["cuda"]],
+            "argument --image_pipeline/--image-pipeline: invalid choice: 'nope' "
+            "(choose from 'upstream', 'fast', 'fast-draft')",
+        ),
+    ],
+    ids=["gaudi-only flags", "parser refusal"],
+)
+def test_a_refused_flag_ends_the_run_in_one_line_with_status_2(flags, line, fixtures, tmp_path):
+    """One error line, exit status 2, no traceback, nothing written. (In this process: the refusal's process of its
+    own is test_cuda_device's.)"""
+    result = run_script("cuda", base_args(fixtures, tmp_path / "o") + ["--do_train", *flags], check=False)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == (
-        f"{SCRIPTS[kind]}: error: argument --image_pipeline/--image-pipeline: invalid choice: 'nope' "
-        "(choose from 'upstream', 'fast', 'fast-draft')"
-    )
+    errors = [l for l in result.stderr.splitlines() if ": error: " in l]
+    assert errors == [f"{SCRIPTS['cuda']}: error: {line}"] == result.stderr.strip().splitlines()[-1:], result.stderr
     assert not (tmp_path / "o").exists()
 
 
@@ -177,19 +170,10 @@ def test_cuda_script_mentions_no_habana_or_gaudi_symbol():
     import ast
 
     tree = ast.parse((REPO / "run_bridgetower_cuda.py").read_text())
-    symbols = set()  # (our own guard that refuses Gaudi-only flags is named for what it does, not for Gaudi)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            symbols.add(node.id)
-        elif isinstance(node, ast.Attribute):
-            symbols.add(node.attr)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            symbols.update(a.name for a in node.names)
-            symbols.add(getattr(node, "module", None) or "")
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            symbols.add(node.name)
-        elif isinstance(node, ast.keyword) and node.arg:
-            symbols.add(node.arg)
+    # Name.id, Attribute.attr, keyword / parameter .arg, definition / imported alias .name, ImportFrom.module
+    fields = ("id", "attr", "arg", "name", "module")
+    symbols = {getattr(node, field, None) for node in ast.walk(tree) for field in fields} - {None}
+    # (our own guard that refuses Gaudi-only flags is named for what it does, not for Gaudi)
     assert sorted(s for s in symbols if re.search("habana|gaudi|hpu", s, re.I)) == []
 
 
@@ -209,8 +193,7 @@ def test_loader_workers_forked_after_tokenizing_print_no_tokenizers_warning(fixt
     assert "huggingface/tokenizers" not in result.stdout + result.stderr
 
 
-# What optimum-habana's GaudiTrainingArguments logs through optimum's logger on one process (--log_level info): a
-# library logger's line.
+# A library logger's line: what GaudiTrainingArguments logs through optimum's logger on one process (--log_level info)
 OPTIMUM_LINE = "average_tokens_across_devices is True but world size is 1"
 
 

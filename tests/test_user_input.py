@@ -19,7 +19,7 @@ from bridgetower_bench import data, preflight
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from helpers import CPU_FLAGS, noise_jpeg, run_cuda_script, write_csv
+from helpers import CPU_FLAGS, embedded, noise_jpeg, run_cuda_script, write_csv
 
 
 SCRIPT = "run_bridgetower_cuda.py: error: "
@@ -78,6 +78,10 @@ CONFIGURATIONS = {
     "json learning_rate NaN": (', "learning_rate": NaN}', "--learning_rate=nan: must be a finite number"),
     "json seed 10**30": (f', "seed": {10**30}}}', f"--seed={10**30}: a seed must be between 0 and 4294967295"),
     "json seed 1e30": (', "seed": 1e30}', '{config}: "seed" is 1e+30 (a number), expected an integer'),
+    "json overwrite_output_dir string": (  # "false" was once taken as true
+        ', "overwrite_output_dir": "false"}',
+        '{config}: "overwrite_output_dir" is "false" (a string), expected a boolean (true or false)',
+    ),
     "json output_dir empty": (
         ', "output_dir": ""}',
         "--output_dir='' is empty: give the directory the run writes into",
@@ -123,10 +127,11 @@ def early_refusals(fixtures, tmp_path, write=True):
         good.write_text("image_path,caption\n" + "".join(f"a.jpg,picture {i}\n" for i in range(10)))
         a_file.write_text("the user's own file")
     common = cuda_args(model, train_file=good)
+    run = [*common, "--output_dir", out]
     valid = {"model_name_or_path": str(model), "train_file": str(good), "do_train": True, "report_to": "none"}
     valid.update(use_cpu=True, output_dir=str(out))
     cases = {
-        f"{flag} {value}": ([*common, "--output_dir", out, f"--{flag}", value], f"--{flag}={value}: {message}")
+        f"{flag} {value}": ([*run, f"--{flag}", value], f"--{flag}={value}: {message}")
         for flag, value, message in BAD_NUMBERS
     }
     for number, (name, (text, line)) in enumerate(CONFIGURATIONS.items()):
@@ -153,23 +158,22 @@ def early_refusals(fixtures, tmp_path, write=True):
             "Need either --dataset_name or --train_file / --validation_file.",
         ),
         "data file of an unknown format": (
-            [*common, "--output_dir", out, "--validation_file", tmp_path / "captions.txt"],
+            [*run, "--validation_file", tmp_path / "captions.txt"],
             f"--validation_file={tmp_path / 'captions.txt'}: unsupported file extension '.txt'; use one of "
             ".csv, .json, .jsonl",
         ),
         "persistent workers without workers": (
-            [*common, "--output_dir", out, "--dataloader_persistent_workers", "True", "--dataloader_num_workers", 0],
+            [*run, "--dataloader_persistent_workers", "True", "--dataloader_num_workers", 0],
             "--dataloader_persistent_workers=True needs --dataloader_num_workers of 1 or more (with 0 the main "
             "process loads, and there are no workers to keep)",
         ),
         "gaudi-only flag": (
-            [*common, "--output_dir", out, "--use_habana"],
+            [*run, "--use_habana"],
             "--use_habana is Gaudi-only (Habana HPU) and not supported by run_bridgetower_cuda.py; remove it, "
             "or run run_bridgetower.py on a Gaudi machine.",
         ),
         "a value TrainingArguments refuses": (
-            [*common, "--output_dir", out, "--load_best_model_at_end", "--eval_strategy", "steps"]
-            + ["--save_strategy", "epoch"],
+            [*run, "--load_best_model_at_end", "--eval_strategy", "steps", "--save_strategy", "epoch"],
             None,
         ),
         "max_seq_length without room for a caption": (
@@ -203,14 +207,9 @@ def test_bad_flags_and_configurations_end_in_one_line_with_status_2(case, fixtur
 
 
 def test_flag_guard_leaves_unreadable_configurations_to_the_parser(tmp_path):
-    for name, text, named in (
-        ("bad.json", "{", []),
-        ("list.json", '["use_habana"]', []),  # a list names no flag
-        ("number.json", "5", []),
-        ("ok.json", '{"use_habana": true}', ["--use_habana"]),
-    ):
+    for name, text in (("bad.json", "{"), ("list.json", '["use_habana"]'), ("number.json", "5")):  # a list names none
         (tmp_path / name).write_text(text)
-        assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / name)]) == named, name
+        assert flag_guard.hpu_only_flags_in(["x", str(tmp_path / name)]) == [], name
 
 
 def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(capsys, monkeypatch):
@@ -271,21 +270,13 @@ def load_csv(path, tmp_path, image_column="image_path"):
     return load_raw(tmp_path, train_file=str(path), image_column=image_column)["train"]
 
 
-def relative_csv(tmp_path, n_rows=1200, empty_row=None):
-    """A csv in tmp_path/data whose image paths are relative to it; row `empty_row` has an empty image cell."""
+def test_one_empty_image_cell_costs_one_row_among_relative_paths(tmp_path, monkeypatch, caplog):
     (tmp_path / "data" / "images").mkdir(parents=True)
     (tmp_path / "data" / "images" / "0.jpg").write_bytes(noise_jpeg(0))
     (tmp_path / "data" / "images" / "1.jpg").write_bytes(noise_jpeg(1))
-    lines = ["image_path,caption"]
-    for row in range(n_rows):
-        lines.append(f"{'' if row == empty_row else f'images/{row % 2}.jpg'},picture {row}")
+    rows = [f"{'' if row == 7 else f'images/{row % 2}.jpg'},picture {row}\n" for row in range(1200)]
     path = tmp_path / "data" / "train.csv"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def test_one_empty_image_cell_costs_one_row_among_relative_paths(tmp_path, monkeypatch, caplog):
-    path = relative_csv(tmp_path, empty_row=7)
+    path.write_text("image_path,caption\n" + "".join(rows))
     monkeypatch.chdir(tmp_path)  # the paths exist relative to the csv, not to the working directory
     train = load_csv(path, tmp_path)
     values = train["image_path"]
@@ -405,10 +396,6 @@ def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monk
     (tmp_path / "a.jpg").write_bytes(noise_jpeg(0))
     paths = [str(tmp_path / "a.jpg"), str(tmp_path / "gone.jpg")]
     splits = {"train": datasets.Dataset.from_dict({"image": paths, "caption": ["x", "y"]})}
-    embedded = datasets.Dataset.from_dict(
-        {"image": [{"bytes": noise_jpeg(0), "path": None}]},
-        features=datasets.Features({"image": datasets.Image(decode=False)}),
-    )
     args = SimpleNamespace(image_pipeline="fast", decoded_image_cache_dir=None, preprocessing_num_workers=None)
 
     def plain(value):
@@ -416,7 +403,7 @@ def test_caches_that_cannot_be_written_are_skipped_with_a_warning(tmp_path, monk
 
     with caplog.at_level(logging.WARNING):
         problems, cache_file = preflight.find_problems(splits, "image", "caption")
-        transform = data.decoded_image_cache({"train": embedded}, "image", args, 32, plain)
+        transform = data.decoded_image_cache({"train": embedded([noise_jpeg(0)], ["x"])}, "image", args, 32, plain)
     assert [p.row for p in problems] == [1]
     assert str(cache_file).startswith(str(tmp_path / "file" / "home" / ".cache" / "bridgetower_bench" / "preflight"))
     assert "Preflight: cannot write its cache" in caplog.text
