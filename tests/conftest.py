@@ -52,6 +52,16 @@ def fixtures():
     return ensure_default_fixtures()
 
 
+@pytest.fixture
+def no_fixture_builds(monkeypatch):
+    """The self-checks' fixtures named, not built: their paths under the folder asked for."""
+    from bridgetower_bench.tools import fixtures
+
+    kinds = ("model", "dataset", "gaudi_config")
+    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in kinds})
+    monkeypatch.setattr(fixtures, "build_fixture", lambda root, kind, **options: root / "bridgetower-large-random")
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test`), the slow tests first, so that no worker starts one while the others run out
     of work. A plain pytest run keeps the order it was given."""

@@ -610,6 +610,19 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def last_line(result) -> str:
+    """The last line a finished process wrote to stderr: where a refusal stands."""
+    return result.stderr.strip().splitlines()[-1]
+
+
+def load_raw(**given):
+    """data.load_raw_datasets of what the caller names; no data set, file, configuration, cache or token else."""
+    from bridgetower_bench import data
+
+    names = ("dataset_name", "dataset_config_name", "data_dir", "train_file", "validation_file", "cache_dir", "token")
+    return data.load_raw_datasets(**{**dict.fromkeys(names), "dataset_revision": "main", **given})
+
+
 def all_strings(value):
     """Every string in a JSON value, however deep (a record's paths and texts, to check what it gives away)."""
     if isinstance(value, dict):

@@ -11,7 +11,7 @@ from PIL import Image
 
 from bridgetower_bench import arguments, data
 from bridgetower_bench.tools.fixtures import script_flags
-from helpers import CPU_FLAGS, read_json, run_script
+from helpers import CPU_FLAGS, load_raw, read_json, run_script
 
 
 def write_images(directory):
@@ -89,12 +89,6 @@ def test_data_arguments_name_the_flag_of_an_unknown_extension_or_mixed_formats_a
         arguments.check_data_arguments(None, "t.csv", "v.json")
     arguments.check_data_arguments(None, "t.json", "v.jsonl")  # one builder (json) for both
     arguments.check_data_arguments(None, "t.csv", "v.CSV")
-
-
-def load_raw(**given):
-    """data.load_raw_datasets of what the caller names; no data set, file, configuration, cache or token else."""
-    names = ("dataset_name", "dataset_config_name", "data_dir", "train_file", "validation_file", "cache_dir", "token")
-    return data.load_raw_datasets(**{**dict.fromkeys(names), "dataset_revision": "main", **given})
 
 
 def test_data_dir_picks_the_folder_of_a_data_set_directory_that_is_read(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from bridgetower_bench import arguments
 from bridgetower_bench.guards import divergence
 from bridgetower_bench.user_errors import UserInputError
-from helpers import CPU_FLAGS, DEVICES, base_args, run_script
+from helpers import CPU_FLAGS, DEVICES, base_args, last_line, run_script
 
 
 def strict_json(path):
@@ -21,10 +21,6 @@ def strict_json(path):
 
     with open(path) as f:
         return json.load(f, parse_constant=refuse)
-
-
-def last_line(result) -> str:
-    return result.stderr.strip().splitlines()[-1]
 
 
 # The scripts: --learning_rate 1e6 makes the loss NaN from step 2 -----------------------------------------------------

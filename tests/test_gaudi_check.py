@@ -144,14 +144,6 @@ def reports(outcomes):
     return runner
 
 
-@pytest.fixture
-def no_fixture_builds(monkeypatch):
-    from bridgetower_bench.tools import fixtures
-
-    kinds = ("model", "dataset", "gaudi_config")
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in kinds})
-
-
 def check(out, outcomes, hpus=1, *flags):
     """The check on `hpus` stand-in GAUDI2s (media pipeline available), its steps reporting `outcomes`."""
     probe = functools.partial(gc.Hpus, hpus, "GAUDI2", media_pipeline=None)

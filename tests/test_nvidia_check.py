@@ -8,8 +8,6 @@ import functools
 import json
 import os
 
-import pytest
-
 from bridgetower_bench.tools import nvidia_check as nc
 from helpers import all_strings, pinned, run_tool
 
@@ -61,15 +59,6 @@ def reports(outcomes):
         return nc.Ran(0)
 
     return runner
-
-
-@pytest.fixture
-def no_fixture_builds(monkeypatch):
-    from bridgetower_bench.tools import fixtures
-
-    kinds = ("model", "dataset", "gaudi_config")
-    monkeypatch.setattr(fixtures, "ensure_default_fixtures", lambda root: {k: root / k for k in kinds})
-    monkeypatch.setattr(fixtures, "build_fixture", lambda root, kind, **options: root / "bridgetower-large-random")
 
 
 def test_two_40gb_gpus_on_an_r535_driver_pass_with_the_batch_that_fits(no_fixture_builds, tmp_path, capsys):

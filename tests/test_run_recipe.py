@@ -25,6 +25,7 @@ from helpers import (
     ForkedRun,
     base_args,
     command,
+    last_line,
     load_weights,
     noise_jpeg,
     optimum_habana,
@@ -35,10 +36,6 @@ from helpers import (
     script_module,
     write_csv,
 )
-
-
-def last_line(result) -> str:
-    return result.stderr.strip().splitlines()[-1]
 
 
 def files(out, *names) -> dict:

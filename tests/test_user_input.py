@@ -19,7 +19,7 @@ from bridgetower_bench import data, preflight
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from helpers import CPU_FLAGS, embedded, noise_jpeg, run_cuda_script, write_csv
+from helpers import CPU_FLAGS, embedded, load_raw, noise_jpeg, run_cuda_script, write_csv
 
 
 SCRIPT = "run_bridgetower_cuda.py: error: "
@@ -40,14 +40,6 @@ def cuda_args(model, *flags, **values):
     for each of `values`."""
     args = ["--model_name_or_path", model, "--do_train", "--report_to", "none", *CPU_FLAGS["cuda"], *flags]
     return args + [word for name, value in values.items() for word in (f"--{name}", value)]
-
-
-def load_raw(tmp_path, **given):
-    """data.load_raw_datasets with nothing given but `given`."""
-    nothing = dict(dataset_name=None, dataset_config_name=None, data_dir=None, train_file=None, validation_file=None)
-    return data.load_raw_datasets(
-        **{**nothing, **given}, dataset_revision="main", cache_dir=str(tmp_path / "hf"), token=None
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +235,7 @@ def test_unreadable_data_files_are_named_in_one_line(case, tmp_path):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(UserInputError) as refused:
-        load_raw(tmp_path, train_file=str(path))
+        load_raw(cache_dir=str(tmp_path / "hf"), train_file=str(path))
     assert str(refused.value) == expected.format(path)
 
 
@@ -253,7 +245,7 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
     with pytest.raises(
         UserInputError, match=r"^--dataset_name=.*set: cannot be read: 'utf-8' codec can't decode byte 0xff"
     ):
-        load_raw(tmp_path, dataset_name=str(tmp_path / "set"))
+        load_raw(cache_dir=str(tmp_path / "hf"), dataset_name=str(tmp_path / "set"))
     two_rows = datasets.DatasetDict(
         {"train": datasets.Dataset.from_dict({"image": ["a", "b"], "caption": ["x", "y"]})}
     )
@@ -267,7 +259,7 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
 
 
 def load_csv(path, tmp_path, image_column="image_path"):
-    return load_raw(tmp_path, train_file=str(path), image_column=image_column)["train"]
+    return load_raw(cache_dir=str(tmp_path / "hf"), train_file=str(path), image_column=image_column)["train"]
 
 
 def test_one_empty_image_cell_costs_one_row_among_relative_paths(tmp_path, monkeypatch, caplog):
