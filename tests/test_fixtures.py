@@ -177,7 +177,10 @@ def test_cli_model_options_default_to_the_default_fixture_and_keep_large_at_its_
     assert options("--large") == {"seed": 0, "image_size": 294, "large": True}
     with pytest.raises(SystemExit):
         fixtures._parse_args(["model", "--large", "--layers", "2"])
-    assert "--layers" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m bridgetower_bench.tools.fixtures: error: --layers sets the tiny model's depth; "
+        "BridgeTower Large's (--large) is fixed"
+    )
 
 
 # --- data set ------------------------------------------------------------------------------------
