@@ -248,7 +248,7 @@ def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
     return path.read_text()
 
 
-def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
+def test_failed_or_diverged_runs_are_failed_rows_the_sweep_goes_on_and_validation_metrics_are_read(tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 8, 9], image_pipelines=["no-such-pipeline", "upstream"])
     out = tmp_path / "out"
     lines = []
@@ -275,15 +275,14 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     with Image.open(out / "chart.png") as chart:
         chart.load()
 
-
-def test_validation_metrics_are_read_and_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
-    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 3, 4]), tmp_path / "out", echo=lambda line: None)
+    # validation metrics are read, and a diverged run is a failed row whatever its exit status
+    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 3, 4]), tmp_path / "more", echo=lambda line: None)
 
     assert [(r["workers"], r.get("eval_loss")) for r in rows[1:]] == [(3, 0.3), (4, None)]
     assert [r["status"] for r in rows] == ["failed", "ok", "ok"], "runs after a diverged one still run"
     assert rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
     assert rows[0]["train_loss"] is None
-    assert saved_rows(tmp_path / "out") == rows
+    assert saved_rows(tmp_path / "more") == rows
 
 
 def test_ctrl_c_stops_the_running_script_keeps_finished_rows_and_a_rerun_runs_it_again(ctrl_c_raises, tmp_path):
@@ -503,25 +502,17 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
 
 
 def row(
-    sps,
-    workers,
-    loader="torch",
-    requested=None,
-    status="ok",
-    device="Gaudi2",
-    world_size=8,
-    repeat=1,
-    pipeline="upstream",
+    sps, workers, loader="torch", asked=None, status="ok", device="Gaudi2", world_size=8, repeat=1, pipeline="upstream"
 ):
     return {
-        "run_id": f"w{workers}-{requested or loader}-r{repeat}",
+        "run_id": f"w{workers}-{asked or loader}-r{repeat}",
         "status": status,
         "returncode": 0 if status == "ok" else 1,
         "error": "" if status == "ok" else "RuntimeError: boom",
         "log": "x.log",
         "device_name": device,
         "world_size": world_size,
-        "requested_loader": requested or loader,
+        "requested_loader": asked or loader,
         "loader": loader if status == "ok" else None,
         "image_pipeline": pipeline,
         "workers": workers,
@@ -543,7 +534,7 @@ HAND_MADE = [
     row(130.0, 1, repeat=3),  # median 140
     row(200.0, 2),
     row(None, 2, status="failed", repeat=2),
-    row(210.0, 2, loader=FALLBACK, requested="mediapipe"),
+    row(210.0, 2, loader=FALLBACK, asked="mediapipe"),
     row(50.0, 1, device="H100", world_size=1),  # no workers=0 run: no speedups on this device
     row(None, 2, status="interrupted", device="Nowhere"),  # interrupted runs are left out
 ]
@@ -582,7 +573,7 @@ def test_table_and_vs_published_have_median_and_speedup_per_device_and_never_cla
     assert "| Gaudi2 HPU | 904.9 | 113.1 |" in text and "| Gaudi3 HPU | 783.5 | 97.9 |" in text  # upstream's CI
 
 
-def test_rows_that_ran_other_library_versions_are_named_in_the_table():
+def test_the_table_names_other_library_versions_and_tabulates_the_epoch_start_wait_beside_the_steady_wait():
     rows = [
         dict(row(100.0, 0), version_transformers="4.55.4", version_accelerate="1.10.1", version_datasets="5.0.1"),
         dict(row(140.0, 1), version_transformers="5.24.0", version_accelerate="1.16.0", version_datasets="5.0.1"),
@@ -597,8 +588,7 @@ def test_rows_that_ran_other_library_versions_are_named_in_the_table():
     same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
     assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
 
-
-def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
+    # the wait at epoch starts, beside the steady wait, per configuration
     def split_row(workers, persistent, start_seconds, steady_seconds, repeat=1):
         counted_seconds = 10.0  # 50 counted steps, 2 of them epoch starts
         return {
@@ -892,9 +882,8 @@ def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypat
 def test_without_an_accelerator_a_dry_run_prints_the_commands_runs_nothing_and_forks_no_tokenizers_warning(
     tmp_path, monkeypatch, capsys
 ):
-    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
-    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
-    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
+    # Building the fixtures starts tokenizers' threads: each run the sweep forks would print tokenizers' warning unless
+    # TOKENIZERS_PARALLELISM is set in the sweep's own process by then. A setting of the user's is kept.
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     assert bench.main(["--dry-run", "--workers", "0", "2", "--out", str(tmp_path / "out")]) == 0

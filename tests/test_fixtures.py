@@ -249,7 +249,7 @@ def test_caption_says_what_is_drawn_and_different_contents_always_get_different_
     assert all(len(contents) == 1 for contents in contents_by_caption.values())
 
 
-def test_objects_are_drawn_in_the_region_the_caption_names():
+def test_cartoons_have_the_requested_size_are_deterministic_and_draw_objects_in_the_region_the_caption_names():
     def ink(region):
         scene = Scene("room", region, (("house", 1),))
         pixels = np.asarray(render_scene(scene, np.random.default_rng(7), 800, 600).convert("L"), dtype=float)
@@ -258,8 +258,6 @@ def test_objects_are_drawn_in_the_region_the_caption_names():
     extra = np.clip(ink("left") - ink("right"), 0, None)  # ink the left-side house adds
     assert extra[:, :400].sum() > 5 * extra[:, 400:].sum()
 
-
-def test_draw_cartoon_is_deterministic_and_has_the_requested_size():
     image, caption = draw_cartoon(np.random.default_rng(3), 640, 520)
     again, caption_again = draw_cartoon(np.random.default_rng(3), 640, 520)
     assert image.size == (640, 520) and image.mode == "RGB"

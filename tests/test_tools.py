@@ -141,8 +141,7 @@ def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsy
 
 @pytest.fixture
 def two_nodes(tmp_path, monkeypatch):
-    """A two-node hostfile, with stand-ins for DeepSpeed's launcher and pdsh on PATH (the dry run starts neither)
-    and a home without a `.deepspeed_env`; the working directory is tmp_path."""
+    """In tmp_path: a two-node hostfile, stand-ins for DeepSpeed's launcher and pdsh on PATH, no `.deepspeed_env`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for program in ("deepspeed", "pdsh"):
@@ -268,7 +267,6 @@ DIRECTORY = object()  # (a file that is a directory)
         ({}, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
         ({}, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
         ("gaudi-a slots=8\n# rack 2\n", [], "--hostfile hostfile, line 2: '# rack 2' is not `HOST slots=N`"),
-        ("gaudi-a slots=8\ngaudi-a slots=4\n", [], "--hostfile hostfile, line 2: gaudi-a is the node of line 1 again"),
         ("gaudi-a slots=9\n", [], "--hostfile hostfile, line 1: slots=9: a Gaudi node has 1 to 8 HPUs"),
         ("\n\n", [], "--hostfile hostfile: no `HOST slots=N` line"),
         ({"hostfile": None}, [], "--hostfile hostfile: No such file or directory"),
