@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import image_bench
+from bridgetower_bench.tools import launch_gaudi
 from helpers import REPO, run_tool, script_env
 
 
@@ -114,8 +115,6 @@ def test_gaudi_launchers_dry_run_prints_the_published_mpirun_command_and_the_var
 
 
 def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
-    from bridgetower_bench.tools import launch_gaudi
-
     # "1" where unset or empty (Habana's bridge would run eager mode without it); "0": eager, asked for by the user
     modes = [
         launch_gaudi.children_mode_variable(env) for env in ({}, {"PT_HPU_LAZY_MODE": ""}, {"PT_HPU_LAZY_MODE": "0"})
@@ -131,8 +130,6 @@ def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
     ],
 )
 def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsys):
-    from bridgetower_bench.tools import launch_gaudi
-
     with pytest.raises(SystemExit) as stop:
         launch_gaudi.parse_args(list(map(str, args)))
     assert stop.value.code == 2
