@@ -248,7 +248,7 @@ def wait_for(path, timeout_s=300):  # a loaded machine starts Python slowly
     return path.read_text()
 
 
-def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
+def test_failed_or_diverged_runs_are_failed_rows_the_sweep_goes_on_and_validation_metrics_are_read(tmp_path):
     plan = stand_in_plan(tmp_path, workers=[0, 8, 9], image_pipelines=["no-such-pipeline", "upstream"])
     out = tmp_path / "out"
     lines = []
@@ -275,28 +275,14 @@ def test_failed_configurations_are_reported_and_the_sweep_goes_on(tmp_path):
     with Image.open(out / "chart.png") as chart:
         chart.load()
 
-
-def test_validation_metrics_are_read_and_a_diverged_run_is_a_failed_row_whatever_its_exit_status(tmp_path):
-    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 3, 4]), tmp_path / "out", echo=lambda line: None)
+    # validation metrics are read, and a diverged run is a failed row whatever its exit status
+    rows, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[5, 3, 4]), tmp_path / "more", echo=lambda line: None)
 
     assert [(r["workers"], r.get("eval_loss")) for r in rows[1:]] == [(3, 0.3), (4, None)]
     assert [r["status"] for r in rows] == ["failed", "ok", "ok"], "runs after a diverged one still run"
     assert rows[0]["error"] == "exited 0 but its results are not finite: train_loss=nan"
     assert rows[0]["train_loss"] is None
-    assert saved_rows(tmp_path / "out") == rows
-
-
-def test_a_rerun_of_an_unrecorded_run_never_reports_the_earlier_runs_figures(tmp_path):
-    plan = stand_in_plan(tmp_path, workers=[1])
-    first, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-    (tmp_path / "out" / "results.json").unlink()  # the sweep was killed after the run finished, before its row
-    plan.env["STAND_IN_FAIL"] = "1"
-
-    second, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-
-    assert first[0]["train_samples_per_second"] == 20.0
-    assert second[0]["status"] == "failed" and "train_samples_per_second" not in second[0]
-    assert second[0]["error"] == "exited 3 and printed nothing"  # a failed row always says why
+    assert saved_rows(tmp_path / "more") == rows
 
 
 def test_ctrl_c_stops_the_running_script_keeps_finished_rows_and_a_rerun_runs_it_again(ctrl_c_raises, tmp_path):
@@ -325,7 +311,9 @@ def test_ctrl_c_stops_the_running_script_keeps_finished_rows_and_a_rerun_runs_it
 # Reruns into the same --out: finished rows kept, settings checked, one sweep at a time, children owned -------
 
 
-def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wider_matrix(tmp_path):
+def test_a_rerun_keeps_finished_rows_runs_only_what_is_missing_and_never_reports_an_unrecorded_runs_figures(
+    tmp_path,
+):
     out, lines = tmp_path / "out", []
     first, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0, 8, 1]), out, echo=lines.append)
     assert starts(tmp_path) == ["w0-torch-upstream-r1", "w8-torch-upstream-r1", "w1-torch-upstream-r1"]
@@ -350,8 +338,16 @@ def test_a_rerun_keeps_finished_rows_and_runs_only_what_is_missing_also_in_a_wid
     ]
 
     # A narrower rerun runs nothing new and drops no row.
-    narrow, _ = bench.run_sweep(stand_in_plan(tmp_path, workers=[0]), out, echo=lines.append)
+    narrow_plan = stand_in_plan(tmp_path, workers=[0])
+    narrow, _ = bench.run_sweep(narrow_plan, out, echo=lines.append)
     assert starts(tmp_path) == [] and narrow == saved_rows(out) and len(narrow) == len(wider.variants)
+
+    (out / "results.json").unlink()  # the sweep was killed after the run finished, before its row
+    narrow_plan.env["STAND_IN_FAIL"] = "1"
+    [unrecorded], _ = bench.run_sweep(narrow_plan, out, echo=lines.append)
+    assert first[0]["train_samples_per_second"] == 10.0
+    assert unrecorded["status"] == "failed" and "train_samples_per_second" not in unrecorded
+    assert unrecorded["error"] == "exited 3 and printed nothing"  # a failed row always says why
 
 
 @pytest.mark.parametrize(
@@ -382,19 +378,6 @@ def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_pa
 
     assert message in str(refused.value) and "\n" not in str(refused.value)
     assert starts(tmp_path) == [] and (tmp_path / "out" / "results.json").read_text() == before
-
-
-def test_an_out_that_holds_no_readable_sweep_or_is_a_file_is_refused_naming_it(tmp_path):
-    plan = stand_in_plan(tmp_path, workers=[0])
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "results.json").write_text('{"runs": [')  # not a sweep's results: never overwritten
-    with pytest.raises(bench.UserInputError, match=r"--out .*out: results.json cannot be read as a sweep's results"):
-        bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
-    assert (tmp_path / "out" / "results.json").read_text() == '{"runs": ['
-    (tmp_path / "a-file").write_text("")
-    with pytest.raises(bench.UserInputError, match=r"--out .*a-file: cannot make the directory"):
-        bench.run_sweep(plan, tmp_path / "a-file", echo=lambda line: None)
-    assert starts(tmp_path) == []
 
 
 def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
@@ -428,9 +411,21 @@ time.sleep(60)
 """
 
 
-def test_a_second_sweep_into_the_same_out_is_refused_naming_the_holder(tmp_path, monkeypatch, capsys):
+def test_an_out_in_use_by_another_sweep_holding_no_readable_sweep_or_a_file_is_refused_naming_it(
+    tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "out"
     plan = stand_in_plan(tmp_path, workers=[0])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text('{"runs": [')  # not a sweep's results: never overwritten
+    with pytest.raises(bench.UserInputError, match=r"--out .*other: results.json cannot be read as a sweep's results"):
+        bench.run_sweep(plan, tmp_path / "other", echo=lambda line: None)
+    assert (tmp_path / "other" / "results.json").read_text() == '{"runs": ['
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(bench.UserInputError, match=r"--out .*a-file: cannot make the directory"):
+        bench.run_sweep(plan, tmp_path / "a-file", echo=lambda line: None)
+    assert starts(tmp_path) == []
+
     monkeypatch.setattr(bench, "make_plan", lambda args, **kw: plan)
 
     with sweep_resume.sweep_lock(out):  # a sweep running (flock: a second open of the file is refused, in any process)
@@ -507,25 +502,17 @@ def test_sigkill_of_the_sweep_stops_its_run(tmp_path):
 
 
 def row(
-    sps,
-    workers,
-    loader="torch",
-    requested=None,
-    status="ok",
-    device="Gaudi2",
-    world_size=8,
-    repeat=1,
-    pipeline="upstream",
+    sps, workers, loader="torch", asked=None, status="ok", device="Gaudi2", world_size=8, repeat=1, pipeline="upstream"
 ):
     return {
-        "run_id": f"w{workers}-{requested or loader}-r{repeat}",
+        "run_id": f"w{workers}-{asked or loader}-r{repeat}",
         "status": status,
         "returncode": 0 if status == "ok" else 1,
         "error": "" if status == "ok" else "RuntimeError: boom",
         "log": "x.log",
         "device_name": device,
         "world_size": world_size,
-        "requested_loader": requested or loader,
+        "requested_loader": asked or loader,
         "loader": loader if status == "ok" else None,
         "image_pipeline": pipeline,
         "workers": workers,
@@ -547,7 +534,7 @@ HAND_MADE = [
     row(130.0, 1, repeat=3),  # median 140
     row(200.0, 2),
     row(None, 2, status="failed", repeat=2),
-    row(210.0, 2, loader=FALLBACK, requested="mediapipe"),
+    row(210.0, 2, loader=FALLBACK, asked="mediapipe"),
     row(50.0, 1, device="H100", world_size=1),  # no workers=0 run: no speedups on this device
     row(None, 2, status="interrupted", device="Nowhere"),  # interrupted runs are left out
 ]
@@ -586,7 +573,7 @@ def test_table_and_vs_published_have_median_and_speedup_per_device_and_never_cla
     assert "| Gaudi2 HPU | 904.9 | 113.1 |" in text and "| Gaudi3 HPU | 783.5 | 97.9 |" in text  # upstream's CI
 
 
-def test_rows_that_ran_other_library_versions_are_named_in_the_table():
+def test_the_table_names_other_library_versions_and_tabulates_the_epoch_start_wait_beside_the_steady_wait():
     rows = [
         dict(row(100.0, 0), version_transformers="4.55.4", version_accelerate="1.10.1", version_datasets="5.0.1"),
         dict(row(140.0, 1), version_transformers="5.24.0", version_accelerate="1.16.0", version_datasets="5.0.1"),
@@ -601,8 +588,7 @@ def test_rows_that_ran_other_library_versions_are_named_in_the_table():
     same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
     assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
 
-
-def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration():
+    # the wait at epoch starts, beside the steady wait, per configuration
     def split_row(workers, persistent, start_seconds, steady_seconds, repeat=1):
         counted_seconds = 10.0  # 50 counted steps, 2 of them epoch starts
         return {
@@ -635,6 +621,9 @@ def test_epoch_start_wait_is_tabulated_beside_the_steady_wait_per_configuration(
 
 
 # Command lines and bad input ---------------------------------------------------------------------------------
+
+
+GAUDI = ["--script", "gaudi"]
 
 
 def plan_for(argv, accelerator):
@@ -673,6 +662,7 @@ def test_blog_preset_on_gaudi_is_the_readmes_published_command_on_eight_hpus(tmp
 
     labels = [bench_report.configuration_label(v.workers, v.loader) for v in plan.variants]
     assert labels == ["workers=0", "workers=1", "workers=2", "workers=2 + mediapipe"]
+    assert not any(v.persistent_workers for v in plan.variants)  # upstream's loader settings: the published table
     command = plan.command(plan.variants[-1], tmp_path / "run")
     launcher = ["-m", "bridgetower_bench.tools.launch_gaudi", "--world_size", "8", "--use_mpi"]
     assert command[:7] == [sys.executable, *launcher, str(bench.SCRIPTS["gaudi"])]
@@ -729,6 +719,9 @@ def test_local_preset_pads_captions_to_32_tokens_and_truncates_none_of_the_synth
 
 
 def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
+    local = plan_for([], accelerator="cpu")  # the local preset on a machine without an accelerator: the CPU
+    assert local.device == "cpu" and "--use_cpu" in local.base_args
+    assert "--use_cpu" not in plan_for([], accelerator="cuda").base_args
     gpu = plan_for(["--nproc", "2", "--extra-args", "--seed 3"], accelerator="cuda")
     command = gpu.command(gpu.variants[0], tmp_path / "run")
     torchrun = ["-m", "bridgetower_bench.tools.launch_cuda", "--standalone", "--nproc_per_node", "2"]
@@ -750,19 +743,11 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     "argv, accelerator, message",
     [
         (["--loaders", "torch", "mediapipe"], "cpu", "--loaders mediapipe: only run_bridgetower.py has it"),
-        (
-            ["--script", "gaudi", "--loaders", "device_decode"],
-            "hpu",
-            "--loaders device_decode: only run_bridgetower_cuda.py",
-        ),
+        ([*GAUDI, "--loaders", "device_decode"], "hpu", "--loaders device_decode: only run_bridgetower_cuda.py"),
         (["--loaders", "dali"], "cpu", "--loaders dali: unknown loader"),
         (["--workers", "0", "-1"], "cpu", "--workers 0 -1: worker counts must be 0 or more"),
         (["--repeats", "0"], "cpu", "--repeats 0"),
-        (
-            ["--script", "gaudi", "--nproc", "8"],
-            "cpu",
-            "--nproc 8: the Gaudi script runs several processes only on HPUs",
-        ),
+        ([*GAUDI, "--nproc", "8"], "cpu", "--nproc 8: the Gaudi script runs several processes only on HPUs"),
         (["--extra-args", "--output_dir /tmp/x"], "cpu", "--extra-args: --output_dir is set per run by the sweep"),
         (["--extra-args", "--seed '3"], "cpu", "--extra-args .*No closing quotation"),
         (
@@ -772,11 +757,7 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
         ),
         (["--preset", "blog", "--shape", "within-epoch"], "cpu", "--shape within-epoch: only the local preset"),
         (["--prefetch-factors", "0"], "cpu", "--prefetch-factors 0: must be 1 or more"),
-        (
-            ["--script", "gaudi", "--devices", "1,2"],
-            "cpu",
-            "--devices 2: the Gaudi script runs several processes only on HPUs",
-        ),
+        ([*GAUDI, "--devices", "1,2"], "cpu", "--devices 2: the Gaudi script runs several processes only on HPUs"),
         (["--devices", "0,2"], "cpu", "--devices 0,2: device counts must be 1 or more"),
     ],
 )
@@ -818,14 +799,9 @@ def test_local_preset_counts_two_epoch_starts_at_the_published_steps_per_epoch(t
 
 
 def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
+    labels = ["workers=0", "workers=1", "workers=1 (persistent)", "workers=2", "workers=2 (persistent)"]
     plan = plan_for(["--image-pipelines", "fast", "--devices", "0"], accelerator="cpu")
-    assert [v.label for v in plan.variants] == [
-        "workers=0, fast images",
-        "workers=1, fast images",
-        "workers=1 (persistent), fast images",
-        "workers=2, fast images",
-        "workers=2 (persistent), fast images",
-    ]
+    assert [v.label for v in plan.variants] == [f"{label}, fast images" for label in labels]
     for variant in plan.variants:
         command = plan.command(variant, tmp_path / variant.run_id)
         assert ("--dataloader_persistent_workers" in command) == variant.persistent_workers
@@ -842,10 +818,7 @@ def test_persistent_workers_are_a_dimension_where_there_are_workers(tmp_path):
     assert "--dataloader_persistent_workers True --dataloader_prefetch_factor 4" in command
     assert "--dataloader_persistent_workers" not in chosen.command(chosen.variants[0], tmp_path / "run")
 
-    gaudi = plan_for(["--preset", "blog"], accelerator="hpu")  # upstream's loader settings: the published table
-    assert not any(v.persistent_workers for v in gaudi.variants)
     with_mediapipe = plan_for(["--preset", "blog", "--persistent-workers", "no", "yes"], accelerator="hpu")
-    labels = ["workers=0", "workers=1", "workers=1 (persistent)", "workers=2", "workers=2 (persistent)"]
     assert [v.label for v in with_mediapipe.variants] == [*labels, "workers=2 + mediapipe"]
 
 
@@ -859,20 +832,6 @@ def test_last_error_line_prefers_the_child_exception_over_launcher_noise_and_a_d
     warning = "UserWarning: some library's RuntimeError fallback\n{'loss': nan, 'epoch': 1.0}"
     log = f"{warning}\n{diverged}\nsome shutdown chatter"
     assert sweep_rows.last_error_line(log).startswith("Training diverged at step 2 of 6")
-
-
-def test_cpu_runs_leave_the_loader_workers_their_cores(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
-    plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
-    threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
-    # workers 0, 2, 2 (persistent), then the curve's 2 processes of workers 0: every run's cores shared by the 2
-    # processes of its largest point, so the curve's one-process run trains with the threads of each of its two
-    assert threads == ["4", "3", "3", "4"]
-    alone = plan_for(["--workers", "0", "2", "--image-pipelines", "fast", "--devices", "0"], accelerator="cpu")
-    assert [alone.run_env(v)["OMP_NUM_THREADS"] for v in alone.variants] == ["8", "6", "6"]  # no curve: 1 process
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
-    assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
 
 
 # The sweep never turns a GPU or Gaudi run into a CPU run unless --device cpu asks ---------------------------
@@ -891,12 +850,6 @@ def test_the_sweep_refuses_to_turn_an_accelerator_run_into_a_cpu_run(argv, accel
         plan_for(argv, accelerator)
     on_purpose = plan_for(argv + ["--device", "cpu", "--nproc", "1"], accelerator)
     assert on_purpose.device == "cpu" and "--use_cpu" in on_purpose.base_args
-
-
-def test_the_local_preset_runs_on_the_cpu_of_a_machine_without_an_accelerator(tmp_path):
-    plan = plan_for([], accelerator="cpu")
-    assert plan.device == "cpu" and "--use_cpu" in plan.base_args
-    assert "--use_cpu" not in plan_for([], accelerator="cuda").base_args
 
 
 def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypatch):
@@ -928,9 +881,8 @@ def test_a_driver_torch_cannot_use_is_refused_not_benchmarked_as_a_cpu(monkeypat
 def test_without_an_accelerator_a_dry_run_prints_the_commands_runs_nothing_and_forks_no_tokenizers_warning(
     tmp_path, monkeypatch, capsys
 ):
-    # Building the fixtures tokenizes with tokenizers' threads; every run the sweep then forks would print
-    # tokenizers' four-line warning unless TOKENIZERS_PARALLELISM is set in the sweep's own process by then
-    # (measured: one warning per run with fresh fixtures before, none after). A setting of the user's is kept.
+    # Building the fixtures starts tokenizers' threads: each run the sweep forks would print tokenizers' warning unless
+    # TOKENIZERS_PARALLELISM is set in the sweep's own process by then. A setting of the user's is kept.
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     assert bench.main(["--dry-run", "--workers", "0", "2", "--out", str(tmp_path / "out")]) == 0
@@ -955,7 +907,9 @@ def test_without_an_accelerator_a_dry_run_prints_the_commands_runs_nothing_and_f
 # The scaling curve (--devices) -------------------------------------------------------------------------------
 
 
-def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_device_count(tmp_path, monkeypatch):
+def test_the_scaling_curve_runs_the_first_configuration_again_and_cpu_runs_leave_the_loader_workers_their_cores(
+    tmp_path, monkeypatch
+):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
     local = plan_for([], accelerator="cpu")  # make bench on a 2-core machine without accelerator: 1 and 2 processes
@@ -978,8 +932,19 @@ def test_the_scaling_curve_runs_the_first_configuration_again_on_each_other_devi
     assert points == [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]  # 8 is the matrix itself (--nproc 8)
     assert blog.command(blog.variants[-3], tmp_path / "run")[:2] == [sys.executable, str(bench.SCRIPTS["cuda"])]
 
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 8)
+    plan = plan_for(["--workers", "0", "2", "--image-pipelines", "fast"], accelerator="cpu")
+    threads = [plan.run_env(v)["OMP_NUM_THREADS"] for v in plan.variants]
+    # workers 0, 2, 2 (persistent), then the curve's 2 processes of workers 0: every run's cores shared by the 2
+    # processes of its largest point, so the curve's one-process run trains with the threads of each of its two
+    assert threads == ["4", "3", "3", "4"]
+    alone = plan_for(["--workers", "0", "2", "--image-pipelines", "fast", "--devices", "0"], accelerator="cpu")
+    assert [alone.run_env(v)["OMP_NUM_THREADS"] for v in alone.variants] == ["8", "6", "6"]  # no curve: 1 process
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    assert plan.run_env(plan.variants[1])["OMP_NUM_THREADS"] == "3"
 
-def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cost(tmp_path):
+
+def test_the_scaling_section_gives_per_device_speed_efficiency_data_wait_and_cost_and_flags_odd_points(tmp_path):
     rows = [row(10.0, 0, device="H100", world_size=1), row(18.0, 0, device="H100", world_size=2)]
     rows += [row(30.0, 0, device="H100", world_size=4), row(50.0, 1, device="H100", world_size=1)]
     for r, usd in zip(rows, (1.0, 1.1, 1.3, 0.2)):
@@ -1003,8 +968,7 @@ def test_the_scaling_section_gives_speed_per_device_efficiency_data_wait_and_cos
     assert scaling_report.render_scaling(alone) == ""
     assert not scaling_report.render_scaling_chart(alone, tmp_path / "x.png")
 
-
-def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is_flagged_not_shown(tmp_path):
+    # a point above 100%, of a busy machine or of other threads is flagged, not shown
     def cpu_row(sps, world_size, threads=1):
         return dict(row(sps, 0, device="CPU", world_size=world_size), device_type="cpu", cpu_threads=threads)
 
@@ -1032,6 +996,8 @@ def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is
 
 # The curve across nodes (--hostfile, --nodes) ----------------------------------------------------------------
 
+TWO_NODES = ["--nodes", "2", "--hostfile", "{hostfile}"]
+
 
 @pytest.mark.parametrize(
     "argv, text, message",
@@ -1040,21 +1006,9 @@ def test_a_scaling_point_above_100_percent_of_a_busy_machine_or_other_threads_is
         (["--remote-start-timeout", "0"], None, "--remote-start-timeout 0: a number of seconds above 0"),
         (["--nodes", "1,3", "--hostfile", "{hostfile}"], None, "--nodes 3: --hostfile {hostfile} gives 2 node(s)"),
         (["--nodes", "1", "--hostfile", "{hostfile}"], None, "--hostfile {hostfile}: --nodes names no count above 1"),
-        (
-            ["--nodes", "2", "--hostfile", "{hostfile}", "--nproc", "3"],
-            None,
-            "--hostfile {hostfile}: gpu-a has slots=2, fewer than --nproc 3",
-        ),
-        (
-            ["--nodes", "2", "--hostfile", "{hostfile}"],
-            "gpu-a slots=2\n# rack 2\n",
-            "--hostfile {hostfile}, line 2: '# rack 2' is not `HOST slots=N`",
-        ),
-        (
-            ["--nodes", "2", "--hostfile", "{hostfile}", "--script", "gaudi"],
-            None,
-            "--nodes 2: the Gaudi script runs several processes only on HPUs",
-        ),
+        ([*TWO_NODES, "--nproc", "3"], None, "--hostfile {hostfile}: gpu-a has slots=2, fewer than --nproc 3"),
+        (TWO_NODES, "gpu-a slots=2\n# rack 2\n", "--hostfile {hostfile}, line 2: '# rack 2' is not `HOST slots=N`"),
+        ([*TWO_NODES, *GAUDI], None, "--nodes 2: the Gaudi script runs several processes only on HPUs"),
     ],
 )
 def test_a_curve_across_nodes_the_hostfile_cannot_give_is_refused_in_one_line(

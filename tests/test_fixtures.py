@@ -19,7 +19,6 @@ from bridgetower_bench.tools import cartoons, fixtures
 from bridgetower_bench.tools.cartoons import Scene, describe, draw_cartoon, jpeg_bytes, render_scene
 from bridgetower_bench.tools.fixtures import (
     ensure_default_fixtures,
-    make_gaudi_config,
     make_synthetic_dataset,
     make_tiny_model,
 )
@@ -108,12 +107,18 @@ def test_tokenizer_round_trips_a_caption_with_roberta_special_tokens(model_dir):
     assert len(ids) < len(CAPTION) // 2  # merges learned from the captions, not one token per byte
 
 
-def test_same_seed_gives_identical_model_files_and_another_seed_other_weights(model_dir, tmp_path):
+def test_same_seed_gives_identical_model_and_parquet_files_and_another_seed_others(model_dir, dataset_dir, tmp_path):
     again = make_tiny_model(tmp_path / "again")
     other = make_tiny_model(tmp_path / "other", seed=1)
     for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json"):
         assert (again / name).read_bytes() == (model_dir / name).read_bytes(), name
     assert (other / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
+
+    again = make_synthetic_dataset(tmp_path / "again-dataset", **SMALL_ROWS)
+    other = make_synthetic_dataset(tmp_path / "other-dataset", **SMALL_ROWS, seed=1)
+    shard = "matching/train-00000-of-00001.parquet"
+    assert (again / shard).read_bytes() == (dataset_dir / shard).read_bytes()
+    assert (other / shard).read_bytes() != (dataset_dir / shard).read_bytes()
 
 
 def test_large_config_is_bridgetower_large_with_about_866m_parameters():
@@ -172,12 +177,10 @@ def test_cli_model_options_default_to_the_default_fixture_and_keep_large_at_its_
     assert options("--large") == {"seed": 0, "image_size": 294, "large": True}
     with pytest.raises(SystemExit):
         fixtures._parse_args(["model", "--large", "--layers", "2"])
-    assert "--layers" in capsys.readouterr().err
-
-
-def test_empty_tokenizer_corpus_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="corpus"):
-        make_tiny_model(tmp_path, corpus=["", "  "])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m bridgetower_bench.tools.fixtures: error: --layers sets the tiny model's depth; "
+        "BridgeTower Large's (--large) is fixed"
+    )
 
 
 # --- data set ------------------------------------------------------------------------------------
@@ -213,29 +216,21 @@ def test_dataset_is_the_matching_config_of_embedded_jpegs_with_cartoons_on_sever
     assert not (contests[0] & contests[1] or contests[0] & contests[2] or contests[1] & contests[2])
 
 
-def test_same_seed_gives_identical_parquet_bytes(dataset_dir, tmp_path):
-    again = make_synthetic_dataset(tmp_path / "again", **SMALL_ROWS)
-    other = make_synthetic_dataset(tmp_path / "other", **SMALL_ROWS, seed=1)
-    shard = "matching/train-00000-of-00001.parquet"
-    assert (again / shard).read_bytes() == (dataset_dir / shard).read_bytes()
-    assert (other / shard).read_bytes() != (dataset_dir / shard).read_bytes()
-
-
-@pytest.mark.parametrize("name", ["train_rows", "validation_rows", "test_rows", "rows_per_cartoon"])
-def test_non_positive_row_counts_are_refused_by_name(tmp_path, name):
-    with pytest.raises(ValueError, match=name):
-        make_synthetic_dataset(tmp_path, **{**SMALL_ROWS, name: 0})
+@pytest.mark.parametrize(
+    "build, options, named",
+    [(make_tiny_model, {"corpus": ["", "  "]}, "corpus")]  # an empty tokenizer corpus
+    + [(make_synthetic_dataset, {**SMALL_ROWS, name: 0}, name) for name in SMALL_ROWS],  # non-positive row counts
+)
+def test_an_empty_corpus_or_non_positive_row_counts_are_refused_by_name(tmp_path, build, options, named):
+    with pytest.raises(ValueError, match=named):
+        build(tmp_path, **options)
 
 
 # --- cartoons and captions -----------------------------------------------------------------------
 
 
-def test_caption_says_what_is_drawn():
-    scene = Scene("street", "left", (("house", 2), ("tree", 1)))
-    assert describe(scene) == CAPTION
-
-
-def test_different_contents_always_get_different_captions():
+def test_caption_says_what_is_drawn_and_different_contents_always_get_different_captions():
+    assert describe(Scene("street", "left", (("house", 2), ("tree", 1)))) == CAPTION
     scenes = [
         Scene(setting, region, things)
         for setting, region in itertools.product(cartoons.SETTINGS, cartoons.REGIONS)
@@ -254,7 +249,7 @@ def test_different_contents_always_get_different_captions():
     assert all(len(contents) == 1 for contents in contents_by_caption.values())
 
 
-def test_objects_are_drawn_in_the_region_the_caption_names():
+def test_cartoons_have_the_requested_size_are_deterministic_and_draw_objects_in_the_region_the_caption_names():
     def ink(region):
         scene = Scene("room", region, (("house", 1),))
         pixels = np.asarray(render_scene(scene, np.random.default_rng(7), 800, 600).convert("L"), dtype=float)
@@ -263,8 +258,6 @@ def test_objects_are_drawn_in_the_region_the_caption_names():
     extra = np.clip(ink("left") - ink("right"), 0, None)  # ink the left-side house adds
     assert extra[:, :400].sum() > 5 * extra[:, 400:].sum()
 
-
-def test_draw_cartoon_is_deterministic_and_has_the_requested_size():
     image, caption = draw_cartoon(np.random.default_rng(3), 640, 520)
     again, caption_again = draw_cartoon(np.random.default_rng(3), 640, 520)
     assert image.size == (640, 520) and image.mode == "RGB"
@@ -276,12 +269,9 @@ def test_draw_cartoon_is_deterministic_and_has_the_requested_size():
 # --- Gaudi config, default fixtures, command line ------------------------------------------------
 
 
-def test_gaudi_config_matches_habana_clip(tmp_path):
-    config = json.loads((make_gaudi_config(tmp_path) / "gaudi_config.json").read_text())
-    assert config == {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
-
-
-def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tmp_path, monkeypatch):
+def test_ensure_default_fixtures_builds_once_ignores_incomplete_leftovers_and_writes_habana_clips_config(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(fixtures, "DEFAULT_DATASET_OPTIONS", {**SMALL_ROWS, "seed": 0})
     root = tmp_path / "fixtures"
     half_built = root / fixtures.MODEL_DIR_NAME  # e.g. an interrupted copy: no completion marker
@@ -302,15 +292,14 @@ def test_ensure_default_fixtures_builds_once_and_ignores_incomplete_leftovers(tm
     assert not stale.exists()
     assert (paths["model"] / "model.safetensors").exists()
     assert len(_load(paths["dataset"], tmp_path)["train"]) == SMALL_ROWS["train_rows"]
-    assert json.loads((paths["gaudi_config"] / "gaudi_config.json").read_text())["use_fused_adam"] is True
+    habana_clip = {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
+    assert json.loads((paths["gaudi_config"] / "gaudi_config.json").read_text()) == habana_clip
     assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in paths.values())
 
     stamps = {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")}
     assert ensure_default_fixtures(root) == paths
     assert {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")} == stamps
 
-
-def test_ensure_default_fixtures_uses_the_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(fixtures.FIXTURES_ENV, str(tmp_path / "from-env"))
     assert fixtures.default_fixtures_root() == tmp_path / "from-env"
 
@@ -330,7 +319,9 @@ def test_cli_writes_a_dataset_prints_the_image_spread_reuses_it_and_refuses_a_no
 
     with pytest.raises(SystemExit):  # a non-positive row count
         fixtures.main(["--train-rows", "0", "dataset"])
-    assert "--train-rows" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m bridgetower_bench.tools.fixtures: error: --train-rows must be a positive integer, got 0"
+    )
 
 
 def test_exif_rotated_cartoons_are_stored_transposed_and_decode_upright(tmp_path):

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import image_bench
+from bridgetower_bench.tools import launch_gaudi
 from helpers import REPO, run_tool, script_env
 
 
@@ -114,11 +115,11 @@ def test_gaudi_launchers_dry_run_prints_the_published_mpirun_command_and_the_var
 
 
 def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
-    from bridgetower_bench.tools import launch_gaudi
-
-    assert launch_gaudi.children_mode_variable({}) == "1"  # Habana's bridge would run eager mode without it
-    assert launch_gaudi.children_mode_variable({"PT_HPU_LAZY_MODE": ""}) == "1"
-    assert launch_gaudi.children_mode_variable({"PT_HPU_LAZY_MODE": "0"}) == "0"  # eager, asked for by the user
+    # "1" where unset or empty (Habana's bridge would run eager mode without it); "0": eager, asked for by the user
+    modes = [
+        launch_gaudi.children_mode_variable(env) for env in ({}, {"PT_HPU_LAZY_MODE": ""}, {"PT_HPU_LAZY_MODE": "0"})
+    ]
+    assert modes == ["1", "1", "0"]
 
 
 @pytest.mark.parametrize(
@@ -129,8 +130,6 @@ def test_gaudi_launcher_runs_its_processes_in_lazy_mode_unless_told_otherwise():
     ],
 )
 def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsys):
-    from bridgetower_bench.tools import launch_gaudi
-
     with pytest.raises(SystemExit) as stop:
         launch_gaudi.parse_args(list(map(str, args)))
     assert stop.value.code == 2
@@ -139,8 +138,7 @@ def test_gaudi_launcher_refuses_what_cannot_run_in_one_line(args, message, capsy
 
 @pytest.fixture
 def two_nodes(tmp_path, monkeypatch):
-    """A two-node hostfile, with stand-ins for DeepSpeed's launcher and pdsh on PATH (the dry run starts neither)
-    and a home without a `.deepspeed_env`; the working directory is tmp_path."""
+    """In tmp_path: a two-node hostfile, stand-ins for DeepSpeed's launcher and pdsh on PATH, no `.deepspeed_env`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for program in ("deepspeed", "pdsh"):
@@ -256,52 +254,43 @@ def test_gaudi_launchers_dry_run_forwards_the_variables_the_installed_deepspeed_
         assert not set(not_forwarded) & set(exported), command
 
 
+DIRECTORY = object()  # (a file that is a directory)
+
+
 @pytest.mark.parametrize(
-    "hostfile, flags, message",
+    "files, flags, message",
     [
-        (None, ["--num_nodes", 3], "--num_nodes=3: --hostfile hostfile gives 2 nodes"),
-        (None, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
-        (None, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
+        ({}, ["--num_nodes", 3], "--num_nodes=3: --hostfile hostfile gives 2 nodes"),
+        ({}, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
+        ({}, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
         ("gaudi-a slots=8\n# rack 2\n", [], "--hostfile hostfile, line 2: '# rack 2' is not `HOST slots=N`"),
-        ("gaudi-a slots=8\ngaudi-a slots=4\n", [], "--hostfile hostfile, line 2: gaudi-a is the node of line 1 again"),
         ("gaudi-a slots=9\n", [], "--hostfile hostfile, line 1: slots=9: a Gaudi node has 1 to 8 HPUs"),
         ("\n\n", [], "--hostfile hostfile: no `HOST slots=N` line"),
+        ({"hostfile": None}, [], "--hostfile hostfile: No such file or directory"),
+        ({"hostfile": DIRECTORY}, [], "--hostfile hostfile: "),
+        (
+            {".deepspeed_env": "PT_HPU_LAZY_MODE=0\n"},  # eager on the nodes, lazy asked for here
+            [],
+            "./.deepspeed_env sends PT_HPU_LAZY_MODE=0 to the nodes and this launch runs PT_HPU_LAZY_MODE=1",
+        ),
+        ({"bin/pdsh": None}, [], "--hostfile needs `pdsh` (what DeepSpeed's launcher reaches the nodes with) on PATH"),
+        ({"bin/pdsh": None, "bin/deepspeed": None}, [], "--hostfile needs `deepspeed` (DeepSpeed's launcher) on PATH"),
     ],
 )
-def test_gaudi_launcher_refuses_a_hostfile_or_flags_that_disagree_in_one_line(two_nodes, hostfile, flags, message):
-    if hostfile is not None:
-        (two_nodes / "hostfile").write_text(hostfile)
+def test_gaudi_launcher_refuses_a_hostfile_it_cannot_read_or_use_or_flags_that_disagree_in_one_line(
+    two_nodes, files, flags, message
+):
+    files = {"hostfile": files} if isinstance(files, str) else files  # (a hostfile's text, or files by name)
+    for name, text in files.items():  # None: no such file
+        (two_nodes / name).unlink(missing_ok=True)
+        if text is DIRECTORY:
+            (two_nodes / name).mkdir()
+        elif text is not None:
+            (two_nodes / name).write_text(text)
     result = launch_on_nodes(two_nodes, *flags)
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr
     assert message in result.stderr.strip().splitlines()[-1], result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_gaudi_launcher_refuses_a_hostfile_it_cannot_read_or_use_in_one_line(two_nodes, monkeypatch):
-    (two_nodes / "hostfile").unlink()
-    refusals = {"missing": launch_on_nodes(two_nodes)}
-    (two_nodes / "hostfile").mkdir()
-    refusals["a directory"] = launch_on_nodes(two_nodes)
-    (two_nodes / "hostfile").rmdir()
-    (two_nodes / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
-    (two_nodes / ".deepspeed_env").write_text("PT_HPU_LAZY_MODE=0\n")  # eager on the nodes, lazy asked for here
-    refusals["another mode"] = launch_on_nodes(two_nodes)
-    (two_nodes / ".deepspeed_env").unlink()
-    (two_nodes / "bin" / "pdsh").unlink()
-    refusals["no pdsh"] = launch_on_nodes(two_nodes)
-    (two_nodes / "bin" / "deepspeed").unlink()
-    refusals["no DeepSpeed"] = launch_on_nodes(two_nodes)
-    expected = {
-        "missing": "--hostfile hostfile: No such file or directory",
-        "a directory": "--hostfile hostfile: ",
-        "another mode": "./.deepspeed_env sends PT_HPU_LAZY_MODE=0 to the nodes and this launch runs PT_HPU_LAZY_MODE=1",
-        "no pdsh": "--hostfile needs `pdsh` (what DeepSpeed's launcher reaches the nodes with) on PATH",
-        "no DeepSpeed": "--hostfile needs `deepspeed` (DeepSpeed's launcher) on PATH",
-    }
-    for case, result in refusals.items():
-        assert result.returncode == 2, (case, result.stderr)
-        assert expected[case] in result.stderr.strip().splitlines()[-1], (case, result.stderr)
-        assert "Traceback" not in result.stderr, case
 
 
 def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environment_file(two_nodes):
@@ -332,17 +321,8 @@ HABANA_MISSING = (
 
 @pytest.mark.parametrize("dry_run", [["--dry_run"], []], ids=["dry-run", "launch"])
 def test_gaudi_launcher_without_habanas_software_says_so_in_one_line(dry_run, tmp_path):
-    args = [
-        "--world_size",
-        8,
-        "--use_mpi",
-        "--master_port",
-        29600,
-        *dry_run,
-        "run_bridgetower.py",
-        "--output_dir",
-        tmp_path,
-    ]
+    args = ["--world_size", 8, "--use_mpi", "--master_port", 29600, *dry_run, "run_bridgetower.py"]
+    args += ["--output_dir", tmp_path]
     result = run_tool("launch_gaudi", args)  # no shim: habana_frameworks cannot be found
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"launch_gaudi: {HABANA_MISSING}"]
