@@ -461,21 +461,31 @@ def test_the_readmes_multi_node_commands_and_the_sbatch_file_run_the_published_c
     directives = dict(line[len("#SBATCH ") :].partition("=")[::2] for line in head if line.startswith("#SBATCH --"))
     assert (directives["--nodes"], directives["--ntasks-per-node"]) == ("2", "1")  # one launch_cuda per node
     assert int(directives["--cpus-per-task"]) >= int(directives["--gpus-per-node"])  # a core per rank at least
-    # The script as Slurm runs it, with stand-ins for scontrol and srun: srun records the words it is given.
+    # The script as Slurm runs it, with stand-ins for scontrol and srun: srun records the words it is given; scontrol
+    # writes the job's 64 node names one line at a time (a reader that closes the pipe after the first would end it
+    # by SIGPIPE: exit status 141 under `pipefail`).
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(
-        '#!/bin/sh\n[ "$*" = "show hostnames gpu-[a-b]" ] && printf "gpu-a\\ngpu-b\\n"\n'
+        '#!/bin/bash\n[ "$*" = "show hostnames gpu-[a-b,1-62]" ] || exit 3\n'
+        "echo gpu-a; echo gpu-b; for i in $(seq 62); do echo gpu-$i; done\n"
     )
     (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "srun.txt"}\n')
     for program in ("scontrol", "srun"):
         (bin_dir / program).chmod(0o755)
-    slurm = {"SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242"}
+    slurm = {"SLURM_JOB_NODELIST": "gpu-[a-b,1-62]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242"}
     slurm["SLURM_CPUS_PER_TASK"] = directives["--cpus-per-task"]  # as sbatch sets it from the directive
-    env = {**os.environ, **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("OUTPUT_DIR", None)
-    ran = subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
+    slurm["SLURM_GPUS_PER_NODE"] = directives["--gpus-per-node"]  # as sbatch sets it from the directive
+
+    def sbatch(**variables) -> subprocess.CompletedProcess:
+        (tmp_path / "srun.txt").unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OUTPUT_DIR"))}
+        env.update(slurm, **variables, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        return subprocess.run(["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    for _ in range(40):  # the first node, however scontrol's writes and the script's reads interleave
+        ran = sbatch()
+        assert ran.returncode == 0, ran.stderr
     words = (tmp_path / "srun.txt").read_text().splitlines()
     python = words.index(".venv/bin/python")
     assert words[:python] == [
@@ -501,3 +511,15 @@ def test_the_readmes_multi_node_commands_and_the_sbatch_file_run_the_published_c
     script = script_module("cuda")
     parser = HfArgumentParser((script.ModelArguments, script.DataTrainingArguments, WarmupTrainingArguments))
     parser.parse_args(flags)  # every flag is one of the CUDA script's, with a value of its type (else SystemExit)
+    # The GPUs per node are the job's: those allocated on the node, else the count --gpus-per-node asked for.
+    for variables, count in [({"SLURM_GPUS_ON_NODE": "4"}, "4"), ({"SLURM_GPUS_PER_NODE": "h100:2"}, "2")]:
+        assert sbatch(**variables).returncode == 0
+        words = (tmp_path / "srun.txt").read_text().splitlines()
+        assert words[words.index("--nproc_per_node") + 1] == count, variables
+    for unknown in ("", "a100:2,v100:2", "0"):  # refused in one line, nothing started
+        ran = sbatch(SLURM_GPUS_PER_NODE=unknown)
+        assert (ran.returncode, ran.stdout) == (2, "") and not (tmp_path / "srun.txt").exists()
+        assert ran.stderr == (
+            f"multinode_cuda.sbatch: no GPU count per node in SLURM_GPUS_ON_NODE='' or SLURM_GPUS_PER_NODE='{unknown}': "
+            "submit with --gpus-per-node=N\n"
+        )
