@@ -714,6 +714,21 @@ def dead_pid() -> int:
     return process.pid
 
 
+def ended(pid, within_s: float = 5.0) -> bool:
+    """Whether process `pid` has ended within `within_s` seconds (a zombie counts: its parent gone, it waits for
+    init to reap it)."""
+    stat = Path(f"/proc/{int(pid)}/stat")
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if stat.read_text().rpartition(")")[2].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 # Trainers, models and data sets built in the test process ----------------------------------------------------
 
 

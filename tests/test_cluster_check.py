@@ -3,26 +3,31 @@ that runs the node's line on this machine, as tests/test_bench.py's sweep across
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from bridgetower_bench.output_dir import run_directory
 from bridgetower_bench.tools import cluster_check
-from helpers import run_tool
+from helpers import REPO, ended, run_tool, script_env
 
 
 # Stands in for ssh: notes the host, then runs the line here, unless the file HOST.does beside it says `fail` (as
-# ssh fails), `hang`, or `differ`: see another directory as --output_dir (a disk of its own at the same path, as
-# far as the node can tell) and report another transformers version (its report line rewritten).
+# ssh fails), `hang` (its pid in `shell`, a child's in `sleeping`), `detach` (leave a child in the background, its
+# pid added to `detached`, then run the line), or `differ`: see another directory as --output_dir (a disk of its
+# own at the same path, as far as the node can tell) and report another transformers version (its line rewritten).
 REMOTE_SHELL = r"""#!/bin/bash
 here="$(dirname "$0")"
 echo "$1" >> "$here/hosts"
 does="$(cat "$here/$1.does" 2>/dev/null)"
 case "$does" in
 fail) echo "ssh: connect to host $1 port 22: Connection refused" >&2; exit 255 ;;
-hang) sleep 60 & echo $! > "$here/sleeping"; wait ;;
+hang) echo $$ > "$here/shell"; sleep 60 & echo $! > "$here/sleeping"; wait ;;
+detach) sleep 60 > /dev/null 2>&1 & echo $! >> "$here/detached" ;;
 differ)
     bash -c "${2//"$here/shared "/"$here/elsewhere "}" | sed 's/"transformers": "[^"]*"/"transformers": "0.0.1"/'
     exit "${PIPESTATUS[0]}" ;;
@@ -127,13 +132,84 @@ def test_a_node_that_does_not_answer_fails_at_the_bound_with_everything_it_start
     rows = rows_of(tmp_path, capsys.readouterr().out)
     assert rows["localhost: reached"] == ("failed", "no answer within 2.5 s (--timeout)")
     assert rows["all nodes: collective"] == ("skipped", "not tried: a node did not answer")
-    sleeping = Path(f"/proc/{(tmp_path / 'sleeping').read_text().strip()}/stat")
-    for _ in range(50):  # ended (a zombie until its new parent reaps it)
-        if not sleeping.exists() or sleeping.read_text().rpartition(")")[2].split()[0] == "Z":
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the hanging node's process outlived the bound")
+    assert ended((tmp_path / "sleeping").read_text()), "the hanging node's process outlived the bound"
+
+
+def test_a_child_a_nodes_shell_leaves_in_the_background_ends_with_the_call(cluster, capsys):
+    tmp_path, flags, _ = cluster
+    (tmp_path / "localhost.does").write_text("detach")
+    assert cluster_check.main(["--nodes", "localhost", *flags]) == 0
+    detached = (tmp_path / "detached").read_text().split()
+    assert len(detached) == 2  # the report's call and the rendezvous'
+    assert all(ended(pid) for pid in detached), "a node's background child outlived its call"
+
+
+def start_check(tmp_path, flags) -> subprocess.Popen:
+    """The check as a process of its own (a signal to it is the subject), once the hanging node's shell has begun
+    to hang and the first node's token is written."""
+    check = subprocess.Popen(
+        [sys.executable, "-m", "bridgetower_bench.tools.cluster_check", "--nodes", "127.0.0.1,localhost", *flags],
+        cwd=REPO,
+        env=script_env(False),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120  # a loaded machine starts Python slowly
+    while not (list((tmp_path / "shared").glob(".cluster_check-0.*")) and (tmp_path / "sleeping").exists()):
+        assert time.monotonic() < deadline and check.poll() is None, check.communicate()
+        time.sleep(0.05)
+    return check
+
+
+def test_ctrl_c_ends_the_check_at_once_with_its_calls_and_tokens(cluster):
+    tmp_path, flags, _ = cluster
+    (tmp_path / "localhost.does").write_text("hang")
+    check = start_check(tmp_path, [*flags, "--timeout", "300"])
+    check.send_signal(signal.SIGINT)
+    out, err = check.communicate(timeout=30)  # not the 300 s bound
+    assert (check.returncode, err) == (
+        130,
+        "cluster_check: stopped by Ctrl-C: every node's call ended, its tokens removed\n",
+    )
+    assert os.listdir(tmp_path / "shared") == [] and not (tmp_path / "record.json").exists()
+    assert ended((tmp_path / "shell").read_text()) and ended((tmp_path / "sleeping").read_text())
+
+
+def test_after_sigkill_of_the_check_its_shells_end_and_a_run_ignores_then_removes_its_token(cluster):
+    tmp_path, flags, _ = cluster
+    (tmp_path / "localhost.does").write_text("hang")
+    check = start_check(tmp_path, [*flags, "--timeout", "300"])
+    check.kill()
+    check.communicate()
+    try:
+        assert ended((tmp_path / "shell").read_text()), (
+            "the remote shell outlived the check"
+        )  # its parent-death signal
+        shared = str(tmp_path / "shared")
+        [token] = os.listdir(shared)
+        run_directory.check_output_dir(shared)  # a training run takes the directory all the same
+        run_directory.claim(shared)  # and removes the token of a check that died on this host
+        run_directory.release(shared)
+        assert not os.path.exists(os.path.join(shared, token)) and os.listdir(shared) == []
+    finally:
+        os.kill(int((tmp_path / "sleeping").read_text()), signal.SIGKILL)  # the shell's child: no process outlives it
+
+
+def test_without_json_the_record_goes_into_the_runs_directory_which_a_run_then_takes(cluster, capsys):
+    tmp_path, flags, _ = cluster
+    flags = flags[: flags.index("--json")]
+    assert cluster_check.main(["--nodes", "127.0.0.1", *flags]) == 0
+    shared = tmp_path / "shared"
+    assert capsys.readouterr().out.endswith(f"record: {shared / 'cluster_check.json'} (passed)\n")
+    assert os.listdir(shared) == ["cluster_check.json"] and not (REPO / "cluster_check.json").exists()
+    run_directory.check_output_dir(str(shared))  # the record is no file a run refuses
+    # the kit's own directory is no run's: the record is not written into it
+    refused = run_tool("cluster_check", ["--nodes", "127.0.0.1", *flags, "--output_dir", str(REPO)])
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"cluster_check: error: --output_dir={REPO}: the kit's own directory; give the run's (e.g. runs/NAME), "
+        "or --json PATH for the record"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -143,6 +219,15 @@ def test_a_node_that_does_not_answer_fails_at_the_bound_with_everything_it_start
         (["--nodes", "127.0.0.1,a;b"], "--nodes: 'a;b' has ';', which no host name or IP address has"),
         (["--nodes", "localhost,LOCALHOST"], "--nodes: LOCALHOST is given twice"),
         (["--nodes", "localhost", "--rdzv-port", "70000"], "--rdzv-port: '70000' is not a port (1 to 65535)"),
+        *[
+            (["--nodes", "localhost", "--timeout", bound], f"--timeout {bound}: a number of seconds above 0, e.g. 30")
+            for bound in ("nan", "inf", "0", "-1")
+        ],
+        (
+            ["--nodes", "localhost", "--output_dir", ""],
+            "--output_dir='' is empty: give the run's shared output directory",
+        ),
+        (["--hostfile", "{tmp}/slots0"], "--hostfile {tmp}/slots0: localhost slots=0: a node has 1 slot or more"),
         (
             ["--nodes", "localhost", "--remote-shell", "no-such-shell"],
             "--remote-shell: no-such-shell: no such command here",
@@ -151,6 +236,7 @@ def test_a_node_that_does_not_answer_fails_at_the_bound_with_everything_it_start
 )
 def test_bad_input_ends_in_one_line_and_starts_nothing(cluster, args, message):
     tmp_path, flags, _ = cluster
+    (tmp_path / "slots0").write_text("127.0.0.1 slots=1\nlocalhost slots=0\n")
     result = run_tool("cluster_check", [*flags, *(arg.format(tmp=tmp_path) for arg in args)], cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"cluster_check: error: {message.format(tmp=tmp_path)}"

@@ -31,6 +31,12 @@ STAGING_NAME = ".staging"  # staged under a temporary name of it (atomic_files.t
 PUBLISHING_NAME = ".publishing"
 PUBLICATION_RECORD = ".publication.json"
 PUBLISHED_MANIFEST = "model-manifest.json"  # a published model's files (not its results), as a checkpoint's manifest
+# What the cluster check (tools/cluster_check.py) leaves in the run's directory, the only place that proves every node
+# sees one directory: its record, and while it runs a token per node, `<CHECK_TOKEN>-<node>` under a temporary name
+# of the check's host and process. Neither makes a run refuse the directory; a token is removed once its check is
+# dead (a check killed by SIGKILL included) by the next run or check on that host.
+CHECK_RECORD = "cluster_check.json"
+CHECK_TOKEN = ".cluster_check"
 
 _held: dict = {}  # realpath of a claimed output_dir -> (open lock file, whether claim created the directory)
 
@@ -67,7 +73,16 @@ def _stands_for(name: str) -> Optional[str]:
 
 
 def _is_bookkeeping(name: str) -> bool:
-    return name in (LOCK_NAME, RECORD_NAME, PUBLISHING_NAME) or _stands_for(name) in (STAGING_NAME, RECORD_NAME)
+    return (
+        name in (LOCK_NAME, RECORD_NAME, PUBLISHING_NAME, CHECK_RECORD)
+        or _stands_for(name) in (STAGING_NAME, RECORD_NAME)
+        or is_check_token(_stands_for(name))
+    )
+
+
+def is_check_token(target: Optional[str]) -> bool:
+    """Whether a temporary name stands for one of the cluster check's tokens."""
+    return bool(target and re.fullmatch(rf"{re.escape(CHECK_TOKEN)}-\d+", target))
 
 
 def foreign_entries(output_dir: str) -> list[str]:
@@ -242,9 +257,10 @@ def release_all() -> None:
 
 
 def remove_leftovers(output_dir: str) -> None:
-    """Remove staging directories and temporary files of names runs wrote, whose writer died on this host."""
+    """Remove staging directories and temporary files of names runs wrote, and the cluster check's tokens, whose
+    writer died on this host."""
     ours = set(read_record(output_dir)["written"]) | {RECORD_NAME, STAGING_NAME}
-    removed = atomic_files.remove_abandoned(output_dir, only=ours.__contains__)
+    removed = atomic_files.remove_abandoned(output_dir, only=lambda target: target in ours or is_check_token(target))
     if removed:
         logger.warning(f"--output_dir={output_dir}: removed what killed writes left: {', '.join(sorted(removed))}")
 

@@ -6,7 +6,8 @@
 Each node is reached as the launchers reach it: `--remote-shell` (default `ssh`; on Gaudi, where DeepSpeed's
 launcher reaches each node's container through ~/.ssh/config, the same) with the host and one shell line, which
 runs this module from this kit's directory with this interpreter (the same paths on every node), every word
-quoted. Two calls per node, all nodes at once, each bounded by `--timeout`:
+quoted. Two calls per node, all nodes at once, each bounded by `--timeout` (the call's process group is ended with
+it, and the node's own process ends itself at the bound):
 
 1. the node's report (JSON): the kit (its version and a hash of the scripts and the package), the versions of
    the libraries every rank of a job must share (`run_recipe.LIBRARIES`), the devices (GPUs, HPUs, CPU cores),
@@ -17,8 +18,10 @@ quoted. Two calls per node, all nodes at once, each bounded by `--timeout`:
    `--backend`) must sum to the node count.
 
 One table, a row per node and check (kit and libraries compared with the first node, devices with the
-hostfile's slots), and a shareable JSON record (`--json`). Exit status: 0 when every row passed, 1 when one
-failed, 2 on bad input (one line, nothing started).
+hostfile's slots), and a shareable JSON record (`--json`, default `<output_dir>/cluster_check.json`, which runs
+leave there). Exit status: 0 when every row passed, 1 when one failed, 2 on bad input (one line, nothing started),
+130 on Ctrl-C (at once: every call ended, the tokens removed). The tokens are named after this process
+(`run_directory.CHECK_TOKEN`): a run ignores them, and removes those of a check that was killed.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -43,11 +46,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-from bridgetower_bench.output_dir.atomic_files import write_atomically
+from bridgetower_bench.output_dir.atomic_files import remove_abandoned, temp_path, write_atomically
+from bridgetower_bench.output_dir.run_directory import CHECK_RECORD, CHECK_TOKEN, is_check_token
 from bridgetower_bench.output_dir.run_recipe import LIBRARIES, job_recipe
 from bridgetower_bench.redaction import shareable
 from bridgetower_bench.tools import hosts, self_check, tool_paths
 from bridgetower_bench.tools.self_check import FAILED, OK, REPO, SKIPPED, Row
+from bridgetower_bench.tools.sweep.run import dies_with_this_process
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -109,7 +114,18 @@ def devices() -> dict:
 
 
 def token_file(output_dir: str, token: str, index: int) -> Path:
-    return Path(output_dir) / f".{TOOL}-{token}-{index}"
+    """Node `index`'s token file: `token` is a temporary name's tail of the check's host and process (`new_token`)."""
+    return Path(output_dir) / f"{CHECK_TOKEN}-{index}{token}"
+
+
+def new_token() -> str:
+    return temp_path("")
+
+
+def remove_tokens(output_dir: str, token: str) -> None:
+    """The tokens this machine sees (those of a node-local directory stay on that node, until a run or check there)."""
+    for path in Path(output_dir).glob(f"{CHECK_TOKEN}-*{token}"):
+        path.unlink(missing_ok=True)
 
 
 def output_dir_problem(output_dir: str, token: str, index: int) -> str:
@@ -192,51 +208,69 @@ def token_readable(output_dir: str, token: str, index: int) -> bool:
 # ----------------------------------------------------------------------------------------
 
 
-def remote(shell: list[str], host: str, flags: list[str], timeout: float) -> Answer:
-    """This module with `flags` on `host` through the remote shell, from the kit's directory, bounded by `timeout`.
-    Its own session: no terminal for ssh to prompt on, and a bound that ends every process it started."""
+def start(shell: list[str], host: str, flags: list[str]) -> subprocess.Popen:
+    """This module with `flags` on `host` through the remote shell, from the kit's directory. Its own session: no
+    terminal for ssh to prompt on, and a process group that `end` ends whole; it gets SIGTERM if this process dies."""
     command = shlex.join([sys.executable, "-m", f"bridgetower_bench.tools.{TOOL}", *flags])
     line = f"cd {shlex.quote(str(REPO))} && {command}"
-    started = time.monotonic()
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [*shell, host, line],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        **dies_with_this_process(),
     )
+
+
+def end(process: subprocess.Popen) -> None:
+    """SIGKILL to the call's whole process group: the remote shell and whatever it left behind there."""
     try:
-        out, err = process.communicate(timeout=timeout)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def answer(process: subprocess.Popen, timeout: float, started: float) -> Answer:
+    """A call's answer within `timeout` seconds of `started`; its process group ended either way."""
+    try:
+        out, err = process.communicate(timeout=max(0.0, started + timeout - time.monotonic()))
         problem = "" if process.returncode == 0 else f"exit status {process.returncode}"
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        end(process)
         try:
             out, err = process.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a process outside its group keeps the pipes open
             out, err = "", ""
         problem = f"no answer within {timeout:g} s (--timeout)"
+    finally:
+        end(process)  # a child the node's shell left in the background
     values = {}
     for text in out.splitlines():
         try:
-            answer = json.loads(text)
+            line = json.loads(text)
         except ValueError:  # a banner or a warning
             continue
-        if isinstance(answer, dict):
-            values.update(answer)
+        if isinstance(line, dict):
+            values.update(line)
     if problem and not problem.startswith("no answer"):
         problem += f": {(err.strip().splitlines() or ['no output'])[-1][:300]}"
     return Answer(values, problem, time.monotonic() - started)
 
 
 def ask_all(args, nodes: dict[str, int], flags) -> list[Answer]:
-    """Each node's answer to `flags(index)`, all nodes at once."""
-    with ThreadPoolExecutor(len(nodes)) as pool:
-        calls = [
-            pool.submit(remote, args.remote_shell, host, flags(index), args.timeout)
-            for index, host in enumerate(nodes)
-        ]
-        return [call.result() for call in calls]
+    """Each node's answer to `flags(index)`, all nodes at once; on Ctrl-C every call is ended at once."""
+    started = time.monotonic()
+    calls = [start(args.remote_shell, host, flags(index)) for index, host in enumerate(nodes)]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        try:
+            waits = [pool.submit(answer, call, args.timeout, started) for call in calls]
+            return [wait.result() for wait in waits]
+        except BaseException:
+            for call in calls:
+                end(call)
+            raise
 
 
 def common_flags(args, index: int) -> list[str]:
@@ -350,7 +384,11 @@ def check(args, nodes: dict) -> tuple[list[Row], Row, list[Answer]]:
 def nodes_of(args) -> dict[str, int]:
     """The nodes in order, with their hostfile slots (None from --nodes)."""
     if args.hostfile is not None:
-        return hosts.hostfile_nodes(args.hostfile, gaudi=False)
+        nodes = hosts.hostfile_nodes(args.hostfile, gaudi=False)
+        for host, slots in nodes.items():
+            if slots < 1:
+                raise UserInputError(f"--hostfile {args.hostfile}: {host} slots={slots}: a node has 1 slot or more")
+        return nodes
     nodes, seen = {}, set()
     for text in args.nodes.split(","):
         name = hosts.host(text.strip(), "--nodes")
@@ -382,8 +420,8 @@ def parse_args(argv=None):
         default=None,
         help="Default: hccl, nccl or gloo, as the first node's devices.",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="Seconds allowed for each call to a node.")
-    parser.add_argument("--json", type=Path, default=Path(f"{TOOL}.json"), help="The record's path.")
+    parser.add_argument("--timeout", default="30", help="Seconds allowed for each call to a node (default: 30).")
+    parser.add_argument("--json", type=Path, help=f"The record's path (default: <output_dir>/{CHECK_RECORD}).")
     for flag in ("--node-report", "--node-rendezvous", "--check-port"):  # what a node is asked
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--token", "--master"):
@@ -391,8 +429,7 @@ def parse_args(argv=None):
     for flag in ("--index", "--world"):
         parser.add_argument(flag, type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.timeout <= 0:
-        parser.error(f"--timeout={args.timeout:g}: must be positive")
+    args.timeout = tool_paths.positive_number("--timeout", args.timeout, "a number of seconds above 0, e.g. 30")
     args.rdzv_port = hosts.port(args.rdzv_port, "--rdzv-port")
     if args.node_report or args.node_rendezvous:
         return args
@@ -400,27 +437,41 @@ def parse_args(argv=None):
         parser.error("give the nodes: --hostfile FILE or --nodes HOST,HOST,...")
     if args.output_dir is None:
         parser.error("give --output_dir: the shared directory every node must see")
+    if not args.output_dir.strip():
+        raise UserInputError(f"--output_dir={args.output_dir!r} is empty: give the run's shared output directory")
+    args.output_dir = os.path.abspath(args.output_dir)
+    if args.json is None and Path(args.output_dir) == REPO:
+        raise UserInputError(
+            f"--output_dir={args.output_dir}: the kit's own directory; give the run's (e.g. runs/NAME), "
+            "or --json PATH for the record"
+        )
+    args.json = args.json or Path(args.output_dir) / CHECK_RECORD
     tool_paths.output_file("--json", args.json)
     if not args.remote_shell or shutil.which(args.remote_shell[0]) is None:
         raise UserInputError(f"--remote-shell: {shlex.join(args.remote_shell) or 'empty'}: no such command here")
-    args.output_dir = os.path.abspath(args.output_dir)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.node_report:
-        return node_report(args)
-    if args.node_rendezvous:
-        return node_rendezvous(args)
+    if args.node_report or args.node_rendezvous:
+        # A node's process ends itself at the caller's bound: a remote shell without a terminal leaves it running
+        # when the caller ends the call (SIGALRM's default action, which no Python handler replaces).
+        signal.alarm(math.ceil(args.timeout))
+        return node_report(args) if args.node_report else node_rendezvous(args)
     nodes = nodes_of(args)
-    args.token = secrets.token_hex(8)
+    args.token = new_token()
+    if os.path.isdir(args.output_dir):  # tokens of checks that were killed on this host
+        remove_abandoned(args.output_dir, only=is_check_token)
     print(f"{TOOL}: asking {len(nodes)} node(s) through {shlex.join(args.remote_shell)}, {args.timeout:g} s each call")
     try:
-        rows, collective, reports = check(args, nodes)
-    finally:  # the tokens this node sees (those of a node-local directory stay on that node)
-        for path in Path(args.output_dir).glob(f".{TOOL}-{args.token}-*"):
-            path.unlink(missing_ok=True)
+        try:
+            rows, collective, reports = check(args, nodes)
+        finally:
+            remove_tokens(args.output_dir, args.token)
+    except KeyboardInterrupt:
+        print(f"{TOOL}: stopped by Ctrl-C: every node's call ended, its tokens removed", file=sys.stderr)
+        return 130
     print()
     cells = [
         (row.name, row.result, "" if row.seconds is None else f"{row.seconds:.1f}", row.detail)
@@ -434,6 +485,7 @@ def main(argv=None) -> int:
     }
     record = self_check.record(TOOL, facts, rows, [collective], Path(args.output_dir))
     record = shareable(record, args=list(sys.argv[1:] if argv is None else argv))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(args.json, json.dumps(record, indent=2) + "\n")
     print(f"record: {args.json} ({'passed' if record['passed'] else 'FAILED'})")
     return 0 if record["passed"] else 1

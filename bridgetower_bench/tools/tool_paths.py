@@ -10,7 +10,8 @@ that ran for minutes must not fail at the end on its --json path):
 - `input_file(flag, path)` / `input_dir(flag, path)`: must exist as a regular file / a directory.
 
 Each raises a UserInputError naming the flag and the path. `positive_counts(parser, args, *flags)`: the
-tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error. `run(main)` runs a tool's main() from its
+tools' counts and sizes (images, workers, batch size) must be at least 1, else argparse's own error;
+`positive_number(flag, text, what)`: a bound or a factor, finite and above 0, else a UserInputError. `run(main)` runs a tool's main() from its
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
 result is the exit status.
@@ -19,6 +20,7 @@ result is the exit status.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -90,6 +92,17 @@ def positive_counts(parser, args, *flags: str) -> None:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value < 1:
             parser.error(f"{flag} must be at least 1; got {value}")
+
+
+def positive_number(flag: str, text, what: str) -> float:
+    """`text` as a number, finite and above 0 (`nan`, `inf`, 0 and below refused: UserInputError saying `what`)."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise UserInputError(f"{flag} {text}: {what}")
+    return number
 
 
 def run(main: Callable[[], object]) -> None:

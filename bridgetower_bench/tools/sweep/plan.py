@@ -5,7 +5,6 @@ cannot use is refused, never benchmarked as a CPU), the script, the loaders, the
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 from typing import Optional
@@ -35,6 +34,7 @@ from bridgetower_bench.tools.sweep.presets import (
     persistent_settings,
     plan_shape,
 )
+from bridgetower_bench.tools.tool_paths import positive_number
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -119,13 +119,7 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
 
 def _seconds(text, flag: str) -> float:
     """A flag's number of seconds, above 0 (UserInputError otherwise)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise UserInputError(f"{flag} {text}: a number of seconds above 0, e.g. 60")
-    return seconds
+    return positive_number(flag, text, "a number of seconds above 0, e.g. 60")
 
 
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
