@@ -25,8 +25,9 @@ from bridgetower_bench.tools.sweep import plan as sweep_plan
 from bridgetower_bench.tools.sweep import presets as sweep_presets
 from bridgetower_bench.tools.sweep import resume as sweep_resume
 from bridgetower_bench.tools.sweep import rows as sweep_rows
+from bridgetower_bench.tools.sweep import run as sweep_run
 from bridgetower_bench.user_errors import UserInputError
-from helpers import REPO
+from helpers import REPO, ended
 
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
@@ -1004,6 +1005,12 @@ TWO_NODES = ["--nodes", "2", "--hostfile", "{hostfile}"]
     [
         (["--nodes", "1,2"], None, "--nodes 2: several nodes need --hostfile"),
         (["--remote-start-timeout", "0"], None, "--remote-start-timeout 0: a number of seconds above 0"),
+        (["--remote-margin", "nan"], None, "--remote-margin nan: a factor above 0, e.g. 3"),
+        (
+            ["--remote-shell", ""],
+            None,
+            "--remote-shell is empty: give the command that reaches a node, e.g. 'ssh -tt'",
+        ),
         (["--nodes", "1,3", "--hostfile", "{hostfile}"], None, "--nodes 3: --hostfile {hostfile} gives 2 node(s)"),
         (["--nodes", "1", "--hostfile", "{hostfile}"], None, "--hostfile {hostfile}: --nodes names no count above 1"),
         ([*TWO_NODES, "--nproc", "3"], None, "--hostfile {hostfile}: gpu-a has slots=2, fewer than --nproc 3"),
@@ -1079,10 +1086,29 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
         assert [r["nodes"] for r in csv.DictReader(f)] == ["1", "2"]
 
 
+def across_nodes_plan(tmp_path, remote_shell: list, one_node_seconds=1.0):
+    """A stand-in plan of its first configuration on one node (kept from an earlier sweep, done in
+    `one_node_seconds`), then on nodes gpu-a and gpu-b through `remote_shell`: a first line within 1 s, the whole run
+    within 1 + 2 x `one_node_seconds` s."""
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.hosts, plan.remote_shell, plan.remote_start_timeout, plan.remote_margin = (
+        ["gpu-a", "gpu-b"],
+        remote_shell,
+        1,
+        2,
+    )
+    if one_node_seconds is not None:
+        (tmp_path / "out").mkdir()
+        alone = dict(row(10.0, 0, world_size=1), run_id=plan.variants[0].run_id, wall_seconds=one_node_seconds)
+        sweep_resume.write_results(tmp_path / "out", plan, [alone])
+    plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
+    return plan
+
+
 @pytest.mark.parametrize(
     "shell, reason",
     [
-        ("silent", "node 0 (gpu-a), node 1 (gpu-b) printed nothing within --remote-start-timeout 2 s"),
+        ("silent", "node 0 (gpu-a), node 1 (gpu-b) printed nothing within --remote-start-timeout 1 s"),
         ("false", "node 0 (gpu-a): false exited 1 before the run started"),
     ],
 )
@@ -1090,13 +1116,10 @@ def test_a_remote_shell_that_never_starts_the_run_fails_its_row_with_the_reason(
     silent = tmp_path / "silent"  # a remote shell that hangs before the node's line runs: connecting, prompting
     silent.write_text(f"#!/bin/sh\necho $$ >> {tmp_path}/pids\nexec sleep 600\n")
     silent.chmod(0o755)
-    plan = stand_in_plan(tmp_path, workers=[0])
-    plan.hosts, plan.remote_start_timeout = ["gpu-a", "gpu-b"], 2.0
-    plan.remote_shell = [str(silent)] if shell == "silent" else ["false"]
-    plan.variants = [dataclasses.replace(plan.variants[0], nodes=2)]
+    plan = across_nodes_plan(tmp_path, [str(silent)] if shell == "silent" else ["false"])
 
     started = time.monotonic()
-    [across] = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]
+    across = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0][-1]
 
     assert time.monotonic() - started < 20  # the bound, then the stop's SIGINT
     assert (across["status"], across["nodes"]) == ("failed", 2) and across["error"].startswith(reason)
@@ -1106,3 +1129,35 @@ def test_a_remote_shell_that_never_starts_the_run_fails_its_row_with_the_reason(
         for pid in map(int, (tmp_path / "pids").read_text().split()):
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_a_node_that_hangs_after_its_first_line_ends_its_run_at_the_bound_with_all_its_processes(tmp_path):
+    # gpu-a's run ends at once; gpu-b's prints its first line, then waits on a child that ignores SIGINT (a
+    # non-interactive shell's background job does), as a rank stuck in a collective would
+    hanging = tmp_path / "hanging"
+    hanging.write_text(
+        "#!/bin/bash\necho node started: $1\n[ $1 = gpu-a ] && exit 0\n"
+        f"sleep 600 & echo $! $$ >> {tmp_path}/pids; wait\n"
+    )
+    hanging.chmod(0o755)
+    plan, lines = across_nodes_plan(tmp_path, [str(hanging)]), []
+
+    started = time.monotonic()
+    alone, across = bench.run_sweep(plan, tmp_path / "out", echo=lines.append)[0]
+
+    assert time.monotonic() - started < 20  # 3 s, then the stop
+    bound = "3 s (--remote-start-timeout 1 s + --remote-margin 2 x 1 s, its configuration's run on one node)"
+    assert f"[1/1] wait   at most {bound} for its 2 nodes" in lines  # said when the wait starts
+    assert (alone["status"], across["status"]) == ("ok", "failed")
+    assert across["error"] == f"node 1 (gpu-b) still running at the run's bound, {bound}: the run was stopped"
+    assert (tmp_path / "out" / across["log"]).read_text().endswith(f"bench: {across['error']}\n")
+    assert all(map(ended, (tmp_path / "pids").read_text().split())), "the shell or its child outlived the run"
+
+
+def test_a_run_across_nodes_without_a_finished_one_node_run_to_bound_it_is_not_started(tmp_path):
+    plan = across_nodes_plan(tmp_path, ["false"], one_node_seconds=None)
+    plan.variants = plan.variants[1:]  # the point alone: no run of its configuration on one node
+    [across] = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)[0]
+    assert (across["status"], across["error"]) == ("failed", sweep_run.NOT_BOUNDED)
+    assert across["error"].startswith("not started: no run of its configuration on one node finished")
+    assert (tmp_path / "out" / across["log"]).read_text() == f"bench: {sweep_run.NOT_BOUNDED}\n"

@@ -74,6 +74,7 @@ from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
     HABANA_SHIM,
     LOADERS,
+    REMOTE_MARGIN,
     SCRIPTS,
     Plan,
     shareable_args,
@@ -228,6 +229,13 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
         help="Seconds each node of a CUDA run across nodes has to print its first line, or the run is stopped and "
         "its row failed (default: 60; ssh reaches a cluster node in seconds, a slow login in tens of seconds).",
     )
+    parser.add_argument(
+        "--remote-margin",
+        default=REMOTE_MARGIN,
+        help="A CUDA run across nodes is stopped, its row failed naming the nodes still running, after "
+        "--remote-start-timeout plus this many times its configuration's run on one node (default: "
+        f"{REMOTE_MARGIN:g}: the same samples on more devices, slower only by the nodes' start and the network).",
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -239,6 +247,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prices = prices_from_args(args.price, args.prices)
     except UserInputError as e:
         refuse(parser.prog, e)
+    try:
+        margin = tool_paths.positive_number("--remote-margin", args.remote_margin, "a factor above 0, e.g. 3")
+        if not args.remote_shell:
+            raise UserInputError("--remote-shell is empty: give the command that reaches a node, e.g. 'ssh -tt'")
+    except UserInputError as e:
+        return _refuse(parser, e)
     if args.out is not None:
         tool_paths.output_dir("--out", args.out)
     try:
@@ -251,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prices.check([(plan.device, plan.expected_device_name or local_device_name(plan.device))], "this sweep")
     except UserInputError as e:
         refuse(parser.prog, e)
-    plan.prices = prices
+    plan.prices, plan.remote_margin = prices, margin
     out = (args.out or Path("bench_out") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
 
     print(_plan_line(plan))

@@ -39,6 +39,11 @@ DEFAULT_LOCAL_PIPELINES = ("upstream", "fast")
 # Loaders whose batches come from PyTorch DataLoader workers, so that persistent workers and the prefetch
 # factor apply (the media pipeline has no such workers).
 WORKER_LOADERS = (TORCH_LOADER, "device_decode")
+# --remote-margin: a CUDA run across nodes is stopped after --remote-start-timeout plus this many times its
+# configuration's time on one node. It trains the same samples on N times the devices (or, with --max_steps, the
+# same steps), so it is slower only by each node's start and the network's share of each step; three times leaves
+# room for a network as slow as the step itself and a busy node, and ends a hang within three runs' time.
+REMOTE_MARGIN = 3.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,7 @@ class Plan:
     remote_shell: list[str] = field(default_factory=lambda: ["ssh", "-tt"])  # --remote-shell
     rdzv_port: int = 29500  # --rdzv-port
     remote_start_timeout: float = 60.0  # --remote-start-timeout: seconds for each node's first line
+    remote_margin: float = REMOTE_MARGIN  # --remote-margin: a run across nodes' bound, in its one-node run's time
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])
@@ -198,6 +204,11 @@ class Plan:
         endpoint = f"{machine(self.hosts[0])}:{self.rdzv_port}"
         rendezvous = ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", variant.run_id]
         return launch + ["--nnodes", str(variant.nodes), "--nproc_per_node", str(self.nproc)] + rendezvous
+
+    def alone(self, variant: Variant) -> list[Variant]:
+        """The runs of `variant`'s configuration on one node, in every repeat (the one-node side of its curve)."""
+        key = replace(variant, nodes=None, repeat=1)
+        return [v for v in self.variants if replace(v, repeat=1) == key]
 
     def remote_hosts(self, variant: Optional[Variant]) -> list[str]:
         """The nodes a run reaches through --remote-shell: a CUDA run's across nodes; none otherwise."""

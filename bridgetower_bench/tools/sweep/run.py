@@ -1,5 +1,6 @@
 """Running the sweep: every variant still to run, one subprocess (or one per node) each, supervised: its output
-into its log (secrets scrubbed), stopped with all its processes on Ctrl-C, and dying with the sweep.
+into its log (secrets scrubbed), stopped with all its processes on Ctrl-C, and dying with the sweep; a run across
+nodes within its bounds (each node's first line, the whole run).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ def run_sweep(
             echo(f"{finished} of {len(plan.variants)} run(s) already finished in {out} (kept); {len(to_run)} to run")
         interrupted = False
         for i, variant in enumerate(to_run, 1):
-            rows[variant.run_id] = run_variant(plan, variant, out, keep_weights, f"[{i}/{len(to_run)}]", echo)
+            alone = [rows.get(v.run_id) for v in plan.alone(variant)] if plan.remote_hosts(variant) else []
+            times = [row["wall_seconds"] for row in alone if row and row["status"] == OK and row.get("wall_seconds")]
+            rows[variant.run_id] = run_variant(
+                plan, variant, out, keep_weights, f"[{i}/{len(to_run)}]", echo, max(times, default=None)
+            )
             write_results(out, plan, _in_order(rows, variants), variants)
             if rows[variant.run_id]["status"] == INTERRUPTED:
                 interrupted = True
@@ -59,12 +64,21 @@ def _in_order(rows: Mapping[str, dict], variants: Sequence[Variant]) -> list[dic
 
 
 def run_variant(
-    plan: Plan, variant: Variant, out: Path, keep_weights: bool, progress: str, echo: Callable[[str], None]
+    plan: Plan,
+    variant: Variant,
+    out: Path,
+    keep_weights: bool,
+    progress: str,
+    echo: Callable[[str], None],
+    one_node_seconds: Optional[float] = None,
 ) -> dict:
-    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it)."""
+    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it). A run through the
+    remote shell is bounded by `one_node_seconds`, its configuration's time on one node (`remote_bound`)."""
     run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
     command = plan.command(variant, run_dir)
     echo(f"{progress} start  {variant.label}, repeat {variant.repeat} (log: {log_path})")
+    remote = plan.remote_hosts(variant)
+    bound = remote_bound(plan, one_node_seconds) if remote else None
     refuse_held_run_dirs([variant], out)  # claimed since the sweep started: leave it alone
     if run_dir.exists():  # left by an unfinished run of an earlier sweep: its results must not pass for this run's
         shutil.rmtree(run_dir)
@@ -74,6 +88,12 @@ def run_variant(
         write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
     started, cpu_before, reason = time.perf_counter(), cpu_seconds(), ""
     try:
+        if remote and bound is None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(f"bench: {NOT_BOUNDED}\n")
+            raise RemoteRunStopped(NOT_BOUNDED, None)
+        if remote:
+            echo(f"{progress} wait   at most {bound[1]} for its {len(remote)} nodes")
         env = plan.run_env(variant)
         returncode: Optional[int] = run_process(
             plan.node_commands(variant, command),
@@ -81,10 +101,11 @@ def run_variant(
             log_path,
             plan.shown_command(command, out, variant),
             frozenset(secret_values(command, env)),
-            plan.remote_hosts(variant),
+            remote,
             plan.remote_start_timeout,
+            bound,
         )
-    except RunDidNotStart as e:
+    except RemoteRunStopped as e:
         returncode, reason = e.status, str(e)
     except KeyboardInterrupt:
         returncode = None
@@ -95,6 +116,23 @@ def run_variant(
         _discard_weights(run_dir)
     echo(f"{progress} {'done' if row['status'] == OK else row['status']:6} {describe_row(row)}")
     return row
+
+
+NOT_BOUNDED = (
+    "not started: no run of its configuration on one node finished, and that run's time bounds a run across nodes "
+    "(--remote-margin)"
+)
+
+
+def remote_bound(plan: Plan, one_node_seconds: Optional[float]) -> Optional[tuple[float, str]]:
+    """A run across nodes' bound in seconds from its start, and how it was reckoned; None without a one-node time."""
+    if one_node_seconds is None:
+        return None
+    seconds = plan.remote_start_timeout + plan.remote_margin * one_node_seconds
+    return seconds, (
+        f"{seconds:.0f} s (--remote-start-timeout {plan.remote_start_timeout:g} s + --remote-margin "
+        f"{plan.remote_margin:g} x {one_node_seconds:g} s, its configuration's run on one node)"
+    )
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -126,7 +164,8 @@ def _discard_weights(run_dir: Path) -> None:
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
     """Stop a run's processes and every process they started (each its own process group): SIGINT, then SIGTERM,
-    then SIGKILL, each to the groups still there."""
+    then SIGKILL, each to the groups whose first process is still there; then SIGKILL to every group, for what
+    outlived its first process (a shell's background child ignores SIGINT)."""
     left = list(procs)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         for proc in list(left):
@@ -142,7 +181,12 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
             except subprocess.TimeoutExpired:
                 continue
         if not left:
-            return
+            break
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # prctl(2) option: the signal this process gets when the thread that started it ends (Linux).
@@ -172,10 +216,11 @@ def dies_with_this_process() -> dict:
     return {"preexec_fn": set_parent_death_signal}
 
 
-class RunDidNotStart(Exception):
-    """A node of a run across nodes ended or stayed silent before its first line; the run was stopped."""
+class RemoteRunStopped(Exception):
+    """A node of a run across nodes ended or stayed silent before its first line, or a node still ran at the run's
+    bound; the run was stopped."""
 
-    def __init__(self, reason: str, status: int):
+    def __init__(self, reason: str, status: Optional[int]):
         super().__init__(reason)
         self.status = status
 
@@ -188,11 +233,13 @@ def run_process(
     secrets: frozenset = frozenset(),
     hosts: Sequence[str] = (),
     start_timeout: float = 60.0,
+    bound: Optional[tuple[float, str]] = None,
 ) -> int:
     """Run `commands` together (one, or one per node of a run across nodes) with their output in `log_path`;
     return the first non-zero exit status in their order, else 0. Ctrl-C stops them (and their children) and is
     re-raised. With `hosts` (commands[i] is a remote shell to hosts[i]), each command must print a line within
-    `start_timeout` seconds and before it exits, or the run is stopped, as by Ctrl-C, and RunDidNotStart raised.
+    `start_timeout` seconds and before it exits, and all must end within `bound` (seconds from the start, and how
+    it was reckoned), or the run is stopped, as by Ctrl-C, and RemoteRunStopped raised.
 
     The log starts with `shown_command`'s lines (default: the commands), each after `$ `. Several commands'
     output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets`, `hosts` or several
@@ -219,11 +266,14 @@ def run_process(
         ]
         for copy in copies:
             copy.start()
+        started = time.monotonic()
         try:
             if hosts:
                 not_started = _wait_for_first_lines(procs, copies, first_lines, commands, hosts, start_timeout)
                 if not_started:
-                    raise RunDidNotStart(*not_started)
+                    raise RemoteRunStopped(*not_started)
+            if hosts and bound:
+                _wait_within(procs, hosts, started + bound[0], bound[1])
             statuses = [proc.wait() for proc in procs]
             for copy in copies:
                 copy.join()
@@ -231,7 +281,7 @@ def run_process(
             _stop(procs)
             for copy in copies:  # a process outside the run's groups (torchrun's ranks) may keep a pipe open
                 copy.join(timeout=10)
-            if isinstance(e, RunDidNotStart):
+            if isinstance(e, RemoteRunStopped):
                 with lock:
                     log.write(f"\nbench: {e}\n".encode())
                 e.status = e.status or next((proc.returncode for proc in procs if proc.returncode), 0)
@@ -263,6 +313,17 @@ def _wait_for_first_lines(
             nodes = ", ".join(f"node {i} ({hosts[i]})" for i in silent)
             return f"{nodes} printed nothing within --remote-start-timeout {timeout:g} s: the run was stopped", 0
         first_lines[silent[0]].wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _wait_within(procs: Sequence[subprocess.Popen], hosts: Sequence[str], deadline: float, bound: str) -> None:
+    """Wait for every remote command until `deadline` (time.monotonic()); RemoteRunStopped naming those still running
+    at it and the `bound`."""
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            nodes = ", ".join(f"node {i} ({hosts[i]})" for i, p in enumerate(procs) if p.poll() is None)
+            raise RemoteRunStopped(f"{nodes} still running at the run's bound, {bound}: the run was stopped", 0)
 
 
 def _start(command: list[str], env: dict, stdout) -> subprocess.Popen:
