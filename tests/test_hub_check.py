@@ -82,6 +82,27 @@ class StandInHub:
         return str(path)
 
 
+@BOTH_ROUTES
+def test_the_stand_in_is_asked_as_the_installed_client_is_called():
+    """The calls hub_check makes, bound to the installed huggingface_hub's own signatures: the stand-in cannot
+    accept a call the real client would refuse."""
+    import inspect
+
+    import huggingface_hub
+
+    calls = {
+        huggingface_hub.HfApi.dataset_info: (None, published.DATASET),
+        huggingface_hub.HfApi.model_info: (None, published.MODEL),
+    }
+    for method, positional in calls.items():
+        inspect.signature(method).bind(*positional, revision="main", timeout=hub_check.TIMEOUT)
+    inspect.signature(huggingface_hub.hf_hub_download).bind(
+        published.MODEL, "config.json", revision="main", etag_timeout=hub_check.TIMEOUT
+    )
+    for method in (StandInHub.dataset_info, StandInHub.model_info):
+        assert list(inspect.signature(method).parameters) == ["self", "name", "revision", "timeout"]
+
+
 @pytest.fixture
 def online(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

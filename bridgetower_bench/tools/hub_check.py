@@ -66,7 +66,7 @@ def ask(call: Callable[[], Any], what: str) -> Any:
         raise Unreachable(f"{what}: {first_line(error)}") from None
     except HfHubHTTPError as error:
         raise LookupError(f"{what}: {type(error).__name__}: {first_line(error)}") from None
-    except Exception as error:  # a connection error or a timeout, as the installed HTTP client names it
+    except Exception as error:  # a failed or timed-out connection, as the installed HTTP client names it
         raise Unreachable(f"{what}: no answer within {TIMEOUT:.0f} s ({type(error).__name__})") from None
 
 
