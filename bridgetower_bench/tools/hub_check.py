@@ -5,8 +5,8 @@ or data) say whether the published run would start:
 
 - the data set (`published.DATASET` at `published.DATASET_REVISION`): no loading script (`datasets` 4 and later
   run none), and config `published.DATASET_CONFIG` present (in the card's `configs`, or as a folder of files);
-- the model (`published.MODEL`): weights in a file kind transformers loads, its processor's and tokenizer's
-  files, and a `config.json` whose `model_type` maps to the configuration class the scripts' model takes;
+- the model (`published.MODEL`): weights in a file kind transformers loads, and a `config.json` whose
+  `model_type` maps to the configuration class the scripts' model takes;
 - on Gaudi, the Gaudi configuration (`published.GAUDI_CONFIG`): every key known to the installed `GaudiConfig`
   (it drops the others without a word: a warning naming them) and `use_torch_autocast` true, since the published
   Gaudi command has no `--bf16`: without it the run trains in fp32 (the row fails).
@@ -39,13 +39,12 @@ def rows(gaudi_config: bool = False, api: Any = None, download: Optional[Callabl
     `download` (`hf_hub_download`) are replaceable for tests."""
     from huggingface_hub import HfApi, constants, hf_hub_download
 
+    api, download = api or HfApi(), download or hf_hub_download
     checks = [(DATASET_ROW, lambda: dataset_row(api)), (MODEL_ROW, lambda: model_row(api, download))]
     if gaudi_config:
         checks.append((GAUDI_CONFIG_ROW, lambda: gaudi_config_row(download)))
     if constants.HF_HUB_OFFLINE:
         return [Row(name, SKIPPED, f"{NOT_CHECKED}: HF_HUB_OFFLINE is set") for name, _ in checks]
-    api = api or HfApi()
-    download = download or hf_hub_download
     found = []
     for index, (name, check) in enumerate(checks):
         try:
