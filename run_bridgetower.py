@@ -175,15 +175,17 @@ def main():
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
 
-    # Gaudi configuration (fused AdamW, fused gradient clipping, autocast); GaudiConfig's defaults without one.
-    gaudi_config = GaudiConfig()
+    # Gaudi configuration (fused AdamW, fused gradient clipping, autocast); GaudiConfig's defaults without one. Its
+    # file is read as a dict first (as from_pretrained does): the trainer names the keys GaudiConfig ignores.
+    gaudi_config, gaudi_config_file = GaudiConfig(), {}
     if training_args.gaudi_config_name:
-        gaudi_config = GaudiConfig.from_pretrained(
+        gaudi_config_file, _ = GaudiConfig.get_config_dict(
             training_args.gaudi_config_name,
             cache_dir=model_args.cache_dir,
             revision=model_args.model_revision,
             token=model_args.token,
         )
+        gaudi_config = GaudiConfig.from_dict(gaudi_config_file)
     logger.warning(
         f"Process rank: {training_args.local_rank}, device: {training_args.device}, "
         f"distributed training: {training_args.parallel_mode.value == 'distributed'}, "
@@ -353,6 +355,7 @@ def main():
     trainer = trainer_cls(
         model=model,
         gaudi_config=gaudi_config,
+        gaudi_config_file=gaudi_config_file,
         args=training_args,
         train_dataset=splits.get("train"),
         eval_dataset=splits.get("validation"),

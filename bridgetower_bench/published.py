@@ -4,6 +4,8 @@ MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
 DATASET = "jmhessel/newyorker_caption_contest"
 DATASET_CONFIG = "matching"
 DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
+MODEL_REVISION = "main"  # the published commands pass no --model_revision
+GAUDI_CONFIG = "Habana/clip"  # --gaudi_config_name of the published Gaudi command
 IMAGE_COLUMN = "image"
 CAPTION_COLUMN = "image_description"
 

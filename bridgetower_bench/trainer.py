@@ -20,6 +20,7 @@ from transformers import TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.training_args import ParallelMode
 
+from bridgetower_bench import gaudi_configuration
 from bridgetower_bench.guards import divergence, gpu_memory
 from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal, report_and_exit
 from bridgetower_bench.images.images import normalize_on_device
@@ -34,7 +35,15 @@ logger = logging.getLogger(__name__)
 
 class TrainerExtensions:
     def __init__(
-        self, *args, image_mean=None, image_std=None, loader="torch", image_pipeline="upstream", recipe=None, **kwargs
+        self,
+        *args,
+        image_mean=None,
+        image_std=None,
+        loader="torch",
+        image_pipeline="upstream",
+        recipe=None,
+        gaudi_config_file=None,
+        **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.run_output = RunOutput(self.args, recipe)  # everything written into output_dir goes through it
@@ -47,6 +56,12 @@ class TrainerExtensions:
             "compile_layers": getattr(self.args, "compile_layers", None) or "no",
             "logging_nan_inf_filter": bool(self.args.logging_nan_inf_filter),  # True: the host waits every step
         }
+        if hasattr(self, "gaudi_config"):  # GaudiTrainer: the Gaudi configuration as it decided to use it
+            gaudi = gaudi_configuration.effective(
+                self.gaudi_config, gaudi_config_file or {}, self.use_hpu_amp or self.use_cpu_amp, self.args.use_habana
+            )
+            logger.warning(gaudi_configuration.describe(gaudi))
+            self.run_facts.update(gaudi)
         self.throughput = ThroughputCallback(
             warmup_steps=getattr(self.args, "throughput_warmup_steps", 0) or 0,
             world_size=self.args.world_size,

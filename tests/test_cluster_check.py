@@ -65,12 +65,16 @@ def test_two_nodes_that_agree_pass_and_their_all_reduce_sums_two(cluster, capsys
     tmp_path, flags, port = cluster
     assert cluster_check.main(["--nodes", "127.0.0.1,localhost", *flags]) == 0
     rows = rows_of(tmp_path, capsys.readouterr().out)
-    checks = ("reached", "kit", "libraries", "devices", "output_dir", "output_dir shared", "rendezvous")
+    checks = ("reached", "kit", "libraries", "deepspeed, pdsh", "Intel Gaudi software", "devices", "output_dir")
+    checks += ("output_dir shared", "rendezvous")
     once = {"127.0.0.1: rendezvous port", "all nodes: collective"}
     assert set(rows) == {f"{host}: {check}" for host in ("127.0.0.1", "localhost") for check in checks} | once
     assert {result for result, _ in rows.values()} == {"ok"}, rows
     assert rows["localhost: output_dir shared"][1] == "read all 2 tokens"
     assert rows["localhost: rendezvous"][1] == f"joined the store at 127.0.0.1:{port}"
+    # (no DeepSpeed, pdsh or Intel Gaudi software here: said, and needed by hccl only)
+    assert rows["localhost: deepspeed, pdsh"][1] == "deepspeed absent, pdsh absent"
+    assert rows["localhost: Intel Gaudi software"][1] == "habana-torch-plugin absent, driver absent"
     assert rows["all nodes: collective"][1].endswith("gloo all_reduce of ones on 2 node(s): sum 2")
     assert (tmp_path / "hosts").read_text().split().count("localhost") == 2  # the report, the rendezvous
     record = json.loads((tmp_path / "record.json").read_text())
@@ -95,6 +99,30 @@ def test_a_node_with_its_own_directory_and_transformers_fails_naming_both(cluste
     )
     assert rows["127.0.0.1: output_dir shared"][1].startswith("cannot read the token of node 1 (localhost)")
     assert rows["all nodes: collective"][0] == "ok"  # the network is fine all the same
+
+
+def test_several_gaudi_nodes_need_deepspeed_and_pdsh_on_each_and_one_intel_gaudi_software():
+    ready = {"deepspeed": "0.16.1+hpu.synapse.v1.23.0", "pdsh": True}
+    assert cluster_check.launchers_row("gaudi-b", ready, "hccl") == cluster_check.Row(
+        "gaudi-b: deepspeed, pdsh", "ok", "deepspeed 0.16.1+hpu.synapse.v1.23.0, pdsh present"
+    )
+    no_pdsh = cluster_check.launchers_row("gaudi-b", {**ready, "pdsh": False}, "hccl")
+    assert (no_pdsh.result, no_pdsh.detail) == (
+        "failed",
+        "deepspeed 0.16.1+hpu.synapse.v1.23.0, pdsh absent: several Gaudi nodes start through both",
+    )
+    assert cluster_check.launchers_row("gpu-b", {"deepspeed": None, "pdsh": False}, "nccl").result == "ok"
+
+    first = {"gaudi_software": {"habana-torch-plugin": "1.24.0.123", "driver": "1.24.0"}}
+    older = {"gaudi_software": {"habana-torch-plugin": "1.23.0.695", "driver": "1.24.0"}}
+    assert cluster_check.gaudi_software_row("gaudi-a", first, first).detail == (
+        "habana-torch-plugin 1.24.0.123, driver 1.24.0"
+    )
+    row = cluster_check.gaudi_software_row("gaudi-b", older, first)
+    assert (row.result, row.detail) == (
+        "failed",
+        "habana-torch-plugin 1.23.0.695, driver 1.24.0; the first node has habana-torch-plugin 1.24.0.123",
+    )
 
 
 def test_a_node_the_shell_cannot_reach_and_a_taken_port_fail_in_their_rows(cluster, capsys):

@@ -273,6 +273,11 @@ DIRECTORY = object()  # (a file that is a directory)
             [],
             "./.deepspeed_env sends PT_HPU_LAZY_MODE=0 to the nodes and this launch runs PT_HPU_LAZY_MODE=1",
         ),
+        (
+            {".deepspeed_env": "# for the nodes\nHF_HOME=/shared/hf\nexport HCCL_SOCKET_IFNAME\n"},
+            [],
+            "./.deepspeed_env, line 3: 'export HCCL_SOCKET_IFNAME' is not NAME=value, and DeepSpeed's launcher reads",
+        ),
         ({"bin/pdsh": None}, [], "--hostfile needs `pdsh` (what DeepSpeed's launcher reaches the nodes with) on PATH"),
         ({"bin/pdsh": None, "bin/deepspeed": None}, [], "--hostfile needs `deepspeed` (DeepSpeed's launcher) on PATH"),
     ],
@@ -298,7 +303,8 @@ def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environm
     (two_nodes / "bin" / "deepspeed").write_text(
         '#!/bin/sh\necho "$@" > started.txt\ncat "$DS_ENV_FILE" > nodes_env.txt\nexit 3\n'
     )
-    (two_nodes / ".deepspeed_env").write_text("HF_HOME=/shared/hf\n")
+    # blank and comment lines, which DeepSpeed's runner cannot read (it splits each line at its first "="), left out
+    (two_nodes / ".deepspeed_env").write_text("# shared caches\n\nHF_HOME=/shared/hf\n  # the end\n")
     args = ["--hostfile", "hostfile", "run_bridgetower.py", "--use_habana"]
     result = run_tool("launch_gaudi", args, cwd=two_nodes, gaudi=True)
     assert result.returncode == 3, result.stderr[-3000:]  # the launcher's status is the job's

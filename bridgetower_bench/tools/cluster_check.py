@@ -10,7 +10,9 @@ quoted. Two calls per node, all nodes at once, each bounded by `--timeout` (the 
 it, and the node's own process ends itself at the bound):
 
 1. the node's report (JSON): the kit (its version and a hash of the scripts and the package), the versions of
-   the libraries every rank of a job must share (`run_recipe.LIBRARIES`), the devices (GPUs, HPUs, CPU cores),
+   the libraries every rank of a job must share (`run_recipe.LIBRARIES`), beside them DeepSpeed and pdsh (what
+   starts several Gaudi nodes: needed on each with `--backend hccl`) and the Intel Gaudi software (Habana's
+   PyTorch plugin and the driver, "absent" where not installed), the devices (GPUs, HPUs, CPU cores),
    and `--output_dir`: there, and a token file written into it; on the first node, whether the rendezvous port
    is free;
 2. the rendezvous, once every node answered: each node reads every node's token (one directory, shared), joins
@@ -43,6 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
@@ -113,6 +116,30 @@ def devices() -> dict:
     return found
 
 
+def launchers() -> dict:
+    """What starts several Gaudi nodes (docs/RUNS.md, "Several Gaudi nodes"): DeepSpeed, whose module every node
+    runs (`python -m deepspeed.launcher.launch`), its version or None; pdsh, on PATH or not."""
+    return {"deepspeed": installed("deepspeed"), "pdsh": shutil.which("pdsh") is not None}
+
+
+def gaudi_software() -> dict:
+    """Intel Gaudi software here: Habana's PyTorch plugin's version and the driver's (as `hl-smi` says it,
+    read by optimum-habana's helper), None where absent."""
+    driver = None
+    if shutil.which("hl-smi") is not None:  # (the record's reader imports torch: only where there is a driver)
+        from bridgetower_bench.measurement.run_record import gaudi_driver_version
+
+        driver = gaudi_driver_version()
+    return {"habana-torch-plugin": installed("habana-torch-plugin"), "driver": driver}
+
+
+def installed(distribution: str) -> Optional[str]:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def token_file(output_dir: str, token: str, index: int) -> Path:
     """Node `index`'s token file: `token` is a temporary name's tail of the check's host and process (`new_token`)."""
     return Path(output_dir) / f"{CHECK_TOKEN}-{index}{token}"
@@ -152,6 +179,8 @@ def node_report(args) -> None:
     values = {
         "kit": kit(),
         "libraries": {key.removeprefix("version_"): version for key, version in job_recipe({}).items()},
+        "launchers": launchers(),
+        "gaudi_software": gaudi_software(),
         "devices": devices(),
         "output_dir_problem": output_dir_problem(args.output_dir, args.token, args.index),
     }
@@ -302,6 +331,7 @@ def report_rows(host: str, slots: Optional[int], answer: Answer, first: dict, ba
     ]
     same = ", ".join(f"{name} {version}" for name, version in versions.items() if version)
     rows.append(Row(f"{host}: libraries", FAILED if differ else OK, "; ".join(differ) or same))
+    rows += [launchers_row(host, found["launchers"], backend), gaudi_software_row(host, found, first)]
     count = found["devices"]
     detail = f"{count['gpus']} GPUs, {count['hpus']} HPUs, {count['cpus']} CPU cores"
     short = too_few_devices(found, slots, backend)
@@ -312,6 +342,27 @@ def report_rows(host: str, slots: Optional[int], answer: Answer, first: dict, ba
         problem = found["port_problem"]
         rows.append(Row(f"{host}: rendezvous port", FAILED if problem else OK, problem or "free here"))
     return rows
+
+
+def launchers_row(host: str, found: dict, backend: str) -> Row:
+    """DeepSpeed and pdsh on the node: needed on every node for hccl (several Gaudi nodes start through DeepSpeed's
+    launcher, which reaches them with pdsh), reported for the other backends."""
+    detail = f"deepspeed {found['deepspeed'] or 'absent'}, pdsh {'present' if found['pdsh'] else 'absent'}"
+    if backend == "hccl" and not (found["deepspeed"] and found["pdsh"]):
+        return Row(f"{host}: deepspeed, pdsh", FAILED, f"{detail}: several Gaudi nodes start through both")
+    return Row(f"{host}: deepspeed, pdsh", OK, detail)
+
+
+def gaudi_software_row(host: str, found: dict, first: dict) -> Row:
+    """Habana's PyTorch plugin and the Gaudi driver, each as on the first node."""
+    mine, theirs = found["gaudi_software"], first["gaudi_software"]
+    detail = ", ".join(f"{name} {mine[name] or 'absent'}" for name in ("habana-torch-plugin", "driver"))
+    differ = [f"the first node has {name} {theirs[name] or 'absent'}" for name in mine if mine[name] != theirs[name]]
+    return Row(
+        f"{host}: Intel Gaudi software",
+        FAILED if differ else OK,
+        f"{detail}; {', '.join(differ)}" if differ else detail,
+    )
 
 
 def too_few_devices(found: dict, slots: Optional[int], backend: str) -> str:

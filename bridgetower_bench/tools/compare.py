@@ -13,7 +13,9 @@ With --price DEVICE=USD_PER_HOUR (repeatable) or --prices FILE (tools/cost.py), 
 1M training samples and the cost of the published run, and the published figures of the priced published
 devices are listed at the same prices. Energy figures the runs recorded (energy_*) are shown beside speed,
 and so are the transformers, accelerate and datasets versions each run ran: the report opens with a warning
-when they are not the same in every run (tools/stack_versions.py).
+when they are not the same in every run (tools/stack_versions.py). Gaudi runs record the Gaudi configuration they
+trained with (bf16 autocast, its op lists, fused ops, the keys GaudiConfig ignored: bridgetower_bench/
+gaudi_configuration.py): the report opens with a warning when runs put side by side differ in it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bridgetower_bench import published
+from bridgetower_bench.gaudi_configuration import RECORD_KEYS as GAUDI_CONFIG_KEYS
 from bridgetower_bench.output_dir.atomic_files import write_atomically
 from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.sweep.cost import Prices, add_price_arguments, cost_fields, prices_from_args, refuse
-from bridgetower_bench.tools.sweep.stack_versions import STACK_KEYS, versions_note
+from bridgetower_bench.tools.sweep.stack_versions import STACK_KEYS, differing_versions, versions_note
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -52,6 +55,7 @@ THROUGHPUT_KEYS = (
     "image_pipeline",
     "device_name",
     *STACK_KEYS,
+    *GAUDI_CONFIG_KEYS,
     "energy_source",
     "energy_reason",
     "energy_joules_per_sample",
@@ -106,6 +110,17 @@ def load_run(run_dir: str | os.PathLike) -> dict:
         per_node = merged.get("per_node")
         merged.setdefault("nodes", len(per_node) if isinstance(per_node, list) and per_node else 1)
     return merged
+
+
+def gaudi_config_note(records: Iterable[Mapping]) -> Optional[str]:
+    """One sentence when Gaudi runs trained with different Gaudi configurations, else None."""
+    differing = differing_versions(records, GAUDI_CONFIG_KEYS)
+    if not differing:
+        return None
+    return (
+        f"Not like for like: these runs trained with different Gaudi configurations ({'; '.join(differing)}); "
+        "see each run's gaudi_* fields."
+    )
 
 
 def parse_group(text: str) -> tuple[str, list[str]]:
@@ -241,6 +256,7 @@ def build_report(
         "comparisons": [],
         "rule": SPREAD_RULE,
         "versions_note": versions_note(metrics_by_dir.values()),
+        "gaudi_config_note": gaudi_config_note(metrics_by_dir.values()),
     }
     if prices:
         from bridgetower_bench.tools.sweep.cost_report import published_costs
@@ -286,7 +302,7 @@ def _speedups(report: dict) -> str:
 def render_markdown(report: dict) -> str:
     """The report as markdown: runs side by side, then group statistics and the verdicts."""
     labels = list(report["runs"])
-    sections = [f"**{report['versions_note']}**"] if report.get("versions_note") else []
+    sections = [f"**{report[note]}**" for note in ("versions_note", "gaudi_config_note") if report.get(note)]
     for title, keys in (("Throughput", report["throughput_keys"]), ("Quality", report["quality_keys"])):
         if keys:
             rows = [[key] + [_format(report["runs"][label]["metrics"][key]) for label in labels] for key in keys]

@@ -6,7 +6,9 @@
    the HPUs it sees; the Intel Gaudi software version (``habana-torch-plugin``, read the way
    optimum-habana reads it) against the version the installed optimum-habana was validated with;
    every package requirements.txt and requirements-gaudi.txt pin (optimum-habana, transformers,
-   accelerate, ...) against its pin; torch, which comes with Habana's image and is never pinned.
+   accelerate, ...) against its pin; torch, which comes with Habana's image and is never pinned. Where the
+   Hub answers, the published command's Hub names (``tools/hub_check.py``: the data set revision, the model,
+   and ``Habana/clip``'s keys against the installed ``GaudiConfig``, bf16 autocast on); offline, "not checked".
 2. A few training steps on the embedded fixtures (``bridgetower_bench.tools.fixtures``: tiny
    random-weight BridgeTower, synthetic New Yorker-shaped data, local copy of the Habana/clip Gaudi
    config), each ending with a short evaluation, in lazy mode (``PT_HPU_LAZY_MODE=1``, set for every step)
@@ -39,7 +41,7 @@ from importlib import metadata
 from typing import Optional
 
 from bridgetower_bench.guards.execution_mode import LAZY, LAZY_MODE_VARIABLE
-from bridgetower_bench.tools import self_check, tool_paths
+from bridgetower_bench.tools import hub_check, self_check, tool_paths
 from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Row
 
 
@@ -266,6 +268,7 @@ def main(argv=None, *, probe: Callable[[], Hpus | str] = probe_hpus, runner: Opt
         stack_rows=stack_rows,
         plan_steps=plan_steps,
         record_facts=lambda hpus: {"hpus": asdict(hpus), "environment": environment_record(hpus)},
+        hub_rows=lambda: hub_check.rows(gaudi_config=True),
     )
     return self_check.run_check(backend, parse_args(argv), argv, runner)
 

@@ -100,16 +100,25 @@ def check_several_nodes(parser, args) -> dict[str, int]:
 
 def nodes_environment(parser, mode: str, environ=os.environ) -> list[str]:
     """The `NAME=value` lines handed to every node through DeepSpeed's environment file: the user's own files
-    (home, then working directory, as DeepSpeed reads them), then PT_HPU_LAZY_MODE; a file that sets another
-    mode is refused."""
+    (home, then working directory, as DeepSpeed reads them), then PT_HPU_LAZY_MODE. DeepSpeed's runner splits
+    every line at its first "=" (`key, val = line.split("=", maxsplit=1)`), so a blank or comment line would stop
+    it with a ValueError before any node starts: those are left out, another line without "=" is refused, and
+    so is a file that sets another mode."""
     lines = []
     name = environ.get(DEEPSPEED_ENV_FILE, ".deepspeed_env")
     for path in (os.path.join(os.path.expanduser("~"), name), os.path.join(".", name)):
         if not os.path.isfile(path):
             continue
         with open(path) as f:
-            for line in f.read().splitlines():
-                key, _, value = line.partition("=")
+            for number, line in enumerate(f.read().splitlines(), 1):
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                key, equals, value = line.partition("=")
+                if not equals:
+                    parser.error(
+                        f"{path}, line {number}: {line.strip()!r} is not NAME=value, and DeepSpeed's launcher reads "
+                        "every line as one (a comment line starts with #)"
+                    )
                 if key.strip() == LAZY_MODE_VARIABLE and value.strip() != mode:
                     parser.error(
                         f"{path} sends {LAZY_MODE_VARIABLE}={value.strip()} to the nodes and this launch runs "

@@ -12,7 +12,8 @@ The counterpart of ``gaudi_check`` (same table, same record, same exit statuses)
    the global batch), JPEG decoding on the GPU (``torchvision.io.decode_jpeg`` on the device, against the
    host's pixels), and every package the install route pins: requirements.txt and requirements-cuda.txt (or
    requirements-cuda12.txt for a torch built for CUDA 12), or, where today's transformers is installed,
-   requirements-cuda-current.txt.
+   requirements-cuda-current.txt. Where the Hub answers, the published command's Hub names
+   (``tools/hub_check.py``: the data set revision and the model); offline, "not checked".
 2. Training: a few steps on the embedded fixtures (tiny random-weight BridgeTower, synthetic New
    Yorker-shaped data) on one GPU with the PyTorch loader and with ``--device_decode`` (passes only when
    the run says the device decoder ran), then under torchrun on every visible GPU; last, one step of
@@ -40,7 +41,7 @@ from typing import Optional
 from packaging.requirements import Requirement
 
 from bridgetower_bench import published
-from bridgetower_bench.tools import self_check, tool_paths
+from bridgetower_bench.tools import hub_check, self_check, tool_paths
 from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
 
 
@@ -367,6 +368,7 @@ def main(
         plan_steps=plan_steps,
         record_facts=lambda gpus: {"environment": None, "gpus": asdict(gpus)},
         judge_step=judge_step,
+        hub_rows=hub_check.rows,
     )
     return self_check.run_check(backend, args, argv, runner)
 

@@ -1,6 +1,6 @@
 """The self-checks' shared core: `tools/gaudi_check.py` and `tools/nvidia_check.py` are each a table of
-what their backend checks (a `Backend`: the device probe, the stack's rows, the training steps, the record's
-device facts); this module runs one: the command line they share, the steps (each a subprocess with its log,
+what their backend checks (a `Backend`: the device probe, the stack's rows, the Hub's rows, the training steps,
+the record's device facts); this module runs one: the command line they share, the steps (each a subprocess with its log,
 skipped when too few devices are visible, judged on the run's own `train_results.json`), one table, and one
 shareable JSON record (paths relative to the output directory, no credentials).
 
@@ -89,6 +89,7 @@ class Backend:
     plan_steps: Callable[[dict, Path, argparse.Namespace, Any], list[Step]]  # (fixtures, output_dir, args, devices)
     record_facts: Callable[[Any], dict]  # the record's entries on the devices
     judge_step: Optional[Callable[[Step, Ran, float, Path], Row]] = None  # default: `judge`
+    hub_rows: Callable[[], list[Row]] = list  # the published command's Hub names (`tools/hub_check.py`)
 
 
 def ask_child(function: str, devices: str, env: Optional[dict] = None) -> dict | str:
@@ -399,7 +400,7 @@ def run_check(backend: Backend, args: argparse.Namespace, argv, runner: Optional
     if runner is None:
         runner = lambda step: run_command(step, args.timeout, backend.tool)  # noqa: E731
 
-    stack = backend.stack_rows(devices)
+    stack = backend.stack_rows(devices) + backend.hub_rows()
     from bridgetower_bench.tools.fixtures import ensure_default_fixtures
 
     fixtures = ensure_default_fixtures(output_dir / "fixtures")  # inside the output directory: the record names them

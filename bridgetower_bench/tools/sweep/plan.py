@@ -238,7 +238,7 @@ def _base_args(args: argparse.Namespace, script: str, device: str, build_fixture
         gaudi_config = paths["gaudi_config"]
     else:
         base = blog_preset_args()
-        gaudi_config = "Habana/clip"
+        gaudi_config = published.GAUDI_CONFIG
     base += device_flags(script, device, gaudi_config, args.preset)
     return base
 

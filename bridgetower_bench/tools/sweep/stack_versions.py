@@ -15,12 +15,12 @@ from typing import Optional
 STACK_KEYS = ("version_transformers", "version_accelerate", "version_datasets")
 
 
-def differing_versions(records: Iterable[Mapping]) -> list[str]:
-    """'transformers 4.55.4 / 5.24.0' for each library whose recorded version is not the same in every record
-    (versions in the order first seen; a record that names none is not counted)."""
+def differing_versions(records: Iterable[Mapping], keys: tuple = STACK_KEYS) -> list[str]:
+    """'transformers 4.55.4 / 5.24.0' for each library (each of `keys`) whose recorded version is not the same in
+    every record (versions in the order first seen; a record that names none is not counted)."""
     records = list(records)
     differing = []
-    for key in STACK_KEYS:
+    for key in keys:
         versions = list(dict.fromkeys(str(r[key]) for r in records if r.get(key) is not None))
         if len(versions) > 1:
             differing.append(f"{key.removeprefix('version_')} {' / '.join(versions)}")
