@@ -131,9 +131,10 @@ def without_comments(source: str) -> str:
     return "".join(lines)
 
 
-def upstream_side(label: str, upstream_cell: str, upstream_source: str) -> str:
-    """Where the row's upstream side is in ``upstream_source``: "line N" (or ``STILL_ABSENT`` for code upstream
-    lacks), ``NOT_HERE``, "in" the library or file of upstream's it lies in, ``OURS_ONLY`` or ``NO_CHECK``."""
+def upstream_side(label: str, upstream_cell: str, upstream_code: str) -> str:
+    """Where the row's upstream side is in ``upstream_code`` (upstream's file ``without_comments``): "line N" (or
+    ``STILL_ABSENT`` for code upstream lacks), ``NOT_HERE``, "in" the library or file of upstream's it lies in,
+    ``OURS_ONLY`` or ``NO_CHECK``."""
     if upstream_cell in ("—", "-", ""):
         return OURS_ONLY
     side = UPSTREAM_SIDE.get(label)
@@ -141,10 +142,10 @@ def upstream_side(label: str, upstream_cell: str, upstream_source: str) -> str:
         return NO_CHECK
     if side.elsewhere:
         return f"in {side.elsewhere}"
-    match = re.search(side.pattern, without_comments(upstream_source))
+    match = re.search(side.pattern, upstream_code)
     if side.absent:
         return STILL_ABSENT if match is None else NOT_HERE
-    return NOT_HERE if match is None else f"line {upstream_source.count(chr(10), 0, match.start()) + 1}"
+    return NOT_HERE if match is None else f"line {upstream_code.count(chr(10), 0, match.start()) + 1}"
 
 
 _STEP_COMMENT = re.compile(r"^\s*# (\d+)\. (.*)$")
@@ -418,9 +419,9 @@ def argument_lines(rows, flags: dict[str, str], differences: list[list[str]]) ->
 def difference_lines(differences: list[list[str]], upstream_source: str) -> list[str]:
     """A summary, then one line per row of the notes' differences table: its number, what differs, where its
     upstream side is in ``upstream_source`` (``upstream_side``), and why."""
-    lines, places = [], []
+    lines, places, code = [], [], without_comments(upstream_source)
     for number, (label, upstream, *_, why) in enumerate(differences, 1):
-        place = upstream_side(label, upstream, upstream_source)
+        place = upstream_side(label, upstream, code)
         places.append(place)
         prefix = f"{number:>4}. {label.replace('`', '')} [{place}]: "
         room = WIDTH - len(prefix)
