@@ -37,9 +37,13 @@
 # It builds the Large model once and loads it three times: FIRST_CONTACT=only stops after it, so that it and
 # the runs (FIRST_CONTACT=0) can go in two calls where one command's time is limited.
 #
+# A self-check that does not pass (no usable GPU: exit status 2; a check that failed: 1) ends the script with
+# its status, before anything else is built or run. Stopped (Ctrl-C, SIGTERM, SIGHUP), the script stops what it
+# started, each command with its own process group (timeout's), and exits 128 + the signal.
+#
 # SMOKE=1 runs the same steps on CPU with the tiny model and a few steps, to check the script itself
-# (the self-check then says there is no GPU, exit status 2, and the batch refusals, which need a GPU, are
-# skipped; SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
+# (the self-check then says there is no GPU, exit status 2, which smoke mode expects and goes on after, and the
+# batch refusals, which need a GPU, are skipped; SETUPS="eager" runs one ceiling); WORKERS="0" (say) runs fewer
 # worker counts; CHECK=0 skips the device decode check; PROFILE=0 the profiled ceiling run (its
 # profile.txt, the operators and kernels that take the step's time, lands in $OUT as ceiling_profile.txt). On a
 # CPU machine (WHEELS= skips the wheel install):
@@ -47,6 +51,23 @@
 # Python: the kit's environment, .venv/bin/python when there is one (the README's NVIDIA install; no need to
 # activate it), else python3 from PATH; PYTHON=... names another.
 set -uo pipefail
+
+# Every command that may take long runs in the background under timeout (which gives it a process group of its
+# own) and is waited for here, so that a signal reaches the traps at once; on the way out, whatever this script
+# started and is still running is stopped, group by group.
+stop_children() {
+    trap - EXIT
+    local pid
+    for pid in $(jobs -p); do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null; done
+}
+trap stop_children EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+bounded() {  # bounded SECONDS COMMAND...: COMMAND killed after SECONDS (and KILLed 10 s later), waited for here
+    timeout --kill-after=10 "$@" &
+    wait "$!"
+}
 
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=$PWD/.venv/bin/python; else PYTHON=python3; fi
@@ -140,18 +161,22 @@ first_contact_started=$SECONDS
 refusal() {  # refusal NAME COMMAND...: the command's error line and exit status into $OUT/refusal_NAME.txt
     local name=$1; shift
     stamp "refusal: $name"
-    timeout --kill-after=10 180 "$@" > "$WORK/logs/refusal_$name.log" 2>&1
+    bounded 180 "$@" > "$WORK/logs/refusal_$name.log" 2>&1
     local rc=$?
     { grep -E "error: " "$WORK/logs/refusal_$name.log" | tail -n 3; echo "exit status $rc"; } | tee "$OUT/refusal_$name.txt"
 }
 if [[ $FIRST_CONTACT == 1 || $FIRST_CONTACT == only ]]; then
     stamp "nvidia_check"
-    timeout --kill-after=10 420 "$PYTHON" -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
-        --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 2>&1 | grep -v Warning
-    echo "exit status ${PIPESTATUS[0]}" | tee "$OUT/nvidia_check_exit.txt"
+    bounded 420 "$PYTHON" -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
+        --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 > >(grep --line-buffered -v Warning) 2>&1
+    check_rc=$?
+    echo "exit status $check_rc" | tee "$OUT/nvidia_check_exit.txt"
+    if [[ $check_rc != 0 && ! ($SMOKE == 1 && $check_rc == 2) ]]; then
+        stamp "the self-check did not pass (exit status $check_rc): nothing else runs"; exit "$check_rc"
+    fi
     # The refusals train on the self-check's fixtures (or, when it stopped early, build the tiny ones).
     CHECK_FIXTURES=$WORK/nvidia_check/fixtures
-    "$PYTHON" -m bridgetower_bench.tools.fixtures --out "$CHECK_FIXTURES" > "$WORK/logs/fixtures_check.log" 2>&1
+    bounded 600 "$PYTHON" -m bridgetower_bench.tools.fixtures --out "$CHECK_FIXTURES" > "$WORK/logs/fixtures_check.log" 2>&1
     ONE_STEP=(--dataset_name "$CHECK_FIXTURES/newyorker-matching-synthetic" --dataset_config_name matching
               --image_column image --caption_column image_description --do_train --max_steps 1 --save_strategy no
               --report_to none --remove_unused_columns False --overwrite_output_dir --bf16)
@@ -183,9 +208,10 @@ stamp "fixtures: model ${MODEL_FLAGS[*]:-(tiny)}, data set with $TRAIN_ROWS trai
 timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning tests/test_device_decode.py tests/test_attention.py -k cuda \
     > "$WORK/logs/pytest_cuda.log" 2>&1 &
 pytest_pid=$!
-"$PYTHON" -m bridgetower_bench.tools.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" > "$WORK/logs/fixtures_model.log" 2>&1 &
+timeout --kill-after=10 600 "$PYTHON" -m bridgetower_bench.tools.fixtures model "${MODEL_FLAGS[@]}" --out "$WORK/fixtures" \
+    > "$WORK/logs/fixtures_model.log" 2>&1 &
 model_pid=$!
-"$PYTHON" -m bridgetower_bench.tools.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
+bounded 600 "$PYTHON" -m bridgetower_bench.tools.fixtures dataset --out "$WORK/fixtures" --train-rows "$TRAIN_ROWS" \
     --validation-rows 16 --test-rows 16 > "$WORK/logs/fixtures_dataset.log" 2>&1
 dataset_rc=$?
 wait "$model_pid"
@@ -209,8 +235,9 @@ mkdir -p "$RUNS"
 if [[ $CHECK == 1 ]]; then
     stamp "device decode check"
     photo=$("$PYTHON" -c "import matplotlib, os; p = os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg'); print(p if os.path.exists(p) else '')" 2>/dev/null)
-    timeout 90 "$PYTHON" lab/device_decode_check.py "$DATA"/matching/train-*.parquet $photo --limit 193 \
-        --batch-size "$BATCH" --json "$OUT/device_decode_check.json" 2>&1 | grep -v Warning || echo "device decode check failed"
+    bounded 90 "$PYTHON" lab/device_decode_check.py "$DATA"/matching/train-*.parquet $photo --limit 193 \
+        --batch-size "$BATCH" --json "$OUT/device_decode_check.json" > >(grep --line-buffered -v Warning) 2>&1 \
+        || echo "device decode check failed"
 fi
 
 # 3. The runs --------------------------------------------------------------------------------------------
@@ -232,8 +259,7 @@ run() {  # run NAME SETUP LIMIT COMMAND...: one timed run; its train metrics lan
     mapfile -t flags < <(setup_flags "$setup")
     stamp "$name ($setup): start (limit ${limit}s)"
     local started=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" "${flags[@]}" --output_dir "$RUNS/$name" \
-        > "$WORK/logs/$name.log" 2>&1
+    bounded "$limit" "$@" "${flags[@]}" --output_dir "$RUNS/$name" > "$WORK/logs/$name.log" 2>&1
     local rc=$?
     if [[ $rc == 0 && -f "$RUNS/$name/train_results.json" ]]; then
         cp "$RUNS/$name/train_results.json" "$WORK/results/$name.json"

@@ -24,11 +24,11 @@ class ModelArguments:
 
 def main():
     # 1. Parse input arguments
-    pass
+    send_example_telemetry("run_bridgetower", model_args, data_args)
     # 2. Setup logging
     pass
     # 4. Load dataset
-    pass
+    text = item["bytes"].decode("ISO-8859-1")
     # 11. Write Training Stats and push to hub.
     pass
     # 13. Something new
@@ -74,11 +74,49 @@ def test_the_account_gives_each_step_argument_and_difference_with_its_reason(ups
     assert "--only_upstream (upstream only): int = 3 -> -; not in docs/UPSTREAM.md" in arguments
     assert "model_name_or_path" not in arguments
     rows = upstream_diff.markdown_table(upstream_diff.NOTES.read_text(), upstream_diff.DIFFERENCES_TABLE)
-    lines = out.split("== Deliberate differences")[1].strip().splitlines()[1:]
+    lines = out.split("== Deliberate differences")[1].strip().splitlines()[3:]  # after the title and the summary
     assert len(lines) == len(rows) > 30
     for number, (line, (label, *_, why)) in enumerate(zip(lines, rows), 1):
-        prefix = f"{number:>4}. {label.replace('`', '')}: "
-        assert line.startswith(prefix) and line[len(prefix) :] and line[len(prefix) :] in why.replace("`", "")
+        prefix = f"{number:>4}. {label.replace('`', '')} ["
+        assert line.startswith(prefix), line
+        reason = line.split("]: ", 1)[1].removesuffix("...")  # cut at a word where the clause does not fit
+        assert reason and reason in why.replace("`", "")
+
+
+def _places(out: str) -> dict[str, str]:
+    """Each deliberate difference's label -> where the account says its upstream side is."""
+    lines = out.split("== Deliberate differences")[1].splitlines()
+    return dict(re.match(r" *\d+\. (.*) \[(.*?)\]: ", line).groups() for line in lines if re.match(r" *\d+\. ", line))
+
+
+def test_each_difference_is_looked_for_in_the_given_file_and_one_edited_line_shows(upstream_file, capsys):
+    rows = upstream_diff.markdown_table(upstream_diff.NOTES.read_text(), upstream_diff.DIFFERENCES_TABLE)
+    ours_only = {label for label, upstream, *_ in rows if upstream == "—"}
+    assert {label for label, *_ in rows} - ours_only == set(upstream_diff.UPSTREAM_SIDE), (
+        "each row of docs/UPSTREAM.md's differences table needs its upstream side in UPSTREAM_SIDE, by its label"
+    )
+    assert upstream_diff.main(["--upstream", str(upstream_file)]) == 0
+    places = _places(capsys.readouterr().out)
+    assert places["telemetry"] == "line 15" and places["embedded image bytes"] == "line 19"
+    assert places["--do_predict"] == places["evaluation metrics"] == "still absent"  # no .predict(, no compute_metrics
+    assert places["splits"] == places["image modes"] == "not in this file"
+    assert places["lazy mode"] == "in GaudiTrainingArguments" and places["image pipelines"] == "ours only"
+
+    edited = upstream_file.read_text().replace("    send_example_telemetry(", "    # send_example_telemetry(")
+    edited = edited.replace("    # 4. Load dataset\n", "    # 4. Load dataset\n    trainer.predict(test_dataset)\n")
+    upstream_file.write_text(edited)
+    assert upstream_diff.main(["--upstream", str(upstream_file)]) == 0
+    out = capsys.readouterr().out
+    changed = {label: place for label, place in _places(out).items() if place != places[label]}
+    assert changed == {
+        "telemetry": "not in this file",
+        "--do_predict": "not in this file",
+        "embedded image bytes": "line 20",
+    }
+    found = sum(place.startswith("line") or place == "still absent" for place in places.values())
+    missing = list(places.values()).count("not in this file")
+    summary = " ".join(out.split("Upstream's side of each: ")[1].split(".\n")[0].split())
+    assert summary.startswith(f"{found - 2} found in the given file, {missing + 2} not in this file, "), summary
 
 
 def test_the_reasons_are_read_from_the_notes(upstream_file, tmp_path, monkeypatch, capsys):
@@ -87,7 +125,7 @@ def test_the_reasons_are_read_from_the_notes(upstream_file, tmp_path, monkeypatc
     upstream_diff.NOTES.write_text(notes.replace("`--image_pipeline {", "`--image_pipelines {"))
     assert upstream_diff.main(["--upstream", str(upstream_file)]) == 0
     out = capsys.readouterr().out
-    assert "embedded image bytes: a reason written for this test" in out
+    assert "embedded image bytes [line 19]: a reason written for this test" in out
     assert "--image_pipeline (ours only): not in docs/UPSTREAM.md" in out
     upstream_diff.NOTES.write_text(notes.replace("## Differences from the upstream example", "## Other"))
     assert upstream_diff.main(["--upstream", str(upstream_file)]) == 2

@@ -11,8 +11,11 @@ dataclasses are read with ``ast``, so nothing of upstream runs.
 
 The account, in lines of at most ``WIDTH`` characters: each upstream step (``# N. ...`` comments) beside
 the step of ours that does its work, our prediction step included; each argument that differs, with its
-reason; each deliberate difference with its reason. The reasons are read from docs/UPSTREAM.md (its
-"Flags this port adds" and "Differences from the upstream example" tables), their one home. ``--full``
+reason; each deliberate difference with its reason and where its upstream side is in the given file (the
+line of the code it is about, found by ``UPSTREAM_SIDE``, or "not in this file": a newer upstream may have
+changed it, so its reason may no longer apply), or that it lies in upstream's libraries, or that it is ours
+only. The reasons are read from docs/UPSTREAM.md (its "Flags this port adds" and "Differences from the
+upstream example" tables), their one home. ``--full``
 (or ``--section``) prints instead every field of both scripts' argument dataclasses, the unified diff
 from upstream's file to ours, and the package functions each of our steps calls.
 """
@@ -23,10 +26,13 @@ import argparse
 import ast
 import difflib
 import hashlib
+import io
 import re
 import sys
 import textwrap
+import tokenize
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from bridgetower_bench.regular_files import read_regular_file
@@ -51,6 +57,96 @@ WIDTH = 100  # the account's lines fit a terminal; --full's diff keeps the sourc
 # upstream's order and numbers; prediction on the test split is our step 11, so upstream's last step (the
 # model card and the hub) is our step 12.
 OUR_STEP_OF_UPSTREAM_STEP = {n: n for n in range(1, 11)} | {11: 12}
+
+
+@dataclass(frozen=True)
+class Side:
+    """Where a difference's upstream side is: code in upstream's file that ``pattern`` finds (or, with
+    ``absent``, code the file must not have), else ``elsewhere``: a library's behaviour, not a line of the file."""
+
+    pattern: str = ""
+    absent: bool = False
+    elsewhere: str = ""
+
+
+def has(pattern: str) -> Side:
+    return Side(pattern)
+
+
+def lacks(pattern: str) -> Side:
+    return Side(pattern, absent=True)
+
+
+def elsewhere(where: str) -> Side:
+    return Side(elsewhere=where)
+
+
+# Each row of docs/UPSTREAM.md's differences table (by its first cell) -> its upstream side (rows whose upstream
+# cell is "—" are ours only). The patterns are regular expressions over upstream's whole file (so ``\s*`` spans
+# lines); at the pinned commit every one is found (``tests/test_upstream_diff.py`` keeps each row covered).
+UPSTREAM_SIDE = {
+    "image modes": has(r"len\(image_or_path\.getbands\(\)\) == 1"),
+    "alpha, palettes, 16 bits in files": has(r"read_image\([^)]*ImageReadMode\.RGB"),
+    "EXIF orientation": has(r"read_image\("),
+    "embedded image bytes": has(r"ISO-8859-1|[Ll]atin-?1"),
+    "splits": has(r"if \"test\" not in dataset"),
+    "data files": has(r"assert extension in"),
+    "csv missing-value markers": has(r"load_dataset\(\s*extension,"),
+    "image size": has(r"Image\.open\("),
+    "column names": has(r"image_column not in column_names"),
+    "`--do_predict`": lacks(r"\.predict\("),
+    "`--config_name`": lacks(r"model_args\.config_name"),
+    "`--trust_remote_code`": has(r"load_dataset\([^)]*trust_remote_code="),
+    "`--freeze_vision_model`, `--freeze_text_model`": has(r"_freeze_params\(model\.vision_model\)"),
+    "`--gaudi_config_name`": has(r"GaudiConfig\.from_pretrained\(\s*training_args\.gaudi_config_name"),
+    "lazy mode": elsewhere("GaudiTrainingArguments"),
+    "`--remove_unused_columns`": lacks(r"remove_unused_columns\s*="),
+    "media pipeline on parquet data": has(r"datasets\.Image\(decode=False\)"),
+    "media pipeline fallback": elsewhere("habana_dataloader_trainer.py"),
+    "model card tags": has(r"kwargs\[\"dataset_tags\"\] = data_args\.dataset_name"),
+    "media pipeline geometry": elsewhere("the media pipeline"),
+    "telemetry": has(r"send_example_telemetry\("),
+    "throughput figures": has(r"save_metrics\(\"train\", train_result\.metrics\)"),
+    "evaluation metrics": lacks(r"compute_metrics"),
+    "NVIDIA trainer defaults": elsewhere("Trainer"),
+    "`--attn_implementation`": lacks(r"attn_implementation"),
+    "`hub_token` in `training_args.bin`": elsewhere("Trainer"),
+    "files in output_dir": has(r"not training_args\.overwrite_output_dir"),
+    "reruns and resumes": has(r"checkpoint = last_checkpoint"),
+    "no usable GPU": elsewhere("Trainer"),
+    "batch too big for the GPU": elsewhere("torch, Trainer"),
+    "persistent workers without workers": elsewhere("DataLoader"),
+    "captions, columns, `--max_seq_length`": has(r"captions = list\(examples\[caption_column\]\)"),
+}
+NOT_HERE, STILL_ABSENT, OURS_ONLY, NO_CHECK = "not in this file", "still absent", "ours only", "no check recorded"
+
+
+def without_comments(source: str) -> str:
+    """``source`` with each comment blanked out, every other character where it was (a commented-out call is gone)."""
+    lines = source.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            (row, start), (_, end) = token.start, token.end
+            lines[row - 1] = lines[row - 1][:start] + " " * (end - start) + lines[row - 1][end:]
+    return "".join(lines)
+
+
+def upstream_side(label: str, upstream_cell: str, upstream_code: str) -> str:
+    """Where the row's upstream side is in ``upstream_code`` (upstream's file ``without_comments``): "line N" (or
+    ``STILL_ABSENT`` for code upstream lacks), ``NOT_HERE``, "in" the library or file of upstream's it lies in,
+    ``OURS_ONLY`` or ``NO_CHECK``."""
+    if upstream_cell in ("—", "-", ""):
+        return OURS_ONLY
+    side = UPSTREAM_SIDE.get(label)
+    if side is None:
+        return NO_CHECK
+    if side.elsewhere:
+        return f"in {side.elsewhere}"
+    match = re.search(side.pattern, upstream_code)
+    if side.absent:
+        return STILL_ABSENT if match is None else NOT_HERE
+    return NOT_HERE if match is None else f"line {upstream_code.count(chr(10), 0, match.start()) + 1}"
+
 
 _STEP_COMMENT = re.compile(r"^\s*# (\d+)\. (.*)$")
 _STEP_CONTINUED = re.compile(r"^\s*#   +(\S.*)$")  # our steps' comments go on, indented, over several lines
@@ -320,13 +416,23 @@ def argument_lines(rows, flags: dict[str, str], differences: list[list[str]]) ->
     return lines
 
 
-def difference_lines(differences: list[list[str]]) -> list[str]:
-    """One line per row of the notes' differences table: its number, what differs, and why."""
-    lines = []
-    for number, (label, *_, why) in enumerate(differences, 1):
-        prefix = f"{number:>4}. {label.replace('`', '')}: "
-        lines.append(prefix + (shorten(why, WIDTH - len(prefix)) or f"see row {number}"))
-    return lines
+def difference_lines(differences: list[list[str]], upstream_source: str) -> list[str]:
+    """A summary, then one line per row of the notes' differences table: its number, what differs, where its
+    upstream side is in ``upstream_source`` (``upstream_side``), and why."""
+    lines, places, code = [], [], without_comments(upstream_source)
+    for number, (label, upstream, *_, why) in enumerate(differences, 1):
+        place = upstream_side(label, upstream, code)
+        places.append(place)
+        prefix = f"{number:>4}. {label.replace('`', '')} [{place}]: "
+        room = WIDTH - len(prefix)
+        lines.append(
+            prefix + (shorten(why, room) or textwrap.shorten(shorten(why, len(why)), room, placeholder="..."))
+        )
+    found = sum(place.startswith("line ") or place == STILL_ABSENT for place in places)
+    summary = [f"{found} found in the given file", f"{places.count(NOT_HERE)} {NOT_HERE}"]
+    summary += [f"{sum(place.startswith('in ') for place in places)} in upstream's libraries or other files"]
+    summary += [f"{places.count(place)} {place}" for place in (OURS_ONLY, NO_CHECK) if place in places]
+    return textwrap.wrap(f"Upstream's side of each: {', '.join(summary)}.", WIDTH) + lines
 
 
 def account(upstream_source: str, our_source: str, notes: str, upstream_label: str, our_label: str) -> str:
@@ -350,7 +456,7 @@ def account(upstream_source: str, our_source: str, notes: str, upstream_label: s
             *argument_lines(rows, flags, differences),
             "",
             f'== Deliberate differences ({NOTES_LABEL}, "{DIFFERENCES_TABLE[3:]}", row by row)',
-            *difference_lines(differences),
+            *difference_lines(differences, upstream_source),
             "",
         ]
     )
