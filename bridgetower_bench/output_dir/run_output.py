@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from bridgetower_bench.guards.divergence import finite_or_none
 from bridgetower_bench.output_dir import checkpoint_manifest, disk_space, run_directory, run_recipe
-from bridgetower_bench.output_dir.atomic_files import atomic_path
+from bridgetower_bench.output_dir.atomic_files import atomic_path, read_json
 from bridgetower_bench.redaction import without_secrets
 
 
@@ -118,17 +118,25 @@ class RunOutput:
 
     def results(self, split: str, metrics: dict, combined: bool = True) -> None:
         """`<split>_results.json` into the set being published; with `combined`, merged into this set's
-        all_results.json, else the published one (a new model's starts afresh)."""
+        all_results.json, else the published one (a new model's starts afresh; a published one gone is gathered
+        again from the published results of training, validation and test)."""
         _write_json(os.path.join(self.staging, f"{split}_results.json"), metrics)
         if combined:
-            path = os.path.join(self.staging, "all_results.json")
-            if not os.path.exists(path) and not self._publishing_model:
-                path = os.path.join(self.args.output_dir, "all_results.json")
-            combined_metrics = {}
-            if os.path.exists(path):
-                with open(path) as f:
-                    combined_metrics = json.load(f)
-            _write_json(os.path.join(self.staging, "all_results.json"), {**combined_metrics, **metrics})
+            combined_metrics = read_json(os.path.join(self.staging, "all_results.json"))
+            if combined_metrics is None and not self._publishing_model:
+                combined_metrics = self._published_results()
+            _write_json(os.path.join(self.staging, "all_results.json"), {**(combined_metrics or {}), **metrics})
+
+    def _published_results(self) -> dict:
+        """The published all_results.json; when it is gone, what the published results of each split hold."""
+        published = os.path.join(self.args.output_dir, "{}_results.json")
+        combined = read_json(published.format("all"))
+        if combined is None:
+            splits = ("train", "validation", "test")
+            combined = {
+                key: value for split in splits for key, value in read_json(published.format(split), {}).items()
+            }
+        return combined
 
     def model_card(self) -> None:
         """Before the model card (README.md) is written: it counts among what runs wrote."""
