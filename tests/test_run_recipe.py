@@ -514,6 +514,24 @@ def test_an_argument_these_scripts_do_not_know_is_in_the_recipe_and_named(tmp_pa
     )
 
 
+def test_a_run_of_the_other_install_route_is_refused_naming_only_the_entries_that_differ(tmp_path):
+    """A checkpoint of the current route, continued on the pinned route: its reason once listed 16 entries, most
+    "unset → unset" (arguments only transformers 5 has, unset there)."""
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out))
+    current_routes = {**dict.fromkeys(TRANSFORMERS_5_ONLY), "train_sampling_strategy": "random"}
+    save_checkpoint(out, 2, {**recipe, **current_routes, "learning_rate": 2e-3})
+    with pytest.raises(ValueError) as refused:
+        plan(out)
+    assert str(refused.value) == (
+        f"--output_dir={out} holds checkpoints (the newest complete one: checkpoint-2) of another recipe "
+        "(--learning_rate 0.002 → 0.001, --train_sampling_strategy random → unset): pass --overwrite_output_dir to "
+        "train this recipe there afresh, or choose another --output_dir"
+    )
+    # nothing else differs: the arguments one route lacks are named, as absent there
+    assert run_recipe.differences({**recipe, "use_cache": None}, recipe) == "--use_cache unset → absent"
+
+
 # The fields transformers 5 added (the current install route): listed, though the pinned route has none of them.
 TRANSFORMERS_5_ONLY = {
     "activation_checkpointing",

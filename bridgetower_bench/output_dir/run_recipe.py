@@ -184,17 +184,27 @@ def _name(key: str) -> str:
     return f"--{key}" if key in KNOWN_ARGUMENTS else f"--{key} ({_UNKNOWN})"
 
 
+_ABSENT = object()  # an entry a recipe does not hold
+
+
 def _shown(value) -> str:
+    if value is _ABSENT:
+        return "absent"
     return "unset" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def differences(recorded: Optional[dict], recipe: dict) -> str:
-    """The differing entries, "--name old → new", comma-separated; for a run that recorded none, says so."""
+    """The differing entries, "--name old → new", comma-separated; for a run that recorded none, says so. An
+    argument one install route has and the other lacks (README) counts as unset there: listed only with a value,
+    or, when nothing else differs, as absent."""
     if recorded is None:
         return "its recipe was not recorded"
-    absent = object()
-    changed = [key for key in {**recorded, **recipe} if recorded.get(key, absent) != recipe.get(key, absent)]
-    return ", ".join(f"{_name(k)} {_shown(recorded.get(k))} → {_shown(recipe.get(k))}" for k in changed)
+    keys = {**recorded, **recipe}
+    changed = [key for key in keys if recorded.get(key) != recipe.get(key)]
+    changed = changed or [key for key in keys if recorded.get(key, _ABSENT) != recipe.get(key, _ABSENT)]
+    return ", ".join(
+        f"{_name(key)} {_shown(recorded.get(key, _ABSENT))} → {_shown(recipe.get(key, _ABSENT))}" for key in changed
+    )
 
 
 def read(directory: str) -> Optional[dict]:
