@@ -26,6 +26,10 @@ from bridgetower_bench.redaction import without_secrets
 logger = logging.getLogger(__name__)
 
 
+# The arguments the kit changes while a run trains, kept as given in RunOutput's attributes of the same names
+_AS_GIVEN = ("save_total_limit", "gradient_accumulation_steps")
+
+
 class RunOutput:
     """The trainer's one way into --output_dir. `args`: the trainer's TrainingArguments; `recipe`: what makes this
     run's model (run_recipe.describe), saved with it and every checkpoint, or None."""
@@ -34,6 +38,8 @@ class RunOutput:
         self.args = args
         self.recipe = recipe
         self.save_total_limit = args.save_total_limit  # the run's; the Trainer's own rotation is off (`training`)
+        # the run's; the trainer mends it for a resumed epoch's last accumulation window (trainer.py)
+        self.gradient_accumulation_steps = args.gradient_accumulation_steps
         self.staging = None  # inside `published()`: where the files being published are saved
         self.checkpoint_being_saved = None  # inside `checkpoint()`: its directory
         self._publishing_model = False  # the set being published holds a new model (`final_model`)
@@ -161,11 +167,13 @@ class RunOutput:
         )
 
     def _save_training_args(self, directory: str) -> None:
-        """The training_args.bin beside the weights as the run's: its --save_total_limit, no credential."""
+        """The training_args.bin beside the weights as the run's: the values given of those changed while it trains
+        (`_AS_GIVEN`), no credential."""
         saved = without_secrets(self.args)
-        if saved.save_total_limit != self.save_total_limit:
+        if any(getattr(saved, name) != getattr(self, name) for name in _AS_GIVEN):
             saved = copy.copy(saved)
-            saved.save_total_limit = self.save_total_limit
+            for name in _AS_GIVEN:
+                setattr(saved, name, getattr(self, name))
         path = os.path.join(directory, "training_args.bin")
         if saved is not self.args and self.args.should_save and os.path.exists(path):
             with atomic_path(path) as temporary:
