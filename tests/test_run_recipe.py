@@ -525,10 +525,10 @@ def test_a_run_of_the_other_install_route_is_refused_naming_only_the_entries_tha
         plan(out)
     assert str(refused.value) == (
         f"--output_dir={out} holds checkpoints (the newest complete one: checkpoint-2) of another recipe "
-        "(--learning_rate 0.002 → 0.001, --train_sampling_strategy random → unset): pass --overwrite_output_dir to "
-        "train this recipe there afresh, or choose another --output_dir"
+        "(--learning_rate 0.002 → 0.001, --train_sampling_strategy random → absent): pass --overwrite_output_dir "
+        "to train this recipe there afresh, or choose another --output_dir"
     )
-    # nothing else differs: the arguments one route lacks are named, as absent there
+    # nothing else differs: the arguments one route lacks, unset on the other, are named
     assert run_recipe.differences({**recipe, "use_cache": None}, recipe) == "--use_cache unset → absent"
 
 
