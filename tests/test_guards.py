@@ -1,6 +1,7 @@
 """Protective checks in their other forms: the Gaudi-only flag guard's other spellings, and the decoded-image
 cache's key (a cache is never reused for other library versions, another image mode or other pixels)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -8,9 +9,10 @@ import PIL
 import pytest
 from PIL import Image
 
+from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.images import image_cache
-from helpers import encode, run_cuda_script
+from helpers import encode, optimum_habana, run_cuda_script, script_module
 
 
 SCRIPT = "run_bridgetower_cuda.py"
@@ -46,10 +48,13 @@ def spellings(tmp_path, model):
         ),
         "json configuration": ([config], refusal("--gaudi_config_name, --use_habana", "are")),
         "json configuration with dashes": ([dashed_config], refusal("--use_hpu_graphs_for_training")),
+        # once transformers' "not used by the HfArgumentParser" line, as every GaudiTrainingArguments field outside
+        # the list
+        "a Gaudi trainer's flag": ([*common, "--pipelining_fwd_bwd"], refusal("--pipelining_fwd_bwd")),
     }
 
 
-ON_THE_COMMAND_LINE = ["--flag=value", "--flag=False", "dashes", "dashes with =value"]
+ON_THE_COMMAND_LINE = ["--flag=value", "--flag=False", "dashes", "dashes with =value", "a Gaudi trainer's flag"]
 
 
 @pytest.mark.parametrize("case", [*ON_THE_COMMAND_LINE, "json configuration", "json configuration with dashes"])
@@ -73,6 +78,15 @@ def test_the_guard_names_flags_only_not_values_or_lookalikes(tmp_path):
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"mediapipe_dataloader": True, "distribution_strategy": "fast_ddp", "seed": 1}))
     assert flag_guard.hpu_only_flags_in([SCRIPT, str(config)]) == ["--distribution_strategy", "--mediapipe_dataloader"]
+
+
+def test_the_gaudi_only_flags_are_the_gaudi_trainers_arguments_the_cuda_script_lacks():
+    cuda = script_module("cuda")
+    with optimum_habana() as habana:
+        gaudi = {f.name for f in dataclasses.fields(habana.GaudiTrainingArguments) if f.init}
+    ours = {f.name for cls in (cuda.DataTrainingArguments, WarmupTrainingArguments) for f in dataclasses.fields(cls)}
+    assert sorted(gaudi - ours - set(flag_guard.HPU_ONLY_FLAGS)) == [], "add them to flag_guard.HPU_ONLY_FLAGS"
+    assert sorted(set(flag_guard.HPU_ONLY_FLAGS) - gaudi - {"mediapipe_dataloader"}) == [], "no longer Gaudi's"
 
 
 # The decoded-image cache key ------------------------------------------------------------------------------------

@@ -2,26 +2,34 @@
 cleared, and the final set (model, config, processors, metrics, trainer state) published all-or-nothing at
 every kill point; a signal after training never loses it, and rerunning completes the phases left."""
 
+import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory
 from bridgetower_bench.tools.fixtures import script_flags
+from bridgetower_bench.user_errors import UserInputError
 from helpers import (
     BOTH_ROUTES,
     CPU_FLAGS,
     REPO,
+    SCRIPTS,
     ForkedRun,
     base_args,
+    command,
     dead_pid,
+    last_line,
     load_weights,
     read_json,
     run_script,
@@ -345,3 +353,119 @@ def test_gaudi_script_signals_after_training_lose_nothing_and_reruns_complete_th
     assert run.wait().returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
     assert_rerun_only_evaluates("gaudi", args, out)
+
+
+# A final name that is not a file; a final file gone ------------------------------------------------------------
+
+
+def tree(out) -> dict:
+    """Every entry under out: a regular file's bytes, anything else its kind (nothing is opened but regular files)."""
+    entries = {}
+    for root, directories, names in os.walk(out):
+        for name in directories + names:
+            path = Path(root, name)
+            mode = path.lstat().st_mode
+            entries[str(path.relative_to(out))] = path.read_bytes() if stat.S_ISREG(mode) else stat.S_IFMT(mode)
+    return entries
+
+
+def not_a_file(kind: str):
+    """What puts a `kind` at a path: a directory holding a file, or a FIFO."""
+
+    def directory(path):
+        path.mkdir()
+        (path / "notes.txt").write_text("mine")
+
+    return {"directory": directory, "FIFO": os.mkfifo}[kind]
+
+
+def refused_at(out, name, kind):
+    return (
+        f"--output_dir={out}: {name} is not a regular file: {kind}, where the run publishes a file; it never replaces "
+        "one: move it away and rerun the same command"
+    )
+
+
+def test_a_publication_onto_a_name_that_is_not_a_file_is_refused_before_its_commit_point_or_waits_whole(tmp_path):
+    out = tmp_path / "out"
+    with run_directory.publication(str(out)) as staging:
+        Path(staging, "a_results.json").write_text("1")
+    cases = [
+        ("b_results.json", not_a_file("FIFO"), "b_results.json is not a regular file: FIFO"),
+        ("b_results.json", not_a_file("directory"), "b_results.json is not a regular file: directory"),
+        ("sub", Path.touch, "sub/c.json is under a file, not in a directory"),
+    ]
+    for name, make, said in cases:
+        make(out / name)
+        before = tree(out)
+        with pytest.raises(UserInputError) as refused:
+            with run_directory.publication(str(out)) as staging:
+                for published in ("a_results.json", "b_results.json", "sub/c.json"):
+                    Path(staging, published).parent.mkdir(exist_ok=True)
+                    Path(staging, published).write_text("2")
+        assert str(refused.value).startswith(f"--output_dir={out}: {said}, where the run publishes a file")
+        assert tree(out) == before, "something was replaced, or the staged set outlived the refusal"
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+
+    # A set committed (.publishing), its move into place killed; a directory at one of its names meanwhile: refused,
+    # nothing moved, the set waits whole until the directory is moved away.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_directory, "finish_publication", lambda output_dir: None)
+        with run_directory.publication(str(out)) as staging:
+            Path(staging, "a_results.json").write_text("3")
+            Path(staging, "b_results.json").write_text("3")
+    not_a_file("directory")(out / "b_results.json")
+    before = tree(out)
+    for check in (run_directory.check_output_dir, run_directory.finish_publication):  # step 3, then claim
+        with pytest.raises(UserInputError, match=re.escape(refused_at(out, "b_results.json", "directory"))):
+            check(str(out))
+        assert tree(out) == before
+    shutil.rmtree(out / "b_results.json")
+    run_directory.finish_publication(str(out))
+    assert [(out / n).read_text() for n in ("a_results.json", "b_results.json")] == ["3", "3"]
+    assert run_directory.PUBLISHING_NAME not in os.listdir(out)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("cuda", marks=BOTH_ROUTES), "gaudi"])
+def test_a_finished_run_refuses_what_is_not_a_file_at_its_names_and_publishes_its_lost_files_again(
+    kind, fixtures, tmp_path
+):
+    """The same command again over a finished run: once, with a directory at model.safetensors, a traceback in the
+    middle of its publication (config.json and three more replaced, .publishing left), and a deleted
+    train_results.json went unnoticed."""
+    out = tmp_path / "out"
+    args = command(fixtures, out, kind, "--do_eval")
+    run_script(kind, args)  # checkpoint-2 and the published set
+    published = tree(out)
+    for name, what in (("model.safetensors", "directory"), ("config.json", "FIFO"), ("all_results.json", "FIFO")):
+        (out / name).unlink()
+        not_a_file(what)(out / name)
+        before = tree(out)
+        rerun = run_script(kind, args, check=False)
+        assert rerun.returncode == 2 and "Traceback" not in rerun.stderr, rerun.stderr[-3000:]
+        assert last_line(rerun) == f"{SCRIPTS[kind]}: error: {refused_at(out, name, what)}"
+        assert tree(out) == before, f"{name}: something changed"
+        shutil.rmtree(out / name) if what == "directory" else (out / name).unlink()
+        (out / name).write_bytes(published[name])
+
+    # train_results.json gone: the model's set published again from the checkpoint of its last step
+    (out / "train_results.json").unlink()
+    rerun = run_script(kind, args)
+    log = rerun.stdout + rerun.stderr
+    assert "its trained model is not as it was published (train_results.json is missing)" in log, log[-3000:]
+    assert "'loss'" not in rerun.stdout, "trained again"
+    train_results = read_json(out / "train_results.json")
+    trained = json.loads(published["train_results.json"])
+    assert train_results["published_from"] == "checkpoint-2"
+    assert train_results["train_loss"] == pytest.approx(trained["train_loss"], rel=1e-9)
+    assert (out / "model.safetensors").read_bytes() == published["model.safetensors"]
+
+    # the evaluation's results gone: published again by the rerun's evaluation, all_results.json gathered again
+    (out / "validation_results.json").unlink()
+    (out / "all_results.json").unlink()
+    rerun = run_script(kind, args)
+    assert "trained as far as asked: not training again" in rerun.stdout + rerun.stderr
+    combined = read_json(out / "all_results.json")
+    assert combined == {**train_results, **read_json(out / "validation_results.json")}
+    assert "eval_loss" in combined and combined["published_from"] == "checkpoint-2"
+    assert not [n for n in os.listdir(out) if n.startswith((".staging", ".publishing")) or ".partial-" in n]

@@ -13,7 +13,7 @@ from transformers import Trainer
 from helpers import BOTH_ROUTES, optimum_habana
 
 
-# Trainer methods the kit overrides (bridgetower_bench/trainer.py) or calls (trainer.py, mediapipe/trainer.py) ->
+# Trainer methods the kit overrides (trainer.py, output_dir/trainer_output.py) or calls (also mediapipe/trainer.py) ->
 # the parameters it relies on, in order. The same on transformers 4.55 (GaudiTrainer's too) and 5.x.
 TRAINER_METHODS = {
     "_get_train_sampler": ["self", "train_dataset"],  # overridden; called by the media-pipeline loader
@@ -80,7 +80,7 @@ def test_the_training_loop_still_syncs_by_the_accumulation_steps_it_reads_each_m
 def test_transformers_trainer_keeps_the_private_methods_save_model_and_save_total_limit_the_kit_relies_on():
     problems = missing_or_changed(Trainer, TRAINER_METHODS)
     assert not problems, "transformers changed private Trainer methods:\n" + "\n".join(problems)
-    # trainer.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
+    # output_dir/trainer_output.py: inside _save_checkpoint, save_model writes the checkpoint's weights (passed through in place);
     # the Trainer's own rotation and its end-of-training deletion read args.save_total_limit, which the kit
     # sets to None while training so that only its own rotation, over the checkpoints runs wrote, deletes
     source = inspect.getsource(Trainer._save_checkpoint)

@@ -101,6 +101,26 @@ def test_a_run_stopped_before_an_epochs_partial_accumulation_window_resumes_to_t
     resume_to_the_end(reference, 6, fixtures, tmp_path / "resumed", kind, 0, stop, **ACCUMULATION)
 
 
+def test_a_checkpoint_saved_while_a_resumed_epochs_last_window_is_mended_records_the_given_accumulation(
+    fixtures, uninterrupted, tmp_path
+):
+    """36 rows, 4 micro-batches a step: windows of 4, 4 and 1, 3 steps. Resumed after step 1, the window of 1 is
+    mended once step 2's window is trained: the loop reads args.gradient_accumulation_steps, 1 until that last
+    micro-batch is trained, while step 2's checkpoint is saved. Its training_args.bin once recorded the 1; resumed
+    from it, the run ends bit for bit as the uninterrupted one."""
+    recipe = dict(max_train_samples=36, gradient_accumulation_steps=4, num_train_epochs=1)
+    reference = uninterrupted("cuda", 0, **recipe)
+    assert read_json(reference / "trainer_state.json")["global_step"] == 3
+    resumed = tmp_path / "resumed"
+    args = command(fixtures, resumed, 0, resume_from_checkpoint=reference / "checkpoint-1", **recipe)
+    run_script("cuda", args + CPU_FLAGS["cuda"])
+    saved = torch.load(resumed / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert saved.gradient_accumulation_steps == 4
+    assert checkpoint_manifest.incomplete_reason(str(resumed / "checkpoint-2")) is None
+    assert_ends_like(reference, resumed, 1)
+    resume_to_the_end(resumed, 3, fixtures, tmp_path / "again", "cuda", 0, 2, **recipe)
+
+
 def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_loss_then_averages(
     fixtures, uninterrupted, tmp_path
 ):

@@ -247,6 +247,7 @@ def arguments(out, **training):
     args = {
         "output_dir": str(out),
         "do_train": True,
+        "do_eval": False,
         "do_predict": False,
         "overwrite_output_dir": False,
         "resume_from_checkpoint": None,
@@ -361,6 +362,8 @@ def changed(path):
         ("model.safetensors", changed, "model.safetensors is not the file saved (its sha256 differs)"),
         ("recipe.json", changed, "recipe.json is not the file saved (its sha256 differs)"),
         ("model-manifest.json", Path.unlink, "model-manifest.json is missing"),
+        ("train_results.json", Path.unlink, "train_results.json is missing"),
+        ("train_results.json", changed, "train_results.json is not the file saved (its sha256 differs)"),
     ],
 )
 def test_a_published_model_not_as_published_is_published_again_from_its_checkpoint_or_refused_in_one_line(
@@ -393,6 +396,37 @@ def test_a_published_model_not_as_published_is_published_again_from_its_checkpoi
     assert f"{out / 'checkpoint-6'} ends this recipe's training (step 6 of 6): publishing it again, not" in caplog.text
     # --resume_from_checkpoint of the last one: the same; with --load_best_model_at_end, its best checkpoint's model
     assert plan(out, resume_from_checkpoint=str(out / "checkpoint-6")).publish_from == str(out / "checkpoint-6")
+
+
+def test_the_evaluations_results_gone_from_a_finished_run_are_named_unless_the_rerun_publishes_them(tmp_path, caplog):
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out))
+    publish(out, recipe)
+    with run_directory.publication(str(out)) as staging:
+        for name in ("validation_results.json", "test_results.json", "all_results.json"):
+            (Path(staging) / name).write_text("{}")
+    for name in ("validation_results.json", "test_results.json", "all_results.json"):
+        (out / name).unlink()
+    said = {  # (in the published set's order)
+        "all_results.json": "--do_eval or --do_predict",
+        "test_results.json": "--do_predict",
+        "validation_results.json": "--do_eval",
+    }
+    cases = [
+        ({}, list(said)),
+        ({"do_eval": True}, ["test_results.json"]),
+        ({"do_train": False, "do_eval": True}, ["test_results.json"]),  # evaluation alone: the same
+        ({"do_train": False, "do_predict": True}, ["validation_results.json"]),
+    ]
+    for flags, named in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="bridgetower_bench"):
+            assert plan(out, **flags).trained_model == str(out)  # the model is intact: reused
+        warned = [r.getMessage() for r in caplog.records if "missing from its results" in r.getMessage()]
+        expected = [
+            f"{out}: {name} is missing from its results; rerun with {said[name]} to publish it" for name in named
+        ]
+        assert warned == expected, flags
 
 
 def test_a_last_checkpoint_with_load_best_model_at_end_publishes_its_best_checkpoints_model_or_refuses(tmp_path):
@@ -478,6 +512,24 @@ def test_an_argument_these_scripts_do_not_know_is_in_the_recipe_and_named(tmp_pa
         "(--later_release_knob (not known to these scripts, so counted in the recipe) 0.5 → 0.7): pass "
         "--overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
     )
+
+
+def test_a_run_of_the_other_install_route_is_refused_naming_only_the_entries_that_differ(tmp_path):
+    """A checkpoint of the current route, continued on the pinned route: its reason once listed 16 entries, most
+    "unset → unset" (arguments only transformers 5 has, unset there)."""
+    out = tmp_path / "run"
+    recipe = run_recipe.describe(*arguments(out))
+    current_routes = {**dict.fromkeys(TRANSFORMERS_5_ONLY), "train_sampling_strategy": "random"}
+    save_checkpoint(out, 2, {**recipe, **current_routes, "learning_rate": 2e-3})
+    with pytest.raises(ValueError) as refused:
+        plan(out)
+    assert str(refused.value) == (
+        f"--output_dir={out} holds checkpoints (the newest complete one: checkpoint-2) of another recipe "
+        "(--learning_rate 0.002 → 0.001, --train_sampling_strategy random → absent): pass --overwrite_output_dir "
+        "to train this recipe there afresh, or choose another --output_dir"
+    )
+    # nothing else differs: the arguments one route lacks, unset on the other, are named
+    assert run_recipe.differences({**recipe, "use_cache": None}, recipe) == "--use_cache unset → absent"
 
 
 # The fields transformers 5 added (the current install route): listed, though the pinned route has none of them.

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import bridgetower_bench.tools as tools_package
 import image_bench
 from bridgetower_bench.tools import launch_gaudi
 from helpers import REPO, run_tool, script_env
@@ -32,6 +33,36 @@ def test_the_tools_that_run_no_model_start_without_torch_transformers_or_dataset
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = {name.split(".")[0] for name in result.stdout.split()}
     assert not loaded & {"torch", "torchvision", "transformers", "datasets"}, loaded
+
+
+def test_a_module_the_commands_import_run_as_a_command_says_so_in_one_line(monkeypatch):
+    """Once `python -m bridgetower_bench.tools.cartoons /bad/path` and six more exited 0, silently."""
+    argv = [sys.executable, "-m", "bridgetower_bench.tools.cartoons", "/bad/path"]
+    result = subprocess.run(argv, cwd=REPO, env=script_env(False), capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]
+    said = (
+        'error: a module the kit\'s commands import, not a command (the commands: docs/ARCHITECTURE.md, "Tools wing")'
+    )
+    assert result.stderr == f"python -m bridgetower_bench.tools.cartoons: {said}\n"
+    # Which modules are commands, as python -m is about to run them (the package is imported first)
+    tools = REPO / "bridgetower_bench" / "tools"
+    modules = {str(p.relative_to(tools).with_suffix("")).replace(os.sep, ".") for p in tools.rglob("[!_]*.py")}
+    refused = set()
+    for name in modules | {"sweep", "no_such_tool"}:
+        monkeypatch.setattr(sys, "argv", ["-m", "/bad/path"])
+        monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "dev", "-m", f"bridgetower_bench.tools.{name}"])
+        try:
+            tools_package.refuse_a_module_that_is_not_a_command()
+        except SystemExit as exiting:
+            assert exiting.code == 2
+            refused.add(name)
+    commands = "bench cluster_check compare fixtures gaudi_check launch_cuda launch_gaudi make_cuda_script "
+    commands += "nvidia_check upstream_diff"
+    assert refused == modules - set(commands.split()) | {"sweep"}  # (no_such_tool: Python's own "No module named")
+    assert {"cartoons", "hosts", "self_check", "tool_paths", "sweep.run"} <= refused
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])  # not a module of the tools: nothing said
+    tools_package.refuse_a_module_that_is_not_a_command()
 
 
 def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):

@@ -9,15 +9,44 @@ from bridgetower_bench.regular_files import read_regular_file
 from bridgetower_bench.user_errors import UserInputError
 
 
+# Every field of GaudiTrainingArguments that the CUDA script's WarmupTrainingArguments lacks, and the data flag of
+# the media pipeline (tests/test_guards.py compares them with the pinned optimum-habana's)
 HPU_ONLY_FLAGS = (
     "use_habana",
     "use_lazy_mode",
     "use_hpu_graphs",
     "use_hpu_graphs_for_inference",
     "use_hpu_graphs_for_training",
+    "disable_tensor_cache_hpu_graphs",
+    "max_hpu_graphs",
     "gaudi_config_name",
     "distribution_strategy",
+    "context_parallel_size",
     "sdp_on_bf16",
+    "fp8",
+    "pipelining_fwd_bwd",
+    "non_blocking_data_copy",
+    "minimize_memory",
+    "ignore_eos",
+    "adjust_throughput",
+    "use_compiled_autograd",
+    "use_regional_compilation",
+    "use_zero3_leaf_promotion",
+    "compile_from_sec_iteration",
+    "compile_dynamic",
+    "cache_size_limit",
+    "inline_inbuilt_nn_modules",
+    "allow_unspec_int_on_nn_module",
+    "flash_attention_recompute",
+    "flash_attention_fast_softmax",
+    "flash_attention_causal_mask",
+    "flash_attention_fp8",
+    "profiling_warmup_steps",
+    "profiling_steps",
+    "profiling_warmup_steps_eval",
+    "profiling_steps_eval",
+    "profiling_record_shapes",
+    "profiling_with_stack",
     "mediapipe_dataloader",
 )
 

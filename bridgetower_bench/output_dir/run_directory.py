@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 from filelock import FileLock, Timeout
 
 from bridgetower_bench.output_dir import atomic_files, checkpoint_manifest, disk_space
+from bridgetower_bench.regular_files import not_regular_reason
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -128,7 +129,8 @@ def check_output_dir_path(output_dir: Optional[str]) -> None:
 
 def check_output_dir(output_dir: str) -> None:
     """Refuse (UserInputError) an output_dir holding anything that runs of these scripts did not write: files of
-    anyone else are never overwritten or deleted, --overwrite_output_dir or not."""
+    anyone else are never overwritten or deleted, --overwrite_output_dir or not; and one where something other than
+    a regular file stands at a name of the published set, or of a publication waiting to be finished."""
     if not os.path.isdir(output_dir):
         return
     foreign = foreign_entries(output_dir)
@@ -138,6 +140,26 @@ def check_output_dir(output_dir: str) -> None:
             f"--output_dir={output_dir} holds files this script did not write ({listed}); it never overwrites or "
             "deletes them, with or without --overwrite_output_dir: move them away or choose another --output_dir"
         )
+    pending = _pending_plan(output_dir) or {}
+    refuse_unless_files(output_dir, [*read_record(output_dir)["current"], *_replaced_by(pending)])
+
+
+def refuse_unless_files(output_dir: str, names) -> None:
+    """UserInputError naming the first of `names` (paths relative to output_dir) where a directory, FIFO, device or
+    socket stands (its links followed), or whose way there is not a directory: a publication never renames a file
+    over one nor removes it, so it is refused before anything is replaced."""
+    for name in sorted(set(names)):
+        try:
+            reason = not_regular_reason(os.stat(os.path.join(output_dir, name)).st_mode)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            reason = "under a file, not in a directory"
+        if reason:
+            raise UserInputError(
+                f"--output_dir={output_dir}: {name} is {reason}, where the run publishes a file; it never replaces "
+                "one: move it away and rerun the same command"
+            )
 
 
 def _describe_holder(text: str) -> str:
@@ -281,10 +303,15 @@ def publication(output_dir: str, publish: bool = True) -> Iterator[str]:
         os.makedirs(staging)
         try:
             yield staging
+            _commit(output_dir, staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)  # (gone once committed: renamed onto .publishing)
             raise
-        _commit(output_dir, staging)
+
+
+def _replaced_by(plan: dict) -> list:
+    """The names in output_dir a publication's plan replaces or removes."""
+    return [*plan.get("files", ()), *plan.get("remove", ())]
 
 
 def _commit(output_dir: str, staging: str) -> None:
@@ -297,11 +324,12 @@ def _commit(output_dir: str, staging: str) -> None:
     record = read_record(output_dir)
     has_model = "config.json" in files  # a new model replaces the previous model's whole set, its results too
     if has_model:  # its files' sizes and sha256, checked before a run trusts it (`published_model`)
-        results = [name for name in files if name.endswith("results.json")]
+        results = [name for name in files if _evaluation_results(name)]
         checkpoint_manifest.write(staging, [], PUBLISHED_MANIFEST, leave_out=results)
         files = atomic_files.files_under(staging)
     remove = sorted(set(record["current"]) - set(files)) if has_model else []
     current = files if has_model else sorted(set(record["current"]) | set(files))
+    refuse_unless_files(output_dir, [*files, *remove])  # (before the commit point: the staged set is dropped)
     record_written(output_dir, {name.split(os.sep)[0] for name in files})
     with open(os.path.join(staging, PUBLICATION_RECORD), "w") as f:
         json.dump({"files": files, "remove": remove, "current": current}, f)
@@ -312,15 +340,23 @@ def _commit(output_dir: str, staging: str) -> None:
     finish_publication(output_dir)
 
 
+def _pending_plan(output_dir: str) -> Optional[dict]:
+    """The plan of a committed publication not yet moved into place, or None."""
+    return atomic_files.read_json(os.path.join(output_dir, PUBLISHING_NAME, PUBLICATION_RECORD))
+
+
 def finish_publication(output_dir: str) -> None:
-    """Move a committed publication's files into place (idempotent: a kill midway is finished by the next call)."""
+    """Move a committed publication's files into place (idempotent: a kill midway is finished by the next call).
+    Something other than a regular file at one of its names is refused before any is moved: the committed set
+    waits in .publishing until it is moved away."""
     pending = os.path.join(output_dir, PUBLISHING_NAME)
     if not os.path.isdir(pending):
         return
-    plan = atomic_files.read_json(os.path.join(pending, PUBLICATION_RECORD))
+    plan = _pending_plan(output_dir)
     if plan is None:  # its record goes last: every file was already moved
         shutil.rmtree(pending)
         return
+    refuse_unless_files(output_dir, _replaced_by(plan))
     for name in plan["remove"]:
         if os.path.isfile(os.path.join(output_dir, name)):
             os.remove(os.path.join(output_dir, name))
@@ -341,7 +377,8 @@ def finish_publication(output_dir: str) -> None:
 class PublishedModel(NamedTuple):
     files: list  # the files of its published set (and of everything published since)
     finished: bool  # whether it was trained to its last step (trainer_state.json)
-    damaged: Optional[str]  # why its model's files (not the results) are not those published, or None
+    damaged: Optional[str]  # why its model's files (train_results.json too) are not those published, or None
+    results_missing: list  # the evaluations' results of its set (all_results.json too) that are gone
 
 
 def published_model(output_dir: str) -> Optional[PublishedModel]:
@@ -355,16 +392,18 @@ def published_model(output_dir: str) -> Optional[PublishedModel]:
         finished = state["global_step"] >= state["max_steps"]
     except (KeyError, TypeError):
         finished = False
-    if PUBLISHED_MANIFEST in current:
+    gone = [name for name in current if not os.path.lexists(os.path.join(output_dir, name))]
+    missing = [name for name in gone if not _evaluation_results(name)]
+    damaged = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
+    if damaged is None and PUBLISHED_MANIFEST in current:  # (a set published without one: its files' presence only)
         damaged = checkpoint_manifest.incomplete_reason(output_dir, PUBLISHED_MANIFEST)
-        if damaged is not None and not os.path.lexists(os.path.join(output_dir, PUBLISHED_MANIFEST)):
-            damaged = f"{PUBLISHED_MANIFEST} is missing"
-    else:  # (a set published without a manifest: its files' presence only)
-        missing = [
-            n for n in current if not n.endswith("results.json") and not os.path.lexists(os.path.join(output_dir, n))
-        ]
-        damaged = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
-    return PublishedModel(current, finished, damaged)
+    return PublishedModel(current, finished, damaged, [name for name in gone if _evaluation_results(name)])
+
+
+def _evaluation_results(name: str) -> bool:
+    """all_results.json and the evaluated splits' results: rewritten by later evaluations, so left out of the model's
+    manifest and its checks (train_results.json is the model's own, published with it only)."""
+    return name.endswith("results.json") and name != "train_results.json"
 
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

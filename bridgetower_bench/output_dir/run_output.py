@@ -19,11 +19,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from bridgetower_bench.guards.divergence import finite_or_none
 from bridgetower_bench.output_dir import checkpoint_manifest, disk_space, run_directory, run_recipe
-from bridgetower_bench.output_dir.atomic_files import atomic_path
+from bridgetower_bench.output_dir.atomic_files import atomic_path, read_json
 from bridgetower_bench.redaction import without_secrets
 
 
 logger = logging.getLogger(__name__)
+
+
+# The arguments the kit changes while a run trains, kept as given in RunOutput's attributes of the same names
+_AS_GIVEN = ("save_total_limit", "gradient_accumulation_steps")
 
 
 class RunOutput:
@@ -34,6 +38,8 @@ class RunOutput:
         self.args = args
         self.recipe = recipe
         self.save_total_limit = args.save_total_limit  # the run's; the Trainer's own rotation is off (`training`)
+        # the run's; the trainer mends it for a resumed epoch's last accumulation window (trainer.py)
+        self.gradient_accumulation_steps = args.gradient_accumulation_steps
         self.staging = None  # inside `published()`: where the files being published are saved
         self.checkpoint_being_saved = None  # inside `checkpoint()`: its directory
         self._publishing_model = False  # the set being published holds a new model (`final_model`)
@@ -118,17 +124,25 @@ class RunOutput:
 
     def results(self, split: str, metrics: dict, combined: bool = True) -> None:
         """`<split>_results.json` into the set being published; with `combined`, merged into this set's
-        all_results.json, else the published one (a new model's starts afresh)."""
+        all_results.json, else the published one (a new model's starts afresh; a published one gone is gathered
+        again from the published results of training, validation and test)."""
         _write_json(os.path.join(self.staging, f"{split}_results.json"), metrics)
         if combined:
-            path = os.path.join(self.staging, "all_results.json")
-            if not os.path.exists(path) and not self._publishing_model:
-                path = os.path.join(self.args.output_dir, "all_results.json")
-            combined_metrics = {}
-            if os.path.exists(path):
-                with open(path) as f:
-                    combined_metrics = json.load(f)
-            _write_json(os.path.join(self.staging, "all_results.json"), {**combined_metrics, **metrics})
+            combined_metrics = read_json(os.path.join(self.staging, "all_results.json"))
+            if combined_metrics is None and not self._publishing_model:
+                combined_metrics = self._published_results()
+            _write_json(os.path.join(self.staging, "all_results.json"), {**(combined_metrics or {}), **metrics})
+
+    def _published_results(self) -> dict:
+        """The published all_results.json; when it is gone, what the published results of each split hold."""
+        published = os.path.join(self.args.output_dir, "{}_results.json")
+        combined = read_json(published.format("all"))
+        if combined is None:
+            splits = ("train", "validation", "test")
+            combined = {
+                key: value for split in splits for key, value in read_json(published.format(split), {}).items()
+            }
+        return combined
 
     def model_card(self) -> None:
         """Before the model card (README.md) is written: it counts among what runs wrote."""
@@ -153,11 +167,13 @@ class RunOutput:
         )
 
     def _save_training_args(self, directory: str) -> None:
-        """The training_args.bin beside the weights as the run's: its --save_total_limit, no credential."""
+        """The training_args.bin beside the weights as the run's: the values given of those changed while it trains
+        (`_AS_GIVEN`), no credential."""
         saved = without_secrets(self.args)
-        if saved.save_total_limit != self.save_total_limit:
+        if any(getattr(saved, name) != getattr(self, name) for name in _AS_GIVEN):
             saved = copy.copy(saved)
-            saved.save_total_limit = self.save_total_limit
+            for name in _AS_GIVEN:
+                setattr(saved, name, getattr(self, name))
         path = os.path.join(directory, "training_args.bin")
         if saved is not self.args and self.args.should_save and os.path.exists(path):
             with atomic_path(path) as temporary:

@@ -184,17 +184,27 @@ def _name(key: str) -> str:
     return f"--{key}" if key in KNOWN_ARGUMENTS else f"--{key} ({_UNKNOWN})"
 
 
+_ABSENT = object()  # an entry a recipe does not hold
+
+
 def _shown(value) -> str:
+    if value is _ABSENT:
+        return "absent"
     return "unset" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def differences(recorded: Optional[dict], recipe: dict) -> str:
-    """The differing entries, "--name old → new", comma-separated; for a run that recorded none, says so."""
+    """The differing entries, "--name old → new", comma-separated; for a run that recorded none, says so. An
+    argument one install route has and the other lacks (README) counts as unset there: listed only with a value,
+    or, when nothing else differs, as absent."""
     if recorded is None:
         return "its recipe was not recorded"
-    absent = object()
-    changed = [key for key in {**recorded, **recipe} if recorded.get(key, absent) != recipe.get(key, absent)]
-    return ", ".join(f"{_name(k)} {_shown(recorded.get(k))} → {_shown(recipe.get(k))}" for k in changed)
+    keys = {**recorded, **recipe}
+    changed = [key for key in keys if recorded.get(key) != recipe.get(key)]
+    changed = changed or [key for key in keys if recorded.get(key, _ABSENT) != recipe.get(key, _ABSENT)]
+    return ", ".join(
+        f"{_name(key)} {_shown(recorded.get(key, _ABSENT))} → {_shown(recipe.get(key, _ABSENT))}" for key in changed
+    )
 
 
 def read(directory: str) -> Optional[dict]:
@@ -280,7 +290,7 @@ def _refuse(output_dir: str, what: str, recorded: Optional[dict], recipe: dict):
     )
 
 
-def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
+def _evaluation_only(output_dir: str, recipe: dict, model_args, training_args) -> RunPlan:
     model, recorded = _published_model(output_dir)
     if model is None:
         return RunPlan(recipe, None, None)
@@ -304,7 +314,27 @@ def _evaluation_only(output_dir: str, recipe: dict, model_args) -> RunPlan:
         )
     not_given = "" if itself else f" (not {given}, the model it was trained from)"
     logger.warning(f"{output_dir} holds a trained model: evaluating it{not_given}")
+    _say_results_left_missing(output_dir, model, training_args)
     return RunPlan(recipe, output_dir, None)
+
+
+# The flags whose evaluation publishes each of the evaluations' results again (all_results.json: any, gathered
+# again from the others: RunOutput.results)
+_PUBLISHED_AGAIN_BY = {
+    "validation_results.json": ("do_eval",),
+    "test_results.json": ("do_predict",),
+    "all_results.json": ("do_eval", "do_predict"),
+}
+
+
+def _say_results_left_missing(output_dir: str, model: run_directory.PublishedModel, training_args) -> None:
+    """A warning for each of the evaluations' results gone from the published set that this run does not publish
+    again, naming the flags that would."""
+    for name in model.results_missing:
+        flags = _PUBLISHED_AGAIN_BY.get(name, ())
+        if not any(getattr(training_args, flag) for flag in flags):
+            again = " or ".join(f"--{flag}" for flag in flags) or "the evaluation that wrote it"
+            logger.warning(f"{output_dir}: {name} is missing from its results; rerun with {again} to publish it")
 
 
 def _explicit_checkpoint(checkpoint: str, recipe: dict) -> RunPlan:
@@ -358,7 +388,7 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
     recipe = describe(model_args, data_args, training_args, dataset)
     refuse_unless_one_recipe(recipe, training_args)
     if not training_args.do_train:  # (evaluation alone into a directory holding a trained model evaluates it)
-        return _evaluation_only(output_dir, recipe, model_args)
+        return _evaluation_only(output_dir, recipe, model_args, training_args)
     if training_args.resume_from_checkpoint:
         return _explicit_checkpoint(training_args.resume_from_checkpoint, recipe)
     if training_args.overwrite_output_dir or not os.path.isdir(output_dir):
@@ -371,6 +401,7 @@ def plan_run(output_dir: str, model_args, data_args, training_args, dataset) -> 
             f"{output_dir} holds the model of this recipe, trained as far as asked: not training again "
             "(--overwrite_output_dir trains it afresh)"
         )
+        _say_results_left_missing(output_dir, model, training_args)
         return RunPlan(recipe, output_dir, None)
     others = []  # the complete checkpoints of another recipe passed over, newest first, with their recipe
 
