@@ -9,6 +9,7 @@ import signal
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -19,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # session hides a regression (the data sets stay cached under HF_DATASETS_CACHE, helpers.run_environment).
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="bridgetower-tests-hf-home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+
+# The property-based tests (hypothesis): the same generated cases on every run (a fixed seed), no example database
+# written into the tree, no per-example deadline (a shared machine's pauses); each test sets its max_examples.
+settings.register_profile("bridgetower", derandomize=True, database=None, deadline=None, print_blob=False)
+settings.load_profile("bridgetower")
 
 
 @pytest.fixture(autouse=True)
