@@ -1,6 +1,8 @@
 """Hosts and ports that reach other machines (tools/hosts.py): a host is a host, in every launcher and the sweep."""
 
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -8,7 +10,7 @@ import pytest
 from bridgetower_bench.tools import bench, hosts
 from bridgetower_bench.tools.sweep import plan as sweep_plan
 from bridgetower_bench.user_errors import UserInputError
-from helpers import run_tool
+from helpers import REPO, run_tool
 
 
 @pytest.mark.parametrize(
@@ -310,6 +312,30 @@ def test_the_cuda_launcher_refuses_what_is_no_host_or_port(tmp_path, argv, messa
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"launch_cuda: error: {message}")
+
+
+def test_the_sbatch_files_head_node_reaches_launch_cudas_grammar(tmp_path):
+    # Slurm's names of the job's nodes: the first keeps the rendezvous. A stand-in srun starts launch_cuda here.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf \"%s\\n\" '$(touch X);gpu-a' gpu-b\n")
+    srun = f'#!/bin/sh\nwhile [ "$1" != .venv/bin/python ]; do shift; done\nshift\nexec {sys.executable} "$@"\n'
+    (bin_dir / "srun").write_text(srun)
+    for program in ("scontrol", "srun"):
+        (bin_dir / program).chmod(0o755)
+    slurm = {
+        "SLURM_JOB_NODELIST": "gpu-[a-b]",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_CPUS_PER_TASK": "8",
+    }
+    env = {**os.environ, **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    sbatch = REPO / "scripts" / "multinode_cuda.sbatch"
+    ran = subprocess.run(["bash", str(sbatch)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and ran.stderr.splitlines() == [
+        "launch_cuda: error: --rdzv_endpoint: '$(touch X);gpu-a' has '$', which no host name or IP address has"
+    ]
+    assert not (tmp_path / "X").exists()
 
 
 @pytest.mark.parametrize(
