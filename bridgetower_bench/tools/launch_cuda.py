@@ -6,8 +6,10 @@
 The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nnodes`, `--rdzv_backend c10d`,
 `--rdzv_endpoint`, `--rdzv_id`, `--rdzv_conf`, ...); the launch is torchrun's `run`. Four things differ from
 `torchrun`:
-- the script's refusals that need nothing loaded (no usable GPU without `--use_cpu`, Gaudi-only flags) are
-  made once, here, before any process starts: the script's one line and exit status 2, as from one process;
+- hosts, ports and endpoints that do not follow the kit's grammar (tools/hosts.py: an IPv6 endpoint as
+  `[ADDRESS]:PORT`, whole numbers in the digits 0-9), and the script's refusals that need nothing loaded (no usable
+  GPU without `--use_cpu`, Gaudi-only flags), are refused once, here, before any process starts: one line and exit
+  status 2, as from one process;
 - processes that fail end the launch with one line (how many, and the first one's exit status) instead of
   torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
   divergence, 128 + N for signal N): what the script gives in one process;

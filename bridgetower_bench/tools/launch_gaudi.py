@@ -16,6 +16,8 @@ node with pdsh over ssh; DeepSpeed only starts the processes (the script gets no
 configuration: training is the same data-parallel run as on one node). DeepSpeed's launcher does not pass
 PT_HPU_LAZY_MODE to the nodes: the launcher hands it to them, with the lines of the user's own
 `.deepspeed_env`, through a DeepSpeed environment file (`DS_ENV_FILE`), so every node runs the same mode.
+optimum-habana's runner puts the hostfile's path and first host unquoted into a bash line: it reads the launcher's
+own copy of the checked nodes (tools/hosts.py), written into the launch's temporary folder.
 """
 
 from __future__ import annotations
