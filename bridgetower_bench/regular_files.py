@@ -29,8 +29,9 @@ def not_regular_reason(mode: int) -> str | None:
     return f"not a regular file: {kind}"
 
 
-def read_regular_file(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file at ``path``; ``NotARegularFile`` (an OSError) for anything else. Looked at
+def read_regular_file(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (at most ``limit`` + 1 of them where ``limit`` is given, so that a
+    caller sees it is longer); ``NotARegularFile`` (an OSError) for anything else. Looked at
     before it is opened (a device is never opened), opened with ``O_NONBLOCK`` (a FIFO swapped in meanwhile does not
     wait for a writer) and looked at again through the open descriptor, which is what is read."""
     reason = not_regular_reason(os.stat(path).st_mode)
@@ -39,5 +40,5 @@ def read_regular_file(path: str | os.PathLike) -> bytes:
         with os.fdopen(fd, "rb") as handle:
             reason = not_regular_reason(os.fstat(fd).st_mode)
             if reason is None:
-                return handle.read()
+                return handle.read(-1 if limit is None else limit + 1)
     raise NotARegularFile(errno.EINVAL, reason, os.fspath(path))

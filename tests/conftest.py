@@ -21,6 +21,18 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="bridgetower-tests-hf-home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 
+def pytest_configure(config):
+    """The property-based tests' hypothesis profile: the same generated cases on every run (a fixed seed), no example
+    database written into the tree, no per-example deadline (a shared machine's pauses); each test sets its
+    max_examples. hypothesis is a test requirement of the pinned route only (the current route's pass runs none)."""
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("bridgetower", derandomize=True, database=None, deadline=None, print_blob=False)
+    settings.load_profile("bridgetower")
+
+
 @pytest.fixture(autouse=True)
 def signal_handlers_as_they_were():
     """Each test starts with the Ctrl-C and SIGTERM handlers the previous one found: one that sets its own (or leaves

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -196,10 +197,12 @@ def test_gaudi_launcher_dry_run_prints_each_node_command_and_the_mode_every_node
     script = "run_bridgetower.py --output_dir runs/two --use_habana --use_lazy_mode"
     assert lines[0] == "# on this node: DS_ENV_FILE=<a temporary file: PT_HPU_LAZY_MODE=1>"
     # optimum-habana's runner: DeepSpeed's launcher, the first host as rank 0's address
-    assert lines[1] == (
-        "PT_HPU_LAZY_MODE=1 deepspeed --hostfile hostfile --master_addr gaudi-a --no_local_rank --master_port 29500 "
-        + script
-    )
+    words = shlex.split(lines[1])  # the hostfile: the launcher's copy of the checked nodes (tests/test_hosts.py)
+    assert words[:3] + words[4:] == [
+        *("PT_HPU_LAZY_MODE=1", "deepspeed", "--hostfile", "--master_addr", "gaudi-a", "--no_local_rank"),
+        *("--master_port", "29500", *shlex.split(script)),
+    ]
+    assert os.path.basename(words[3]) == "hostfile" and os.path.basename(os.path.dirname(words[3])) != two_nodes.name
     # no DeepSpeed importable here (the stand-in is only a program on PATH): only the environment file's lines
     assert result.stdout.strip().splitlines()[-9].startswith("# DeepSpeed cannot be imported by this Python: ")
     world = base64.urlsafe_b64encode(json.dumps({"gaudi-a": list(range(8)), "gaudi-b": list(range(8))}).encode())
@@ -332,17 +335,21 @@ def test_gaudi_launcher_refuses_a_hostfile_it_cannot_read_or_use_or_flags_that_d
 def test_gaudi_launcher_starts_deepspeeds_launcher_with_the_mode_in_its_environment_file(two_nodes):
     # the stand-in `deepspeed` records what the real one would read: its arguments and the DS_ENV_FILE it is given
     (two_nodes / "bin" / "deepspeed").write_text(
-        '#!/bin/sh\necho "$@" > started.txt\ncat "$DS_ENV_FILE" > nodes_env.txt\nexit 3\n'
+        '#!/bin/sh\necho "$@" > started.txt\ncat "$DS_ENV_FILE" > nodes_env.txt\ncat "$2" > hostfile_read.txt\nexit 3\n'
     )
     # blank and comment lines, which DeepSpeed's runner cannot read (it splits each line at its first "="), left out
     (two_nodes / ".deepspeed_env").write_text("# shared caches\n\nHF_HOME=/shared/hf\n  # the end\n")
     args = ["--hostfile", "hostfile", "run_bridgetower.py", "--use_habana"]
     result = run_tool("launch_gaudi", args, cwd=two_nodes, gaudi=True)
     assert result.returncode == 3, result.stderr[-3000:]  # the launcher's status is the job's
-    assert (two_nodes / "started.txt").read_text().split() == [
-        *("--hostfile", "hostfile", "--master_addr", "gaudi-a", "--no_local_rank", "--master_port", "29500"),
+    words = (two_nodes / "started.txt").read_text().split()
+    assert words[:1] + words[2:] == [
+        *("--hostfile", "--master_addr", "gaudi-a", "--no_local_rank", "--master_port", "29500"),
         *("run_bridgetower.py", "--use_habana"),
     ]
+    # DeepSpeed reads the launcher's copy of the checked nodes (tests/test_hosts.py), removed after the launch
+    assert (two_nodes / "hostfile_read.txt").read_text() == "gaudi-a slots=8\ngaudi-b slots=8\n"
+    assert not os.path.exists(words[1])
     assert (two_nodes / "nodes_env.txt").read_text() == "HF_HOME=/shared/hf\nPT_HPU_LAZY_MODE=1\n"
     assert "DS_ENV_FILE" not in os.environ
 

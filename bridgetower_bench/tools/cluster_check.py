@@ -422,13 +422,13 @@ def check(args, nodes: dict) -> tuple[list[Row], Row, list[Answer]]:
         found = reports[0].values.get("devices", {})
         args.backend = "hccl" if found.get("hpus") else "nccl" if found.get("gpus") else "gloo"
     rows = [report_rows(host, nodes[host], answer, first, args.backend) for host, answer in zip(nodes, reports)]
-    master = hosts.machine(next(iter(nodes))).strip("[]")
+    master = hosts.machine(next(iter(nodes)))
     why = not_tried(args, nodes, reports)
     if why:
         return sum(rows, []), Row("all nodes: collective", SKIPPED, f"not tried: {why}"), reports
     world = ["--world", str(len(nodes)), "--master", master, "--backend", args.backend]
     answers = ask_all(args, nodes, lambda i: ["--node-rendezvous", *common_flags(args, i), *world])
-    shared, collective = rendezvous_rows(args, nodes, answers, f"{master}:{args.rdzv_port}")
+    shared, collective = rendezvous_rows(args, nodes, answers, hosts.endpoint_text(master, args.rdzv_port))
     return sum((mine + theirs for mine, theirs in zip(rows, shared)), []), collective, reports
 
 
@@ -442,7 +442,7 @@ def nodes_of(args) -> dict[str, int]:
         return nodes
     nodes, seen = {}, set()
     for text in args.nodes.split(","):
-        name = hosts.host(text.strip(), "--nodes")
+        name = hosts.host(text.strip(), "--nodes", user=True)
         if hosts.same_node_key(name) in seen:
             raise UserInputError(f"--nodes: {name} is given twice")
         seen.add(hosts.same_node_key(name))

@@ -6,8 +6,10 @@
 The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nnodes`, `--rdzv_backend c10d`,
 `--rdzv_endpoint`, `--rdzv_id`, `--rdzv_conf`, ...); the launch is torchrun's `run`. Four things differ from
 `torchrun`:
-- the script's refusals that need nothing loaded (no usable GPU without `--use_cpu`, Gaudi-only flags) are
-  made once, here, before any process starts: the script's one line and exit status 2, as from one process;
+- hosts, ports and endpoints that do not follow the kit's grammar (tools/hosts.py: an IPv6 endpoint as
+  `[ADDRESS]:PORT`, whole numbers in the digits 0-9), and the script's refusals that need nothing loaded (no usable
+  GPU without `--use_cpu`, Gaudi-only flags), are refused once, here, before any process starts: one line and exit
+  status 2, as from one process;
 - processes that fail end the launch with one line (how many, and the first one's exit status) instead of
   torchrun's ChildFailedError traceback, and the launch exits with that status (2 for bad input, 3 for a
   divergence, 128 + N for signal N): what the script gives in one process;
@@ -22,8 +24,10 @@ The options are torchrun's, read by torchrun's own parser (`--standalone`, `--nn
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
+import re
 import socket
 import sys
 import threading
@@ -43,7 +47,7 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from bridgetower_bench.guards.cuda_device import refuse_without_gpu
 from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
-from bridgetower_bench.tools.hosts import endpoint, host, port
+from bridgetower_bench.tools.hosts import endpoint, endpoint_text, excerpt, host, port
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -60,12 +64,32 @@ def refusal(script_argv: list[str]) -> Optional[str]:
     return None
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """torchrun's options, read by torchrun's parser, its whole numbers (--master_port among them) in the digits 0-9
+    only (Python's int() also takes a sign, spaces, '_' and other scripts' digits), a bad value refused as
+    UserInputError."""
+    parser = torchrun.get_args_parser()
+    parser.register("type", int, digits)  # the converter argparse looks up for `type=int`
+    parser.exit_on_error = False  # a value refused: ArgumentError, made one line by main
+    try:
+        return parser.parse_args(argv)
+    except argparse.ArgumentError as error:
+        raise UserInputError(str(error)) from None
+
+
+def digits(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"{excerpt(text)} is not a whole number in the digits 0-9")
+    return int(text)
+
+
 def address_refusal(args) -> Optional[str]:
-    """One line for a rendezvous endpoint, master address or port that is not a host and a port, else None."""
+    """One line for a rendezvous endpoint, master address or port that is not of the kit's grammar (tools/hosts.py),
+    else None; the endpoint and address are then what torchrun gets, bracket-free but for an endpoint's IPv6 host."""
     try:
         if args.rdzv_endpoint:
-            endpoint(args.rdzv_endpoint, "--rdzv_endpoint")
-        host(args.master_addr, "--master_addr")
+            args.rdzv_endpoint = endpoint_text(*endpoint(args.rdzv_endpoint, "--rdzv_endpoint"))
+        args.master_addr = host(args.master_addr, "--master_addr", zone=False)
         if args.master_port is not None:
             port(args.master_port, "--master_port")
     except UserInputError as error:
@@ -188,7 +212,11 @@ def rendezvous_failure(args, error: Exception) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except UserInputError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+        return 2
     line = address_refusal(args) or refusal([args.training_script, *args.training_script_args])
     if not line and args.rdzv_backend == "c10d" and args.rdzv_endpoint and not args.standalone:
         line = endpoint_problem(args)

@@ -16,6 +16,8 @@ node with pdsh over ssh; DeepSpeed only starts the processes (the script gets no
 configuration: training is the same data-parallel run as on one node). DeepSpeed's launcher does not pass
 PT_HPU_LAZY_MODE to the nodes: the launcher hands it to them, with the lines of the user's own
 `.deepspeed_env`, through a DeepSpeed environment file (`DS_ENV_FILE`), so every node runs the same mode.
+optimum-habana's runner puts the hostfile's path and first host unquoted into a bash line: it reads the launcher's
+own copy of the checked nodes (tools/hosts.py), written into the launch's temporary folder.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import tempfile
 from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
 from bridgetower_bench.guards.habana_software import require_habana_software
 from bridgetower_bench.tools import tool_paths
-from bridgetower_bench.tools.hosts import hostfile_nodes, machine, port
+from bridgetower_bench.tools.hosts import excerpt, hostfile_nodes, machine, port
+from bridgetower_bench.user_errors import UserInputError
 
 
 # DeepSpeed's launcher passes to the nodes the lines of its environment files (`.deepspeed_env` in the home, then the
@@ -94,6 +97,7 @@ def check_several_nodes(parser, args) -> dict[str, int]:
                 f"--hostfile needs `{program}` ({role}) on PATH: run in Habana's container, with Habana's DeepSpeed "
                 'build installed (docs/RUNS.md, "Several Gaudi nodes")'
             )
+    refuse_unless_one_word(os.path.abspath("."), "the working directory")  # each node's line starts `cd DIR;`
     args.nodes_environment = nodes_environment(parser, children_mode_variable())
     return nodes
 
@@ -158,42 +162,60 @@ def main(argv=None) -> int:
     from optimum.habana.distributed import DistributedRunner  # imported late: it needs Habana's software
 
     command = " ".join(shlex.quote(a) for a in [args.training_script, *args.training_script_args])
-    several_nodes = args.hostfile is not None  # optimum-habana starts several nodes only through DeepSpeed
-    runner = DistributedRunner(
-        command_list=[command],
-        world_size=args.world_size,
-        use_mpi=args.use_mpi,
-        master_port=args.master_port,
-        hostfile=args.hostfile,
-        use_deepspeed=several_nodes,
-    )
-    if several_nodes:
-        return print_node_commands(args, runner) if args.dry_run else run_on_nodes(args, runner)
-    if args.dry_run:  # what run() would start, with the variables it sets for it
-        variables = {LAZY_MODE_VARIABLE: os.environ[LAZY_MODE_VARIABLE], **runner._model_env_vars}
-        shown = " ".join(f"{name}={shlex.quote(str(value))}" for name, value in variables.items())
-        for line in runner._commands:
-            print(f"{shown} {runner._interpreter}{line}")
-        return 0
-    return runner.run() or 0
+    if args.hostfile is None:
+        runner = DistributedRunner(
+            command_list=[command], world_size=args.world_size, use_mpi=args.use_mpi, master_port=args.master_port
+        )
+        if args.dry_run:  # what run() would start, with the variables it sets for it
+            variables = {LAZY_MODE_VARIABLE: os.environ[LAZY_MODE_VARIABLE], **runner._model_env_vars}
+            shown = " ".join(f"{name}={shlex.quote(str(value))}" for name, value in variables.items())
+            for line in runner._commands:
+                print(f"{shown} {runner._interpreter}{line}")
+            return 0
+        return runner.run() or 0
+    # Several nodes: optimum-habana starts them only through DeepSpeed, and its runner puts the hostfile's path and
+    # first host unquoted into the bash line it runs: it reads the kit's copy of the checked nodes, in a folder of
+    # the launch's own (removed after), whose path is one shell word.
+    with tempfile.TemporaryDirectory(prefix="launch_gaudi-") as folder:
+        refuse_unless_one_word(folder, "the temporary folder (TMPDIR)")
+        hostfile = os.path.join(folder, "hostfile")
+        with open(hostfile, "w") as f:
+            f.write("".join(f"{host} slots={slots}\n" for host, slots in args.nodes.items()))
+        runner = DistributedRunner(
+            command_list=[command],
+            world_size=args.world_size,
+            master_port=args.master_port,
+            hostfile=hostfile,
+            use_deepspeed=True,
+        )
+        return print_node_commands(args, runner) if args.dry_run else run_on_nodes(args, runner, folder)
 
 
-def run_on_nodes(args, runner) -> int:
+def refuse_unless_one_word(path: str, what: str) -> None:
+    """A path that DeepSpeed's and optimum-habana's launchers put unquoted into a shell line must be one word there,
+    holding no character the shell reads as code; else UserInputError."""
+    if shlex.quote(path) != path:
+        raise UserInputError(
+            f"{what} {excerpt(path)}: DeepSpeed's launcher puts it unquoted into a shell line; use a path of letters, "
+            "digits and '/', '.', '_', '-', '+', ',', ':', '@', '%', '='"
+        )
+
+
+def run_on_nodes(args, runner, folder: str) -> int:
     """Start the job: DeepSpeed's launcher reads the nodes' environment from a file named by DS_ENV_FILE (an
     absolute path takes the place of both of its `.deepspeed_env` files), written for the launch and removed after."""
-    with tempfile.TemporaryDirectory(prefix="launch_gaudi-") as folder:
-        path = os.path.join(folder, "deepspeed_env")
-        with open(path, "w") as f:
-            f.write("".join(f"{line}\n" for line in args.nodes_environment))
-        os.environ[DEEPSPEED_ENV_FILE] = path
-        return runner.run() or 0
+    path = os.path.join(folder, "deepspeed_env")
+    with open(path, "w") as f:
+        f.write("".join(f"{line}\n" for line in args.nodes_environment))
+    os.environ[DEEPSPEED_ENV_FILE] = path
+    return runner.run() or 0
 
 
 def print_node_commands(args, runner) -> int:
     """What `--hostfile` runs: the command on this node, then the one pdsh runs on each node (as DeepSpeed's
     launcher writes it) and the variables DeepSpeed's per-node launcher gives each of that node's processes."""
     nodes, cwd = args.nodes, os.path.abspath(".")
-    master_addr = shlex.quote(machine(next(iter(nodes))))  # hosts are checked (tools/hosts.py); quoted all the same
+    master_addr = machine(next(iter(nodes)))  # as optimum-habana's runner reads it from the hostfile's copy
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")]))}
     forwarded = deepspeed_forwarded_names(environ)
     if forwarded is None:

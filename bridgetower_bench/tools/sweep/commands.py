@@ -15,7 +15,7 @@ from typing import Optional
 
 from bridgetower_bench.mediapipe.availability import TORCH_LOADER
 from bridgetower_bench.redaction import redact_args
-from bridgetower_bench.tools.hosts import machine
+from bridgetower_bench.tools.hosts import rendezvous_endpoint
 from bridgetower_bench.tools.sweep.bench_report import configuration_label
 from bridgetower_bench.tools.sweep.cost import Prices
 
@@ -201,7 +201,7 @@ class Plan:
         if self.script == "gaudi":
             hostfile = ["--hostfile", str(hostfile_path(output_dir)), "--num_nodes", str(variant.nodes)]
             return launch + hostfile + ["--world_size", str(self.processes(variant))]
-        endpoint = f"{machine(self.hosts[0])}:{self.rdzv_port}"
+        endpoint = rendezvous_endpoint(self.hosts[0], self.rdzv_port, "--hostfile")  # (checked by the plan)
         rendezvous = ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", variant.run_id]
         return launch + ["--nnodes", str(variant.nodes), "--nproc_per_node", str(self.nproc)] + rendezvous
 

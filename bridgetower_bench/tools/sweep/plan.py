@@ -12,7 +12,7 @@ from typing import Optional
 from bridgetower_bench import published
 from bridgetower_bench.guards.habana_software import habana_software_present
 from bridgetower_bench.mediapipe.availability import TORCH_LOADER
-from bridgetower_bench.tools.hosts import hostfile_nodes, port
+from bridgetower_bench.tools.hosts import hostfile_nodes, port, rendezvous_endpoint
 from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
     HABANA_SHIM,
@@ -109,6 +109,8 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
             f"--nodes {several[-1]}: the Gaudi script runs several processes only on HPUs (none here)"
         )
     hosts = hostfile_nodes(args.hostfile, gaudi=script == "gaudi")
+    if script == "cuda":  # the first node keeps the c10d rendezvous, whose address torch takes without a zone id
+        rendezvous_endpoint(next(iter(hosts)), args.rdzv_port, f"--hostfile {args.hostfile}: the first node")
     if several[-1] > len(hosts):
         raise UserInputError(f"--nodes {several[-1]}: --hostfile {args.hostfile} gives {len(hosts)} node(s)")
     for host, slots in list(hosts.items())[: several[-1]]:
