@@ -328,6 +328,7 @@ def test_the_sbatch_files_head_node_reaches_launch_cudas_grammar(tmp_path):
         "SLURM_NNODES": "2",
         "SLURM_JOB_ID": "4242",
         "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_GPUS_ON_NODE": "8",
     }
     env = {**os.environ, **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     sbatch = REPO / "scripts" / "multinode_cuda.sbatch"
