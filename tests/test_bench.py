@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import published
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools import bench, tool_paths
 from bridgetower_bench.tools.sweep import bench_report, chart_report, published_report, scaling_report
 from bridgetower_bench.tools.sweep import commands as sweep_commands
 from bridgetower_bench.tools.sweep import plan as sweep_plan
@@ -26,7 +26,7 @@ from bridgetower_bench.tools.sweep import presets as sweep_presets
 from bridgetower_bench.tools.sweep import resume as sweep_resume
 from bridgetower_bench.tools.sweep import rows as sweep_rows
 from bridgetower_bench.user_errors import UserInputError
-from helpers import REPO
+from helpers import REPO, run_tool
 
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
@@ -460,7 +460,7 @@ SWEEP_OF_ONE = """
 import sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools import bench, tool_paths
 from bridgetower_bench.tools.sweep import commands as sweep_commands
 plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, variants=[sweep_commands.Variant(7)], base_args=[],
                   script_path=Path(sys.argv[1]))
@@ -737,6 +737,24 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     command = " ".join(gaudi_on_cpu.command(gaudi_on_cpu.variants[0], tmp_path / "run"))
     assert "run_bridgetower.py" in command and "--use_cpu --use_lazy_mode False" in command
     assert "--use_habana" not in command and [v.loader for v in gaudi_on_cpu.variants] == ["torch", "torch"]
+    # without Habana's software: the stand-ins shipped with the tools, never the tests' directory
+    standin = tool_paths.HABANA_STANDIN
+    assert standin.is_relative_to(sweep_commands.REPO / "bridgetower_bench") and (standin / "bin" / "pip").is_file()
+    env = gaudi_on_cpu.run_env(gaudi_on_cpu.variants[0])
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(standin) and env["PATH"].startswith(str(standin / "bin"))
+    assert str(sweep_commands.REPO / "tests") not in env["PYTHONPATH"] + env["PATH"]
+
+
+def test_a_package_without_its_scripts_beside_it_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A copy of the package alone (installed without the kit's directory): the sweep says where the scripts go."""
+    monkeypatch.setitem(tool_paths.SCRIPTS, "cuda", tmp_path / "run_bridgetower_cuda.py")
+    result = run_tool("bench", ["--dry-run", "--out", tmp_path / "out"])
+    assert result.returncode == 2 and not (tmp_path / "out").exists(), result.stderr
+    assert result.stderr == (
+        f"python -m bridgetower_bench.tools.bench: error: run_bridgetower_cuda.py is not beside the package in "
+        f"{tool_paths.KIT}: the tools run the "
+        "scripts from the kit's own directory; install the kit from it with `pip install -e .` (README)\n"
+    )
 
 
 @pytest.mark.parametrize(
