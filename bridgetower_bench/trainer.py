@@ -22,7 +22,7 @@ from transformers.training_args import ParallelMode
 
 from bridgetower_bench.guards import divergence, gpu_memory
 from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal, report_and_exit
-from bridgetower_bench.images.images import normalize_on_device
+from bridgetower_bench.images.images import jpeg_decoder, normalize_on_device
 from bridgetower_bench.measurement.energy import EnergyMeter
 from bridgetower_bench.measurement.run_record import describe_run
 from bridgetower_bench.measurement.throughput import ThroughputCallback, node_line
@@ -43,6 +43,8 @@ class TrainerExtensions:
         self.run_facts = {
             "loader": loader,
             "image_pipeline": image_pipeline,
+            # the host pipelines' JPEG decoder (upstream's decodes as upstream does; the HPU decodes the media pipeline's)
+            "jpeg_decoder": None if image_pipeline == "upstream" or loader == "mediapipe" else jpeg_decoder(),
             "attn_implementation": getattr(self.args, "attn_implementation", "eager"),
             "compile_layers": getattr(self.args, "compile_layers", None) or "no",
             "logging_nan_inf_filter": bool(self.args.logging_nan_inf_filter),  # True: the host waits every step

@@ -201,6 +201,7 @@ json.dump({"train_samples_per_second": sps, "train_samples_per_second_per_device
            "throughput_warmup_steps": 1, "throughput_counted_steps": 2, "world_size": 1,
            "per_device_train_batch_size": 2, "data_wait_fraction": 0.5, "loader": "torch",
            "image_pipeline": a.image_pipeline, "device_name": "CPU stand-in", "device_type": "cpu",
+           "jpeg_decoder": None if a.image_pipeline == "upstream" else "stand-in decoder 1.0",
            "train_loss": float("nan") if a.dataloader_num_workers == 5 else 0.5,  # 5: diverged, yet exit 0
            "version_torch": "0"}, open(os.path.join(a.output_dir, "train_results.json"), "w"))
 if a.dataloader_num_workers == 3:  # validation metrics, under the scripts' name
@@ -333,6 +334,10 @@ def test_a_rerun_keeps_finished_rows_runs_only_what_is_missing_and_never_reports
     assert {"w2-torch-upstream-r1", "w0-torch-fast-r1", "w0-torch-upstream-r2"} <= set(started)
     assert [r["run_id"] for r in rows] == [v.run_id for v in wider.variants]
     assert rows[0] == first[0] and saved_rows(out) == rows
+    decoders = {r["image_pipeline"]: r["jpeg_decoder"] for r in rows if r["status"] == "ok"}
+    assert decoders == {"upstream": None, "fast": "stand-in decoder 1.0"}  # the run's, in its row
+    with open(out / "results.csv") as f:
+        assert {row["jpeg_decoder"] for row in csv.DictReader(f) if row["status"] == "ok"} == {"", decoders["fast"]}
     assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [
         dataclasses.asdict(v) for v in wider.variants
     ]
