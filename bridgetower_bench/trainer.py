@@ -165,7 +165,7 @@ class TrainerExtensions:
 
     def _skipped_into_epoch(self, in_epoch: int, skipped: int) -> None:
         """A resumed epoch skips its first `skipped` of `in_epoch` micro-batches. transformers 4.55's and
-        GaudiTrainer 1.21.2's loop then counts the rest from 0 while it still syncs the epoch's last, partial
+        GaudiTrainer 1.21's loop then counts the rest from 0 while it still syncs the epoch's last, partial
         window only at micro-batch `in_epoch`: it never does, and that window's gradient joins the next epoch's
         first step. `_sync_the_last_micro_batch` mends it; transformers 5 counts the skipped ones."""
         ga = self.args.gradient_accumulation_steps
@@ -473,7 +473,7 @@ def _one_line_image_errors():
 
 
 class SummedAccumulation:
-    """The CUDA script's gradient accumulation as GaudiTrainer's (1.21.2): the micro-batches' losses summed."""
+    """The CUDA script's gradient accumulation as GaudiTrainer's (optimum-habana 1.21): the micro-batches' losses summed."""
 
     def training_step(self, model, inputs, *args, **kwargs):
         steps, self.current_gradient_accumulation_steps = self.current_gradient_accumulation_steps, 1

@@ -580,17 +580,17 @@ def test_table_and_vs_published_have_median_and_speedup_per_device_and_never_cla
 
 def test_the_table_names_other_library_versions_and_tabulates_the_epoch_start_wait_beside_the_steady_wait():
     rows = [
-        dict(row(100.0, 0), version_transformers="4.55.4", version_accelerate="1.10.1", version_datasets="5.0.1"),
-        dict(row(140.0, 1), version_transformers="5.24.0", version_accelerate="1.16.0", version_datasets="5.0.1"),
+        dict(row(100.0, 0), version_transformers="4.50.0", version_accelerate="1.5.0", version_datasets="4.9.0"),
+        dict(row(140.0, 1), version_transformers="5.0.0", version_accelerate="1.8.0", version_datasets="4.9.0"),
         dict(row(None, 2, status="failed"), version_transformers="6.0.0"),  # (a failed row measured nothing)
     ]
     table = bench_report.render_table(bench_report.summarise(rows))
     assert (
-        "**Not like for like: these runs ran different library versions (transformers 4.55.4 / 5.24.0; "
-        "accelerate 1.10.1 / 1.16.0); see each run's version_* fields.**"
+        "**Not like for like: these runs ran different library versions (transformers 4.50.0 / 5.0.0; "
+        "accelerate 1.5.0 / 1.8.0); see each run's version_* fields.**"
     ) in table
-    assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.55.4/5.24.0 | 1.10.1/1.16.0 | 5.0.1 | - |" in table
-    same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
+    assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.50.0/5.0.0 | 1.5.0/1.8.0 | 4.9.0 | - |" in table
+    same = [{**r, "version_transformers": "4.50.0", "version_accelerate": "1.5.0"} for r in rows]
     assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
 
     # the wait at epoch starts, beside the steady wait, per configuration

@@ -217,10 +217,10 @@ def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monk
 
 def test_gaudi_software_and_pins_are_compared_not_installed():
     optimum_habana = pinned("optimum-habana", "requirements-gaudi.txt")
-    assert gc.compare_gaudi_software("1.24.2", "1.24.0", optimum_habana).result == "ok"
-    mismatch = gc.compare_gaudi_software("1.23.0", "1.24.0", optimum_habana)
-    assert mismatch.result == "warning" and "validated with 1.24.0" in mismatch.detail
-    assert gc.compare_gaudi_software(None, "1.24.0", optimum_habana).result == "warning"
+    assert gc.compare_gaudi_software("7.3.2", "7.3.0", optimum_habana).result == "ok"
+    mismatch = gc.compare_gaudi_software("7.2.0", "7.3.0", optimum_habana)
+    assert mismatch.result == "warning" and "validated with 7.3.0" in mismatch.detail
+    assert gc.compare_gaudi_software(None, "7.3.0", optimum_habana).result == "warning"
 
     pins = {name: f"{name}=={pinned(name, 'requirements-gaudi.txt')}" for name in ("transformers", "accelerate")}
     versions = {"transformers": "99.0", "accelerate": pinned("accelerate", "requirements-gaudi.txt")}
