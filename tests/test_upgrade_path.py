@@ -6,13 +6,19 @@ copy that a bump leaves behind: the scan below fails naming the file and line. T
 README's install notes, measured results with the versions they ran): a bump rereads them by the checklist in
 docs/DEVELOPMENT.md, and only the upstream commit they name is checked here against its home."""
 
+import ast
 import re
+import sys
+from importlib import metadata
+from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
+from setuptools.config.pyprojecttoml import read_configuration
 
-from bridgetower_bench.tools import upstream_diff
-from helpers import REPO
+from bridgetower_bench.tools import tool_paths, upstream_diff
+from helpers import BOTH_ROUTES, REPO
 
 
 # Where the kit keeps code, scripts and configuration; the homes of the versions are not scanned.
@@ -85,3 +91,84 @@ def test_the_docs_name_the_upstream_commit_its_home_pins():
     assert named, "the docs name no upstream commit"
     others = {sha: where for sha, where in named.items() if not commit.startswith(sha)}
     assert not others, f"the docs name another upstream commit than tools/upstream_diff.py's {commit}: {others}"
+
+
+def requirement_lines(name: str) -> list[Requirement]:
+    lines = [line.split("#", 1)[0].strip() for line in (REPO / name).read_text().splitlines()]
+    return [Requirement(line) for line in lines if line and not line.startswith("-")]
+
+
+def declared() -> dict[str, Requirement]:
+    dependencies = read_configuration(REPO / "pyproject.toml")["project"]["dependencies"]
+    return {canonicalize_name(Requirement(line).name): Requirement(line) for line in dependencies}
+
+
+# Imported by the package but not declared in pyproject.toml, and why.
+NOT_DECLARED = {
+    "torch": "left to accelerate's and torchvision's requirements (pyproject.toml says why)",
+    "optimum": "the Gaudi script's (requirements-gaudi.txt)",
+    "habana_frameworks": "Habana's software, in its images",
+    "deepspeed": "Habana's build, in its images (launch_gaudi across nodes)",
+    "pyhlml": "the HPU's energy counter, optional",
+    "pynvml": "the GPU's energy counter, optional",
+}
+
+
+@BOTH_ROUTES
+def test_pyproject_declares_what_the_package_imports_with_bounds_every_route_meets():
+    """`pip install -e .` alone gives a package that imports: every module the package and the CUDA script import as
+    they load comes with a declared dependency (or one of theirs), and every other it imports is declared or named in
+    NOT_DECLARED; the install routes' pins lie within pyproject's bounds, their bounds are pyproject's own."""
+    needed = declared()
+    for route in ("requirements.txt", "requirements-cuda.txt", "requirements-cuda-current.txt"):
+        for listed in requirement_lines(route):
+            requirement = needed.get(canonicalize_name(listed.name))
+            exact = [spec.version for spec in listed.specifier if spec.operator == "=="]
+            if requirement is not None and exact:
+                assert requirement.specifier.contains(Version(exact[0]).public), f"{route}: {listed} ({requirement})"
+            elif requirement is not None:
+                assert listed.specifier == requirement.specifier, f"{route}: {listed} is not {requirement}"
+
+    brought, todo = set(), list(needed)  # what installing them brings (installed metadata, extras left out)
+    while todo:
+        name = todo.pop()
+        if name not in brought:
+            brought.add(name)
+            for line in metadata.requires(name) or []:
+                requirement = Requirement(line)
+                if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                    todo.append(canonicalize_name(requirement.name))
+    providers = metadata.packages_distributions()
+
+    def installed_by(module: str, names: set) -> bool:
+        return bool({canonicalize_name(d) for d in providers.get(module, [])} & names)
+
+    files = [p for p in (REPO / "bridgetower_bench").rglob("*.py") if tool_paths.HABANA_STANDIN not in p.parents]
+    files.append(REPO / "run_bridgetower_cuda.py")
+    third_party = {
+        module: path.relative_to(REPO)
+        for path in files
+        for module in imported(path)
+        if module not in sys.stdlib_module_names and module != "bridgetower_bench"
+    }
+    undeclared = {
+        m: str(p) for m, p in third_party.items() if not installed_by(m, set(needed)) and m not in NOT_DECLARED
+    }
+    assert not undeclared, f"imported, but neither declared in pyproject.toml nor in NOT_DECLARED: {undeclared}"
+    at_load = {m for path in files for m in imported(path, at_load=True)} & set(third_party)
+    assert "torch" in at_load and installed_by("torch", brought), "accelerate or torchvision brings torch"
+    unavailable = sorted(m for m in at_load if (m in NOT_DECLARED and m != "torch") or not installed_by(m, brought))
+    assert not unavailable, f"imported as the package loads, but no declared dependency installs it: {unavailable}"
+
+
+def imported(path: Path, at_load: bool = False) -> set[str]:
+    """The top-level names a module imports; `at_load`: only as it loads (its module-level statements, not those in a
+    `try` that handles ImportError, an `if` or a function)."""
+    names = set()
+    tree = ast.parse(path.read_text())
+    for node in tree.body if at_load else ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
