@@ -40,10 +40,10 @@ from typing import Optional
 
 from bridgetower_bench.guards.execution_mode import LAZY, LAZY_MODE_VARIABLE
 from bridgetower_bench.tools import self_check, tool_paths
-from bridgetower_bench.tools.self_check import FAILED, OK, WARNING, Row
+from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Row
 
 
-GAUDI_SCRIPT = tool_paths.SCRIPTS["gaudi"]
+GAUDI_SCRIPT = REPO / "run_bridgetower.py"
 REQUIREMENT_FILES = ("requirements.txt", "requirements-gaudi.txt")
 LAUNCHER_HPUS = 8
 # Every step runs lazy mode, as upstream's CI: Habana's bridge reads this when it loads (the HPU probe runs with it too).

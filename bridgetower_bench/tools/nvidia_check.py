@@ -41,10 +41,10 @@ from packaging.requirements import Requirement
 
 from bridgetower_bench import published
 from bridgetower_bench.tools import self_check, tool_paths
-from bridgetower_bench.tools.self_check import FAILED, OK, WARNING, Ran, Row, Step
+from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
 
 
-CUDA_SCRIPT = tool_paths.SCRIPTS["cuda"]
+CUDA_SCRIPT = REPO / "run_bridgetower_cuda.py"
 
 
 @dataclass
