@@ -18,7 +18,7 @@ $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
 	$(PY) -m pip install --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt
+$(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt requirements-gaudi.txt
 	$(PY) -m pip install -r requirements-test.txt
 	touch $@
 

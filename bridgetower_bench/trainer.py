@@ -22,7 +22,7 @@ from transformers.training_args import ParallelMode
 from bridgetower_bench import gaudi_configuration
 from bridgetower_bench.guards import divergence, gpu_memory
 from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal
-from bridgetower_bench.images.images import normalize_on_device
+from bridgetower_bench.images.images import jpeg_decoder, normalize_on_device
 from bridgetower_bench.measurement.energy import EnergyMeter
 from bridgetower_bench.measurement.run_record import describe_run
 from bridgetower_bench.measurement.throughput import ThroughputCallback, node_line
@@ -52,6 +52,8 @@ class TrainerExtensions(TrainerOutput):
         self.run_facts = {
             "loader": loader,
             "image_pipeline": image_pipeline,
+            # the host pipelines' JPEG decoder (upstream's decodes as upstream does; the HPU decodes the media pipeline's)
+            "jpeg_decoder": None if image_pipeline == "upstream" or loader == "mediapipe" else jpeg_decoder(),
             "attn_implementation": getattr(self.args, "attn_implementation", "eager"),
             "compile_layers": getattr(self.args, "compile_layers", None) or "no",
             "logging_nan_inf_filter": bool(self.args.logging_nan_inf_filter),  # True: the host waits every step
@@ -177,7 +179,7 @@ class TrainerExtensions(TrainerOutput):
 
     def _skipped_into_epoch(self, in_epoch: int, skipped: int) -> None:
         """A resumed epoch skips its first `skipped` of `in_epoch` micro-batches. transformers 4.55's and
-        GaudiTrainer 1.21.2's loop then counts the rest from 0 while it still syncs the epoch's last, partial
+        GaudiTrainer 1.21's loop then counts the rest from 0 while it still syncs the epoch's last, partial
         window only at micro-batch `in_epoch`: it never does, and that window's gradient joins the next epoch's
         first step. `_sync_the_last_micro_batch` mends it; transformers 5 counts the skipped ones."""
         ga = self.args.gradient_accumulation_steps
@@ -369,7 +371,7 @@ def _one_line_image_errors():
 
 
 class SummedAccumulation:
-    """The CUDA script's gradient accumulation as GaudiTrainer's (1.21.2): the micro-batches' losses summed."""
+    """The CUDA script's gradient accumulation as GaudiTrainer's (optimum-habana 1.21): the micro-batches' losses summed."""
 
     def training_step(self, model, inputs, *args, **kwargs):
         steps, self.current_gradient_accumulation_steps = self.current_gradient_accumulation_steps, 1

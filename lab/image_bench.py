@@ -239,7 +239,7 @@ def environment() -> dict:
         "cpu": platform.processor() or platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "fast_jpeg_decoder": jpeg_decoder(),
-        "fast-draft_jpeg_decoder": jpeg_decoder(draft=True),
+        "fast-draft_jpeg_decoder": jpeg_decoder(),
     }
 
 

@@ -33,11 +33,12 @@ import pytest
 import torch
 from PIL import Image
 
+from bridgetower_bench.tools import tool_paths
 from stop_at_rename import stop_at
 
 
 REPO = Path(__file__).resolve().parent.parent
-SHIM = REPO / "tests" / "habana_shim"
+SHIM = tool_paths.HABANA_STANDIN  # the Gaudi script's stand-ins for Habana's software (their README.md)
 DATASETS_CACHE = Path(os.environ.get("BRIDGETOWER_TEST_DATASETS_CACHE", str(REPO / ".cache" / "hf_datasets")))
 
 SCRIPTS = {"gaudi": "run_bridgetower.py", "cuda": "run_bridgetower_cuda.py"}
@@ -101,11 +102,8 @@ def run_environment() -> dict:
 def script_env(gaudi: bool) -> dict:
     """A script subprocess's: run_environment(), the repo importable, unbuffered, the Gaudi script's Habana shim."""
     env = {**os.environ, **run_environment(), "PYTHONUNBUFFERED": "1"}
-    paths = [str(REPO)] + ([str(SHIM)] if gaudi else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    if gaudi:
-        env["PATH"] = str(SHIM / "bin") + os.pathsep + env.get("PATH", "")
-    return env
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return {**env, **tool_paths.habana_standin_env(env)} if gaudi else env
 
 
 def run_script(
@@ -287,14 +285,16 @@ def _gaudi_patches(applied: bool) -> None:
 def _gaudi_imports():
     """script_env(gaudi=True) for an import or a run here: the shim's `habana_frameworks` and `pip` (on PATH)."""
     sys.path.insert(0, str(SHIM))
-    path = os.environ.get("PATH", "")
-    os.environ["PATH"] = str(SHIM / "bin") + os.pathsep + path
+    standin = tool_paths.habana_standin_env(os.environ)
+    before = {name: os.environ.get(name) for name in ("PATH", tool_paths.STANDIN_VERSION)}
+    os.environ.update({name: standin[name] for name in before})
     _gaudi_patches(applied=True)
     try:
         yield
     finally:
         _gaudi_patches(applied=False)
-        os.environ["PATH"] = path
+        for name, value in before.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
         sys.path.remove(str(SHIM))
         # The shim's modules go with it, so that nothing after the run finds `habana_frameworks` importable.
         for name in [n for n in sys.modules if n == "habana_frameworks" or n.startswith("habana_frameworks.")]:

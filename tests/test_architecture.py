@@ -6,13 +6,17 @@ and that no two modules of one package import each other, however indirectly; he
 broken, and the same rules for the two scripts, which are not part of a package import-linter can analyse."""
 
 import ast
+import glob
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from setuptools.config.pyprojecttoml import read_configuration
 
+from bridgetower_bench.tools import tool_paths
 from helpers import REPO
 
 
@@ -75,3 +79,27 @@ def test_the_import_contracts_break_on_an_import_circle_between_two_tools(tmp_pa
     broken, report = broken_contracts(tmp_path)
     assert broken == ["No import circles between the modules (or packages) of one package BROKEN"], report
     assert "No cycles are allowed in bridgetower_bench.tools." in report
+
+
+def test_the_package_never_names_the_tests_directory_and_ships_what_it_puts_on_a_path():
+    """No path into tests/ in the package's code (a string, not a comment): what the product needs it ships, as
+    the Habana stand-ins, which pyproject.toml's package data carries (they are files, not the package's modules)."""
+    naming_tests = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in (REPO / "bridgetower_bench").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if node.value == "tests" or node.value.startswith(("tests/", "tests" + os.sep))
+    ]
+    assert not naming_tests, f"the package names the tests' directory: {naming_tests}"
+    shipped = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]["package-data"]
+    standin = [p for p in tool_paths.HABANA_STANDIN.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert {"README.md", "pip", "internal.py"} <= {p.name for p in standin}
+    package = REPO / "bridgetower_bench"
+    globbed = {
+        package / f
+        for pattern in shipped["bridgetower_bench"]
+        for f in glob.glob(pattern, root_dir=package, recursive=True)
+    }
+    assert not set(standin) - globbed, "not shipped as package data"
+    assert os.access(tool_paths.HABANA_STANDIN / "bin" / "pip", os.X_OK)

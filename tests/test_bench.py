@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from bridgetower_bench import published
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools import bench, tool_paths
 from bridgetower_bench.tools.sweep import bench_report, chart_report, published_report, scaling_report
 from bridgetower_bench.tools.sweep import commands as sweep_commands
 from bridgetower_bench.tools.sweep import plan as sweep_plan
@@ -27,7 +27,7 @@ from bridgetower_bench.tools.sweep import resume as sweep_resume
 from bridgetower_bench.tools.sweep import rows as sweep_rows
 from bridgetower_bench.tools.sweep import run as sweep_run
 from bridgetower_bench.user_errors import UserInputError
-from helpers import REPO, ended
+from helpers import REPO, ended, run_tool
 
 
 # A small but real sweep: 5 steps of batch 2 over 4 training rows, the first one warm-up: epochs of 2 steps,
@@ -202,6 +202,7 @@ json.dump({"train_samples_per_second": sps, "train_samples_per_second_per_device
            "throughput_warmup_steps": 1, "throughput_counted_steps": 2, "world_size": 1,
            "per_device_train_batch_size": 2, "data_wait_fraction": 0.5, "loader": "torch",
            "image_pipeline": a.image_pipeline, "device_name": "CPU stand-in", "device_type": "cpu",
+           "jpeg_decoder": None if a.image_pipeline == "upstream" else "stand-in decoder 1.0",
            "train_loss": float("nan") if a.dataloader_num_workers == 5 else 0.5,  # 5: diverged, yet exit 0
            "version_torch": "0"}, open(os.path.join(a.output_dir, "train_results.json"), "w"))
 if a.dataloader_num_workers == 3:  # validation metrics, under the scripts' name
@@ -334,6 +335,10 @@ def test_a_rerun_keeps_finished_rows_runs_only_what_is_missing_and_never_reports
     assert {"w2-torch-upstream-r1", "w0-torch-fast-r1", "w0-torch-upstream-r2"} <= set(started)
     assert [r["run_id"] for r in rows] == [v.run_id for v in wider.variants]
     assert rows[0] == first[0] and saved_rows(out) == rows
+    decoders = {r["image_pipeline"]: r["jpeg_decoder"] for r in rows if r["status"] == "ok"}
+    assert decoders == {"upstream": None, "fast": "stand-in decoder 1.0"}  # the run's, in its row
+    with open(out / "results.csv") as f:
+        assert {row["jpeg_decoder"] for row in csv.DictReader(f) if row["status"] == "ok"} == {"", decoders["fast"]}
     assert json.loads((out / "results.json").read_text())["bench"]["variants"] == [
         dataclasses.asdict(v) for v in wider.variants
     ]
@@ -461,7 +466,7 @@ SWEEP_OF_ONE = """
 import sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from bridgetower_bench.tools import bench
+from bridgetower_bench.tools import bench, tool_paths
 from bridgetower_bench.tools.sweep import commands as sweep_commands
 plan = bench.Plan(preset="local", script="cuda", device="cpu", nproc=1, variants=[sweep_commands.Variant(7)], base_args=[],
                   script_path=Path(sys.argv[1]))
@@ -576,17 +581,17 @@ def test_table_and_vs_published_have_median_and_speedup_per_device_and_never_cla
 
 def test_the_table_names_other_library_versions_and_tabulates_the_epoch_start_wait_beside_the_steady_wait():
     rows = [
-        dict(row(100.0, 0), version_transformers="4.55.4", version_accelerate="1.10.1", version_datasets="5.0.1"),
-        dict(row(140.0, 1), version_transformers="5.24.0", version_accelerate="1.16.0", version_datasets="5.0.1"),
+        dict(row(100.0, 0), version_transformers="4.50.0", version_accelerate="1.5.0", version_datasets="4.9.0"),
+        dict(row(140.0, 1), version_transformers="5.0.0", version_accelerate="1.8.0", version_datasets="4.9.0"),
         dict(row(None, 2, status="failed"), version_transformers="6.0.0"),  # (a failed row measured nothing)
     ]
     table = bench_report.render_table(bench_report.summarise(rows))
     assert (
-        "**Not like for like: these runs ran different library versions (transformers 4.55.4 / 5.24.0; "
-        "accelerate 1.10.1 / 1.16.0); see each run's version_* fields.**"
+        "**Not like for like: these runs ran different library versions (transformers 4.50.0 / 5.0.0; "
+        "accelerate 1.5.0 / 1.8.0); see each run's version_* fields.**"
     ) in table
-    assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.55.4/5.24.0 | 1.10.1/1.16.0 | 5.0.1 | - |" in table
-    same = [{**r, "version_transformers": "4.55.4", "version_accelerate": "1.10.1"} for r in rows]
+    assert "| Gaudi2 x8 | - | - | - | - | - | - | 4.50.0/5.0.0 | 1.5.0/1.8.0 | 4.9.0 | - |" in table
+    same = [{**r, "version_transformers": "4.50.0", "version_accelerate": "1.5.0"} for r in rows]
     assert "Not like for like" not in bench_report.render_table(bench_report.summarise(same))
 
     # the wait at epoch starts, beside the steady wait, per configuration
@@ -738,6 +743,24 @@ def test_cuda_runs_use_torchrun_and_cpu_runs_use_cpu_flags(tmp_path):
     command = " ".join(gaudi_on_cpu.command(gaudi_on_cpu.variants[0], tmp_path / "run"))
     assert "run_bridgetower.py" in command and "--use_cpu --use_lazy_mode False" in command
     assert "--use_habana" not in command and [v.loader for v in gaudi_on_cpu.variants] == ["torch", "torch"]
+    # without Habana's software: the stand-ins shipped with the tools, never the tests' directory
+    standin = tool_paths.HABANA_STANDIN
+    assert standin.is_relative_to(sweep_commands.REPO / "bridgetower_bench") and (standin / "bin" / "pip").is_file()
+    env = gaudi_on_cpu.run_env(gaudi_on_cpu.variants[0])
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(standin) and env["PATH"].startswith(str(standin / "bin"))
+    assert str(sweep_commands.REPO / "tests") not in env["PYTHONPATH"] + env["PATH"]
+
+
+def test_a_package_without_its_scripts_beside_it_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A copy of the package alone (installed without the kit's directory): the sweep says where the scripts go."""
+    monkeypatch.setitem(tool_paths.SCRIPTS, "cuda", tmp_path / "run_bridgetower_cuda.py")
+    result = run_tool("bench", ["--dry-run", "--out", tmp_path / "out"])
+    assert result.returncode == 2 and not (tmp_path / "out").exists(), result.stderr
+    assert result.stderr == (
+        f"python -m bridgetower_bench.tools.bench: error: run_bridgetower_cuda.py is not beside the package in "
+        f"{tool_paths.KIT}: the tools run the "
+        "scripts from the kit's own directory; install the kit from it with `pip install -e .` (README)\n"
+    )
 
 
 @pytest.mark.parametrize(

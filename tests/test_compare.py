@@ -165,18 +165,18 @@ def test_same_directory_names_in_different_places_stay_apart(tmp_path, capsys):
 
 def test_runs_of_different_library_versions_are_shown_and_said_to_differ(tmp_path, capsys):
     def run(name, transformers, accelerate):
-        versions = dict(version_transformers=transformers, version_accelerate=accelerate, version_datasets="5.0.1")
+        versions = dict(version_transformers=transformers, version_accelerate=accelerate, version_datasets="4.9.0")
         return _write_run(tmp_path, name, {"train_results.json": {"train_samples_per_second": 600.0, **versions}})
 
-    pinned, current = run("pinned", "4.55.4", "1.10.1"), run("current", "5.24.0", "1.16.0")
+    pinned, current = run("pinned", "4.50.0", "1.5.0"), run("current", "5.0.0", "1.8.0")
     assert compare.main([pinned, current, "--json", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
     note = (
-        "Not like for like: these runs ran different library versions (transformers 4.55.4 / 5.24.0; "
-        "accelerate 1.10.1 / 1.16.0); see each run's version_* fields."
+        "Not like for like: these runs ran different library versions (transformers 4.50.0 / 5.0.0; "
+        "accelerate 1.5.0 / 1.8.0); see each run's version_* fields."
     )
     assert out.startswith(f"**{note}**")
-    assert "| version_transformers | 4.55.4 | 5.24.0 |" in out and "| version_datasets | 5.0.1 | 5.0.1 |" in out
+    assert "| version_transformers | 4.50.0 | 5.0.0 |" in out and "| version_datasets | 4.9.0 | 4.9.0 |" in out
     assert json.loads((tmp_path / "c.json").read_text())["versions_note"] == note
 
     assert compare.main([pinned, pinned]) == 0

@@ -123,9 +123,9 @@ def test_nvidia_smi_answers_recorded_on_real_machines_and_nvml_asked_first():
 
 
 def reason(**facts):
-    """The reason given where only `facts` differ from torch 2.14.1+cu130 on 8 GPUs and driver 580.95.05."""
+    """The reason given where only `facts` differ from torch 2.9.1+cu130 on 8 GPUs and driver 580.95.05."""
     driver = cd.DriverAnswer("nvidia-smi", version="580.95.05", gpus=8)
-    base = dict(available=False, torch_version="2.14.1+cu130", torch_cuda="13.0", visible=None, driver=driver)
+    base = dict(available=False, torch_version="2.9.1+cu130", torch_cuda="13.0", visible=None, driver=driver)
     return cd.unusable_reason(**{**base, "libraries": ["cuda", "nvidia-ml"], **facts})
 
 
@@ -138,13 +138,13 @@ def test_the_reason_names_the_driver_the_build_needs():
 
     old = reason(driver=cd.DriverAnswer("nvidia-smi", version="535.104.05", gpus=8))
     assert old == (
-        "the NVIDIA driver is 535.104.05, too old: torch 2.14.1+cu130 is built for CUDA 13.0, which needs driver "
+        "the NVIDIA driver is 535.104.05, too old: torch 2.9.1+cu130 is built for CUDA 13.0, which needs driver "
         "580 or newer (the CUDA 13.0 toolkit shipped with 580.65.06); install driver 580 or newer, or torch's CUDA "
         "12.6 build (pip install -r requirements-cuda12.txt), which runs on this driver"
     )
     older = reason(driver=cd.DriverAnswer("NVML", version="520.61.05", gpus=1))
     assert "install driver 580 or newer" in older and "requirements-cuda12.txt" not in older  # too old for 12.x too
-    cu126 = dict(torch_cuda="12.6", torch_version="2.14.1+cu126")
+    cu126 = dict(torch_cuda="12.6", torch_version="2.9.1+cu126")
     assert "too old" in reason(**cu126, driver=cd.DriverAnswer("NVML", version="470.82.01", gpus=1))
     assert "too old" not in reason(**cu126, driver=cd.DriverAnswer("NVML", version="535.104.05", gpus=1))
     assert "too old" not in reason()  # 580.95.05 is new enough: something else is wrong
@@ -152,8 +152,8 @@ def test_the_reason_names_the_driver_the_build_needs():
 
 def test_the_reason_for_each_other_cause():
     assert reason(available=True) is None
-    assert reason(torch_cuda=None, torch_version="2.14.1+cpu").startswith(
-        "this torch (2.14.1+cpu) is built without CUDA"
+    assert reason(torch_cuda=None, torch_version="2.9.1+cpu").startswith(
+        "this torch (2.9.1+cpu) is built without CUDA"
     )
     assert (
         reason(visible="") == "CUDA_VISIBLE_DEVICES is set but empty, which hides every GPU (driver 580.95.05, 8 GPUs)"
@@ -177,5 +177,5 @@ def test_the_reason_for_each_other_cause():
         == "the NVIDIA driver 580.95.05 sees no GPU"
     )
     assert reason(driver=None, libraries=["cuda"]).startswith(
-        "torch 2.14.1+cu130 (CUDA 13.0) cannot use a GPU; found: only the driver's libraries (libcuda)"
+        "torch 2.9.1+cu130 (CUDA 13.0) cannot use a GPU; found: only the driver's libraries (libcuda)"
     )

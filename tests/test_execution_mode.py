@@ -1,7 +1,7 @@
 """Habana's execution mode: the Gaudi script refuses a PT_HPU_LAZY_MODE that does not select the mode its flags ask
 for, in one line, before it loads anything; the mode the bridge ran is what the run records.
 
-The refusals run the real Gaudi script's main() with `--use_habana` behind tests/habana_shim (no HPU here), in the test
+The refusals run the real Gaudi script's main() with `--use_habana` behind the Habana stand-ins (no HPU here), in the test
 process with its argument parsing replaced by a failure (`run_script(..., refused=True)`): past the check,
 GaudiTrainingArguments would set up Habana's bridge, which replaces transformers' model code for good. One refusal runs
 as a process of its own: the exit status, the one line, and nothing loaded in a fresh interpreter."""

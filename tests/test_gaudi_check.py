@@ -1,12 +1,13 @@
 """The Gaudi self-check, as far as a machine without an HPU allows.
 
-Off Gaudi it must say so and exit 2. Its stack checks run for real under tests/habana_shim (the shim answers
+Off Gaudi it must say so and exit 2. Its stack checks run for real under the Habana stand-ins (they answer
 optimum-habana's `pip list` probe); the training steps take a stand-in HPU count and step runner: one runs the real
 Gaudi script on CPU (so every step must fail: the media-pipeline step because the script falls back to the PyTorch
 loader here, the others because no HPU ran lazy mode), another reports results or a crash without training.
 """
 
 import functools
+import importlib.metadata
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 from bridgetower_bench.tools import gaudi_check as gc
-from bridgetower_bench.tools import self_check
+from bridgetower_bench.tools import self_check, tool_paths
 from helpers import CPU_FLAGS, REPO, SHIM, all_strings, pinned, run_script, run_tool, script_module
 
 
@@ -35,9 +36,10 @@ def test_off_gaudi_says_so_in_one_line_and_exits_2(tmp_path, with_shim):
 
 @pytest.fixture
 def habana_shim(monkeypatch):
-    """The shim for this process: its habana_frameworks first on sys.path, its `pip` first on PATH."""
+    """The stand-ins for this process: their habana_frameworks first on sys.path, their `pip` first on PATH."""
     monkeypatch.syspath_prepend(str(SHIM))
-    monkeypatch.setenv("PATH", str(SHIM / "bin") + os.pathsep + os.environ["PATH"])
+    for name, value in tool_paths.habana_standin_env(os.environ).items():
+        monkeypatch.setenv(name, value)
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
@@ -60,7 +62,7 @@ def run_on_cpu(step):
     result = run_script("gaudi", args + CPU_FLAGS["gaudi"], check=False)
     with open(step.log, "w") as log:
         log.write(result.stdout + result.stderr)
-    return self_check.Ran(result.returncode, "on CPU under tests/habana_shim (no HPU here)")
+    return self_check.Ran(result.returncode, "on CPU behind the Habana stand-ins (no HPU here)")
 
 
 def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixtures, tmp_path, capsys):
@@ -86,7 +88,9 @@ def test_steps_on_cpu_fill_the_table_and_a_shareable_record(habana_shim, fixture
     assert (environment["backend"], environment["device_name"], environment["device_count"]) == device
     assert environment["step_environment"] == {"PT_HPU_LAZY_MODE": "1"}
     stack = {row["name"]: row for row in record["stack"]}
-    assert stack["Intel Gaudi software"]["result"] == "ok" and "1.24.0" in stack["Intel Gaudi software"]["detail"]
+    # the stand-in reports habana-pyhlml's version: "ok" when its pinned line is the one optimum-habana validated
+    software = stack["Intel Gaudi software"]
+    assert software["result"] == "ok" and software["detail"].startswith(importlib.metadata.version("habana-pyhlml"))
     assert stack["optimum-habana"]["result"] == "ok" and stack["optimum-habana"]["detail"].startswith(
         pinned("optimum-habana", "requirements-gaudi.txt")
     )
@@ -213,10 +217,10 @@ def test_every_step_runs_with_the_variable_that_selects_lazy_mode(tmp_path, monk
 
 def test_gaudi_software_and_pins_are_compared_not_installed():
     optimum_habana = pinned("optimum-habana", "requirements-gaudi.txt")
-    assert gc.compare_gaudi_software("1.24.2", "1.24.0", optimum_habana).result == "ok"
-    mismatch = gc.compare_gaudi_software("1.23.0", "1.24.0", optimum_habana)
-    assert mismatch.result == "warning" and "validated with 1.24.0" in mismatch.detail
-    assert gc.compare_gaudi_software(None, "1.24.0", optimum_habana).result == "warning"
+    assert gc.compare_gaudi_software("7.3.2", "7.3.0", optimum_habana).result == "ok"
+    mismatch = gc.compare_gaudi_software("7.2.0", "7.3.0", optimum_habana)
+    assert mismatch.result == "warning" and "validated with 7.3.0" in mismatch.detail
+    assert gc.compare_gaudi_software(None, "7.3.0", optimum_habana).result == "warning"
 
     pins = {name: f"{name}=={pinned(name, 'requirements-gaudi.txt')}" for name in ("transformers", "accelerate")}
     versions = {"transformers": "99.0", "accelerate": pinned("accelerate", "requirements-gaudi.txt")}

@@ -8,6 +8,7 @@ import socket
 import time
 
 import numpy as np
+import PIL
 import pytest
 import torch
 from PIL import Image, ImageOps
@@ -115,7 +116,7 @@ def test_only_fast_draft_caches_depend_on_the_jpeg_decoder(image_values, tmp_pat
     assert decoded_image_cache_dir(tmp_path, "fast", SIZE, "data-v1") == with_simplejpeg["fast"]
     assert decoded_image_cache_dir(tmp_path, "fast-draft", SIZE, "data-v1") != with_simplejpeg["fast-draft"]
     pil_draft = open_cache(image_values, tmp_path, pipeline="fast-draft")
-    assert pil_draft.built and pil_draft.manifest["jpeg_decoder"] == "PIL draft"
+    assert pil_draft.built and pil_draft.manifest["jpeg_decoder"] == f"Pillow {PIL.__version__}"
 
 
 @pytest.mark.parametrize("key, value", [("torchvision", "0.0.1"), ("complete", False)])

@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import PIL
 import pytest
 import torch
 from PIL import Image, ImageOps
@@ -186,13 +187,32 @@ def test_fast_pixels_do_not_depend_on_the_jpeg_decoder(monkeypatch):
         assert torch.equal(fast(data), with_simplejpeg[name]), name
 
 
+def test_the_fixtures_jpegs_give_fast_and_upstream_the_same_pixels_with_simplejpeg_and_with_pillow(
+    fixtures, monkeypatch
+):
+    """What the kit's own runs train on: each of the fixtures' JPEGs, decoded by `fast` with simplejpeg and with
+    Pillow, gives the same pixels (so a `fast` run's recipe leaves the decoder out); `upstream` decodes as upstream
+    does, whichever is installed."""
+    pytest.importorskip("simplejpeg")
+    import pyarrow.parquet as pq
+
+    parquet = sorted(Path(fixtures["dataset"]).rglob("*.parquet"))
+    jpegs = {value["bytes"] for path in parquet for value in pq.read_table(path).column("image").to_pylist()}
+    assert len(jpegs) > 5 and all(data.startswith(b"\xff\xd8") for data in jpegs)
+    pipelines = {name: make_image_transform(name, 294, CLIP_MEAN, CLIP_STD) for name in ("fast", "upstream")}
+    with_simplejpeg = {(name, data): pipeline(data) for name, pipeline in pipelines.items() for data in jpegs}
+    monkeypatch.setattr(images, "simplejpeg", None)
+    for (name, data), pixels in with_simplejpeg.items():
+        assert torch.equal(pipelines[name](data), pixels), name
+
+
 def test_fast_draft_uses_pil_draft_without_simplejpeg_and_maps_a_three_eighths_decode_with_it(monkeypatch):
     """Shorter side 1003 at 294: 3/8 (377 px) is the smallest scale covering 294, which PIL's draft never picks.
     Measured: 0.8/255; the reduced pixels resized "to size" (stretched by the rounding up) 3.7/255; as 1/2 93/255."""
     jpeg = cartoon_jpeg(seed=8, width=1003, height=1397)
     with monkeypatch.context() as patch:  # without simplejpeg: PIL's draft, recorded as such
         patch.setattr(images, "simplejpeg", None)
-        assert images.jpeg_decoder() == "PIL" and images.jpeg_decoder(draft=True) == "PIL draft"
+        assert images.jpeg_decoder() == f"Pillow {PIL.__version__}"
         pixels, full_size = FastTransform(294, draft=True).decode(jpeg)
         assert full_size == (1003, 1397) and pixels.shape == (3, 699, 502)  # 1/2: PIL's draft has no 3/8
         assert FIDELITY_BOUND / 10 < mean_deviation_from_upstream("fast-draft", jpeg, 294) <= 2 / 255

@@ -64,7 +64,7 @@ def test_every_route_pins_the_same_torch_and_torchvision_on_the_common_requireme
     assert len(set(pairs.values())) == 1, pairs
     common = read("requirements.txt")[2]
     assert "torch" not in common and "torchvision" not in common  # Gaudi images keep their own torch
-    assert read("requirements-test.txt")[0] == ["requirements-cuda.txt"]
+    assert read("requirements-test.txt")[0] == ["requirements-cuda.txt", "requirements-gaudi.txt"]
 
     # the README names each route and its driver
     readme = (REPO / "README.md").read_text()

@@ -56,7 +56,7 @@ def test_the_trainer_module_still_skips_resumed_batches_through_accelerates_func
 
 @BOTH_ROUTES
 def test_the_training_loop_still_syncs_by_the_accumulation_steps_it_reads_each_micro_batch():
-    # trainer._sync_the_last_micro_batch: on transformers 4.55 (and GaudiTrainer 1.21.2, its copy) a resumed epoch
+    # trainer._sync_the_last_micro_batch: on transformers 4.55 (and GaudiTrainer 1.21, its copy) a resumed epoch
     # counts its micro-batches from 0 and its last partial window never syncs; the trainer sets
     # args.gradient_accumulation_steps for that window's last micro-batch. transformers 5 counts the skipped ones.
     loops = [getattr(Trainer, "_run_epoch", Trainer._inner_training_loop)]

@@ -95,7 +95,7 @@ def test_a_run_stopped_before_an_epochs_partial_accumulation_window_resumes_to_t
     kind, stop, fixtures, uninterrupted, tmp_path
 ):
     """Stopped after the first window of the middle (step 3) or the last epoch (step 5): the epoch's last
-    micro-batch once got no step of its own on transformers 4.55 and GaudiTrainer 1.21.2 (their loop restarts its
+    micro-batch once got no step of its own on transformers 4.55 and GaudiTrainer 1.21 (their loop restarts its
     count of the epoch's micro-batches at the skipped ones), 5 steps instead of 6 and the weights 9e-4 away."""
     reference = uninterrupted(kind, 0, **ACCUMULATION)
     resume_to_the_end(reference, 6, fixtures, tmp_path / "resumed", kind, 0, stop, **ACCUMULATION)

@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import signal
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ import torch
 import transformers
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
+from bridgetower_bench.images import images
 from bridgetower_bench.output_dir import checkpoint_manifest, run_directory, run_recipe
 from helpers import (
     BOTH_ROUTES,
@@ -63,6 +65,32 @@ def test_a_rerun_with_another_learning_rate_and_seed_into_a_finished_run_is_refu
     same = run_script(kind, command(fixtures, out, kind, "--do_eval"))  # its own recipe: reused, not trained again
     assert "not training again" in same.stdout + same.stderr and "'loss'" not in same.stdout
     assert (out / "model.safetensors").read_bytes() == kept["model.safetensors"]
+
+
+def test_a_fast_draft_rerun_on_another_jpeg_decoder_is_refused_naming_it_and_a_fast_rerun_is_not(
+    fixtures, tmp_path, monkeypatch
+):
+    """fast-draft's pixels depend on the JPEG decoder (its DCT scales): its recipe names it, as train_results.json
+    does for both fast pipelines; fast's pixels do not, so neither does its recipe."""
+    pytest.importorskip("simplejpeg")
+    decoder, runs = images.jpeg_decoder(), {pipeline: tmp_path / pipeline for pipeline in ("fast-draft", "fast")}
+    for pipeline, out in runs.items():
+        run_script("cuda", command(fixtures, out, image_pipeline=pipeline))
+        assert (
+            read_json(out / "train_results.json")["jpeg_decoder"] == decoder == f"simplejpeg {version('simplejpeg')}"
+        )
+    assert read_json(runs["fast-draft"] / "recipe.json")["jpeg_decoder"] == decoder
+    assert "jpeg_decoder" not in read_json(runs["fast"] / "recipe.json")
+
+    monkeypatch.setattr(images, "simplejpeg", None)  # another install: Pillow decodes
+    rerun = run_script("cuda", command(fixtures, runs["fast-draft"], image_pipeline="fast-draft"), check=False)
+    assert rerun.returncode == 2 and last_line(rerun) == (
+        f"{SCRIPTS['cuda']}: error: --output_dir={runs['fast-draft']} holds a model of another recipe (the JPEG "
+        f"decoder (--image_pipeline fast-draft's pixels depend on it) {decoder} → Pillow {version('Pillow')}): pass "
+        "--overwrite_output_dir to train this recipe there afresh, or choose another --output_dir"
+    )
+    same = run_script("cuda", command(fixtures, runs["fast"], image_pipeline="fast"))
+    assert "not training again" in same.stdout + same.stderr and "'loss'" not in same.stdout
 
 
 def edit_scripts_version(out):

@@ -1,6 +1,6 @@
 """Both scripts, end to end on CPU: the tiny model on the synthetic New Yorker-shaped data set.
 
-The Gaudi script runs optimum-habana's real GaudiTrainer behind tests/habana_shim (see its README).
+The Gaudi script runs optimum-habana's real GaudiTrainer behind the Habana stand-ins (bridgetower_bench/tools/habana_standin).
 """
 
 import contextlib

@@ -63,7 +63,7 @@ def cache_settings(pipeline: str, image_size: int, fingerprint: str) -> dict:
         "fingerprint": fingerprint,
     }
     if pipeline == "fast-draft":
-        settings["jpeg_decoder"] = jpeg_decoder(draft=True)
+        settings["jpeg_decoder"] = jpeg_decoder()
     return settings
 
 

@@ -9,12 +9,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
+import PIL
 import torch
 from PIL import ExifTags, Image, ImageOps
 from torchvision.transforms import CenterCrop, ConvertImageDtype, InterpolationMode, Normalize, Resize
 from torchvision.transforms.functional import to_tensor
 
 from bridgetower_bench.images.jpeg_headers import JPEG_MAGIC, read_jpeg_header
+from bridgetower_bench.output_dir import run_recipe
 from bridgetower_bench.regular_files import NotARegularFile, read_regular_file
 
 
@@ -302,12 +304,17 @@ def decoded_scale_eighths(full_size: tuple[int, int], decoded_size: tuple[int, i
     )
 
 
-def jpeg_decoder(draft: bool = False) -> str:
-    """Which decoder the fast pipelines use for colour and grey JPEGs, e.g. ``"simplejpeg 1.9.0"``: ``fast``
-    pixels are the same whichever it is, ``fast-draft`` ones (``draft=True``) are not (other DCT scales)."""
+def jpeg_decoder() -> str:
+    """The library and version the fast pipelines decode colour and grey JPEGs with: ``"simplejpeg <version>"``
+    where it is installed, else ``"Pillow <version>"``. ``fast``'s pixels are the same whichever it is (one
+    libjpeg-turbo decode); ``fast-draft``'s are not (each picks its own DCT scales): its recipe names it."""
     if simplejpeg is not None:
         return f"simplejpeg {simplejpeg.__version__}"
-    return "PIL draft" if draft else "PIL"
+    return f"Pillow {PIL.__version__}"
+
+
+# A resume or rerun of fast-draft on another decoder is another recipe (the recipe module may not import this one).
+run_recipe.PIXELS_FROM_THE_DECODER["fast-draft"] = jpeg_decoder
 
 
 def make_image_transform(

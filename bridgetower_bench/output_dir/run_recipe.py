@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from importlib import metadata
 from typing import NamedTuple, Optional
 
@@ -109,8 +110,14 @@ NOT_IN_THE_RECIPE = _names(
 KNOWN_ARGUMENTS = frozenset(MODEL_ARGUMENTS + DATA_ARGUMENTS + TRAINING_ARGUMENTS + NOT_IN_THE_RECIPE)
 _UNKNOWN = "not known to these scripts, so counted in the recipe"
 
+# Image pipelines whose pixels depend on the JPEG decoder installed -> its name and version (`jpeg_decoder` in their
+# recipe). Filled in by bridgetower_bench.images.images, which the scripts import before they plan a run: this
+# package may not import it (the decode-once cache writes through this package).
+PIXELS_FROM_THE_DECODER: dict[str, Callable[[], str]] = {}
+
 # Entries of a recipe that are not flags, and how a refusal names them.
 _LABELS = {
+    "jpeg_decoder": "the JPEG decoder (--image_pipeline fast-draft's pixels depend on it)",
     "world_size": "the number of processes",
     "splits_cut_from_train": "the splits cut from train (--do_predict cuts a test split when the data set has none)",
     "scripts_version": "the scripts' version",
@@ -163,6 +170,9 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
         recipe["num_train_epochs"] = None  # (--max_steps decides how far)
     if training_args.warmup_steps > 0:
         recipe["warmup_ratio"] = None  # (--warmup_steps decides the warm-up)
+    decoder = PIXELS_FROM_THE_DECODER.get(getattr(data_args, "image_pipeline", None))
+    if decoder is not None:
+        recipe["jpeg_decoder"] = decoder()
     recipe["world_size"] = training_args.world_size
     recipe["splits_cut_from_train"] = _splits_cut_from_train(list(dataset), training_args.do_predict)
     for split, split_data in dataset.items():

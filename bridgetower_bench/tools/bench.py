@@ -72,7 +72,6 @@ from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.sweep.bench_report import OK
 from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
-    HABANA_SHIM,
     LOADERS,
     REMOTE_MARGIN,
     SCRIPTS,
@@ -271,8 +270,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(_plan_line(plan))
     if args.dry_run:
         return _dry_run(parser, plan, out)
-    if plan.env.get("PATH", "").startswith(str(HABANA_SHIM)):
-        print(f"note: no Habana software here; the Gaudi script runs on CPU with the stand-ins in {HABANA_SHIM}")
+    if plan.env.get("PATH", "").startswith(str(tool_paths.HABANA_STANDIN)):
+        print(
+            f"note: no Habana software here; the Gaudi script runs on CPU with the stand-ins in {tool_paths.HABANA_STANDIN}"
+        )
 
     # A plain `kill` stops the sweep like Ctrl-C does: the running subprocess is stopped, finished rows stay.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)

@@ -27,8 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bridgetower_bench.tools.tool_paths import KIT
 
-REPO = Path(__file__).resolve().parents[2]
+
+REPO = KIT
 GAUDI_SCRIPT = "run_bridgetower.py"
 CUDA_SCRIPT = "run_bridgetower_cuda.py"
 # GNU patch's words for a hunk that landed away from where its header says (with --fuzz=0, a hunk that

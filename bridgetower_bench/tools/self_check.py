@@ -30,7 +30,7 @@ from bridgetower_bench.redaction import shareable
 from bridgetower_bench.tools import tool_paths
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = tool_paths.KIT  # the kit's directory: the scripts, the requirements files (tool_paths)
 OK, WARNING, FAILED, SKIPPED = "ok", "warning", "failed", "skipped"
 NO_DEVICE_EXIT = 2
 

@@ -15,6 +15,12 @@ tools' counts and sizes (images, workers, batch size) must be at least 1, else a
 `__main__` block: a UserInputError, or an OSError naming a file (a path that went bad while the tool ran,
 a full disk), ends the tool with `<tool>: error: <message>` on stderr and exit status 2; main()'s integer
 result is the exit status.
+
+The kit's own files are found here too, one way from a checkout and from an installed package: the package sits in
+the kit's directory (`KIT`) beside the two training scripts (`SCRIPTS`), as the README installs it (`pip install -e
+.`); `kit_script(kind)` refuses in one line where a copy of the package alone has no scripts beside it. The stand-ins
+for Habana's software that run the Gaudi script on a machine without it ship with the tools (`HABANA_STANDIN`,
+`habana_standin_env`; habana_standin/README.md).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import errno
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from importlib import metadata
 from pathlib import Path
 
 from bridgetower_bench.output_dir.disk_space import describe_bytes, free_bytes
@@ -31,6 +38,43 @@ from bridgetower_bench.output_dir.run_directory import uncreatable
 from bridgetower_bench.redaction import redact_text
 from bridgetower_bench.regular_files import not_regular_reason
 from bridgetower_bench.user_errors import UserInputError
+
+
+KIT = Path(__file__).resolve().parents[2]
+SCRIPTS = {"gaudi": KIT / "run_bridgetower.py", "cuda": KIT / "run_bridgetower_cuda.py"}
+HABANA_STANDIN = Path(__file__).resolve().parent / "habana_standin"
+# The variable the stand-in's `pip` answers optimum-habana's version check with (habana_standin/README.md).
+STANDIN_VERSION = "HABANA_STANDIN_SOFTWARE_VERSION"
+
+
+def kit_script(kind: str) -> Path:
+    """The training script of `kind` ("gaudi" or "cuda") beside the package; a UserInputError where it is not."""
+    script = SCRIPTS[kind]
+    if not script.is_file():
+        raise UserInputError(
+            f"{script.name} is not beside the package in {KIT}: the tools run the scripts from the kit's own "
+            "directory; install the kit from it with `pip install -e .` (README)"
+        )
+    return script
+
+
+def habana_standin_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a process needs on top of `environ` to run the Gaudi script without Habana's software: the stand-ins'
+    `habana_frameworks` first on PYTHONPATH, their `pip` first on PATH, and the Intel Gaudi software version that
+    `pip` reports: the installed habana-pyhlml's (Habana's own package, pinned to the line optimum-habana targets)."""
+    try:
+        version = metadata.version("habana-pyhlml")
+    except metadata.PackageNotFoundError:
+        raise UserInputError(
+            "the Gaudi script runs here without Habana's software only with habana-pyhlml installed (its version is "
+            "the Intel Gaudi software's the stand-ins report): pip install -r requirements-gaudi.txt"
+        ) from None
+    pythonpath = [str(HABANA_STANDIN)] + [p for p in [environ.get("PYTHONPATH")] if p]
+    return {
+        "PYTHONPATH": os.pathsep.join(pythonpath),
+        "PATH": os.pathsep.join([str(HABANA_STANDIN / "bin"), environ.get("PATH", "")]),
+        STANDIN_VERSION: version,
+    }
 
 
 def _writable_place(flag: str, path: str, what: str) -> None:

@@ -45,8 +45,8 @@ UPSTREAM_URL = (
     f"{UPSTREAM_COMMIT}/examples/contrastive-image-text/run_bridgetower.py"
 )
 UPSTREAM_SHA256 = "10ae69f6342119d98c9434f0921805b0923a99e69d775311e2a5c57a9c81ab28"
-OUR_SCRIPT = Path(__file__).resolve().parents[2] / "run_bridgetower.py"
-NOTES = Path(__file__).resolve().parents[2] / "docs" / "UPSTREAM.md"
+OUR_SCRIPT = tool_paths.SCRIPTS["gaudi"]
+NOTES = tool_paths.KIT / "docs" / "UPSTREAM.md"
 NOTES_LABEL = "docs/UPSTREAM.md"
 FLAGS_TABLE, DIFFERENCES_TABLE = "## Flags this port adds", "## Differences from the upstream example"
 PACKAGE = "bridgetower_bench"

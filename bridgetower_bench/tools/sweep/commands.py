@@ -18,13 +18,10 @@ from bridgetower_bench.redaction import redact_args
 from bridgetower_bench.tools.hosts import rendezvous_endpoint
 from bridgetower_bench.tools.sweep.bench_report import configuration_label
 from bridgetower_bench.tools.sweep.cost import Prices
+from bridgetower_bench.tools.tool_paths import KIT, SCRIPTS, kit_script
 
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPTS = {"gaudi": REPO / "run_bridgetower.py", "cuda": REPO / "run_bridgetower_cuda.py"}
-# Stand-ins for the two Habana entry points optimum-habana touches; the Gaudi script needs them on a
-# machine without Habana's software (tests/habana_shim/README.md).
-HABANA_SHIM = REPO / "tests" / "habana_shim"
+REPO = KIT  # the runs' working directory: the kit's, where the scripts are (tool_paths)
 
 # The flag each loader adds, and the only script that has it (None: both).
 LOADERS = {
@@ -169,6 +166,10 @@ class Plan:
     rdzv_port: int = 29500  # --rdzv-port
     remote_start_timeout: float = 60.0  # --remote-start-timeout: seconds for each node's first line
     remote_margin: float = REMOTE_MARGIN  # --remote-margin: a run across nodes' bound, in its one-node run's time
+
+    def __post_init__(self):
+        if self.script_path is None:
+            kit_script(self.script)  # a copy of the package alone: refused in one line before any run
 
     def command(self, variant: Variant, output_dir: Path) -> list[str]:
         script = str(self.script_path or SCRIPTS[self.script])

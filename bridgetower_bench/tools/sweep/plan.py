@@ -15,7 +15,6 @@ from bridgetower_bench.mediapipe.availability import TORCH_LOADER
 from bridgetower_bench.tools.hosts import hostfile_nodes, port, rendezvous_endpoint
 from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
-    HABANA_SHIM,
     LOADERS,
     NATIVE_LOADER,
     REPO,
@@ -34,7 +33,7 @@ from bridgetower_bench.tools.sweep.presets import (
     persistent_settings,
     plan_shape,
 )
-from bridgetower_bench.tools.tool_paths import positive_number
+from bridgetower_bench.tools.tool_paths import habana_standin_env, positive_number
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -256,6 +255,5 @@ def _run_env(preset: str, script: str, device: str) -> dict:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     env.update(mode_env(script, device))
     if script == "gaudi" and device == "cpu" and not habana_software_present():
-        env["PYTHONPATH"] = os.pathsep.join([str(HABANA_SHIM), env["PYTHONPATH"]])
-        env["PATH"] = os.pathsep.join([str(HABANA_SHIM / "bin"), os.environ.get("PATH", "")])
+        env.update(habana_standin_env({**os.environ, **env}))  # (tools/habana_standin/README.md)
     return env

@@ -37,7 +37,7 @@ def render_vs_published(summary: Summary, meta: Mapping) -> str:
         "",
         "n/a: not published for that device; -: not run (or no run finished).",
         "",
-        f"## Upstream's CI baselines (optimum-habana 1.21 line, {published.DEVICES} devices)",
+        f"## Upstream's CI baselines ({published.CI_RELEASE_LINE}, {published.DEVICES} devices)",
         "",
         _markdown_table(
             ["device", "samples/s (node)", "samples/s per device"],

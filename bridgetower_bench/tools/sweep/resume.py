@@ -44,6 +44,7 @@ CSV_COLUMNS = (
     "requested_loader",
     "loader",
     "image_pipeline",
+    "jpeg_decoder",
     "workers",
     "persistent_workers",
     "prefetch_factor",

@@ -51,6 +51,7 @@ TRAIN_KEYS = (
     "per_device_train_batch_size",
     "loader",
     "image_pipeline",
+    "jpeg_decoder",
     *RUN_FIGURES,
     "per_node",  # a run across nodes: each node's figures (a JSON list in results.csv)
 )

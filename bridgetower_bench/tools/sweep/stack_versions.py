@@ -16,7 +16,7 @@ STACK_KEYS = ("version_transformers", "version_accelerate", "version_datasets")
 
 
 def differing_versions(records: Iterable[Mapping], keys: tuple = STACK_KEYS) -> list[str]:
-    """'transformers 4.55.4 / 5.24.0' for each library (each of `keys`) whose recorded version is not the same in
+    """'transformers 4.50.0 / 5.0.0' for each library (each of `keys`) whose recorded version is not the same in
     every record (versions in the order first seen; a record that names none is not counted)."""
     records = list(records)
     differing = []

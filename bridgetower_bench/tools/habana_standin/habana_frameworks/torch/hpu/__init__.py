@@ -1,4 +1,4 @@
-"""Test-only stand-in for habana_frameworks.torch.hpu: see tests/habana_shim/README.md."""
+"""Habana stand-in for habana_frameworks.torch.hpu: see habana_standin/README.md."""
 
 
 def memory_stats(device=None):

@@ -1,4 +1,4 @@
-"""Test-only stand-in for habana_frameworks.torch.hpu.random: see tests/habana_shim/README.md."""
+"""Habana stand-in for habana_frameworks.torch.hpu.random: see habana_standin/README.md."""
 
 
 def manual_seed_all(seed):

@@ -1,4 +1,4 @@
-"""Test-only stand-in for habana_frameworks.torch.utils.internal: see tests/habana_shim/README.md."""
+"""Habana stand-in for habana_frameworks.torch.utils.internal: see habana_standin/README.md."""
 
 import os
 

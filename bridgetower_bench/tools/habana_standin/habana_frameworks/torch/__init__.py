@@ -1,0 +1,1 @@
+"""Habana stand-in: see habana_standin/README.md."""

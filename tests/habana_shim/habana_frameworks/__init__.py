@@ -1,1 +1,0 @@
-"""Test-only stand-in: see tests/habana_shim/README.md."""
