@@ -1,6 +1,6 @@
 """The Gaudi configuration a run trains with (`--gaudi_config_name`, e.g. `Habana/clip`), as optimum-habana takes it.
 
-optimum-habana 1.21.2's `GaudiConfig` accepts any key and drops those it does not know without a word, and
+optimum-habana 1.21's `GaudiConfig` accepts any key and drops those it does not know without a word, and
 `use_torch_autocast` defaults to false: a file with other keys than expected trains in fp32 and says nothing. So
 the Gaudi script reads the file as a dict first (`GaudiConfig.get_config_dict`, then `from_dict`, what
 `from_pretrained` does), the trainer logs at its start and records in `train_results.json` what it really runs

@@ -113,15 +113,15 @@ def test_several_gaudi_nodes_need_deepspeed_and_pdsh_on_each_and_one_intel_gaudi
     )
     assert cluster_check.launchers_row("gpu-b", {"deepspeed": None, "pdsh": False}, "nccl").result == "ok"
 
-    first = {"gaudi_software": {"habana-torch-plugin": "1.24.0.123", "driver": "1.24.0"}}
-    older = {"gaudi_software": {"habana-torch-plugin": "1.23.0.695", "driver": "1.24.0"}}
+    first = {"gaudi_software": {"habana-torch-plugin": "1.30.0.123", "driver": "1.30.0"}}
+    older = {"gaudi_software": {"habana-torch-plugin": "1.23.0.695", "driver": "1.30.0"}}
     assert cluster_check.gaudi_software_row("gaudi-a", first, first).detail == (
-        "habana-torch-plugin 1.24.0.123, driver 1.24.0"
+        "habana-torch-plugin 1.30.0.123, driver 1.30.0"
     )
     row = cluster_check.gaudi_software_row("gaudi-b", older, first)
     assert (row.result, row.detail) == (
         "failed",
-        "habana-torch-plugin 1.23.0.695, driver 1.24.0; the first node has habana-torch-plugin 1.24.0.123",
+        "habana-torch-plugin 1.23.0.695, driver 1.30.0; the first node has habana-torch-plugin 1.30.0.123",
     )
 
 

@@ -9,7 +9,7 @@ from helpers import command, optimum_habana, read_json, run_script
 
 
 def test_a_gaudi_run_logs_and_records_autocast_off_and_the_keys_gaudiconfig_dropped(fixtures, tmp_path):
-    # A file in optimum-habana's older mixed-precision keys: GaudiConfig 1.21.2 drops them without a word and
+    # A file in optimum-habana's older mixed-precision keys: GaudiConfig 1.21 drops them without a word and
     # trains in fp32. (--use_habana with --use_cpu: the Gaudi configuration is read, the run stays on the CPU.)
     config = tmp_path / "gaudi-config"
     config.mkdir()

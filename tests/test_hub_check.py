@@ -181,7 +181,7 @@ def gaudi_config_row(tmp_path, content):
 
 
 def test_the_gaudi_configuration_fails_without_autocast_and_warns_of_keys_gaudiconfig_ignores(online, tmp_path):
-    # The keys of optimum-habana's older mixed precision (HMP): GaudiConfig 1.21.2 drops them, autocast stays off.
+    # The keys of optimum-habana's older mixed precision (HMP): GaudiConfig 1.21 drops them, autocast stays off.
     hmp = {"use_habana_mixed_precision": True, "hmp_bf16_ops": ["linear"], "use_fused_adam": True}
     row = gaudi_config_row(tmp_path, hmp)
     assert row.result == "failed"
@@ -189,7 +189,7 @@ def test_the_gaudi_configuration_fails_without_autocast_and_warns_of_keys_gaudic
         "Habana/clip gaudi_config.json: use_torch_autocast absent (GaudiConfig's default: false): the published "
         "Gaudi command (no --bf16) would train without bf16 autocast, in fp32"
     )
-    extra = {**HABANA_CLIP, "use_habana_mixed_precision": True, "optimum_version": "1.21.2"}
+    extra = {**HABANA_CLIP, "use_habana_mixed_precision": True, "optimum_version": "1.30.0"}
     row = gaudi_config_row(tmp_path, extra)
     assert row.result == "warning" and row.detail.endswith(
         "GaudiConfig ignores without a word: use_habana_mixed_precision"
