@@ -3,7 +3,11 @@
 MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
 DATASET = "jmhessel/newyorker_caption_contest"
 DATASET_CONFIG = "matching"
-DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
+# The first commit of the data set with its `matching` config as parquet files (and no loading script): the
+# revision the published commands pin (docs/PUBLISHED.md, "The data set revision").
+DATASET_REVISION = "a1b7cdbc813771f4ccf1ddb491a29d05d09bd532"
+# The revision upstream's README and CI pin: a loading script, which `datasets` 4 and later refuse to run.
+UPSTREAM_CI_DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"
 IMAGE_COLUMN = "image"
 CAPTION_COLUMN = "image_description"
 
@@ -32,4 +36,4 @@ THROUGHPUT = {
 }
 # Upstream's CI baselines (optimum-habana 1.21 line, DEVICES devices, samples/s) and the flags CI adds to the post's.
 CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
-CI_EXTRA_FLAGS = f"--dataset_revision {DATASET_REVISION} --trust_remote_code True --sdp_on_bf16"
+CI_EXTRA_FLAGS = f"--dataset_revision {UPSTREAM_CI_DATASET_REVISION} --trust_remote_code True --sdp_on_bf16"
