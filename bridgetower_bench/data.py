@@ -3,6 +3,7 @@ raises a UserInputError naming the flag, file, column or row."""
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -13,8 +14,9 @@ import torch
 from datasets import DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from bridgetower_bench import published
 from bridgetower_bench.guards.resilience import ImageLoadError, image_label, leave_sigterm_to_the_main_process
-from bridgetower_bench.regular_files import not_regular_reason
+from bridgetower_bench.regular_files import not_regular_reason, read_regular_file
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -25,6 +27,43 @@ DATA_FILE_BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json"}
 # csv cells are read as written: only an empty cell is a missing value (pandas would also turn NaN, NA,
 # null, None, ... into one, and a message could then not say what the cell holds).
 CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
+
+
+# `load_dataset` of `datasets` 4 and later raises a RuntimeError starting so for a Hub revision or a local folder that
+# holds `<name>.py` (datasets/load.py, dataset_module_factory): loading scripts are no longer run.
+SCRIPTS_REFUSED = "Dataset scripts are no longer supported, but found "
+
+
+BUILDER_CLASSES = {"DatasetBuilder", "GeneratorBasedBuilder", "ArrowBasedBuilder", "BeamBasedBuilder"}
+
+
+def loading_script_in(folder: str) -> Optional[str]:
+    """A `datasets` loading script at the top of a local data set folder that `load_dataset` would not see, else None:
+    a .py file whose class derives from a builder class. (It looks for `<folder>.py` only, raising SCRIPTS_REFUSED, and
+    would read the folder's data files past any other script.)"""
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.name.endswith(".py") or entry.name == f"{os.path.basename(os.path.abspath(folder))}.py":
+            continue
+        try:
+            tree = ast.parse(read_regular_file(entry.path))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        bases = [base for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for base in node.bases]
+        if any(ast.unparse(base).rsplit(".", 1)[-1] in BUILDER_CLASSES for base in bases):
+            return entry.name
+    return None
+
+
+def loading_script_refused(dataset_name: str, revision: Optional[str], script: str) -> UserInputError:
+    """The one line that refuses a data set given as a loading script: which, why and the fix."""
+    where = f"--dataset_name={dataset_name}" + (f" --dataset_revision={revision}" if revision else "")
+    fix = "load its data files instead (parquet, csv, json: a Hub revision or a folder that holds them)"
+    if published.DATASET.endswith(f"/{script.removesuffix('.py')}"):  # the published data set, or a copy of it
+        fix = f"the parquet files: --dataset_name {published.DATASET} --dataset_revision {published.DATASET_REVISION}"
+    return UserInputError(
+        f"{where}: a loading script ({script}), not data files; datasets {datasets.__version__} runs no loading "
+        f"scripts (none does since 4.0); {fix}"
+    )
 
 
 def data_file_builder(path: str, flag: str) -> str:
@@ -57,6 +96,9 @@ def load_raw_datasets(
         expanded = os.path.expanduser(dataset_name)
         if dataset_name.startswith((".", "/", "~")) and not os.path.isdir(expanded):
             raise UserInputError(f"--dataset_name={dataset_name}: no such directory")
+        script = loading_script_in(expanded) if os.path.isdir(expanded) else None
+        if script is not None:
+            raise loading_script_refused(dataset_name, None, script)
         try:
             return load_dataset(
                 expanded,
@@ -71,6 +113,12 @@ def load_raw_datasets(
             raise UserInputError(
                 f"--dataset_name={dataset_name}: cannot be read: {_first_line(error.__cause__ or error)}"
             ) from None
+        except RuntimeError as error:
+            if not str(error).startswith(SCRIPTS_REFUSED):
+                raise
+            local = os.path.isdir(expanded)
+            script = str(error)[len(SCRIPTS_REFUSED) :]
+            raise loading_script_refused(dataset_name, None if local else dataset_revision, script) from None
     raw = DatasetDict()
     for split, path in (("train", train_file), ("validation", validation_file)):
         if path is None:

@@ -3,7 +3,11 @@
 MODEL = "BridgeTower/bridgetower-large-itm-mlm-itc"
 DATASET = "jmhessel/newyorker_caption_contest"
 DATASET_CONFIG = "matching"
-DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"  # the revision upstream's CI pins
+# The first commit of the data set with its `matching` config as parquet files (and no loading script): the
+# revision the published commands pin (docs/PUBLISHED.md, "The data set revision").
+DATASET_REVISION = "a1b7cdbc813771f4ccf1ddb491a29d05d09bd532"
+# The revision upstream's README and CI pin: a loading script, which `datasets` 4 and later refuse to run.
+UPSTREAM_CI_DATASET_REVISION = "3c6c4f6c0ff7e902833d3afa5f8f3875c2b036e6"
 MODEL_REVISION = "main"  # the published commands pass no --model_revision
 GAUDI_CONFIG = "Habana/clip"  # --gaudi_config_name of the published Gaudi command
 IMAGE_COLUMN = "image"
@@ -36,4 +40,4 @@ THROUGHPUT = {
 # post's. The line is the baselines' own: a bump of optimum-habana moves it only when the baselines are read again.
 CI_RELEASE_LINE = "optimum-habana 1.21 line"
 CI_BASELINES = {"Gaudi2 HPU": 904.93, "Gaudi3 HPU": 783.481}
-CI_EXTRA_FLAGS = f"--dataset_revision {DATASET_REVISION} --trust_remote_code True --sdp_on_bf16"
+CI_EXTRA_FLAGS = f"--dataset_revision {UPSTREAM_CI_DATASET_REVISION} --trust_remote_code True --sdp_on_bf16"

@@ -592,9 +592,14 @@ def command(fixtures, out, kind="cuda", *extra, **overrides):
 
 
 def load_weights(directory):
+    """A model directory's weights: model.safetensors (what the runs save), else pytorch_model.bin (the published
+    model's kind, and so the fixture's)."""
     from safetensors.torch import load_file
 
-    return load_file(str(directory / "model.safetensors"))
+    directory = Path(directory)
+    if (directory / "model.safetensors").exists():
+        return load_file(str(directory / "model.safetensors"))
+    return torch.load(directory / "pytorch_model.bin", weights_only=True)
 
 
 def run_killed_while_publishing(kind, args):

@@ -21,6 +21,7 @@ from transformers import HfArgumentParser
 
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
+from bridgetower_bench.published import DATASET_REVISION
 from bridgetower_bench.tools.fixtures import script_arguments
 from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env, script_module
 
@@ -508,6 +509,8 @@ def test_the_readmes_multi_node_commands_and_the_sbatch_file_run_the_published_c
     at = published.index("--output_dir")
     assert flags[at : at + 2] == ["--output_dir", f"{tmp_path}/runs/cuda-x2"]
     assert flags[:at] + flags[at + 2 :] == published[:at] + published[at + 2 :]
+    # the data set revision the kit publishes (a revision `datasets` 4 and later load), no --trust_remote_code
+    assert flags[flags.index("--dataset_revision") + 1] == DATASET_REVISION and "--trust_remote_code" not in flags
     script = script_module("cuda")
     parser = HfArgumentParser((script.ModelArguments, script.DataTrainingArguments, WarmupTrainingArguments))
     parser.parse_args(flags)  # every flag is one of the CUDA script's, with a value of its type (else SystemExit)

@@ -1,5 +1,6 @@
 """Offline fixtures: the tiny model loads and trains, the synthetic data set has the New Yorker
-`matching` schema and layout, everything is reproducible, and default fixtures are built once."""
+`matching` schema and layout, each fixture has the shape of the real artifact it stands for
+(tests/published_artifacts.json), everything is reproducible, and default fixtures are built once."""
 
 import io
 import itertools
@@ -7,12 +8,15 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from datasets import Features, List, Value, load_dataset
 from datasets import Image as ImageFeature
+from datasets import load_dataset
+from datasets.info import DatasetInfosDict
+from huggingface_hub import DatasetCard, DatasetCardData
 from PIL import Image
 
 from bridgetower_bench.tools import cartoons, fixtures
@@ -28,23 +32,17 @@ from helpers import BOTH_ROUTES, dead_pid
 CAPTION = "Two houses and a tree on the left side of a city street."
 SMALL_ROWS = {"train_rows": 6, "validation_rows": 3, "test_rows": 3, "rows_per_cartoon": 2}
 
-# Written out here rather than imported, so a slip in the module's schema is caught.
-MATCHING_FEATURES = Features(
-    {
-        "image": ImageFeature(),
-        "contest_number": Value("int32"),
-        "image_location": Value("string"),
-        "image_description": Value("string"),
-        "image_uncanny_description": Value("string"),
-        "entities": List(Value("string")),
-        "questions": List(Value("string")),
-        "caption_choices": Value("string"),
-        "from_description": Value("string"),
-        "label": Value("string"),
-        "n_tokens_label": Value("int32"),
-        "instance_id": Value("string"),
-    }
-)
+# The real artifacts the fixtures stand for, as recorded with their sources and date: written out there rather than
+# read from the module, so that a drift of either is one failing test below.
+PUBLISHED = json.loads((Path(__file__).parent / "published_artifacts.json").read_text())
+
+
+def card_features(dataset_info: list):
+    """The features of the `matching` entry of a card's `dataset_info`, as `datasets` reads them."""
+    return DatasetInfosDict.from_dataset_card_data(DatasetCardData(dataset_info=dataset_info))["matching"].features
+
+
+MATCHING_FEATURES = card_features([{"config_name": "matching", "features": PUBLISHED["dataset"]["features"]}])
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +95,16 @@ def test_tiny_model_loads_offline_and_gives_a_finite_contrastive_loss(model_dir,
 
 
 @BOTH_ROUTES
+def test_the_tiny_model_has_the_published_models_configuration_class_and_files(model_dir):
+    from transformers import AutoConfig
+
+    real = PUBLISHED["model"]
+    assert sorted(p.name for p in model_dir.iterdir()) == real["files"]
+    config = AutoConfig.from_pretrained(model_dir)
+    assert (type(config).__name__, config.model_type) == (real["config_class"], real["model_type"])
+
+
+@BOTH_ROUTES
 def test_tokenizer_round_trips_a_caption_with_roberta_special_tokens(model_dir):
     from transformers import AutoTokenizer
 
@@ -110,13 +118,13 @@ def test_tokenizer_round_trips_a_caption_with_roberta_special_tokens(model_dir):
 def test_same_seed_gives_identical_model_and_parquet_files_and_another_seed_others(model_dir, dataset_dir, tmp_path):
     again = make_tiny_model(tmp_path / "again")
     other = make_tiny_model(tmp_path / "other", seed=1)
-    for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json"):
+    for name in (fixtures.MODEL_WEIGHTS, "tokenizer.json", "vocab.json", "config.json", "preprocessor_config.json"):
         assert (again / name).read_bytes() == (model_dir / name).read_bytes(), name
-    assert (other / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
+    assert (other / fixtures.MODEL_WEIGHTS).read_bytes() != (model_dir / fixtures.MODEL_WEIGHTS).read_bytes()
 
     again = make_synthetic_dataset(tmp_path / "again-dataset", **SMALL_ROWS)
     other = make_synthetic_dataset(tmp_path / "other-dataset", **SMALL_ROWS, seed=1)
-    shard = "matching/train-00000-of-00001.parquet"
+    shard = "matching/train-00001-of-00002.parquet"
     assert (again / shard).read_bytes() == (dataset_dir / shard).read_bytes()
     assert (other / shard).read_bytes() != (dataset_dir / shard).read_bytes()
 
@@ -193,8 +201,6 @@ def test_dataset_is_the_matching_config_of_embedded_jpegs_with_cartoons_on_sever
     assert {split: len(dataset[split]) for split in dataset} == {"train": 6, "validation": 3, "test": 3}
     for split in dataset:
         assert dataset[split].features == MATCHING_FEATURES
-    shards = [f"{split}-00000-of-00001.parquet" for split in ("test", "train", "validation")]
-    assert sorted(p.name for p in (dataset_dir / "matching").iterdir()) == shards
 
     # images: embedded JPEGs of realistic size
     low, high = cartoons.IMAGE_SIDE_RANGE
@@ -210,10 +216,26 @@ def test_dataset_is_the_matching_config_of_embedded_jpegs_with_cartoons_on_sever
     assert first["image"]["bytes"] == second["image"]["bytes"]
     assert first["image_description"] == second["image_description"]
     assert first["instance_id"] != second["instance_id"]
-    assert first["caption_choices"].count("\n") == 4 and first["label"] in "ABCDE"
+    assert len(first["caption_choices"]) == 5 and first["label"] in "ABCDE"
     contests = [set(dataset[split]["contest_number"]) for split in ("train", "validation", "test")]
     assert [len(c) for c in contests] == [3, 2, 2]
     assert not (contests[0] & contests[1] or contests[0] & contests[2] or contests[1] & contests[2])
+
+
+@BOTH_ROUTES
+def test_the_synthetic_data_set_has_the_published_revisions_files_card_and_column_types(dataset_dir, tmp_path):
+    real = PUBLISHED["dataset"]
+    assert sorted(str(p.relative_to(dataset_dir)) for p in dataset_dir.rglob("*.parquet")) == real["data_files"]
+    card = DatasetCard.load(dataset_dir / "README.md").data
+    assert card.configs == real["configs"]
+    (info,) = card.dataset_info  # a list of configurations, as on the Hub
+    assert list(info) == real["dataset_info_keys"]
+    assert [list(split) for split in info["splits"]] == [real["split_keys"]] * len(real["splits"])
+    assert [split["name"] for split in info["splits"]] == real["splits"]
+    # column names, order and types, as `datasets` reads both cards, and as a run loads the parquet files
+    assert card_features(card.dataset_info) == MATCHING_FEATURES
+    assert list(MATCHING_FEATURES) == [feature["name"] for feature in real["features"]]
+    assert all(split.features == MATCHING_FEATURES for split in _load(dataset_dir, tmp_path).values())
 
 
 @pytest.mark.parametrize(
@@ -290,10 +312,13 @@ def test_ensure_default_fixtures_builds_once_ignores_incomplete_leftovers_and_wr
 
     assert set(paths) == {"model", "dataset", "gaudi_config"}
     assert not stale.exists()
-    assert (paths["model"] / "model.safetensors").exists()
+    assert (paths["model"] / fixtures.MODEL_WEIGHTS).exists()
     assert len(_load(paths["dataset"], tmp_path)["train"]) == SMALL_ROWS["train_rows"]
-    habana_clip = {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
-    assert json.loads((paths["gaudi_config"] / "gaudi_config.json").read_text()) == habana_clip
+    # the Gaudi configuration stand-in: Habana/clip's one file, its keys and values
+    real = PUBLISHED["gaudi_config"]
+    written = sorted(p.name for p in paths["gaudi_config"].iterdir() if p.name != fixtures.MARKER_FILE)
+    assert written == [real["file"]]
+    assert json.loads((paths["gaudi_config"] / real["file"]).read_text()) == real["content"]
     assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in paths.values())
 
     stamps = {p: p.stat().st_mtime_ns for d in paths.values() for p in d.rglob("*")}

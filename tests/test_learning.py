@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from bridgetower_bench.tools import cartoons
-from bridgetower_bench.tools.fixtures import make_synthetic_dataset, make_tiny_model, script_arguments
+from bridgetower_bench.tools.fixtures import MODEL_WEIGHTS, make_synthetic_dataset, make_tiny_model, script_arguments
 from helpers import CPU_FLAGS, read_json, run_script
 
 
@@ -100,7 +100,6 @@ def test_a_few_hundred_cpu_steps_raise_validation_recall_at_1_beyond_chance(lear
 
 
 def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_positions(learnable_model, tmp_path):
-    from safetensors.torch import load_file
     from transformers import BridgeTowerConfig
 
     default = make_tiny_model(tmp_path / "default", image_size=IMAGE_SIZE)
@@ -108,7 +107,7 @@ def test_learnable_model_differs_from_the_default_only_in_dropout_and_vision_pos
     assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (0.0, 0.0)
     assert (default_config.hidden_dropout_prob, default_config.attention_probs_dropout_prob) == (0.1, 0.1)
 
-    weights, default_weights = (load_file(str(d / "model.safetensors")) for d in (learnable_model, default))
+    weights, default_weights = (torch.load(d / MODEL_WEIGHTS, weights_only=True) for d in (learnable_model, default))
     positions = "bridgetower.vision_model.visual.embeddings.position_embedding.weight"
     assert torch.allclose(weights[positions], 10 * default_weights[positions])
     assert [k for k in weights if not torch.equal(weights[k], default_weights[k])] == [positions]

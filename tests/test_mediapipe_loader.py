@@ -37,7 +37,7 @@ from bridgetower_bench.mediapipe.image_files import (
 )
 from bridgetower_bench.mediapipe.inputs import attach_mediapipe_inputs
 from bridgetower_bench.mediapipe.trainer import MediaPipeTrainerMixin
-from helpers import dead_pid, encode
+from helpers import dead_pid, encode, load_raw
 
 
 SEQ_LEN = 4
@@ -145,6 +145,21 @@ def test_embedded_bytes_become_one_file_per_distinct_image_and_baseline_colour_j
         [os.path.basename(paths[0]), os.path.basename(paths[1]), MANIFEST_NAME]
     )
     assert Path(paths[0]).read_bytes() == red and Path(paths[1]).read_bytes() == blue
+
+
+def test_the_published_revisions_embedded_images_become_the_decoders_files_byte_for_byte(fixtures, tmp_path):
+    """The parquet revision holds each cartoon as JPEG bytes whose `path` is a bare name, no file: the synthetic data
+    set has its layout (tests/published_artifacts.json), loaded as a run loads it."""
+    from bridgetower_bench import data
+
+    raw = load_raw(
+        dataset_name=str(fixtures["dataset"]), dataset_config_name="matching", cache_dir=str(tmp_path / "hf")
+    )
+    test = data.prepare_image_column(raw["test"], "image", "test")
+    paths = materialise_images(test, "image", str(tmp_path / "files"), "published-layout")
+    for row, path in zip(test["image"], paths):
+        assert not os.path.exists(row["path"]) and Path(path).read_bytes() == row["bytes"]
+    assert len(set(paths)) == len(set(test["contest_number"])) < len(paths)  # one file per cartoon
 
 
 def _cases():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from bridgetower_bench.images import image_cache
+from bridgetower_bench.tools.fixtures import MODEL_WEIGHTS
 from helpers import CPU_FLAGS, assert_throughput_adds_up, base_args, load_weights, read_json, run_script
 
 
@@ -97,8 +98,9 @@ def test_naming_flags_load_what_they_name_the_pooler_flag_keeps_it_and_the_sampl
 ):
     """--config_name, --tokenizer_name and --image_processor_name each name a copy of the model's file with one
     value changed: the run trains with (and publishes) the copy's. --freeze_text_pooler False keeps the pooler;
-    --use_fast_tokenizer False loads the slow tokenizer, which saves no tokenizer.json. The run they are compared
-    with is cut by --max_train_samples and --max_eval_samples."""
+    --use_fast_tokenizer False loads the slow tokenizer, which saves no tokenizer.json (it needs a merges.txt, which
+    the published model, and so the fixture, lacks: the copy gets one, from tokenizer.json's merges). The run they are
+    compared with is cut by --max_train_samples and --max_eval_samples."""
     model = Path(fixtures["model"])
     changed = {
         "config_name": ("config.json", "initializer_factor", 0.5),
@@ -110,10 +112,15 @@ def test_naming_flags_load_what_they_name_the_pooler_flag_keeps_it_and_the_sampl
         copy = tmp_path / flag
         copy.mkdir()
         for file in model.iterdir():
-            if file.name != "model.safetensors":
+            if file.name != MODEL_WEIGHTS:
                 (copy / file.name).write_bytes(file.read_bytes())
-        (copy / name).write_text(json.dumps({**read_json(model / name), key: value}))
+        (copy / name).write_text(
+            json.dumps({**(read_json(model / name) if (model / name).exists() else {}), key: value})
+        )
         flags += [f"--{flag}", str(copy)]
+    merges = read_json(model / "tokenizer.json")["model"]["merges"]
+    merges = "\n".join(m if isinstance(m, str) else " ".join(m) for m in merges)
+    (tmp_path / "tokenizer_name" / "merges.txt").write_text(f"#version: 0.2\n{merges}\n")
     named, default = tmp_path / "named", tmp_path / "default"
     extra = ["--freeze_text_pooler", "False", "--use_fast_tokenizer", "False"]
     run_script("cuda", base_args(fixtures, named, max_steps=1) + ["--do_train", *flags, *extra] + CPU_FLAGS["cuda"])

@@ -15,11 +15,22 @@ import datasets
 import pytest
 from PIL import Image
 
-from bridgetower_bench import data, preflight
+from bridgetower_bench import data, preflight, published
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
-from helpers import CPU_FLAGS, embedded, load_raw, noise_jpeg, run_cuda_script, write_csv
+from helpers import (
+    BOTH_ROUTES,
+    CPU_FLAGS,
+    SCRIPTS,
+    embedded,
+    last_line,
+    load_raw,
+    noise_jpeg,
+    run_cuda_script,
+    run_script,
+    write_csv,
+)
 
 
 SCRIPT = "run_bridgetower_cuda.py: error: "
@@ -251,6 +262,70 @@ def test_a_data_set_directory_with_an_unreadable_file_and_too_few_rows_to_split_
     )
     with pytest.raises(UserInputError, match="^the train split has 2 rows: too few to split off validation and test"):
         data.make_splits(two_rows, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# A data set given as a loading script: `datasets` 4 and later run none; one line and the fix
+# ---------------------------------------------------------------------------------------------
+
+LOADING_SCRIPT = "import datasets\n\n\nclass CaptionContest(datasets.GeneratorBasedBuilder):\n    pass\n"
+
+
+def script_refusal(name: str, script: str, fix: str, revision: str = "") -> str:
+    return (
+        f"--dataset_name={name}{revision}: a loading script ({script}), not data files; datasets "
+        f"{datasets.__version__} runs no loading scripts (none does since 4.0); {fix}"
+    )
+
+
+@pytest.mark.parametrize("kind", [pytest.param("cuda", marks=BOTH_ROUTES), "gaudi"])
+def test_a_local_copy_of_the_script_revision_is_refused_in_one_line_before_the_model_loads(kind, tmp_path):
+    """A folder holding `<folder>.py`, as a clone of the Hub's script revision does: `datasets` raises, the run ends in
+    one line naming the flag, the reason and the parquet revision, before it looks at the model (there is none)."""
+    folder = tmp_path / "newyorker_caption_contest"
+    folder.mkdir()
+    (folder / "newyorker_caption_contest.py").write_text(LOADING_SCRIPT)
+    (tmp_path / "no-model").mkdir()
+    args = ["--model_name_or_path", tmp_path / "no-model", "--dataset_name", folder, "--dataset_config_name"]
+    args += ["matching", "--output_dir", tmp_path / "out", "--do_train", *CPU_FLAGS[kind]]
+    result = run_script(kind, args, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    fix = f"the parquet files: --dataset_name {published.DATASET} --dataset_revision {published.DATASET_REVISION}"
+    assert last_line(result) == f"{SCRIPTS[kind]}: error: " + script_refusal(
+        str(folder), "newyorker_caption_contest.py", fix
+    )
+
+
+def test_a_loading_script_under_another_name_is_refused_and_a_helper_script_beside_data_files_is_not(tmp_path):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "make_captions.py").write_text("print('no builder here')\n")
+    (folder / "train.csv").write_text("image,caption\na.jpg,x\n")
+    assert load_raw(cache_dir=str(tmp_path / "hf"), dataset_name=str(folder))["train"]["caption"] == ["x"]
+    (folder / "loader.py").write_text(LOADING_SCRIPT.replace("datasets.", "datasets.builder."))
+    with pytest.raises(UserInputError) as refused:
+        load_raw(cache_dir=str(tmp_path / "hf"), dataset_name=str(folder))
+    fix = "load its data files instead (parquet, csv, json: a Hub revision or a folder that holds them)"
+    assert str(refused.value) == script_refusal(str(folder), "loader.py", fix)
+
+
+def test_the_hubs_script_revision_is_refused_naming_both_flags_and_the_parquet_revision(monkeypatch):
+    """`load_dataset` raises for a Hub revision that holds `<name>.py` as for a local folder (datasets/load.py; the Hub
+    stands in here): the line names the name and the revision, and the fix for the published data set."""
+
+    def hub_with_a_script(path, *args, **kwargs):
+        raise RuntimeError(f"{data.SCRIPTS_REFUSED}{path.rsplit('/', 1)[-1]}.py")
+
+    monkeypatch.setattr(data, "load_dataset", hub_with_a_script)
+    revision = published.UPSTREAM_CI_DATASET_REVISION
+    with pytest.raises(UserInputError) as refused:
+        load_raw(dataset_name=published.DATASET, dataset_config_name="matching", dataset_revision=revision)
+    fix = f"the parquet files: --dataset_name {published.DATASET} --dataset_revision {published.DATASET_REVISION}"
+    assert str(refused.value) == script_refusal(
+        published.DATASET, "newyorker_caption_contest.py", fix, f" --dataset_revision={revision}"
+    )
+    with pytest.raises(UserInputError, match=r"^--dataset_name=someone/else --dataset_revision=v1: .*a folder that"):
+        load_raw(dataset_name="someone/else", dataset_revision="v1")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,15 +4,19 @@ and a local copy of the ``Habana/clip`` Gaudi configuration.
 Nothing here touches the network, so the scripts, tests and benchmarks can run on machines
 that cannot reach the Hugging Face Hub.
 
-* ``make_tiny_model`` writes a model directory (config, safetensors weights, a RoBERTa-style
-  byte-level BPE tokenizer trained locally, a ``BridgeTowerImageProcessor`` config) that the
-  ``from_pretrained`` methods load offline. ``large=True`` gives the BridgeTower Large shape
+* ``make_tiny_model`` writes a model directory (config, weights as ``pytorch_model.bin`` as the published
+  model has them, a RoBERTa-style byte-level BPE tokenizer trained locally, a ``BridgeTowerImageProcessor``
+  config) that the ``from_pretrained`` methods load offline. ``large=True`` gives the BridgeTower Large shape
   (about 866 M parameters) with random weights, for accelerator benchmarks.
 * ``make_synthetic_dataset`` writes the on-disk layout and column schema of the New Yorker
-  caption contest ``matching`` config: parquet shards with embedded JPEG line-art cartoons.
+  caption contest ``matching`` config at the pinned revision: its parquet file names, card and
+  column types, with embedded JPEG line-art cartoons.
   Each caption (``image_description``) is derived from what is drawn, so a contrastive model
   can learn to match captions to pictures.
 * ``make_gaudi_config`` writes ``gaudi_config.json`` as ``Habana/clip`` has it.
+
+``tests/published_artifacts.json`` describes the real three, with sources and date; a test holds each
+fixture against it.
 * ``ensure_default_fixtures`` builds the three defaults once under a cache directory;
   ``script_flags`` / ``script_arguments`` are the flags of a script run on them.
 
@@ -26,6 +30,7 @@ import io
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -60,17 +65,19 @@ from bridgetower_bench.tools.cartoons import (
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, RoBERTa's order
-TOKENIZER_MAX_LENGTH = 512
 TOKENIZER_TARGET_VOCAB = 2048
 
 HABANA_CLIP_GAUDI_CONFIG = {"use_fused_adam": True, "use_fused_clip_norm": True, "use_torch_autocast": True}
 
+MODEL_WEIGHTS = "pytorch_model.bin"  # as the published model has them
 MODEL_DIR_NAME = "tiny-bridgetower"
 LARGE_MODEL_DIR_NAME = "bridgetower-large-random"
 DATASET_DIR_NAME = "newyorker-matching-synthetic"
 GAUDI_CONFIG_DIR_NAME = "gaudi-config-clip"
 DATASET_CONFIG_NAME = published.DATASET_CONFIG  # the published data set's layout
 SPLITS = ("train", "validation", "test")
+# Parquet files per split, as the published revision has them (`matching/train-00000-of-00002.parquet`, ...).
+SHARDS = {"train": 2, "validation": 1, "test": 1}
 
 # Written last into a fixture directory before it is renamed into place: its presence, with
 # the build parameters, is what marks a directory as complete.
@@ -105,8 +112,7 @@ CHOICE_LETTERS = "ABCDE"
 
 def _features():
     """The column schema of the New Yorker caption contest `matching` config. There,
-    `caption_choices` lists the five candidate captions ("A: ...", one per line; a string, as
-    DESIGN §3 gives the schema) and `label` is the letter of the right one."""
+    `caption_choices` lists the five candidate captions and `label` is the letter of the right one."""
     from datasets import Features, Sequence, Value
     from datasets import Image as ImageFeature
 
@@ -120,7 +126,7 @@ def _features():
             "image_uncanny_description": text,
             "entities": Sequence(text),
             "questions": Sequence(text),
-            "caption_choices": text,
+            "caption_choices": Sequence(text),
             "from_description": text,
             "label": text,
             "n_tokens_label": Value("int32"),
@@ -149,7 +155,7 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
         label = int(rng.integers(len(CHOICE_LETTERS)))
         choices = [_joke(rng, str(rng.choice(others))) for _ in CHOICE_LETTERS]
         choices[label] = _joke(rng, str(rng.choice(kinds)))
-        listed = "\n".join(f"{letter}: {choice}" for letter, choice in zip(CHOICE_LETTERS, choices))
+        listed = " ".join(f"{letter}: {choice}" for letter, choice in zip(CHOICE_LETTERS, choices))
         yield {
             "image": image,
             "contest_number": contest_number,
@@ -158,10 +164,10 @@ def _matching_rows(rng: np.random.Generator, scene: Scene, contest_number: int, 
             "image_uncanny_description": uncanny,
             "entities": entities,
             "questions": questions,
-            "caption_choices": listed,
+            "caption_choices": choices,
             "from_description": (
-                f"scene: {setting}\ndescription: {description}\nuncanny: {uncanny}\n"
-                f"entities: {', '.join(entities)}\nchoices {listed}"
+                f"scene: {setting} description: {description} uncanny: {uncanny} "
+                f"entities: {', '.join(THINGS[kind][2] for kind in kinds)}. choices {listed}"
             ),
             "label": CHOICE_LETTERS[label],
             "n_tokens_label": 1,
@@ -233,9 +239,9 @@ def make_synthetic_dataset(
 ) -> Path:
     """Write a New Yorker `matching`-shaped data set of synthetic cartoons to `out_dir`.
 
-    Layout: ``matching/{split}-00000-of-00001.parquet`` (embedded JPEG bytes) and a README.md
-    whose YAML declares the ``matching`` config, so ``datasets.load_dataset(out_dir, "matching")``
-    works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
+    Layout as the published revision's: ``matching/{split}-0000i-of-0000n.parquet`` (SHARDS; embedded
+    JPEG bytes) and a README.md whose YAML declares the ``matching`` config and its ``dataset_info``, so
+    ``datasets.load_dataset(out_dir, "matching")`` works offline. Splits use disjoint cartoons; each cartoon fills `rows_per_cartoon` rows.
 
     `image_side_range` bounds each side of a cartoon in pixels and `stroke_scale` multiplies the
     pen width. The defaults give New Yorker-like scans, whose thin strokes fade to faint grey when
@@ -268,7 +274,7 @@ def make_synthetic_dataset(
     for stale in (out / DATASET_CONFIG_NAME).glob("*.parquet"):  # the split globs would pick them up
         stale.unlink()
     features = _features()
-    split_sizes = {}
+    split_infos = {}
     first_contest = 500
     bars_were_disabled = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # one bar per tiny shard is noise
@@ -280,29 +286,40 @@ def make_synthetic_dataset(
             first_contest += math.ceil(n_rows / rows_per_cartoon)
             columns = {name: [row[name] for row in rows] for name in features}
             dataset = datasets.Dataset.from_dict(columns, features=features)
-            dataset.to_parquet(str(out / DATASET_CONFIG_NAME / f"{split}-00000-of-00001.parquet"))
-            split_sizes[split] = len(rows)
+            shards = min(SHARDS[split], len(dataset))
+            for shard in range(shards):
+                name = f"{split}-{shard:05d}-of-{shards:05d}.parquet"
+                dataset.shard(shards, shard, contiguous=True).to_parquet(str(out / DATASET_CONFIG_NAME / name))
+            split_infos[split] = datasets.SplitInfo(split, num_bytes=dataset.data.nbytes, num_examples=len(rows))
     finally:
         if not bars_were_disabled:
             datasets.enable_progress_bars()
-    _write_dataset_card(out, features, split_sizes)
+    _write_dataset_card(out, features, split_infos)
     return out
 
 
-def _write_dataset_card(out: Path, features, split_sizes: dict[str, int]) -> None:
-    """README.md with the YAML header that `datasets` reads: the config, its files and features."""
-    from datasets import DatasetInfo, SplitDict, SplitInfo
+def _write_dataset_card(out: Path, features, split_infos: dict) -> None:
+    """README.md with the YAML header that `datasets` reads: the config, its files and `dataset_info` (features,
+    splits with their sizes, download and data set sizes), a list of configs as on the Hub."""
+    from datasets import DatasetInfo, SplitDict
     from datasets.info import DatasetInfosDict
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCardData
 
     splits = SplitDict()
-    for split, n_rows in split_sizes.items():
-        splits.add(SplitInfo(split, num_examples=n_rows))
+    for info in split_infos.values():
+        splits.add(info)
     card = DatasetCardData()
-    info = DatasetInfo(features=features, splits=splits, config_name=DATASET_CONFIG_NAME)
+    info = DatasetInfo(
+        features=features,
+        splits=splits,
+        config_name=DATASET_CONFIG_NAME,
+        download_size=sum(f.stat().st_size for f in (out / DATASET_CONFIG_NAME).glob("*.parquet")),
+        dataset_size=sum(split.num_bytes for split in split_infos.values()),
+    )
     DatasetInfosDict({DATASET_CONFIG_NAME: info}).to_dataset_card_data(card)
-    data_files = [{"split": split, "path": f"{DATASET_CONFIG_NAME}/{split}-*"} for split in split_sizes]
+    card.dataset_info = [card.dataset_info]  # one config written as the Hub's card lists its many
+    data_files = [{"split": split, "path": f"{DATASET_CONFIG_NAME}/{split}-*"} for split in split_infos]
     MetadataConfigs({DATASET_CONFIG_NAME: {"data_files": data_files}}).to_dataset_card_data(card)
     body = (
         "# Synthetic New Yorker caption contest (`matching` layout)\n\n"
@@ -318,8 +335,8 @@ def image_spread(dataset_dir) -> dict:
     import pyarrow.parquet as pq
 
     widths, heights, kilobytes = [], [], []
+    seen = set()  # (a cartoon's rows may span two shards of a split; contest numbers differ across splits)
     for shard in sorted((Path(dataset_dir) / DATASET_CONFIG_NAME).glob("*.parquet")):
-        seen = set()
         for cell in pq.read_table(shard, columns=["image", "contest_number"]).to_pylist():
             if cell["contest_number"] in seen:
                 continue
@@ -381,7 +398,9 @@ def default_tokenizer_corpus(seed: int = 0, n_descriptions: int = 3000) -> list[
 
 
 def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
-    """Train a byte-level BPE on `corpus` and save it as a fast RoBERTa tokenizer in `out_dir`."""
+    """Train a byte-level BPE on `corpus` and save it as the published model's tokenizer is saved: `tokenizer.json`
+    and `vocab.json` only (RoBERTa's, found through the model's configuration; no `merges.txt`, no
+    `tokenizer_config.json`, so no model_max_length)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import RobertaTokenizerFast
 
@@ -398,8 +417,9 @@ def _train_tokenizer(corpus: Iterable[str], out_dir: Path):
     )
     with tempfile.TemporaryDirectory() as tmp:
         bpe.save_model(tmp)  # vocab.json and merges.txt, loaded by directory: 5.x ignores vocab_file= and merges_file=
-        tokenizer = RobertaTokenizerFast.from_pretrained(tmp, model_max_length=TOKENIZER_MAX_LENGTH)
-    tokenizer.save_pretrained(str(out_dir))
+        tokenizer = RobertaTokenizerFast.from_pretrained(tmp)
+        shutil.copyfile(os.path.join(tmp, "vocab.json"), out_dir / "vocab.json")
+    tokenizer.backend_tokenizer.save(str(out_dir / "tokenizer.json"))
     return tokenizer
 
 
@@ -561,7 +581,10 @@ def make_tiny_model(
     if vision_position_scale != 1:
         with torch.no_grad():
             model.bridgetower.vision_model.visual.embeddings.position_embedding.weight.mul_(vision_position_scale)
-    model.save_pretrained(str(out), safe_serialization=True)
+    # The published model's files: its weights a pickled state dict (transformers 5 saves safetensors only)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(str(out))
+    torch.save(model.state_dict(), out / MODEL_WEIGHTS)
     _save_image_processor(out, image_size)
     return out
 
@@ -616,7 +639,7 @@ def build_once(final_dir, params: dict, build: Callable[[Path], object]) -> bool
 
 
 # Bump when a generator's output changes, so that cached fixtures are rebuilt.
-FIXTURES_VERSION = 2
+FIXTURES_VERSION = 3
 # The default model (local preset and most tests) sees BridgeTower's 294-px images, so the image
 # pipelines do exactly the work they do for BridgeTower Large, but through 42-px patches (7 x 7) and one
 # layer per tower: one training step then costs a few ms per sample on one CPU core, less than upstream's

@@ -145,7 +145,7 @@ def local_preset_args(paths: Mapping[str, str], eval_: bool, shape: str = "publi
 
 def blog_preset_args() -> list[str]:
     """The published run's flags as upstream's CI runs them and the README publishes them (docs/PUBLISHED.md),
-    less the device flags: the data set revision pinned, no --do_predict. No checkpoints: they would only add
+    less the device flags: the data set revision pinned (the parquet one: docs/PUBLISHED.md), no --do_predict. No checkpoints: they would only add
     write time inside the measured window; no trackers: they would start inside it."""
     return [
         "--model_name_or_path",
@@ -156,8 +156,6 @@ def blog_preset_args() -> list[str]:
         published.DATASET_CONFIG,
         "--dataset_revision",
         published.DATASET_REVISION,
-        "--trust_remote_code",
-        "True",
         "--image_column",
         published.IMAGE_COLUMN,
         "--caption_column",
