@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import accelerate
 import torch
@@ -31,8 +31,17 @@ from bridgetower_bench.output_dir.run_output import RunOutput
 
 logger = logging.getLogger(__name__)
 
+# Mixed in front of a Trainer (transformers' or GaudiTrainer): the type checker reads it as one.
+if TYPE_CHECKING:
+    _Trainer = transformers.Trainer
+else:
+    _Trainer = object
 
-class TrainerExtensions:
+
+class TrainerExtensions(_Trainer):
+    _losses: torch.Tensor  # set by `train()`
+    _grad_norm: Optional[torch.Tensor]
+
     def __init__(
         self, *args, image_mean=None, image_std=None, loader="torch", image_pipeline="upstream", recipe=None, **kwargs
     ):
@@ -278,6 +287,7 @@ class TrainerExtensions:
                 "or rerun with --drop_bad_rows to leave its rows out."
             )
         self._save_checkpoint(self.model, trial=None)
+        assert self.args.output_dir is not None  # (TrainingArguments gives it a default)
         checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}")
         # Not "--drop_bad_rows and resume": a checkpoint resumed on other rows is another recipe (run_recipe.py)
         return ImageLoadError(

@@ -34,8 +34,8 @@ class RunOutput:
         self.args = args
         self.recipe = recipe
         self.save_total_limit = args.save_total_limit  # the run's; the Trainer's own rotation is off (`training`)
-        self.staging = None  # inside `published()`: where the files being published are saved
-        self.checkpoint_being_saved = None  # inside `checkpoint()`: its directory
+        self.staging: Optional[str] = None  # inside `published()`: where the files being published are saved
+        self.checkpoint_being_saved: Optional[str] = None  # inside `checkpoint()`: its directory
         self._publishing_model = False  # the set being published holds a new model (`final_model`)
 
     @contextmanager
@@ -107,7 +107,9 @@ class RunOutput:
         set (`publishing()`, the trainer's way into `published()`), published with the recipe; another directory's
         set is published on its own. Either holds the run's training arguments."""
         elsewhere = output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir)
-        publication = run_directory.publication(output_dir, publish=self.args.should_save) if elsewhere else None
+        publication = None
+        if output_dir is not None and elsewhere:
+            publication = run_directory.publication(output_dir, publish=self.args.should_save)
         with publication or publishing() as staging:
             yield staging
             self._save_training_args(staging)
@@ -119,16 +121,18 @@ class RunOutput:
     def results(self, split: str, metrics: dict, combined: bool = True) -> None:
         """`<split>_results.json` into the set being published; with `combined`, merged into this set's
         all_results.json, else the published one (a new model's starts afresh)."""
-        _write_json(os.path.join(self.staging, f"{split}_results.json"), metrics)
+        staging = self.staging
+        assert staging is not None  # (inside `published()`)
+        _write_json(os.path.join(staging, f"{split}_results.json"), metrics)
         if combined:
-            path = os.path.join(self.staging, "all_results.json")
+            path = os.path.join(staging, "all_results.json")
             if not os.path.exists(path) and not self._publishing_model:
                 path = os.path.join(self.args.output_dir, "all_results.json")
             combined_metrics = {}
             if os.path.exists(path):
                 with open(path) as f:
                     combined_metrics = json.load(f)
-            _write_json(os.path.join(self.staging, "all_results.json"), {**combined_metrics, **metrics})
+            _write_json(os.path.join(staging, "all_results.json"), {**combined_metrics, **metrics})
 
     def model_card(self) -> None:
         """Before the model card (README.md) is written: it counts among what runs wrote."""

@@ -212,7 +212,7 @@ LIBRARIES = ("torch", "torchvision", "transformers", "accelerate", "datasets", "
 
 def job_recipe(recipe: dict) -> dict:
     """What every rank of a job must share: the recipe (the kit's version included) and the libraries' versions."""
-    versions = {}
+    versions: dict[str, Optional[str]] = {}
     for name in LIBRARIES:
         try:
             versions[f"version_{name}"] = metadata.version(name)
@@ -248,7 +248,7 @@ def refuse_unless_one_recipe(recipe: dict, training_args) -> None:
     torch.distributed.all_gather(hashes, hashed)
     if all(torch.equal(h, hashes[0]) for h in hashes):
         return
-    everyone = [None] * torch.distributed.get_world_size()
+    everyone: list[Optional[dict]] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, mine)
     raise UserInputError(
         f"the job's processes run different recipes ({different_recipes(everyone)}): give every node the same "
