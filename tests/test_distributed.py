@@ -433,6 +433,21 @@ def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_w
     assert all(torch.equal(nodes_weights[name], one_weights[name]) for name in nodes_weights)
 
 
+def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(fixtures, tmp_path):
+    # The README's line: `accelerate launch --multi_gpu` is torchrun underneath (here two CPU processes: --use_cpu).
+    # Its --cpu alone starts one process whatever --num_processes says (several CPU processes need mpirun).
+    out = tmp_path / "out"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch += ["--main_process_port", str(free_port()), REPO / SCRIPTS["cuda"]]
+    result = run([str(word) for word in launch + args(fixtures, out, per_device_batch=2, max_steps=2)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
+    metrics = read_json(out / "train_results.json")
+    assert (metrics["world_size"], metrics["cpu_threads"]) == (2, 1)
+    assert read_json(out / "trainer_state.json")["global_step"] == 2 and (out / "model.safetensors").is_file()
+
+
 SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
 
 
