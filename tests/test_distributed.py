@@ -22,7 +22,18 @@ from transformers import HfArgumentParser
 from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env, script_module
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    base_args,
+    load_weights,
+    read_json,
+    run_script,
+    run_tool,
+    script_env,
+    script_module,
+)
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
@@ -333,10 +344,14 @@ def test_a_node_that_never_joins_or_a_store_that_never_answers_ends_the_node_aft
 
 
 def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
+    # refused before anything starts: the launcher in this process (helpers.run_tool), as tests/test_hosts.py's
+    def refused(command):
+        return run_tool("launch_cuda", command[command.index("bridgetower_bench.tools.launch_cuda") + 1 :])
+
     script, port = never_started(tmp_path), free_port()
     holder = listening(port)
     try:
-        taken = run(node_command(port, "taken", 0, script, "--use_cpu"), timeout=60)
+        taken = refused(node_command(port, "taken", 0, script, "--use_cpu"))
     finally:
         holder.kill()
     assert taken.returncode == 2 and taken.stderr.splitlines() == [
@@ -346,7 +361,7 @@ def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resol
     ], taken.stderr
     command = node_command(port, "nowhere", 0, script, "--use_cpu")
     command[command.index("--rdzv_endpoint") + 1] = "no-such-node.invalid:29500"
-    nowhere = run(command, timeout=60)
+    nowhere = refused(command)
     assert nowhere.returncode == 2 and len(nowhere.stderr.splitlines()) == 1, nowhere.stderr
     assert nowhere.stderr.startswith(
         "launch_cuda: error: --rdzv_endpoint no-such-node.invalid:29500: no-such-node.invalid does not resolve ("
