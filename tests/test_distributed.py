@@ -450,17 +450,22 @@ def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_w
 
 def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(fixtures, tmp_path):
     # The README's line: `accelerate launch --multi_gpu` is torchrun underneath (here two CPU processes: --use_cpu).
-    # Its --cpu alone starts one process whatever --num_processes says (several CPU processes need mpirun).
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    accelerate += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     out = tmp_path / "out"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launch += ["--main_process_port", str(free_port()), REPO / SCRIPTS["cuda"]]
-    result = run([str(word) for word in launch + args(fixtures, out, per_device_batch=2, max_steps=2)])
+    script = [REPO / SCRIPTS["cuda"], *args(fixtures, out, per_device_batch=2, max_steps=2)]
+    result = run([str(word) for word in [*accelerate, "--multi_gpu", *script]])
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
     metrics = read_json(out / "train_results.json")
     assert (metrics["world_size"], metrics["cpu_threads"]) == (2, 1)
     assert read_json(out / "trainer_state.json")["global_step"] == 2 and (out / "model.safetensors").is_file()
+
+    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
+    counted = tmp_path / "counted.py"
+    counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
+    alone = run([*accelerate, "--cpu", str(counted)])
+    assert alone.returncode == 0 and alone.stdout.splitlines() == ["a process of rank None"], alone.stderr[-3000:]
 
 
 SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
