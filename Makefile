@@ -41,12 +41,13 @@ bench: not-in-habana-container $(VENV)/.installed-cuda
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist worksteal
 # The second pass: the tests marked both_routes, in the files that mark some, on the current route.
 BOTH_ROUTES_TESTS ?= $(shell grep -l BOTH_ROUTES tests/test_*.py)
-# Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), then the tests on the
-# pinned route, then the CUDA script's end-to-end tests on the current route.
+# Lint (ruff, pyproject.toml's [tool.ruff]), formatting, the import contracts (import-linter), the types (mypy,
+# [tool.mypy]), then the tests on the pinned route, then the CUDA script's end-to-end tests on the current route.
 test: not-in-habana-container $(VENV)/.installed-test $(VENV_CURRENT)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY_CURRENT) -m pytest -m both_routes $(PYTEST_ARGS) $(BOTH_ROUTES_TESTS)
 

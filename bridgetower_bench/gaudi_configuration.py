@@ -48,7 +48,7 @@ def effective(gaudi_config, config_file: dict, autocast: bool, on_hpu: bool) -> 
     def ops(names: Optional[list]) -> Optional[str]:
         if not autocast:
             return None
-        return ", ".join(names) if declared else NOT_DECLARED
+        return ", ".join(names) if declared and names is not None else NOT_DECLARED
 
     return {
         "gaudi_autocast": bool(autocast),

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -222,14 +223,14 @@ class _ImageChecker:
         self.started_ns = time.time_ns()
         self._pending: dict[tuple, Any] = {}  # key -> payload, not yet decoded
         self._failed: dict[tuple, str] = {}
-        self.pool = None  # the worker processes' (None: decode here)
+        self.pool: Optional[multiprocessing.pool.Pool] = None  # the worker processes' (None: decode here)
 
     def add(self, value: Any, where: tuple) -> None:
         """Row `where` shows `value`: embedded bytes, or a file path (neither: no image at all)."""
         path = value.get("path") if isinstance(value, dict) else value
         if isinstance(value, dict) and value.get("bytes"):
-            payload = bytes(value["bytes"])
-            key = ("bytes", hashlib.blake2b(payload, digest_size=16).digest())
+            payload: Any = bytes(value["bytes"])
+            key: tuple = ("bytes", hashlib.blake2b(payload, digest_size=16).digest())
         elif isinstance(path, (str, os.PathLike)) and os.fspath(path):
             payload = os.fspath(path)
             key = ("path", payload)
@@ -255,7 +256,7 @@ class _ImageChecker:
         payloads = list(self._pending.values())
         if self.pool is not None and payloads:
             chunksize = max(1, len(payloads) // (self.num_proc * 4))
-            reasons = self.pool.map(self.check_image, payloads, chunksize=chunksize)
+            reasons: Iterable = self.pool.map(self.check_image, payloads, chunksize=chunksize)
         else:
             reasons = map(self.check_image, payloads)
         self._failed.update((key, reason) for key, reason in zip(self._pending, reasons) if reason)
@@ -269,7 +270,7 @@ def _file_identity(path: str, checked_at_ns: int) -> Optional[list]:
         stat = os.stat(path)
     except OSError:
         return None
-    identity = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+    identity: list = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
     if max(stat.st_mtime_ns, stat.st_ctime_ns) >= checked_at_ns - RACY_WINDOW_NS:
         try:
             identity.append(hashlib.blake2b(read_regular_file(path), digest_size=16).hexdigest())

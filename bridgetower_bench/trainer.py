@@ -36,6 +36,9 @@ class TrainerExtensions(TrainerOutput):
     """What the kit adds to the backend's trainer; its saves into --output_dir: `TrainerOutput` (a `recipe=` given
     to the trainer goes there)."""
 
+    _losses: torch.Tensor  # set by `train()`
+    _grad_norm: Optional[torch.Tensor]
+
     def __init__(
         self,
         *args,
@@ -286,8 +289,9 @@ class TrainerExtensions(TrainerOutput):
         # (found anew: with --restore_callback_states_from_checkpoint the Trainer replaces it when resuming)
         loss_sum = next(c for c in self.callback_handler.callbacks if isinstance(c, TrainingLossSum))
         loss_sum.loss_sum = self._training_loss_sum()
-        # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects)
-        self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())
+        # (a state resumed from a checkpoint without it has no entry, which the Trainer's save expects; a dict once
+        # TrainerState is built, whatever transformers' annotation says)
+        self.state.stateful_callbacks.setdefault(type(loss_sum).__name__, loss_sum.state())  # type: ignore[attr-defined]
 
     @staticmethod
     def _loss_sum_saved_in(state) -> Optional[float]:

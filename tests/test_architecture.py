@@ -41,6 +41,23 @@ def test_the_scripts_never_import_the_tools_or_the_tests(path):
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
+def test_the_type_checker_reads_the_runtime_and_the_scripts_and_ignores_only_single_lines_saying_why():
+    import tomllib
+
+    mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert {"bridgetower_bench", *(path.name for path in SCRIPTS)} <= set(mypy["files"])
+    assert not any(section.get("ignore_errors") for section in [mypy, *mypy.get("overrides", [])])
+    runtime = [path for path in (REPO / "bridgetower_bench").rglob("*.py") if "tools" not in path.parts]
+    for path in SCRIPTS + runtime:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            assert "# mypy:" not in line, f"{path}:{number}"  # (inline configuration: e.g. ignore-errors)
+            if "type: ignore" in line:  # on a line of code, with an error code, the reason after it or just above
+                code, _, ignore = line.partition("# type: ignore")
+                said = ignore.partition("]")[2].startswith("  # ") or lines[number - 2].lstrip().startswith("#")
+                assert code.strip() and ignore.startswith("[") and said, f"{path}:{number}: {line}"
+
+
 def package_copy(tmp_path: Path) -> Path:
     """The package and its contracts copied under tmp_path, to break on purpose."""
     shutil.copytree(

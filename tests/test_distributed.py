@@ -23,7 +23,18 @@ from bridgetower_bench.arguments import WarmupTrainingArguments
 from bridgetower_bench.output_dir import checkpoint_manifest
 from bridgetower_bench.published import DATASET_REVISION
 from bridgetower_bench.tools.fixtures import script_arguments
-from helpers import CPU_FLAGS, REPO, SCRIPTS, base_args, load_weights, read_json, run_script, script_env, script_module
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    SCRIPTS,
+    base_args,
+    load_weights,
+    read_json,
+    run_script,
+    run_tool,
+    script_env,
+    script_module,
+)
 
 
 ROWS, STEPS, WARMUP = 16, 4, 1
@@ -334,10 +345,14 @@ def test_a_node_that_never_joins_or_a_store_that_never_answers_ends_the_node_aft
 
 
 def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
+    # refused before anything starts: the launcher in this process (helpers.run_tool), as tests/test_hosts.py's
+    def refused(command):
+        return run_tool("launch_cuda", command[command.index("bridgetower_bench.tools.launch_cuda") + 1 :])
+
     script, port = never_started(tmp_path), free_port()
     holder = listening(port)
     try:
-        taken = run(node_command(port, "taken", 0, script, "--use_cpu"), timeout=60)
+        taken = refused(node_command(port, "taken", 0, script, "--use_cpu"))
     finally:
         holder.kill()
     assert taken.returncode == 2 and taken.stderr.splitlines() == [
@@ -347,7 +362,7 @@ def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resol
     ], taken.stderr
     command = node_command(port, "nowhere", 0, script, "--use_cpu")
     command[command.index("--rdzv_endpoint") + 1] = "no-such-node.invalid:29500"
-    nowhere = run(command, timeout=60)
+    nowhere = refused(command)
     assert nowhere.returncode == 2 and len(nowhere.stderr.splitlines()) == 1, nowhere.stderr
     assert nowhere.stderr.startswith(
         "launch_cuda: error: --rdzv_endpoint no-such-node.invalid:29500: no-such-node.invalid does not resolve ("
@@ -432,6 +447,26 @@ def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_w
     nodes_weights, one_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
     assert nodes_weights.keys() == one_weights.keys()
     assert all(torch.equal(nodes_weights[name], one_weights[name]) for name in nodes_weights)
+
+
+def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(fixtures, tmp_path):
+    # The README's line: `accelerate launch --multi_gpu` is torchrun underneath (here two CPU processes: --use_cpu).
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    accelerate += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    out = tmp_path / "out"
+    script = [REPO / SCRIPTS["cuda"], *args(fixtures, out, per_device_batch=2, max_steps=2)]
+    result = run([str(word) for word in [*accelerate, "--multi_gpu", *script]])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
+    metrics = read_json(out / "train_results.json")
+    assert (metrics["world_size"], metrics["cpu_threads"]) == (2, 1)
+    assert read_json(out / "trainer_state.json")["global_step"] == 2 and (out / "model.safetensors").is_file()
+
+    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
+    counted = tmp_path / "counted.py"
+    counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
+    alone = run([*accelerate, "--cpu", str(counted)])
+    assert alone.returncode == 0 and alone.stdout.splitlines() == ["a process of rank None"], alone.stderr[-3000:]
 
 
 SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"

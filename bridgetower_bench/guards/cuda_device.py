@@ -49,9 +49,10 @@ def ask_nvml(nvml=None) -> Optional[DriverAnswer]:
     """The driver through NVML (nvidia-ml-py's `pynvml`); None when those bindings are not installed."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
         try:
@@ -103,7 +104,8 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def driver_floor(torch_cuda: str) -> Optional[str]:
     """The oldest driver a torch built for CUDA `torch_cuda` (e.g. "13.0") runs on; None if unknown."""
-    return DRIVER_FLOOR.get((version_tuple(torch_cuda) or (None,))[0])
+    major = version_tuple(torch_cuda)[:1]
+    return DRIVER_FLOOR.get(major[0]) if major else None
 
 
 def driver_too_old(driver: str, torch_cuda: str) -> bool:

@@ -45,7 +45,7 @@ class DivergenceWatch:
             norm = torch.zeros((), device=loss.device)
         else:
             norm = grad_norm.detach().reshape(-1)[0].float().to(loss.device)
-        if self._step is None:
+        if self._step is None or self._values is None:
             self._step = torch.zeros((), dtype=torch.int32, device=loss.device)
             self._values = torch.zeros(2, dtype=torch.float32, device=loss.device)
         if self._counter is None or step != self._last_step + 1:
@@ -61,7 +61,7 @@ class DivergenceWatch:
         """(step, loss, grad norm) of the first non-finite step, or None; reads the device. With several ranks, the
         earliest on any of them (another rank's step as (step, None, None))."""
         found = None
-        if self._step is not None and (step := int(self._step.item())):
+        if self._step is not None and self._values is not None and (step := int(self._step.item())):
             found = (step, *self._values.tolist())
         if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             never = float(2**31)  # (a float: every backend reduces it)

@@ -118,7 +118,7 @@ class StopOnSignal(TrainerCallback):
 
     def interruption(self, state, output_dir: str) -> Optional[TrainingInterrupted]:
         """The exception ending the run, when a signal stopped training before its last step."""
-        if self.stopped_at is None or state.global_step >= state.max_steps:
+        if self.stopped_at is None or self.received is None or state.global_step >= state.max_steps:
             return None  # no signal, or it arrived as the last step finished: the run is complete
         name = signal.Signals(self.received).name
         checkpoint = os.path.join(output_dir, f"checkpoint-{self.stopped_at}")

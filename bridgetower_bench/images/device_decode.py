@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from bridgetower_bench.guards.resilience import ImageLoadError
 from bridgetower_bench.images.images import (
@@ -92,7 +92,7 @@ class EncodedImageTransform:
         data, _ = encoded_image_bytes(value)
         reason = device_decoder_declines(data)
         if reason is not None:  # the host path gets the bytes already read, and the path its messages name
-            path = image_source(value).path
+            path = getattr(image_source(value), "path", None)
             return self._on_host({"bytes": data, "path": os.fspath(path) if path else None}, reason)
         jpeg = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return EncodedImage(self.image_size, jpeg=jpeg, orientation=jpeg_orientation(data))
@@ -327,6 +327,9 @@ class DeviceDecodeTrainerMixin:
     ``pixel_values`` on ``args.device``. ``decode_ahead`` (default: on CUDA) reads and decodes training batches
     one ahead in a helper thread, on a side CUDA stream."""
 
+    args: TrainingArguments  # the trainer's, as what follows this mixin in the trainer's classes
+    add_callback: Callable[[TrainerCallback], None]
+
     def __init__(
         self, *args, decode_chunk_size: int = DEFAULT_CHUNK_SIZE, decode_ahead: Optional[bool] = None, **kwargs
     ):
@@ -337,7 +340,7 @@ class DeviceDecodeTrainerMixin:
         self._decode_unreported = {"train": DecodeCounts(), "eval": DecodeCounts()}
         self._decode_ahead_iterator: Optional[DecodeAhead] = None
         self._decode_thread: Optional[ThreadPoolExecutor] = None
-        self._decode_stream = None
+        self._decode_stream: Optional[torch.cuda.Stream] = None
         self.add_callback(_DecodeReport(self))
 
     def device_decode_stats(self, phase: str = "train") -> dict:
@@ -356,7 +359,7 @@ class DeviceDecodeTrainerMixin:
         if item is not None:
             inputs = {key: value for key, value in inputs.items() if key != ENCODED_IMAGES_KEY}
             inputs["pixel_values"] = self._pixels_of(item, "train" if training else "eval")
-        return super()._batch_on_device(inputs, training)
+        return super()._batch_on_device(inputs, training)  # type: ignore[misc]  # trainer.TrainerExtensions'
 
     def _pixels_of(self, item: DecodedImages | EncodedBatch, phase: str) -> torch.Tensor:
         if isinstance(item, EncodedBatch):

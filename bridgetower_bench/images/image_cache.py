@@ -10,7 +10,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def build_decoded_image_cache(
     slot_of: dict[bytes, int] = {}  # each distinct image's digest, in first-seen order -> its slot
     representatives: list[tuple[int, Any]] = []  # (row, value) of each slot's first value
     n_values = 0
-    total = len(image_values) if hasattr(image_values, "__len__") else None
+    total = len(image_values) if isinstance(image_values, Sized) else None
     for row, value in enumerate(tqdm(image_values, total=total, desc="Hashing images", unit="img")):
         n_values += 1
         try:

@@ -33,7 +33,7 @@ _WHITE = (255, 255, 255, 255)
 _EXIF_ORIENTATION = ExifTags.Base.Orientation
 _QUARTER_TURNS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 # the flips that then make a (..., H, W) tensor upright, as PIL.ImageOps.exif_transpose does to the image
-_UPRIGHT_FLIPS = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}
+_UPRIGHT_FLIPS: dict[int | None, tuple[int, ...]] = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}
 # simplejpeg's name of a JPEG's colour space -> what it decodes it to; others take the fallback path. RGBX:
 # torch's uint8 resize pads 3 channels to 4 itself, so the decoder's padding is free (the crop drops it).
 _SIMPLEJPEG_MODES = {"YCbCr": "RGBX", "RGB": "RGBX", "Gray": "GRAY"}
@@ -131,7 +131,7 @@ def encoded_image_bytes(value: Any) -> tuple[bytes, str]:
 def _open_pil(data: bytes, label: str) -> Image.Image:
     """Decode encoded bytes with PIL and turn them upright; ``ValueError`` naming ``label`` on failure."""
     try:
-        img = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))
         img.load()
         img = upright(img)  # a malformed EXIF block fails here, as it does in datasets' decoding
     except Exception as error:  # PIL raises many types for corrupt data

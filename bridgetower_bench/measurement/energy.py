@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Optional
+from typing import Any, Optional
 
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class HlmlPowerSampler:
 
     def stop(self) -> float:
         self._stop_event.set()
+        assert self._thread is not None  # (stop follows start)
         self._thread.join()
         if self.error:
             raise NotMeasured(self.error)
@@ -234,7 +235,9 @@ class EnergyMeter:
 
     def __init__(self, open_reader: Callable[[], object]):
         self.open_reader = open_reader
-        self.reader, self.reason, self.joules = None, None, None
+        self.reader: Any = None  # open_reader's: start(), stop() -> joules, poll() where it has one
+        self.reason: Optional[str] = None
+        self.joules: Optional[float] = None
         self.running = False  # between start() and stop()
 
     @classmethod

@@ -117,6 +117,7 @@ class ThroughputCallback(TrainerCallback):
             )
             start, samples, wait = self.train_start, self.all_samples, self.all_wait_seconds
         warmup = self.warmup_steps if counted else 0
+        assert start is not None  # (set at the first step)
         elapsed = max(self.last_step_end - start, 1e-9)
         energy = {}
         if self.energy is not None and counted:  # this process's device over this process's samples

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -35,8 +36,9 @@ def is_decoder_ready_jpeg(data: bytes) -> bool:
     """Whether encoded bytes can go to the HPU decoder as they are: an upright colour (three-component) 8-bit
     baseline JPEG, the one kind Habana documents for its decoder; anything else is transcoded to RGB."""
     header = read_jpeg_header(data)
-    ready = header is not None and header.marker == SOF_BASELINE and header.precision == 8 and header.components == 3
-    return ready and (not header.has_exif or jpeg_orientation(data) in (None, 1))
+    if header is None or (header.marker, header.precision, header.components) != (SOF_BASELINE, 8, 3):
+        return False
+    return not header.has_exif or jpeg_orientation(data) in (None, 1)
 
 
 def transcode_to_jpeg(data: bytes, label: str) -> bytes:
@@ -96,7 +98,7 @@ class _ImageStore:
         row_keys: list[tuple] = []
         with ThreadPoolExecutor(max_workers=max(1, num_proc or 1)) as pool:
             for chunk in images.iter(batch_size=_CHUNK_ROWS):
-                jobs = {}
+                jobs: dict[tuple, Callable[[], str]] = {}
                 for value in chunk[self.image_column]:
                     key, job = self._plan_row(value, len(row_keys))
                     if key not in path_of_key:

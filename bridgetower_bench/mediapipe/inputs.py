@@ -31,7 +31,7 @@ def attach_mediapipe_inputs(dataset, file_paths, image_size: int, mean, std) -> 
         if values.dtype == object or values.ndim != 2:
             raise ValueError(f"'{column}' rows differ in length: tokenize with padding='max_length'")
         tokens.append(values.astype(np.int64, copy=False))
-    inputs = MediaPipeInputs(list(file_paths), *tokens, image_size, tuple(mean), tuple(std))
+    inputs = MediaPipeInputs(list(file_paths), tokens[0], tokens[1], image_size, tuple(mean), tuple(std))
     setattr(dataset, _INPUTS_ATTRIBUTE, inputs)
     return inputs
 

@@ -68,8 +68,8 @@ class SdpaBridgeTowerSelfAttention(BridgeTowerSelfAttention):
 SDPA_CLASSES = {BridgeTowerSelfAttention: SdpaBridgeTowerSelfAttention}
 
 if hasattr(modeling_bridgetower, "BridgeTowerCrossAttention"):  # transformers 5.x
-
-    class SdpaBridgeTowerCrossAttention(modeling_bridgetower.BridgeTowerCrossAttention):
+    # (the class exists from transformers 5.0 on: not on the pinned route that the type checker reads)
+    class SdpaBridgeTowerCrossAttention(modeling_bridgetower.BridgeTowerCrossAttention):  # type: ignore[name-defined]
         """5.x's cross-attention: fused in the common case, else transformers' own forward."""
 
         def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The members of every ModuleList of two or more blocks (modules of modules) of one class, in model order."""
-    layers = []
+    layers: list[torch.nn.Module] = []
     for module in model.modules():
         if (
             isinstance(module, torch.nn.ModuleList)

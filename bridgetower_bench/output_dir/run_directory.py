@@ -423,7 +423,7 @@ def newest_complete_checkpoint(
     """The newest complete checkpoint of output_dir (None: none, or no output_dir) that `refuse(checkpoint)`, asked
     of complete ones only, gives no reason against, and [(checkpoint, why)] for the newer ones passed over (newest
     first: incomplete, checkpoint_manifest.incomplete_reason, or refused)."""
-    passed_over = []
+    passed_over: list[tuple[str, str]] = []
     if not os.path.isdir(output_dir):
         return None, passed_over
     for checkpoint in reversed(checkpoints(output_dir)):

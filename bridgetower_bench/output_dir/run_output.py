@@ -40,8 +40,8 @@ class RunOutput:
         self.save_total_limit = args.save_total_limit  # the run's; the Trainer's own rotation is off (`training`)
         # the run's; the trainer mends it for a resumed epoch's last accumulation window (trainer.py)
         self.gradient_accumulation_steps = args.gradient_accumulation_steps
-        self.staging = None  # inside `published()`: where the files being published are saved
-        self.checkpoint_being_saved = None  # inside `checkpoint()`: its directory
+        self.staging: Optional[str] = None  # inside `published()`: where the files being published are saved
+        self.checkpoint_being_saved: Optional[str] = None  # inside `checkpoint()`: its directory
         self._publishing_model = False  # the set being published holds a new model (`final_model`)
 
     @contextmanager
@@ -113,7 +113,9 @@ class RunOutput:
         set (`publishing()`, the trainer's way into `published()`), published with the recipe; another directory's
         set is published on its own. Either holds the run's training arguments."""
         elsewhere = output_dir is not None and os.path.realpath(output_dir) != os.path.realpath(self.args.output_dir)
-        publication = run_directory.publication(output_dir, publish=self.args.should_save) if elsewhere else None
+        publication = None
+        if output_dir is not None and elsewhere:
+            publication = run_directory.publication(output_dir, publish=self.args.should_save)
         with publication or publishing() as staging:
             yield staging
             self._save_training_args(staging)
@@ -126,12 +128,14 @@ class RunOutput:
         """`<split>_results.json` into the set being published; with `combined`, merged into this set's
         all_results.json, else the published one (a new model's starts afresh; a published one gone is gathered
         again from the published results of training, validation and test)."""
-        _write_json(os.path.join(self.staging, f"{split}_results.json"), metrics)
+        staging = self.staging
+        assert staging is not None  # (inside `published()`)
+        _write_json(os.path.join(staging, f"{split}_results.json"), metrics)
         if combined:
-            combined_metrics = read_json(os.path.join(self.staging, "all_results.json"))
+            combined_metrics = read_json(os.path.join(staging, "all_results.json"))
             if combined_metrics is None and not self._publishing_model:
                 combined_metrics = self._published_results()
-            _write_json(os.path.join(self.staging, "all_results.json"), {**(combined_metrics or {}), **metrics})
+            _write_json(os.path.join(staging, "all_results.json"), {**(combined_metrics or {}), **metrics})
 
     def _published_results(self) -> dict:
         """The published all_results.json; when it is gone, what the published results of each split hold."""

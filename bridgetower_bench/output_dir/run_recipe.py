@@ -170,7 +170,7 @@ def describe(model_args, data_args, training_args, dataset) -> dict:
         recipe["num_train_epochs"] = None  # (--max_steps decides how far)
     if training_args.warmup_steps > 0:
         recipe["warmup_ratio"] = None  # (--warmup_steps decides the warm-up)
-    decoder = PIXELS_FROM_THE_DECODER.get(getattr(data_args, "image_pipeline", None))
+    decoder = PIXELS_FROM_THE_DECODER.get(getattr(data_args, "image_pipeline", ""))
     if decoder is not None:
         recipe["jpeg_decoder"] = decoder()
     recipe["world_size"] = training_args.world_size
@@ -232,7 +232,7 @@ LIBRARIES = ("torch", "torchvision", "transformers", "accelerate", "datasets", "
 
 def job_recipe(recipe: dict) -> dict:
     """What every rank of a job must share: the recipe (the kit's version included) and the libraries' versions."""
-    versions = {}
+    versions: dict[str, Optional[str]] = {}
     for name in LIBRARIES:
         try:
             versions[f"version_{name}"] = metadata.version(name)
@@ -268,7 +268,7 @@ def refuse_unless_one_recipe(recipe: dict, training_args) -> None:
     torch.distributed.all_gather(hashes, hashed)
     if all(torch.equal(h, hashes[0]) for h in hashes):
         return
-    everyone = [None] * torch.distributed.get_world_size()
+    everyone: list[Optional[dict]] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, mine)
     raise UserInputError(
         f"the job's processes run different recipes ({different_recipes(everyone)}): give every node the same "

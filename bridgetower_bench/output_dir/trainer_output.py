@@ -7,18 +7,34 @@ signal ended once what it saved is published. What it asks of the trainer (train
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Optional
 
 import torch
+import transformers
 from transformers import TrainerState
 
 from bridgetower_bench.guards import divergence
-from bridgetower_bench.guards.resilience import ImageLoadError, report_and_exit
+from bridgetower_bench.guards.resilience import ImageLoadError, StopOnSignal, report_and_exit
 from bridgetower_bench.measurement.run_record import describe_run
 from bridgetower_bench.output_dir.run_output import RunOutput
 
 
-class TrainerOutput:
+# Mixed in front of a Trainer (transformers' or GaudiTrainer): the type checker reads it as one.
+if TYPE_CHECKING:
+    _Trainer = transformers.Trainer
+else:
+    _Trainer = object
+
+
+class TrainerOutput(_Trainer):
+    # what it asks of the trainer (trainer.TrainerExtensions): declared for the type checker only
+    stop_on_signal: StopOnSignal
+    catching_signals: Callable[[], AbstractContextManager]
+    _stop_if_diverged: Callable[[], None]
+    _loss_sum_saved_in: Callable[[TrainerState], Optional[float]]
+
     def __init__(self, *args, recipe=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_output = RunOutput(self.args, recipe)  # everything written into output_dir goes through it
@@ -55,6 +71,7 @@ class TrainerOutput:
                 "or rerun with --drop_bad_rows to leave its rows out."
             )
         self._save_checkpoint(self.model, trial=None)
+        assert self.args.output_dir is not None  # (TrainingArguments gives it a default)
         checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{step}")
         # Not "--drop_bad_rows and resume": a checkpoint resumed on other rows is another recipe (run_recipe.py)
         return ImageLoadError(
