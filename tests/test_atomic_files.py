@@ -5,8 +5,6 @@ import json
 import os
 import socket
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -186,32 +184,3 @@ def test_the_cleaner_keeps_what_only_rejects_and_what_is_younger_than_min_age(tm
     assert remove_abandoned(tmp_path, only={"all_results.json"}.__contains__) == [recorded]
     assert remove_abandoned(tmp_path, min_age_s=600) == [old]
     assert sorted(os.listdir(tmp_path)) == sorted([unrecorded, young])
-
-
-# --------------------------------------------------------------------------------------------- whether a writer is alive
-
-
-def test_process_alive_tells_a_running_process_from_a_finished_one_without_disturbing_it(monkeypatch):
-    assert atomic_files.process_alive(os.getpid())
-    assert atomic_files.process_alive(1)  # exists, whoever owns it
-    code = (
-        "import signal, sys, time\n"
-        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
-        "print('ready', flush=True); time.sleep(60)"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        assert atomic_files.process_alive(child.pid)
-        with pytest.raises(subprocess.TimeoutExpired):
-            child.wait(timeout=0.5)  # still running: no signal reached it
-    finally:
-        child.kill()
-        child.wait()
-    assert not atomic_files.process_alive(child.pid)
-
-    def owned_by_someone_else(pid, signum):
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(atomic_files.os, "kill", owned_by_someone_else)
-    assert atomic_files.process_alive(4242), "another user's process counts as alive"

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, Optional
 
+from psutil import pid_exists
+
 from bridgetower_bench.regular_files import NotARegularFile, not_regular_reason
 
 
@@ -149,17 +151,6 @@ def staged_directory(path, keep_existing: Callable[[], bool] = lambda: False) ->
         raise
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    return True
-
-
 def remove_abandoned(directory, only: Optional[Callable[[str], bool]] = None, min_age_s: float = 0.0) -> list[str]:
     """Remove the temporary files and directories in `directory` whose writer died on this host; return their names.
     Kept: names outside the scheme, of live processes, of other hosts, whose target `only(target)` rejects, or
@@ -173,7 +164,7 @@ def remove_abandoned(directory, only: Optional[Callable[[str], bool]] = None, mi
         try:
             if min_age_s and time.time() - os.lstat(path).st_mtime < min_age_s:
                 continue
-            if not process_alive(temp.pid):
+            if not pid_exists(temp.pid):  # (another user's process counts as alive)
                 _remove(path)
                 removed.append(name)
         except FileNotFoundError:  # another cleaner got there first
