@@ -42,7 +42,6 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -296,10 +295,6 @@ def ask_all(args, nodes: dict[str, int], flags) -> list[Answer]:
     with ThreadPoolExecutor(len(calls)) as pool:
         try:
             waits = [pool.submit(answer, call, args.timeout, started) for call in calls]
-            # Short waits, not one: the main thread runs the Ctrl-C handler, and wakes for it at once only when the
-            # kernel gave the signal to it rather than to a thread waiting on a call.
-            while futures.wait(waits, timeout=0.2).not_done:
-                pass
             return [wait.result() for wait in waits]
         except BaseException:
             for call in calls:
