@@ -168,8 +168,9 @@ refusal() {  # refusal NAME COMMAND...: the command's error line and exit status
 if [[ $FIRST_CONTACT == 1 || $FIRST_CONTACT == only ]]; then
     stamp "nvidia_check"
     bounded 420 "$PYTHON" -m bridgetower_bench.tools.nvidia_check --output_dir "$WORK/nvidia_check" \
-        --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 > >(grep --line-buffered -v Warning) 2>&1
+        --json "$OUT/nvidia_check.json" --max_steps 3 --timeout 150 > "$WORK/logs/nvidia_check.log" 2>&1
     check_rc=$?
+    grep -v Warning "$WORK/logs/nvidia_check.log"  # (read after it ends: its lines before the verdict below)
     echo "exit status $check_rc" | tee "$OUT/nvidia_check_exit.txt"
     if [[ $check_rc != 0 && ! ($SMOKE == 1 && $check_rc == 2) ]]; then
         stamp "the self-check did not pass (exit status $check_rc): nothing else runs"; exit "$check_rc"

@@ -190,7 +190,7 @@ def start_check(tmp_path, flags) -> subprocess.Popen:
     return check
 
 
-def test_ctrl_c_ends_the_check_at_once_with_its_calls_and_tokens(cluster):
+def test_ctrl_c_ends_the_check_at_once_with_its_calls_and_tokens(cluster, ctrl_c_raises):
     tmp_path, flags, _ = cluster
     (tmp_path / "localhost.does").write_text("hang")
     check = start_check(tmp_path, [*flags, "--timeout", "300"])
