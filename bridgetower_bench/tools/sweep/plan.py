@@ -91,7 +91,9 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
     """--hostfile's hosts and the --nodes counts above 1 (the curve across nodes), or UserInputError."""
     counts = args.nodes or []
     args.rdzv_port = port(args.rdzv_port, "--rdzv-port")
-    args.remote_start_timeout = _seconds(args.remote_start_timeout, "--remote-start-timeout")
+    args.remote_start_timeout = positive_number(
+        "--remote-start-timeout", args.remote_start_timeout, "a number of seconds above 0, e.g. 60"
+    )
     several = sorted({n for n in counts if n > 1})
     if any(n < 1 for n in counts):
         raise UserInputError(f"--nodes {','.join(map(str, counts))}: node counts must be 1 or more")
@@ -116,11 +118,6 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
         if slots < nproc:
             raise UserInputError(f"--hostfile {args.hostfile}: {host} has slots={slots}, fewer than --nproc {nproc}")
     return list(hosts), several
-
-
-def _seconds(text, flag: str) -> float:
-    """A flag's number of seconds, above 0 (UserInputError otherwise)."""
-    return positive_number(flag, text, "a number of seconds above 0, e.g. 60")
 
 
 def make_plan(args: argparse.Namespace, accelerator: Optional[str] = None, build_fixtures: bool = True) -> Plan:
