@@ -7,27 +7,30 @@ VENV_CURRENT ?= .venv-current
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PY_CURRENT := $(VENV_CURRENT)/bin/python
+# pip installs only uv (requirements-uv.txt); uv fills both venvs from its cache (~/.cache/uv, or UV_CACHE_DIR) by hard
+# links, so torch's CUDA build is downloaded and unpacked once for the two routes. A mirror: UV_INDEX_URL (uv does not
+# read pip's configuration).
+UV := $(VENV)/bin/uv
 BENCH_ARGS ?=
 
 .PHONY: bench test format coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
 
-$(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt pyproject.toml
+$(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt requirements-uv.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -r requirements-cuda.txt
-	$(PY) -m pip install --no-deps -e .
+	$(PY) -m pip install -q -r requirements-uv.txt
+	$(UV) pip install --python $(PY) -r requirements-cuda.txt
+	$(UV) pip install --python $(PY) --no-deps -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt requirements-gaudi.txt
-	$(PY) -m pip install -r requirements-test.txt
+	$(UV) pip install --python $(PY) -r requirements-test.txt
 	touch $@
 
 # The current install route (README): today's transformers, accelerate and datasets, in a venv of its own.
-$(VENV_CURRENT)/.installed-test: requirements-cuda-current.txt requirements-test-current.txt pyproject.toml
+$(VENV_CURRENT)/.installed-test: $(VENV)/.installed-cuda requirements-cuda-current.txt requirements-test-current.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV_CURRENT)
-	$(PY_CURRENT) -m pip install -q --upgrade pip
-	$(PY_CURRENT) -m pip install -r requirements-test-current.txt
-	$(PY_CURRENT) -m pip install --no-deps -e .
+	$(UV) pip install --python $(PY_CURRENT) -r requirements-test-current.txt
+	$(UV) pip install --python $(PY_CURRENT) --no-deps -e .
 	touch $@
 
 # Habana's container keeps its own torch: there, make bench and make test refuse and say what to run instead.
