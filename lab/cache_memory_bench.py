@@ -1,13 +1,14 @@
 """Does a dataloader worker's own memory grow with the decode-once cache? A benchmark that prints figures.
 
-    python lab/cache_memory_bench.py [--small 64] [--large 1024] [--workers 2]
+    python lab/cache_memory_bench.py [--small 64] [--large 1024] [--workers 2] [--decode-processes N]
 
 Builds two decoded-image caches (a small and a large one, distinct images), reads every entry through
 a torch DataLoader with `--workers` worker processes, and reports each worker's own memory
 (Private_Dirty: pages only this process has written, i.e. what it costs on top of the parent it was
 forked from) and its file-backed resident pages (RssFile: the cache's pages, shared through the page
 cache with every other process). The cache is memory-mapped, so only the shared, file-backed figure
-should grow with the cache size.
+should grow with the cache size. The caches are decoded by `--decode-processes` processes (default: as
+many as `--workers`, as a training run decodes); 1 decodes in this process, without starting a pool.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class _CachedImages(Dataset):
         return int(pixels.sum()), os.getpid(), _status_kib("Private_Dirty", "smaps_rollup"), _status_kib("RssFile")
 
 
-def worker_memory(n_images: int, workers: int, directory: str, image_size: int = 294) -> dict:
+def worker_memory(
+    n_images: int, workers: int, directory: str, image_size: int = 294, decode_processes: int | None = None
+) -> dict:
     rng = np.random.default_rng(n_images)
     values = [jpeg_bytes(draw_cartoon(rng, 640, 480)[0]) for _ in range(n_images)]
     cache = open_decoded_image_cache(
@@ -60,7 +63,7 @@ def worker_memory(n_images: int, workers: int, directory: str, image_size: int =
         image_size=image_size,
         cache_dir=directory,
         fingerprint=f"memory-bench-{n_images}",
-        num_proc=workers,
+        num_proc=decode_processes or workers,
     )
     table_dir = os.path.join(directory, f"table-{n_images}")
     datasets.Dataset.from_dict({"image": values}).save_to_disk(table_dir)
@@ -83,14 +86,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--small", type=int, default=64, help="distinct images in the small cache")
     parser.add_argument("--large", type=int, default=1024, help="distinct images in the large cache")
     parser.add_argument("--workers", type=int, default=2, help="dataloader worker processes")
+    parser.add_argument(
+        "--decode-processes", type=int, default=None, help="processes that decode the caches (default: --workers)"
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     tool_paths.positive_counts(parser, args, "--small", "--large", "--workers")
+    if args.decode_processes is not None:
+        tool_paths.positive_counts(parser, args, "--decode-processes")
     if args.json:
         tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as directory:
-        rows = [worker_memory(n, args.workers, directory) for n in (args.small, args.large)]
+        rows = [
+            worker_memory(n, args.workers, directory, decode_processes=args.decode_processes)
+            for n in (args.small, args.large)
+        ]
     print("| images | cache MiB | worker own MiB (Private_Dirty) | worker file-backed MiB (RssFile, shared) |")
     print("|---|---|---|---|")
     for row in rows:

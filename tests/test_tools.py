@@ -104,7 +104,7 @@ def test_image_bench_reports_rates_ratios_and_fidelity(tmp_path):
 
 def test_cache_memory_bench_reports_each_workers_memory(tmp_path):
     # a process of its own: the benchmark measures its own and its workers' memory
-    args = ["--small", 2, "--large", 6, "--workers", 2, "--json", tmp_path / "memory.json"]
+    args = ["--small", 2, "--large", 6, "--workers", 2, "--decode-processes", 1, "--json", tmp_path / "memory.json"]
     result = run_tool("cache_memory_bench", args, process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "memory.json").read_text())
