@@ -3,7 +3,8 @@
 A script run is its `main()` in the test's own process (`run_script`, as the Hugging Face examples' tests run
 theirs), everything global it changes put back afterwards (`_as_in_a_process`); a tool runs here through runpy
 (`run_tool`). Where the process itself is the subject (its exit, a launcher, a fresh interpreter's start), a real
-subprocess (`process=True`); a run stopped by a signal, a fork of this process (`ForkedRun`, `run_stopped_at`).
+subprocess (`process=True`); a run stopped by a signal, a fork of this process (`ForkedRun`, `run_stopped_at`), as
+is a call that would kill its process (`run_forked`).
 """
 
 from __future__ import annotations
