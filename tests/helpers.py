@@ -3,12 +3,14 @@
 A script run is its `main()` in the test's own process (`run_script`, as the Hugging Face examples' tests run
 theirs), everything global it changes put back afterwards (`_as_in_a_process`); a tool runs here through runpy
 (`run_tool`). Where the process itself is the subject (its exit, a launcher, a fresh interpreter's start), a real
-subprocess (`process=True`); a run stopped by a signal, a fork of this process (`ForkedRun`, `run_stopped_at`).
+subprocess (`process=True`); a run stopped by a signal, a fork of this process (`ForkedRun`, `run_stopped_at`), as
+is a call that would kill its process (`run_forked`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.metadata
 import importlib.util
 import io
@@ -224,6 +226,39 @@ class ForkedRun:
         )
 
 
+def run_forked(function, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """function(*args) in a process forked from this one: what kills a process (SIGBUS, memory exhausted, a block)
+    ends that one, not the test's, without a fresh interpreter's start and imports. Back: its exit status (1 and
+    the traceback on an exception), what it returned as JSON (stdout), its stderr with the log records of warnings
+    and above; killed, and an AssertionError, if it runs `timeout` s."""
+    logs = Path(tempfile.mkdtemp(prefix="forked-"))
+    paths = {name: logs / f"{name}.txt" for name in ("stdout", "stderr")}
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the test
+        status = 1
+        try:
+            with open(paths["stdout"], "w") as out, open(paths["stderr"], "w", buffering=1) as err:
+                os.dup2(err.fileno(), 2)  # (what libraries write below Python, too)
+                sys.stderr = err
+                root = logging.getLogger()
+                root.handlers, root.level = [logging.StreamHandler(err)], logging.WARNING
+                try:
+                    json.dump(function(*args), out)
+                    status = 0
+                except BaseException:
+                    traceback.print_exc(file=err)
+        finally:
+            os._exit(status)
+    try:
+        status = os.waitstatus_to_exitcode(wait_for_child(pid, timeout, f"{function.__name__}{args}"))
+        return subprocess.CompletedProcess([function.__name__, *args], status, *map(Path.read_text, paths.values()))
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+        logs.rmdir()
+
+
 def wait_for_child(pid: int, seconds: float, what: str) -> int:
     """The wait status of child process `pid`; killed, and an AssertionError naming `what`, if it runs `seconds`."""
     deadline = time.monotonic() + seconds
@@ -273,7 +308,21 @@ def script_module(kind: str):
                     _GAUDI_PATCHES.append((sys.modules[module_name], name, value, before[(module_name, name)]))
             _gaudi_patches(applied=False)
         _modules[kind] = module
+        _libraries_out_of_garbage_collection(after=SCRIPTS[kind])
     return _modules[kind]
+
+
+_FROZEN_AFTER: set = set()
+
+
+def _libraries_out_of_garbage_collection(after: str) -> None:
+    """Everything alive now (once per `after`: the libraries, just imported) left out of garbage collection for the
+    rest of the process (`gc.freeze`). They are no garbage, yet every full collection walked them: accelerate's
+    `free_memory` collects at each `train()` (1.5 s of a 6 s run here, half a million objects), and Python's own
+    full collections do now and then. Only what is garbage at this moment is never freed: a few objects."""
+    if after not in _FROZEN_AFTER:
+        _FROZEN_AFTER.add(after)
+        gc.freeze()
 
 
 def _gaudi_patches(applied: bool) -> None:
@@ -804,6 +853,8 @@ def extended_trainer_class():
     from transformers import Trainer
 
     from bridgetower_bench.trainer import TrainerExtensions
+
+    _libraries_out_of_garbage_collection(after="Trainer")
 
     class ExtendedTrainer(TrainerExtensions, Trainer):
         pass

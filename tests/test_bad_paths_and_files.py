@@ -11,7 +11,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +23,17 @@ from bridgetower_bench.images import image_cache, images
 from bridgetower_bench.output_dir import disk_space
 from bridgetower_bench.output_dir.checkpoint_manifest import incomplete_reason
 from bridgetower_bench.output_dir.run_directory import checkpoints
-from helpers import CPU_FLAGS, REPO, command, embedded, noise_jpeg, run_cuda_script, run_script, run_tool, script_env
+from helpers import (
+    CPU_FLAGS,
+    REPO,
+    command,
+    embedded,
+    noise_jpeg,
+    run_cuda_script,
+    run_forked,
+    run_script,
+    run_tool,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,31 +142,23 @@ def special_files(tmp_path):
         }
 
 
-CHECK_SPECIAL_FILES = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import datasets
-from bridgetower_bench import preflight
-paths = json.loads(sys.argv[2])
-splits = {"train": datasets.Dataset.from_dict({"image": paths + [sys.argv[3]], "caption": ["c"] * (len(paths) + 1)})}
-problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=sys.argv[4])
-print(json.dumps([[p.row, p.reason] for p in problems]))
-"""
+def bad_rows(paths, good, cache_dir):
+    """preflight's (row, reason) of each image of a data set of `paths`, then of the regular file `good`."""
+    splits = {"train": datasets.Dataset.from_dict({"image": [*paths, good], "caption": ["c"] * (len(paths) + 1)})}
+    problems, _ = preflight.find_problems(splits, "image", "caption", cache_dir=cache_dir)
+    return [[p.row, p.reason] for p in problems]
 
 
 def test_fifos_devices_directories_and_sockets_are_bad_rows_and_the_check_never_blocks(tmp_path, special_files):
-    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out (hence a process)."""
+    """What used to happen: a FIFO hung the check forever; /dev/zero was read until memory ran out (hence a process
+    of its own: forked from this one, bounded)."""
     cases = special_files
     good = tmp_path / "good.jpg"
     good.write_bytes(noise_jpeg(0))
     names = sorted(cases)
-    argv = [str(REPO), json.dumps([cases[n][0] for n in names]), str(good), str(tmp_path / "cache")]
-    env = {**script_env(False), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK_SPECIAL_FILES, *argv], capture_output=True, text=True, timeout=240, env=env
-    )
+    result = run_forked(bad_rows, [cases[n][0] for n in names], str(good), str(tmp_path / "cache"), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = dict((row, reason) for row, reason in json.loads(result.stdout.strip().splitlines()[-1]))
+    found = dict((row, reason) for row, reason in json.loads(result.stdout))
     assert found == {
         row: f"cannot read image file {cases[name][0]!r}: {cases[name][1]}" for row, name in enumerate(names)
     }
@@ -234,28 +235,20 @@ def decoded_cache_of(cache_dir, n_images: int, image_size: int):
     return data.decoded_image_cache(splits, "image", args, image_size, fallback), fallback, splits["train"][0]["image"]
 
 
-BUILD_CACHE = """
-import logging, sys
-logging.basicConfig(level=logging.WARNING)
-from test_bad_paths_and_files import decoded_cache_of
-transform, fallback, row = decoded_cache_of(sys.argv[1], int(sys.argv[2]), 294)
-print("cache" if transform is not fallback else "fallback", transform(row).shape)
-"""
+def decoded_cache_builds(cache_dir, n_images: int) -> str:
+    """Whether data.decoded_image_cache gives its cache ("cache") or the fallback, and the shape a row gets."""
+    transform, fallback, row = decoded_cache_of(cache_dir, n_images, 294)
+    return f"{'cache' if transform is not fallback else 'fallback'} {transform(row).shape}"
 
 
 def test_the_decoded_image_cache_on_a_nearly_full_disk_is_skipped_with_a_warning(small_filesystem, tmp_path):
     """On a real small filesystem, what used to happen: the pixel file (60 images x 3 x 294 x 294 = 15 MiB) did not
-    fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left)."""
+    fit in 4 MiB; writing it through its memory mapping died of SIGBUS (exit 135, no message, the partial file left):
+    hence a process of its own, forked from this one."""
     disk = small_filesystem(4096)
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_CACHE, str(disk / "cache"), "60"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**script_env(False), "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"},
-    )
+    result = run_forked(decoded_cache_builds, str(disk / "cache"), 60)
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
-    assert result.stdout.strip().splitlines()[-1] == "fallback torch.Size([3, 294, 294])"
+    assert json.loads(result.stdout) == "fallback torch.Size([3, 294, 294])"
     assert "--cache_decoded_images: cannot write the decoded image cache in" in result.stderr
     assert "No space left on device" in result.stderr and "training without it" in result.stderr
     leftovers = [os.path.join(root, name) for root, _, names in os.walk(disk) for name in names]

@@ -68,13 +68,13 @@ def test_a_checkpoint_counts_only_with_every_file_as_saved(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(fixtures, tmp_path_factory):
-    """An uninterrupted 6-step run, and the same run killed as it published its model, its checkpoint-6 lost
-    (as if killed during step 6): checkpoint-2 and checkpoint-4 are left, both in the first epoch."""
+    """A 6-step run killed as it published its model, its checkpoint-6 taken away (as if killed during step 6):
+    checkpoint-2 and checkpoint-4 are left, both in the first epoch. The uninterrupted run's weights: checkpoint-6's
+    (saved after the last step, as the model it was publishing)."""
     root = tmp_path_factory.mktemp("checkpoints")
     reference, killed = root / "reference", root / "killed"
-    run_script("cuda", command(fixtures, reference, max_steps=6))
     run_killed_while_publishing("cuda", command(fixtures, killed, max_steps=6))
-    shutil.rmtree(killed / "checkpoint-6")
+    (killed / "checkpoint-6").rename(reference)
     return {"reference": reference, "killed": killed}
 
 
@@ -122,8 +122,8 @@ def test_with_no_complete_checkpoint_the_run_says_so_and_starts_afresh(runs, fix
 
 def test_gaudi_script_skips_a_checkpoint_whose_optimizer_state_is_cut_short(fixtures, tmp_path):
     reference, out = tmp_path / "reference", tmp_path / "run"
-    run_script("gaudi", command(fixtures, reference, "gaudi", max_steps=4))
     run_killed_while_publishing("gaudi", command(fixtures, out, "gaudi", max_steps=4))  # checkpoints 2 and 4 saved
+    shutil.copytree(out / "checkpoint-4", reference)  # the uninterrupted run's weights, saved after its last step
     damage(out / "checkpoint-4" / "optimizer.pt", "truncated")
 
     resumed = run_script("gaudi", command(fixtures, out, "gaudi", max_steps=4))

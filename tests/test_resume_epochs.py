@@ -1,8 +1,9 @@
 """Resume bit for bit at any step of any epoch, in both scripts, with and without loader workers.
 
-One uninterrupted run per configuration saves a checkpoint after every step (what a stop at that step saves: SIGTERM
-saves the same checkpoint: the last test); each stop is then a rerun resumed from one of them, which must end with the
-uninterrupted run's weights exactly and the same `train_loss` (the mean over every step, the resumed ones included).
+One uninterrupted run per configuration saves a checkpoint after each step a stop is made at (what a stop at that
+step saves: SIGTERM saves the same checkpoint: the last test); each stop is then a rerun resumed from one of them,
+which must end with the uninterrupted run's weights exactly and the same `train_loss` (the mean over every step, the
+resumed ones included).
 
 12 rows in batches of 4: 3 steps per epoch, 3 epochs, 9 steps. Stops mid-epoch in the first (step 2), the middle
 (step 4) and the last epoch (step 8), and on an epoch boundary (step 6). One more run takes the user's path: SIGTERM
@@ -21,6 +22,8 @@ from helpers import BOTH_ROUTES, CPU_FLAGS, ForkedRun, base_args, load_weights, 
 
 
 STEPS = 9
+# The 9-step runs are stopped at even steps only: their uninterrupted runs save every second step.
+EVEN_STOPS = dict(save_steps=2)
 
 
 def command(fixtures, out, workers, **overrides):
@@ -80,7 +83,8 @@ def uninterrupted(fixtures, tmp_path_factory):
 def test_a_run_stopped_at_any_step_of_any_epoch_resumes_to_the_uninterrupted_weights(
     kind, workers, stop, fixtures, uninterrupted, tmp_path
 ):
-    resume_to_the_end(uninterrupted(kind, workers), STEPS, fixtures, tmp_path / "resumed", kind, workers, stop)
+    reference = uninterrupted(kind, workers, **EVEN_STOPS)
+    resume_to_the_end(reference, STEPS, fixtures, tmp_path / "resumed", kind, workers, stop, **EVEN_STOPS)
 
 
 # 20 rows in batches of 4, 4 micro-batches a step: windows of 4 and 1 in each of the 3 epochs, 6 steps.
@@ -125,7 +129,7 @@ def test_a_checkpoint_without_the_loss_sum_still_resumes_and_says_what_train_los
     fixtures, uninterrupted, tmp_path
 ):
     """A checkpoint saved before the loss sum was kept: same weights, a warning, and its later checkpoints keep the sum."""
-    reference = uninterrupted("cuda", 0)
+    reference = uninterrupted("cuda", 0, **EVEN_STOPS)
     checkpoint = tmp_path / "checkpoint-8"
     shutil.copytree(reference / "checkpoint-8", checkpoint)
     state = read_json(checkpoint / "trainer_state.json")
@@ -149,7 +153,7 @@ def test_sigterm_in_a_later_epoch_then_the_same_command_ends_with_the_uninterrup
     """The user's path: SIGTERM once step 5 (second epoch) is logged, exit 143 (128 + SIGTERM: the run did not
     finish, and says so to shells and schedulers), the same command resumes, bit for bit on CPU: the checkpoint
     holds model, optimizer, scheduler and RNG states, and the resumed steps see the same batches and dropout."""
-    reference = uninterrupted("cuda", 0)
+    reference = uninterrupted("cuda", 0, **EVEN_STOPS)
     out = tmp_path / "run"
     run = ForkedRun("cuda", command(fixtures, out, 0, save_strategy="no") + CPU_FLAGS["cuda"], tmp_path)
     logged = 0
