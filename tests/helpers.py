@@ -20,6 +20,7 @@ import os
 import random
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -662,6 +663,23 @@ def run_killed_while_publishing(kind, args):
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def once_per_session(tmp_path_factory, name: str, make) -> dict:
+    """`make(folder)`'s records (JSON), made once in the pytest session however many pytest-xdist workers ask (a
+    module-scoped fixture runs once per worker): the first to hold the lock makes them in `name`, a folder of the
+    session's temporary directory, which the workers' own are in; the others wait for it and read them."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, records = base / name, base / f"{name}.json"
+    with FileLock(base / f"{name}.lock"):
+        if not records.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # (an attempt that failed)
+            folder.mkdir()
+            records.write_text(json.dumps(make(folder)))
+    return read_json(records)
 
 
 def last_line(result) -> str:

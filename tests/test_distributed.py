@@ -8,13 +8,16 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 import torch
 from torch.distributed import run as torchrun
 from transformers import HfArgumentParser
@@ -29,6 +32,7 @@ from helpers import (
     SCRIPTS,
     base_args,
     load_weights,
+    once_per_session,
     read_json,
     run_script,
     run_tool,
@@ -108,8 +112,21 @@ def one_node(processes, *script_and_flags):
 
 def run(command, env=None, timeout=600):
     """`command` run to its end in the repository, its output captured; script_env() hides every GPU."""
+    return run_together([command], env, timeout)[0]
+
+
+def run_together(commands, env=None, timeout=600):
+    """Each of `commands` as `run` runs it, all started at once: their results, in order."""
     env = env or script_env(gaudi=False)
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    options = dict(cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    processes = [subprocess.Popen(command, **options) for command in commands]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in processes]  # (a process may wait on a full pipe meanwhile)
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(processes, outputs)]
+    finally:
+        for process in processes:
+            process.kill()  # (one that timed out; the others have ended)
+            process.wait()
 
 
 def test_launch_cuda_refuses_a_run_without_a_usable_gpu_once_in_one_line(fixtures, tmp_path):
@@ -178,24 +195,21 @@ def node_command(port, job, node_rank, *script_and_flags, **rdzv_conf):
     return command + [str(a) for a in script_and_flags]
 
 
+def job_commands(port, job, per_node):
+    """The two nodes' launchers (`per_node`: each node's script and flags): node 0 keeps the rendezvous, node 1
+    joins it (torchrun's c10d option `is_host`; without it, the first to bind the port would keep it), so that they
+    may start at once."""
+    return [node_command(port, job, node, *per_node[node], is_host=int(node == 0)) for node in (0, 1)]
+
+
 def start_nodes(commands, logs, env):
-    """The first node, then (once it keeps the rendezvous: its port answers) the others, each in a session of its
-    own with its output in a file."""
-    nodes = []
-    for i, (command, log) in enumerate(zip(commands, logs)):
-        nodes.append(
-            subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-            )
+    """The nodes' launchers, started together, each in a session of its own with its output in a file."""
+    return [
+        subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
-        port = int(command[command.index("--rdzv_endpoint") + 1].rsplit(":", 1)[1])
-        deadline = time.monotonic() + 60
-        while i == 0 and time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-    return nodes
+        for command, log in zip(commands, logs)
+    ]
 
 
 def two_nodes(tmp_path, job, script_and_flags, env=None, logs="node"):
@@ -203,13 +217,13 @@ def two_nodes(tmp_path, job, script_and_flags, env=None, logs="node"):
     in tmp_path/<logs><node>.log: (exit statuses, outputs, the rendezvous port)."""
     port, files = free_port(), [tmp_path / f"{logs}{node}.log" for node in (0, 1)]
     per_node = script_and_flags if isinstance(script_and_flags, tuple) else (script_and_flags,) * 2
-    commands = [node_command(port, job, node, *per_node[node]) for node in (0, 1)]
+    commands = job_commands(port, job, per_node)
     codes = [node.wait(timeout=600) for node in start_nodes(commands, files, env or script_env(gaudi=False))]
     return codes, [log.read_text() for log in files], port
 
 
 def assert_each_node_ended(codes, text, script, status, job, port):
-    """Node 0 (it keeps the rendezvous: `start_nodes`) ends with its process's exit status in one line. So does
+    """Node 0 (it keeps the rendezvous: `job_commands`) ends with its process's exit status in one line. So does
     node 1, or, torchrun having no exit barrier for a failed job, node 0 may end before node 1's process has
     exited: node 1 then loses the rendezvous, exit status 1, saying so."""
     ended = rf"launch_cuda: {script} failed in 1 of 1 process\(es\), first in rank [01]: exit status {status}"
@@ -267,7 +281,7 @@ def test_processes_of_one_job_given_another_recipe_are_stopped_in_one_line_namin
 def test_a_node_killed_mid_run_ends_the_other_node_within_seconds_in_one_line(fixtures, tmp_path):
     flags = args(fixtures, tmp_path / "run", per_device_batch=2, ddp_backend="gloo", max_steps=10000)
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
-    commands = [node_command(port, "killed", rank, REPO / SCRIPTS["cuda"], *flags) for rank in (0, 1)]
+    commands = job_commands(port, "killed", ([REPO / SCRIPTS["cuda"], *flags],) * 2)
     survivor, victim = start_nodes(commands, logs, script_env(gaudi=False))
     try:
         deadline = time.monotonic() + 400
@@ -315,31 +329,36 @@ def never_started(tmp_path):
 
 
 def test_a_node_that_never_joins_or_a_store_that_never_answers_ends_the_node_after_its_bound_in_one_line(tmp_path):
+    # A node alone at its rendezvous; and at a listener that looks like a torchrun to the port check (its command
+    # line says so) but never answers: torchrun's own timeouts do not end such a wait; the launcher's bound (join +
+    # read timeouts) does. Both at once, with the shortest bounds torchrun takes (whole seconds).
     script, port = never_started(tmp_path), free_port()
-    result = run(node_command(port, "alone", 0, script, "--use_cpu", join_timeout=3), timeout=120)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        f"launch_cuda: this node waits at the rendezvous 'alone' at 127.0.0.1:{port} for the job's 2 nodes, at most "
-        "63 s (--rdzv_conf join_timeout=S,read_timeout=S)"
-    ) in result.stderr.splitlines()
-    assert result.stderr.splitlines()[-1] == (
-        f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{port}: not every one of the job's 2 node(s) joined "
-        "in time (join_timeout)"
-    )
-
-    # A listener that looks like a torchrun to the port check (its command line says so) but never answers:
-    # torchrun's own timeouts do not end such a wait; the launcher's bound (join + read timeouts) does.
-    port = free_port()
     holder = listening(port, "torchrun-lookalike")
+    alone_port = free_port()
     try:
         started = time.monotonic()
-        result = run(node_command(port, "mute", 0, script, "--use_cpu", join_timeout=2, read_timeout=2), timeout=120)
+        alone, mute = run_together(
+            [
+                node_command(alone_port, "alone", 0, script, "--use_cpu", join_timeout=1),
+                node_command(port, "mute", 0, script, "--use_cpu", join_timeout=1, read_timeout=1),
+            ],
+            timeout=120,
+        )
         took = time.monotonic() - started
     finally:
         holder.kill()
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.splitlines()[-1] == (
-        f"launch_cuda: the rendezvous 'mute' at 127.0.0.1:{port} did not form in 4 s: ending this node"
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr[-3000:]
+    assert (
+        f"launch_cuda: this node waits at the rendezvous 'alone' at 127.0.0.1:{alone_port} for the job's 2 nodes, at "
+        "most 61 s (--rdzv_conf join_timeout=S,read_timeout=S)"
+    ) in alone.stderr.splitlines()
+    assert alone.stderr.splitlines()[-1] == (
+        f"launch_cuda: the rendezvous 'alone' at 127.0.0.1:{alone_port}: not every one of the job's 2 node(s) joined "
+        "in time (join_timeout)"
+    )
+    assert mute.returncode == 1 and "Traceback" not in mute.stderr, mute.stderr[-3000:]
+    assert mute.stderr.splitlines()[-1] == (
+        f"launch_cuda: the rendezvous 'mute' at 127.0.0.1:{port} did not form in 2 s: ending this node"
     )
     assert took < 60, took
 
@@ -369,23 +388,52 @@ def test_a_rendezvous_port_held_by_another_program_or_a_host_that_does_not_resol
     )
 
 
+# Without OMP_NUM_THREADS, torchrun sets one thread per process only with several processes per node and accelerate
+# gives a lone process every core: CPU kernels then reduce in another order. launch_cuda sets one.
+def without_threads_set() -> dict:
+    return {key: value for key, value in script_env(gaudi=False).items() if key != "OMP_NUM_THREADS"}
+
+
+def job_flags(fixtures, out):
+    """The two-node job's flags: 12 steps (3 epochs) of 2 rows per process; no checkpoint but the signal's."""
+    return args(fixtures, out, 2, ddp_backend="gloo", save_steps=100, max_steps=12, save_strategy="steps")
+
+
+@pytest.fixture(scope="module")
+def stopped_and_resumed(fixtures, tmp_path_factory):
+    """One two-node job (once for the session: helpers.once_per_session), without OMP_NUM_THREADS: stopped by a
+    signal to rank 1 (its nodes' logs node<N>.log), then the same command resumes it to its end (resumed<N>.log).
+    Its records: the folder (its output in run/, a copy of it as the stop left it in stopped/, the ranks' rows and
+    exit times in exits/), each phase's exit statuses, logs and rendezvous port."""
+
+    def job(folder):
+        wrapper = folder / "signal_rank1.py"
+        wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
+        (folder / "exits").mkdir()
+        flags = job_flags(fixtures, folder / "run")
+        env = {**without_threads_set(), "EXIT_TIMES_DIR": str(folder / "exits")}
+        stopped = two_nodes(folder, "stopped", [wrapper, REPO / SCRIPTS["cuda"], *flags], env)
+        shutil.copytree(folder / "run", folder / "stopped")  # its output as the stop left it (times kept)
+        # The same command on both nodes (without the signalling wrapper)
+        resumed = two_nodes(folder, "resumed", [REPO / SCRIPTS["cuda"], *flags], env, logs="resumed")
+        return {"folder": str(folder), "stopped": stopped, "resumed": resumed}
+
+    return once_per_session(tmp_path_factory, "two-node-job", job)
+
+
 def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_the_same_command_finishes(
-    fixtures, tmp_path
+    fixtures, stopped_and_resumed, tmp_path
 ):
-    wrapper = tmp_path / "signal_rank1.py"
-    wrapper.write_text(SIGNALLING_WRAPPER)  # rank 1 (on whichever node c10d put it) gets SIGTERM at step 2 or 3
-    out, exits = tmp_path / "run", tmp_path / "exits"
-    exits.mkdir()
-    flags = args(fixtures, out, 2, ddp_backend="gloo", save_steps=100, max_steps=12, save_strategy="steps")
-    env = {**script_env(gaudi=False), "EXIT_TIMES_DIR": str(exits)}
-    codes, text, port = two_nodes(tmp_path, "stopped", [wrapper, REPO / SCRIPTS["cuda"], *flags], env)
+    folder = Path(stopped_and_resumed["folder"])
+    out, stopped, exits = folder / "run", folder / "stopped", folder / "exits"
+    codes, text, port = stopped_and_resumed["stopped"]
     assert_each_node_ended(codes, text, "signal_rank1.py", 143, "stopped", port)  # stopped as by SIGTERM
     # Only rank 1 got the signal; rank 0 learnt of it at step 10, the first exchange after it, and both stopped.
     received = "SIGTERM received: training stops and saves a checkpoint after the current step"
     assert sum(log.count(received) for log in text) == 1, text
     assert sum("Training stopped by SIGTERM at step 10 of 12" in log for log in text) == 1  # rank 0's node says it
-    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-10"]
-    checkpoint = out / "checkpoint-10"
+    assert [p.name for p in stopped.glob("checkpoint-*")] == ["checkpoint-10"]
+    checkpoint = stopped / "checkpoint-10"
     assert read_json(checkpoint / "trainer_state.json")["global_step"] == 10
     # The checkpoint counts: both ranks' random states are in its manifest, written last.
     assert checkpoint_manifest.incomplete_reason(str(checkpoint)) is None
@@ -401,8 +449,8 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
         shards = [rows[epoch * per_epoch : (epoch + 1) * per_epoch] for rows in ranks]
         assert not set(shards[0]) & set(shards[1]) and sorted(shards[0] + shards[1]) == list(range(ROWS))
 
-    # The same command on both nodes (without the signalling wrapper) resumes from it and finishes the run.
-    codes, text, _ = two_nodes(tmp_path, "resumed", [REPO / SCRIPTS["cuda"], *flags], env, logs="resumed")
+    # The same command on both nodes (without the signalling wrapper) resumed from it and finished the run.
+    codes, text, _ = stopped_and_resumed["resumed"]
     assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
     assert sum(f"resuming training at {out / 'checkpoint-10'}" in log for log in text) == 2  # each node's rank
     assert read_json(out / "trainer_state.json")["global_step"] == 12
@@ -431,22 +479,20 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
 
 
 def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_with_the_same_threads(
-    fixtures, tmp_path
+    fixtures, stopped_and_resumed, tmp_path
 ):
-    # Without OMP_NUM_THREADS, torchrun sets one thread per process only with several processes per node and
-    # accelerate gives a lone process every core: CPU kernels then reduce in another order. launch_cuda sets one.
-    env = {key: value for key, value in script_env(gaudi=False).items() if key != "OMP_NUM_THREADS"}
-    flags = args(fixtures, tmp_path / "nodes", per_device_batch=2, ddp_backend="gloo")
-    codes, text, _ = two_nodes(tmp_path, "threads", [REPO / SCRIPTS["cuda"], *flags], env)
+    # The two nodes' job (stopped at step 10 and resumed: a resume ends with the uninterrupted run's weights)
+    codes, text, _ = stopped_and_resumed["resumed"]
     assert codes == [0, 0], "".join(log[-3000:] for log in text)
-    flags[flags.index("--output_dir") + 1] = str(tmp_path / "one")
-    one = run(one_node(2, REPO / SCRIPTS["cuda"], *flags), env=env)
+    nodes = Path(stopped_and_resumed["folder"]) / "run"
+    one = run(one_node(2, REPO / SCRIPTS["cuda"], *job_flags(fixtures, tmp_path / "one")), env=without_threads_set())
     assert one.returncode == 0, one.stderr[-3000:]
-    for directory in ("nodes", "one"):
-        assert read_json(tmp_path / directory / "train_results.json")["cpu_threads"] == 1, directory
-    nodes_weights, one_weights = load_weights(tmp_path / "nodes"), load_weights(tmp_path / "one")
+    for directory in (nodes, tmp_path / "one"):
+        assert read_json(directory / "train_results.json")["cpu_threads"] == 1, directory
+    nodes_weights, one_weights = load_weights(nodes), load_weights(tmp_path / "one")
     assert nodes_weights.keys() == one_weights.keys()
-    assert all(torch.equal(nodes_weights[name], one_weights[name]) for name in nodes_weights)
+    differ = [name for name in nodes_weights if not torch.equal(nodes_weights[name], one_weights[name])]
+    assert not differ, f"two nodes of one (stopped and resumed) and one node of two differ in {differ}"
 
 
 def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(fixtures, tmp_path):
@@ -455,17 +501,17 @@ def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_proc
     accelerate += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     out = tmp_path / "out"
     script = [REPO / SCRIPTS["cuda"], *args(fixtures, out, per_device_batch=2, max_steps=2)]
-    result = run([str(word) for word in [*accelerate, "--multi_gpu", *script]])
+    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
+    counted = tmp_path / "counted.py"
+    counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
+    result, alone = run_together(
+        [[str(word) for word in [*accelerate, "--multi_gpu", *script]], [*accelerate, "--cpu", str(counted)]]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
     metrics = read_json(out / "train_results.json")
     assert (metrics["world_size"], metrics["cpu_threads"]) == (2, 1)
     assert read_json(out / "trainer_state.json")["global_step"] == 2 and (out / "model.safetensors").is_file()
-
-    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
-    counted = tmp_path / "counted.py"
-    counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
-    alone = run([*accelerate, "--cpu", str(counted)])
     assert alone.returncode == 0 and alone.stdout.splitlines() == ["a process of rank None"], alone.stderr[-3000:]
 
 
