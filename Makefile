@@ -9,8 +9,9 @@ PY := $(VENV)/bin/python
 PY_CURRENT := $(VENV_CURRENT)/bin/python
 # pip installs only uv (requirements-uv.txt); uv fills both venvs from its cache (~/.cache/uv, or UV_CACHE_DIR) by hard
 # links, so torch's CUDA build is downloaded and unpacked once for the two routes. A mirror: UV_INDEX_URL (uv does not
-# read pip's configuration).
-UV := $(VENV)/bin/uv
+# read pip's configuration). --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would
+# otherwise compile torch and transformers again at import.
+UV_INSTALL := $(VENV)/bin/uv pip install --compile-bytecode
 BENCH_ARGS ?=
 
 .PHONY: bench test format coverage mutate fixtures cuda-script check-cuda-script not-in-habana-container
@@ -18,19 +19,19 @@ BENCH_ARGS ?=
 $(VENV)/.installed-cuda: requirements.txt requirements-cuda.txt requirements-uv.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-uv.txt
-	$(UV) pip install --python $(PY) -r requirements-cuda.txt
-	$(UV) pip install --python $(PY) --no-deps -e .
+	$(UV_INSTALL) --python $(PY) -r requirements-cuda.txt
+	$(UV_INSTALL) --python $(PY) --no-deps -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt requirements-gaudi.txt
-	$(UV) pip install --python $(PY) -r requirements-test.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-test.txt
 	touch $@
 
 # The current install route (README): today's transformers, accelerate and datasets, in a venv of its own.
 $(VENV_CURRENT)/.installed-test: $(VENV)/.installed-cuda requirements-cuda-current.txt requirements-test-current.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV_CURRENT)
-	$(UV) pip install --python $(PY_CURRENT) -r requirements-test-current.txt
-	$(UV) pip install --python $(PY_CURRENT) --no-deps -e .
+	$(UV_INSTALL) --python $(PY_CURRENT) -r requirements-test-current.txt
+	$(UV_INSTALL) --python $(PY_CURRENT) --no-deps -e .
 	touch $@
 
 # Habana's container keeps its own torch: there, make bench and make test refuse and say what to run instead.
