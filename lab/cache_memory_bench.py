@@ -52,9 +52,7 @@ class _CachedImages(Dataset):
         return int(pixels.sum()), os.getpid(), _status_kib("Private_Dirty", "smaps_rollup"), _status_kib("RssFile")
 
 
-def worker_memory(
-    n_images: int, workers: int, directory: str, image_size: int = 294, decode_processes: int | None = None
-) -> dict:
+def worker_memory(n_images: int, workers: int, decode_processes: int, directory: str, image_size: int = 294) -> dict:
     rng = np.random.default_rng(n_images)
     values = [jpeg_bytes(draw_cartoon(rng, 640, 480)[0]) for _ in range(n_images)]
     cache = open_decoded_image_cache(
@@ -63,7 +61,7 @@ def worker_memory(
         image_size=image_size,
         cache_dir=directory,
         fingerprint=f"memory-bench-{n_images}",
-        num_proc=decode_processes or workers,
+        num_proc=decode_processes,
     )
     table_dir = os.path.join(directory, f"table-{n_images}")
     datasets.Dataset.from_dict({"image": values}).save_to_disk(table_dir)
@@ -91,17 +89,13 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
-    tool_paths.positive_counts(parser, args, "--small", "--large", "--workers")
-    if args.decode_processes is not None:
-        tool_paths.positive_counts(parser, args, "--decode-processes")
+    args.decode_processes = args.workers if args.decode_processes is None else args.decode_processes
+    tool_paths.positive_counts(parser, args, "--small", "--large", "--workers", "--decode-processes")
     if args.json:
         tool_paths.output_file("--json", args.json)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as directory:
-        rows = [
-            worker_memory(n, args.workers, directory, decode_processes=args.decode_processes)
-            for n in (args.small, args.large)
-        ]
+        rows = [worker_memory(n, args.workers, args.decode_processes, directory) for n in (args.small, args.large)]
     print("| images | cache MiB | worker own MiB (Private_Dirty) | worker file-backed MiB (RssFile, shared) |")
     print("|---|---|---|---|")
     for row in rows:
