@@ -9,9 +9,9 @@ PY := $(VENV)/bin/python
 PY_CURRENT := $(VENV_CURRENT)/bin/python
 # pip installs only uv (requirements-uv.txt); uv fills both venvs from its cache (~/.cache/uv, or UV_CACHE_DIR) by hard
 # links, so torch's CUDA build is downloaded and unpacked once for the two routes. A mirror: UV_INDEX_URL (uv does not
-# read pip's configuration). Bytecode is compiled at first import, uv's default: of the venvs' ~30,000 modules a run
-# imports ~4,000 (compiling all at install took 67 s of the two routes' 111). So the recipes' Pythons may write
-# it: where PYTHONDONTWRITEBYTECODE is set, each process would compile torch and transformers again at import.
+# read pip's configuration). A module's bytecode is compiled at its first import (uv's default): a run imports ~4,000 of
+# the venvs' ~29,000 modules, and compiling them all at install took 67 of the installs' 111 s. The recipes' Pythons
+# may write it: where PYTHONDONTWRITEBYTECODE is set, every process would compile torch and transformers again.
 unexport PYTHONDONTWRITEBYTECODE
 UV_INSTALL := $(VENV)/bin/uv pip install
 BENCH_ARGS ?=

@@ -176,8 +176,13 @@ def test_a_rendezvous_address_is_the_machine_without_its_user_or_brackets():
         (b"gaudi-a slots=\xd9\xa8\n", "line 1: 'gaudi-a slots=\u0668' is not `HOST slots=N`"),
         (b"gaudi-a\xc2\xa0slots=8\n", "line 1: 'gaudi-a\\xa0slots=8' is not `HOST slots=N`"),
         (b"gaudi-a slots=8 # rack 2\n", "line 1: 'gaudi-a slots=8 # rack 2' is not `HOST slots=N`"),
-        (b"gaudi-a slots=8\n" + b"x" * 600 + b" slots=8\n", "line 2: longer than 512 bytes"),
-        (b"gaudi-a slots=8\n" + b"#" * (1 << 20), "larger than a hostfile's 1 MiB: not read"),
+        # (named: a test id holding the data would be as long)
+        pytest.param(
+            b"gaudi-a slots=8\n" + b"x" * 600 + b" slots=8\n", "line 2: longer than 512 bytes", id="long-line"
+        ),
+        pytest.param(
+            b"gaudi-a slots=8\n" + b"#" * (1 << 20), "larger than a hostfile's 1 MiB: not read", id="over-1-MiB"
+        ),
     ],
 )
 def test_a_hostfile_is_refused_naming_its_line(tmp_path, data, message):
