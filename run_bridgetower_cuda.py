@@ -210,13 +210,15 @@ def main():
     run = run_recipe.plan_run(training_args.output_dir, model_args, data_args, training_args, dataset)
 
     # 5. Load the pretrained model, tokenizer and image processor (only its mean and std are used).
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.tokenizer_name or model_args.model_name_or_path,
-        cache_dir=model_args.cache_dir,
-        use_fast=model_args.use_fast_tokenizer,
-        token=model_args.token,
-        trust_remote_code=model_args.trust_remote_code,
-    )
+    tokenizer_name = model_args.tokenizer_name or model_args.model_name_or_path
+    with arguments.slow_tokenizer_refusal(model_args.use_fast_tokenizer, tokenizer_name):
+        tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_name,
+            cache_dir=model_args.cache_dir,
+            use_fast=model_args.use_fast_tokenizer,
+            token=model_args.token,
+            trust_remote_code=model_args.trust_remote_code,
+        )
     image_processor = AutoImageProcessor.from_pretrained(
         model_args.image_processor_name or model_args.model_name_or_path,
         cache_dir=model_args.cache_dir,

@@ -10,7 +10,8 @@ import math
 import os
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -154,6 +155,26 @@ def check_max_seq_length(max_seq_length: int, config, tokenizer=None) -> None:
     usable = text.max_position_embeddings - (2 if text.pad_token_id is not None else 0)
     if max_seq_length > usable:
         raise UserInputError(f"--max_seq_length={max_seq_length} is larger than the model's {usable} text positions")
+
+
+@contextmanager
+def slow_tokenizer_refusal(use_fast_tokenizer: bool, name: str) -> Iterator[None]:
+    """Loading the tokenizer: with --use_fast_tokenizer False, a slow (Python) tokenizer the model has no files for is
+    refused in one line. BridgeTower's Hub repository has tokenizer.json and vocab.json but no merges.txt: transformers
+    4.x cannot build RoBERTa's slow tokenizer from them, fails inside it, then asks for protobuf (5.x builds it)."""
+    try:
+        yield
+    except (TypeError, ValueError, ImportError) as error:
+        if use_fast_tokenizer:
+            raise
+        cause: BaseException = error
+        while cause.__context__ is not None:  # the first failure, not what transformers tried after it
+            cause = cause.__context__
+        said = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
+        raise UserInputError(
+            f"--use_fast_tokenizer False: transformers {transformers.__version__} cannot build a slow tokenizer "
+            f"from {name} ({type(cause).__name__}: {said}); leave the flag out to use its fast tokenizer"
+        ) from None
 
 
 # GaudiTrainingArguments' defaults that differ from TrainingArguments' and that the CUDA/CPU script takes, so that

@@ -96,6 +96,7 @@ UPSTREAM_SIDE = {
     "column names": has(r"image_column not in column_names"),
     "`--do_predict`": lacks(r"\.predict\("),
     "`--config_name`": lacks(r"model_args\.config_name"),
+    "`--use_fast_tokenizer False`": has(r"use_fast=model_args\.use_fast_tokenizer"),
     "`--trust_remote_code`": has(r"load_dataset\([^)]*trust_remote_code="),
     "`--freeze_vision_model`, `--freeze_text_model`": has(r"_freeze_params\(model\.vision_model\)"),
     "`--gaudi_config_name`": has(r"GaudiConfig\.from_pretrained\(\s*training_args\.gaudi_config_name"),
