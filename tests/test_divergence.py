@@ -10,7 +10,7 @@ import torch
 from bridgetower_bench import arguments
 from bridgetower_bench.guards import divergence
 from bridgetower_bench.user_errors import UserInputError
-from helpers import CPU_FLAGS, DEVICES, base_args, last_line, run_script
+from helpers import CPU_FLAGS, DEVICES, ForkedRun, base_args, last_line, run_script
 
 
 def strict_json(path):
@@ -29,8 +29,8 @@ def strict_json(path):
 def test_a_diverging_run_stops_at_that_step_keeps_its_last_checkpoint_and_publishes_nothing(fixtures, tmp_path):
     out = tmp_path / "run"
     args = base_args(fixtures, out, learning_rate=1e6, max_steps=6, save_strategy="steps", save_steps=1)
-    # (a process of its own: exit status 3 and one last line, no traceback, are what the user sees)
-    result = run_script("cuda", [*args, "--do_train", "--do_eval", *CPU_FLAGS["cuda"]], check=False, process=True)
+    # (a process of its own, forked from this one: exit status 3 and one last line, no traceback, are what the user sees)
+    result = ForkedRun("cuda", [*args, "--do_train", "--do_eval", *CPU_FLAGS["cuda"]], tmp_path).wait()
     assert result.returncode == divergence.DIVERGED_EXIT_STATUS == 3, result.stderr[-3000:]
     assert last_line(result) == (
         f"Training diverged at step 2 of 6 (loss NaN and gradient norm NaN): stopped, nothing published in {out}; the last "
