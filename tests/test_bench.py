@@ -1054,6 +1054,16 @@ def test_a_curve_across_nodes_the_hostfile_cannot_give_is_refused_in_one_line(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_hostfile_path_with_a_line_break_is_named_escaped_in_the_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my\nhosts").write_text("gpu-a slots=2\ngpu-b slots=2\n")
+    for argv in (["--nodes", "1"], ["--nodes", "1,3"], ["--nodes", "2", "--nproc", "3"]):
+        assert bench.main([*argv, "--hostfile", "my\nhosts", "--out", str(tmp_path / "out")]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and "--hostfile 'my\\nhosts'" in err, err
+
+
 def test_a_dry_run_across_nodes_prints_each_nodes_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sweep_plan, "detect_accelerator", lambda: "cpu")
     out, nodes = tmp_path / "out", ["--nodes", "1,2", "--hostfile", hostfile(tmp_path)]

@@ -256,6 +256,7 @@ def test_without_json_the_record_goes_into_the_runs_directory_which_a_run_then_t
             "--output_dir='' is empty: give the run's shared output directory",
         ),
         (["--hostfile", "{tmp}/slots0"], "--hostfile {tmp}/slots0: localhost slots=0: a node has 1 slot or more"),
+        (["--hostfile", "slots\n0"], "--hostfile 'slots\\n0': localhost slots=0: a node has 1 slot or more"),
         (
             ["--nodes", "localhost", "--remote-shell", "no-such-shell"],
             "--remote-shell: no-such-shell: no such command here",
@@ -264,7 +265,8 @@ def test_without_json_the_record_goes_into_the_runs_directory_which_a_run_then_t
 )
 def test_bad_input_ends_in_one_line_and_starts_nothing(cluster, args, message):
     tmp_path, flags, _ = cluster
-    (tmp_path / "slots0").write_text("127.0.0.1 slots=1\nlocalhost slots=0\n")
+    for name in ("slots0", "slots\n0"):  # (the second named in its refusal escaped, on one line)
+        (tmp_path / name).write_text("127.0.0.1 slots=1\nlocalhost slots=0\n")
     result = run_tool("cluster_check", [*flags, *(arg.format(tmp=tmp_path) for arg in args)], cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.splitlines() == [
         f"cluster_check: error: {message.format(tmp=tmp_path)}"

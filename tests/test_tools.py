@@ -300,6 +300,11 @@ DIRECTORY = object()  # (a file that is a directory)
     "files, flags, message",
     [
         ({}, ["--num_nodes", 3], "--num_nodes=3: --hostfile hostfile gives 2 nodes"),
+        (
+            {"my\nhosts": "gaudi-a slots=8\ngaudi-b slots=8\n"},  # its name escaped: the refusal stays one line
+            ["--hostfile", "my\nhosts", "--num_nodes", 3],
+            "--num_nodes=3: --hostfile 'my\\nhosts' gives 2 nodes",
+        ),
         ({}, ["--world_size", 8], "--world_size=8: --hostfile hostfile gives 16 HPUs (gaudi-a: 8, gaudi-b: 8)"),
         ({}, ["--use_mpi"], "--use_mpi with --hostfile: several nodes are started by DeepSpeed's launcher"),
         ("gaudi-a slots=8\n# rack 2\n", [], "--hostfile hostfile, line 2: '# rack 2' is not `HOST slots=N`"),

@@ -438,7 +438,9 @@ def nodes_of(args) -> dict[str, int]:
         nodes = hosts.hostfile_nodes(args.hostfile, gaudi=False)
         for host, slots in nodes.items():
             if slots < 1:
-                raise UserInputError(f"--hostfile {args.hostfile}: {host} slots={slots}: a node has 1 slot or more")
+                raise UserInputError(
+                    f"--hostfile {hosts.shown_path(args.hostfile)}: {host} slots={slots}: a node has 1 slot or more"
+                )
         return nodes
     nodes, seen = {}, set()
     for text in args.nodes.split(","):

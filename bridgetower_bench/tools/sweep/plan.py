@@ -12,7 +12,7 @@ from typing import Optional
 from bridgetower_bench import published
 from bridgetower_bench.guards.habana_software import habana_software_present
 from bridgetower_bench.mediapipe.availability import TORCH_LOADER
-from bridgetower_bench.tools.hosts import hostfile_nodes, port, rendezvous_endpoint
+from bridgetower_bench.tools.hosts import hostfile_nodes, port, rendezvous_endpoint, shown_path
 from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
     LOADERS,
@@ -103,20 +103,21 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
                 f"--nodes {several[-1]}: several nodes need --hostfile (one `HOST slots=N` line each)"
             )
         return [], []
+    named = f"--hostfile {shown_path(args.hostfile)}"  # (a path with a newline would break the line)
     if not several:
-        raise UserInputError(f"--hostfile {args.hostfile}: --nodes names no count above 1 (e.g. --nodes 1,2)")
+        raise UserInputError(f"{named}: --nodes names no count above 1 (e.g. --nodes 1,2)")
     if script == "gaudi" and device != "hpu":
         raise UserInputError(
             f"--nodes {several[-1]}: the Gaudi script runs several processes only on HPUs (none here)"
         )
     hosts = hostfile_nodes(args.hostfile, gaudi=script == "gaudi")
     if script == "cuda":  # the first node keeps the c10d rendezvous, whose address torch takes without a zone id
-        rendezvous_endpoint(next(iter(hosts)), args.rdzv_port, f"--hostfile {args.hostfile}: the first node")
+        rendezvous_endpoint(next(iter(hosts)), args.rdzv_port, f"{named}: the first node")
     if several[-1] > len(hosts):
-        raise UserInputError(f"--nodes {several[-1]}: --hostfile {args.hostfile} gives {len(hosts)} node(s)")
+        raise UserInputError(f"--nodes {several[-1]}: {named} gives {len(hosts)} node(s)")
     for host, slots in list(hosts.items())[: several[-1]]:
         if slots < nproc:
-            raise UserInputError(f"--hostfile {args.hostfile}: {host} has slots={slots}, fewer than --nproc {nproc}")
+            raise UserInputError(f"{named}: {host} has slots={slots}, fewer than --nproc {nproc}")
     return list(hosts), several
 
 
