@@ -1098,7 +1098,8 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
     plan = stand_in_plan(tmp_path, workers=[0])
     plan.script, plan.device, plan.nproc, plan.hosts = "gaudi", "hpu", 2, ["gaudi-a", "gaudi-b", "gaudi-c"]
     (tmp_path / "out").mkdir()
-    earlier = dict(row(10.0, 0, world_size=2), run_id=plan.variants[0].run_id)  # a row of a sweep before --nodes
+    # a row of a sweep before --nodes (its time bounds the run across nodes)
+    earlier = dict(row(10.0, 0, world_size=2), run_id=plan.variants[0].run_id, wall_seconds=60.0)
     sweep_resume.write_results(tmp_path / "out", plan, [earlier])
     plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
 
@@ -1117,6 +1118,32 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
     )
     with open(tmp_path / "out" / "results.csv") as f:
         assert [r["nodes"] for r in csv.DictReader(f)] == ["1", "2"]
+
+
+def test_a_gaudi_run_across_nodes_whose_launch_hangs_ends_at_the_bound(tmp_path, monkeypatch):
+    # DeepSpeed's launcher reaches the nodes: one local process for the whole run, bounded as a CUDA run's nodes are
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.script, plan.device, plan.nproc, plan.hosts = "gaudi", "hpu", 1, ["gaudi-a", "gaudi-b"]
+    plan.remote_start_timeout, plan.remote_margin = 1, 2
+    (tmp_path / "out").mkdir()
+    alone = dict(row(10.0, 0, world_size=1), run_id=plan.variants[0].run_id, wall_seconds=1.0)
+    sweep_resume.write_results(tmp_path / "out", plan, [alone])
+    plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
+    hanging = tmp_path / "hanging"  # a launch stuck at a node that never answers, its child ignoring SIGINT
+    hanging.write_text(f"#!/bin/bash\necho launched\nsleep 600 & echo $! $$ >> {tmp_path}/pids; wait\n")
+    hanging.chmod(0o755)
+    monkeypatch.setattr(plan, "node_commands", lambda variant, command: [[str(hanging)]])
+    lines = []
+
+    started = time.monotonic()
+    kept, across = bench.run_sweep(plan, tmp_path / "out", echo=lines.append)[0]
+
+    assert time.monotonic() - started < 20  # 3 s, then the stop
+    bound = "3 s (--remote-start-timeout 1 s + --remote-margin 2 x 1 s, its configuration's run on one node)"
+    assert f"[1/1] wait   at most {bound} for its 2 nodes" in lines
+    assert (kept["status"], across["status"]) == ("ok", "failed")
+    assert across["error"] == f"its launcher still running at the run's bound, {bound}: the run was stopped"
+    assert all(map(ended, (tmp_path / "pids").read_text().split())), "the launch or its child outlived the run"
 
 
 def across_nodes_plan(tmp_path, remote_shell: list, one_node_seconds=1.0):

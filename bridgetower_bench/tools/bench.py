@@ -231,8 +231,8 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--remote-margin",
         default=REMOTE_MARGIN,
-        help="A CUDA run across nodes is stopped, its row failed naming the nodes still running, after "
-        "--remote-start-timeout plus this many times its configuration's run on one node (default: "
+        help="A run across nodes is stopped, its row failed naming the nodes (or the Gaudi launcher) still running, "
+        "after --remote-start-timeout plus this many times its configuration's run on one node (default: "
         f"{REMOTE_MARGIN:g}: the same samples on more devices, slower only by the nodes' start and the network).",
     )
 

@@ -43,7 +43,7 @@ def run_sweep(
             echo(f"{finished} of {len(plan.variants)} run(s) already finished in {out} (kept); {len(to_run)} to run")
         interrupted = False
         for i, variant in enumerate(to_run, 1):
-            alone = [rows.get(v.run_id) for v in plan.alone(variant)] if plan.remote_hosts(variant) else []
+            alone = [rows.get(v.run_id) for v in plan.alone(variant)] if variant.nodes else []
             times = [row["wall_seconds"] for row in alone if row and row["status"] == OK and row.get("wall_seconds")]
             rows[variant.run_id] = run_variant(
                 plan, variant, out, keep_weights, f"[{i}/{len(to_run)}]", echo, max(times, default=None)
@@ -72,13 +72,14 @@ def run_variant(
     echo: Callable[[str], None],
     one_node_seconds: Optional[float] = None,
 ) -> dict:
-    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it). A run through the
-    remote shell is bounded by `one_node_seconds`, its configuration's time on one node (`remote_bound`)."""
+    """Make one run and return its row (status "interrupted" when Ctrl-C or SIGTERM stopped it). A run across nodes
+    (through the remote shell, or DeepSpeed's launcher for the Gaudi script) is bounded by `one_node_seconds`, its
+    configuration's time on one node (`remote_bound`)."""
     run_dir, log_path = out / "runs" / variant.run_id, out / "logs" / f"{variant.run_id}.log"
     command = plan.command(variant, run_dir)
     echo(f"{progress} start  {variant.label}, repeat {variant.repeat} (log: {log_path})")
     remote = plan.remote_hosts(variant)
-    bound = remote_bound(plan, one_node_seconds) if remote else None
+    bound = remote_bound(plan, one_node_seconds) if variant.nodes else None
     refuse_held_run_dirs([variant], out)  # claimed since the sweep started: leave it alone
     if run_dir.exists():  # left by an unfinished run of an earlier sweep: its results must not pass for this run's
         shutil.rmtree(run_dir)
@@ -88,12 +89,12 @@ def run_variant(
         write_atomically(hostfile, "".join(f"{host} slots={plan.nproc}\n" for host in plan.hosts[: variant.nodes]))
     started, cpu_before, reason = time.perf_counter(), cpu_seconds(), ""
     try:
-        if remote and bound is None:
+        if variant.nodes and bound is None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text(f"bench: {NOT_BOUNDED}\n")
             raise RemoteRunStopped(NOT_BOUNDED, None)
-        if remote:
-            echo(f"{progress} wait   at most {bound[1]} for its {len(remote)} nodes")
+        if bound:
+            echo(f"{progress} wait   at most {bound[1]} for its {variant.nodes} nodes")
         env = plan.run_env(variant)
         returncode: Optional[int] = run_process(
             plan.node_commands(variant, command),
@@ -238,8 +239,8 @@ def run_process(
     """Run `commands` together (one, or one per node of a run across nodes) with their output in `log_path`;
     return the first non-zero exit status in their order, else 0. Ctrl-C stops them (and their children) and is
     re-raised. With `hosts` (commands[i] is a remote shell to hosts[i]), each command must print a line within
-    `start_timeout` seconds and before it exits, and all must end within `bound` (seconds from the start, and how
-    it was reckoned), or the run is stopped, as by Ctrl-C, and RemoteRunStopped raised.
+    `start_timeout` seconds and before it exits. With `bound` (seconds from the start, and how it was reckoned), all
+    must end within it, or the run is stopped, as by Ctrl-C, and RemoteRunStopped raised.
 
     The log starts with `shown_command`'s lines (default: the commands), each after `$ `. Several commands'
     output lines are prefixed `[node I] ` (I: the command's place, from 0). With `secrets`, `hosts` or several
@@ -272,8 +273,9 @@ def run_process(
                 not_started = _wait_for_first_lines(procs, copies, first_lines, commands, hosts, start_timeout)
                 if not_started:
                     raise RemoteRunStopped(*not_started)
-            if hosts and bound:
-                _wait_within(procs, hosts, started + bound[0], bound[1])
+            if bound:
+                names = [f"node {i} ({host})" for i, host in enumerate(hosts)] or ["its launcher"] * len(procs)
+                _wait_within(procs, names, started + bound[0], bound[1])
             statuses = [proc.wait() for proc in procs]
             for copy in copies:
                 copy.join()
@@ -315,14 +317,14 @@ def _wait_for_first_lines(
         first_lines[silent[0]].wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
 
 
-def _wait_within(procs: Sequence[subprocess.Popen], hosts: Sequence[str], deadline: float, bound: str) -> None:
-    """Wait for every remote command until `deadline` (time.monotonic()); RemoteRunStopped naming those still running
-    at it and the `bound`."""
+def _wait_within(procs: Sequence[subprocess.Popen], names: Sequence[str], deadline: float, bound: str) -> None:
+    """Wait for every command until `deadline` (time.monotonic()); RemoteRunStopped naming (`names`: each command's)
+    those still running at it and the `bound`."""
     for proc in procs:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            nodes = ", ".join(f"node {i} ({hosts[i]})" for i, p in enumerate(procs) if p.poll() is None)
+            nodes = ", ".join(name for name, p in zip(names, procs) if p.poll() is None)
             raise RemoteRunStopped(f"{nodes} still running at the run's bound, {bound}: the run was stopped", 0)
 
 
