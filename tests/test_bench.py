@@ -1122,13 +1122,7 @@ def test_a_gaudi_run_across_nodes_gets_a_hostfile_of_its_first_nodes_and_old_row
 
 def test_a_gaudi_run_across_nodes_whose_launch_hangs_ends_at_the_bound(tmp_path, monkeypatch):
     # DeepSpeed's launcher reaches the nodes: one local process for the whole run, bounded as a CUDA run's nodes are
-    plan = stand_in_plan(tmp_path, workers=[0])
-    plan.script, plan.device, plan.nproc, plan.hosts = "gaudi", "hpu", 1, ["gaudi-a", "gaudi-b"]
-    plan.remote_start_timeout, plan.remote_margin = 1, 2
-    (tmp_path / "out").mkdir()
-    alone = dict(row(10.0, 0, world_size=1), run_id=plan.variants[0].run_id, wall_seconds=1.0)
-    sweep_resume.write_results(tmp_path / "out", plan, [alone])
-    plan.variants.append(dataclasses.replace(plan.variants[0], nodes=2))
+    plan = across_nodes_plan(tmp_path, [], script="gaudi", device="hpu")
     hanging = tmp_path / "hanging"  # a launch stuck at a node that never answers, its child ignoring SIGINT
     hanging.write_text(f"#!/bin/bash\necho launched\nsleep 600 & echo $! $$ >> {tmp_path}/pids; wait\n")
     hanging.chmod(0o755)
@@ -1146,11 +1140,11 @@ def test_a_gaudi_run_across_nodes_whose_launch_hangs_ends_at_the_bound(tmp_path,
     assert all(map(ended, (tmp_path / "pids").read_text().split())), "the launch or its child outlived the run"
 
 
-def across_nodes_plan(tmp_path, remote_shell: list, one_node_seconds=1.0):
+def across_nodes_plan(tmp_path, remote_shell: list, one_node_seconds=1.0, **settings):
     """A stand-in plan of its first configuration on one node (kept from an earlier sweep, done in
     `one_node_seconds`), then on nodes gpu-a and gpu-b through `remote_shell`: a first line within 1 s, the whole run
-    within 1 + 2 x `one_node_seconds` s."""
-    plan = stand_in_plan(tmp_path, workers=[0])
+    within 1 + 2 x `one_node_seconds` s. `settings`: other Plan fields (set before the kept row is recorded)."""
+    plan = dataclasses.replace(stand_in_plan(tmp_path, workers=[0]), **settings)
     plan.hosts, plan.remote_shell, plan.remote_start_timeout, plan.remote_margin = (
         ["gpu-a", "gpu-b"],
         remote_shell,

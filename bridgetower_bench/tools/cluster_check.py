@@ -439,7 +439,7 @@ def nodes_of(args) -> dict[str, int]:
         for host, slots in nodes.items():
             if slots < 1:
                 raise UserInputError(
-                    f"--hostfile {hosts.shown_path(args.hostfile)}: {host} slots={slots}: a node has 1 slot or more"
+                    f"{hosts.hostfile_flag(args.hostfile)}: {host} slots={slots}: a node has 1 slot or more"
                 )
         return nodes
     nodes, seen = {}, set()

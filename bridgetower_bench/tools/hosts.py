@@ -148,16 +148,17 @@ def endpoint(text: str, where: str) -> tuple[str, int | None]:
     raise UserInputError(f"{where}: {excerpt(text)} is not HOST[:PORT] (an IPv6 address in brackets: [ADDRESS]:PORT)")
 
 
-def shown_path(path: str) -> str:
-    """A path as a refusal names it: as it is when printable and short, else an excerpt."""
-    return path if path.isprintable() and len(path) <= 200 else excerpt(path)
+def hostfile_flag(path: str) -> str:
+    """`--hostfile PATH` as a refusal names it: the path as it is when printable and short, else an excerpt (a line
+    break in it would break the refusal's one line)."""
+    return f"--hostfile {path if path.isprintable() and len(path) <= 200 else excerpt(path)}"
 
 
 def hostfile_nodes(path: str, gaudi: bool = True) -> dict[str, int]:
     """The nodes of a DeepSpeed hostfile (bracket-free) and their devices, in its order (the first node runs rank 0);
     bad input raises UserInputError naming the file and the line. `gaudi`: DeepSpeed's launcher reads it (a node
     has at most 8 HPUs; no `user@`: the first host is the master address); else the kit's ssh reaches the nodes."""
-    named = f"--hostfile {shown_path(path)}"
+    named = hostfile_flag(path)
     try:
         size = os.stat(path).st_size
         data = read_regular_file(path, limit=HOSTFILE_BYTES) if size <= HOSTFILE_BYTES else b""

@@ -34,7 +34,7 @@ import tempfile
 from bridgetower_bench.guards.execution_mode import LAZY_MODE_VARIABLE
 from bridgetower_bench.guards.habana_software import require_habana_software
 from bridgetower_bench.tools import tool_paths
-from bridgetower_bench.tools.hosts import excerpt, hostfile_nodes, machine, port, shown_path
+from bridgetower_bench.tools.hosts import excerpt, hostfile_flag, hostfile_nodes, machine, port
 from bridgetower_bench.user_errors import UserInputError
 
 
@@ -80,10 +80,10 @@ def check_several_nodes(parser, args) -> dict[str, int]:
     """The hostfile's nodes, once the flags agree with it and DeepSpeed's launcher can start them."""
     nodes = hostfile_nodes(args.hostfile)
     if args.num_nodes is not None and args.num_nodes != len(nodes):
-        parser.error(f"--num_nodes={args.num_nodes}: --hostfile {shown_path(args.hostfile)} gives {len(nodes)} nodes")
+        parser.error(f"--num_nodes={args.num_nodes}: {hostfile_flag(args.hostfile)} gives {len(nodes)} nodes")
     if args.world_size is not None and args.world_size != sum(nodes.values()):
         parser.error(
-            f"--world_size={args.world_size}: --hostfile {shown_path(args.hostfile)} gives {sum(nodes.values())} HPUs "
+            f"--world_size={args.world_size}: {hostfile_flag(args.hostfile)} gives {sum(nodes.values())} HPUs "
             f"({', '.join(f'{host}: {slots}' for host, slots in nodes.items())})"
         )
     if args.use_mpi:

@@ -12,7 +12,7 @@ from typing import Optional
 from bridgetower_bench import published
 from bridgetower_bench.guards.habana_software import habana_software_present
 from bridgetower_bench.mediapipe.availability import TORCH_LOADER
-from bridgetower_bench.tools.hosts import hostfile_nodes, port, rendezvous_endpoint, shown_path
+from bridgetower_bench.tools.hosts import hostfile_flag, hostfile_nodes, port, rendezvous_endpoint
 from bridgetower_bench.tools.sweep.commands import (
     DEFAULT_LOCAL_PIPELINES,
     LOADERS,
@@ -103,7 +103,7 @@ def node_counts(args: argparse.Namespace, script: str, device: str, nproc: int) 
                 f"--nodes {several[-1]}: several nodes need --hostfile (one `HOST slots=N` line each)"
             )
         return [], []
-    named = f"--hostfile {shown_path(args.hostfile)}"  # (a path with a newline would break the line)
+    named = hostfile_flag(args.hostfile)
     if not several:
         raise UserInputError(f"{named}: --nodes names no count above 1 (e.g. --nodes 1,2)")
     if script == "gaudi" and device != "hpu":
