@@ -58,6 +58,32 @@ def test_the_type_checker_reads_the_runtime_and_the_scripts_and_ignores_only_sin
                 assert code.strip() and ignore.startswith("[") and said, f"{path}:{number}: {line}"
 
 
+def mypy_follows(module: str, overrides: list) -> bool:
+    """Whether mypy reads `module` under pyproject.toml's overrides: a section naming it exactly wins, else the
+    longest `pattern.*` that matches (mypy's precedence)."""
+
+    def rank(pattern: str) -> int:
+        if pattern == module:
+            return 10_000
+        stem = pattern.removesuffix(".*")
+        return len(stem) if pattern.endswith(".*") and (module == stem or module.startswith(stem + ".")) else -1
+
+    matching = [(rank(p), section) for section in overrides for p in section["module"] if rank(p) >= 0]
+    return not matching or max(matching, key=lambda pair: pair[0])[1].get("follow_imports") != "skip"
+
+
+def test_nothing_the_runtime_or_the_scripts_import_is_a_module_the_type_checker_skips():
+    import tomllib
+
+    overrides = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    assert not mypy_follows("transformers.models.clip.modeling_clip", overrides)  # (the skip is in force)
+    assert mypy_follows("transformers.models.bridgetower.modeling_bridgetower", overrides)
+    runtime = [path for path in (REPO / "bridgetower_bench").rglob("*.py") if "tools" not in path.parts]
+    skipped = {f"{path.name}: {name}" for path in SCRIPTS + runtime for name in imported_modules(path)}
+    skipped = {entry for entry in skipped if not mypy_follows(entry.split(": ")[1], overrides)}
+    assert not skipped, f"imported, yet skipped by mypy (pyproject.toml's follow_imports): {sorted(skipped)}"
+
+
 def package_copy(tmp_path: Path) -> Path:
     """The package and its contracts copied under tmp_path, to break on purpose."""
     shutil.copytree(
