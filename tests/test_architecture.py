@@ -41,14 +41,13 @@ def test_the_scripts_never_import_the_tools_or_the_tests(path):
     assert not offending, f"{path.name} imports the tools wing or test code: {offending}"
 
 
-def test_the_type_checker_reads_the_runtime_and_the_scripts_and_ignores_only_single_lines_saying_why():
+def test_the_type_checker_reads_the_package_and_the_scripts_and_ignores_only_single_lines_saying_why():
     import tomllib
 
     mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
     assert {"bridgetower_bench", *(path.name for path in SCRIPTS)} <= set(mypy["files"])
     assert not any(section.get("ignore_errors") for section in [mypy, *mypy.get("overrides", [])])
-    runtime = [path for path in (REPO / "bridgetower_bench").rglob("*.py") if "tools" not in path.parts]
-    for path in SCRIPTS + runtime:
+    for path in SCRIPTS + sorted((REPO / "bridgetower_bench").rglob("*.py")):
         lines = path.read_text().splitlines()
         for number, line in enumerate(lines, 1):
             assert "# mypy:" not in line, f"{path}:{number}"  # (inline configuration: e.g. ignore-errors)
@@ -72,14 +71,14 @@ def mypy_follows(module: str, overrides: list) -> bool:
     return not matching or max(matching, key=lambda pair: pair[0])[1].get("follow_imports") != "skip"
 
 
-def test_nothing_the_runtime_or_the_scripts_import_is_a_module_the_type_checker_skips():
+def test_nothing_the_package_or_the_scripts_import_is_a_module_the_type_checker_skips():
     import tomllib
 
     overrides = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
     assert not mypy_follows("transformers.models.clip.modeling_clip", overrides)  # (the skip is in force)
     assert mypy_follows("transformers.models.bridgetower.modeling_bridgetower", overrides)
-    runtime = [path for path in (REPO / "bridgetower_bench").rglob("*.py") if "tools" not in path.parts]
-    skipped = {f"{path.name}: {name}" for path in SCRIPTS + runtime for name in imported_modules(path)}
+    package = sorted((REPO / "bridgetower_bench").rglob("*.py"))
+    skipped = {f"{path.name}: {name}" for path in SCRIPTS + package for name in imported_modules(path)}
     skipped = {entry for entry in skipped if not mypy_follows(entry.split(": ")[1], overrides)}
     assert not skipped, f"imported, yet skipped by mypy (pyproject.toml's follow_imports): {sorted(skipped)}"
 

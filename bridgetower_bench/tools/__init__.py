@@ -24,9 +24,10 @@ def is_a_command(name: str) -> bool:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return True
-    if spec is None or not spec.has_location or not str(spec.origin).endswith(".py"):
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if origin is None or not origin.endswith(".py"):
         return True  # (no such module, or not Python source: Python says so)
-    with open(spec.origin, encoding="utf-8") as f:
+    with open(origin, encoding="utf-8") as f:
         return 'if __name__ == "__main__":' in f.read()
 
 

@@ -105,17 +105,17 @@ class _Pen:
     def line(self, *points, width: int | None = None, closed: bool = False) -> None:
         """A polyline through `points`; long segments are split and jittered a little."""
         width = width or self.width
-        points = [tuple(map(float, p)) for p in points]
+        corners = [(float(x), float(y)) for x, y in points]
         if closed:
-            points.append(points[0])
+            corners.append(corners[0])
         path = []
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        for (x0, y0), (x1, y1) in zip(corners, corners[1:]):
             steps = max(1, int(math.hypot(x1 - x0, y1 - y0) / (10 * width)))
             for i in range(steps):
                 t = i / steps
                 jx, jy = self.rng.normal(0.0, 0.25 * width, size=2) if i else (0.0, 0.0)
                 path.append((x0 + (x1 - x0) * t + jx, y0 + (y1 - y0) * t + jy))
-        path.append(points[-1])
+        path.append(corners[-1])
         self.draw.line(path, fill=0, width=width, joint="curve")
 
     def ellipse(self, cx: float, cy: float, rx: float, ry: float, width: int | None = None) -> None:

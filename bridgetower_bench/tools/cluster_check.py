@@ -432,17 +432,18 @@ def check(args, nodes: dict) -> tuple[list[Row], Row, list[Answer]]:
     return sum((mine + theirs for mine, theirs in zip(rows, shared)), []), collective, reports
 
 
-def nodes_of(args) -> dict[str, int]:
+def nodes_of(args) -> dict[str, Optional[int]]:
     """The nodes in order, with their hostfile slots (None from --nodes)."""
     if args.hostfile is not None:
-        nodes = hosts.hostfile_nodes(args.hostfile, gaudi=False)
-        for host, slots in nodes.items():
+        counted = hosts.hostfile_nodes(args.hostfile, gaudi=False)
+        for host, slots in counted.items():
             if slots < 1:
                 raise UserInputError(
                     f"{hosts.hostfile_flag(args.hostfile)}: {host} slots={slots}: a node has 1 slot or more"
                 )
-        return nodes
-    nodes, seen = {}, set()
+        return dict(counted)
+    nodes: dict[str, Optional[int]] = {}
+    seen = set()
     for text in args.nodes.split(","):
         name = hosts.host(text.strip(), "--nodes", user=True)
         if hosts.same_node_key(name) in seen:
@@ -511,7 +512,8 @@ def main(argv=None) -> int:
         # A node's process ends itself at the caller's bound: a remote shell without a terminal leaves it running
         # when the caller ends the call (SIGALRM's default action, which no Python handler replaces).
         signal.alarm(math.ceil(args.timeout))
-        return node_report(args) if args.node_report else node_rendezvous(args)
+        (node_report if args.node_report else node_rendezvous)(args)
+        return 0
     nodes = nodes_of(args)
     args.token = new_token()
     if os.path.isdir(args.output_dir):  # tokens of checks that were killed on this host

@@ -139,9 +139,10 @@ def quality_keys(present: Iterable[str]) -> list[str]:
     """The quality metrics among ``present``, in reading order: train loss, then per split
     loss, i2t recalls by k, t2i recalls by k, mean ranks."""
     present = set(present)
+    matched = {key: match for key in present if (match := _QUALITY_KEY.match(key))}
 
     def order(key: str) -> tuple:
-        match = _QUALITY_KEY.match(key)
+        match = matched[key]
         split = 0 if match["split"] == "eval" else 1
         if match["loss"]:
             return (split, 0, 0, 0)
@@ -150,7 +151,7 @@ def quality_keys(present: Iterable[str]) -> list[str]:
             return (split, 1, direction, int(match["k"]))
         return (split, 2, direction, 0)
 
-    split_keys = sorted((k for k in present if _QUALITY_KEY.match(k)), key=order)
+    split_keys = sorted(matched, key=order)
     return (["train_loss"] if "train_loss" in present else []) + split_keys
 
 
@@ -248,7 +249,7 @@ def build_report(
         label: {"dir": d, "metrics": {k: metrics_by_dir[d].get(k) for k in throughput + quality}}
         for label, d in zip(_unique_labels(all_dirs), all_dirs)
     }
-    report = {
+    report: dict[str, Any] = {
         "throughput_keys": throughput,
         "quality_keys": quality,
         "runs": runs,

@@ -318,7 +318,7 @@ def _write_dataset_card(out: Path, features, split_infos: dict) -> None:
         dataset_size=sum(split.num_bytes for split in split_infos.values()),
     )
     DatasetInfosDict({DATASET_CONFIG_NAME: info}).to_dataset_card_data(card)
-    card.dataset_info = [card.dataset_info]  # one config written as the Hub's card lists its many
+    card["dataset_info"] = [card["dataset_info"]]  # one config written as the Hub's card lists its many
     data_files = [{"split": split, "path": f"{DATASET_CONFIG_NAME}/{split}-*"} for split in split_infos]
     MetadataConfigs({DATASET_CONFIG_NAME: {"data_files": data_files}}).to_dataset_card_data(card)
     body = (

@@ -208,7 +208,7 @@ def media_pipeline_row(hpus: Hpus) -> Row:
 # ----------------------------------------------------------------------------------------
 
 
-def plan_steps(fixtures: dict, output_dir, args, hpus: Hpus) -> list[Step]:
+def plan_steps(fixtures: dict, output_dir, args, hpus: Hpus) -> list[self_check.Step]:
     def step(name, expected_loader, extra=(), launcher=(), needs=1):
         run_dir = output_dir / name / "run"
         flags = self_check.script_flags(fixtures, run_dir, args.max_steps)
@@ -246,7 +246,7 @@ def hpu_flags(fixtures: dict) -> list[str]:
 def environment_record(hpus: Hpus) -> dict:
     """The node's environment for the record (ENVIRONMENT_KEYS; None where the probe could not say), with the
     variable every step runs under."""
-    found = {key: None for key in ENVIRONMENT_KEYS}
+    found: dict[str, object] = dict.fromkeys(ENVIRONMENT_KEYS)
     found.update({"backend": "gaudi", "device_name": hpus.name, "device_count": hpus.count})
     found.update(hpus.environment or {})
     found["step_environment"] = dict(STEP_ENVIRONMENT)

@@ -166,7 +166,8 @@ def hostfile_nodes(path: str, gaudi: bool = True) -> dict[str, int]:
         raise UserInputError(f"{named}: {error.strerror or error}") from None
     if max(size, len(data)) > HOSTFILE_BYTES:
         raise UserInputError(f"{named}: larger than a hostfile's {HOSTFILE_BYTES >> 20} MiB: not read")
-    nodes, seen = {}, {}
+    nodes: dict[str, int] = {}
+    seen: dict[str, int] = {}  # same_node_key(host) -> its line
     for number, raw in enumerate(data.split(b"\n"), 1):
         where = f"{named}, line {number}"
         if len(raw) > HOSTFILE_LINE_BYTES:

@@ -110,7 +110,7 @@ def dataset_row(api) -> Row:
 
 
 def model_row(api, download) -> Row:
-    from transformers import CONFIG_MAPPING, BridgeTowerForContrastiveLearning
+    from transformers import CONFIG_MAPPING, BridgeTowerConfig
     from transformers.utils import (
         CONFIG_NAME,
         SAFE_WEIGHTS_INDEX_NAME,
@@ -136,7 +136,7 @@ def model_row(api, download) -> Row:
     except LookupError as error:
         return Row(MODEL_ROW, FAILED, str(error))
     model_type = config.get("model_type")
-    expected = BridgeTowerForContrastiveLearning.config_class
+    expected = BridgeTowerConfig  # (BridgeTowerForContrastiveLearning's config_class)
     found = CONFIG_MAPPING[model_type] if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
     if found is not expected:
         return Row(

@@ -224,7 +224,8 @@ def print_node_commands(args, runner) -> int:
             "the nodes is not known; below, only the environment file's lines"
         )
     exports = [(key, environ[key]) for key in forwarded or []]
-    exports += [[part.strip() for part in line.split("=", 1)] for line in args.nodes_environment if "=" in line]
+    given = (line.partition("=") for line in args.nodes_environment)
+    exports += [(key.strip(), value.strip()) for key, equals, value in given if equals]
     world_info = base64.urlsafe_b64encode(json.dumps({h: list(range(n)) for h, n in nodes.items()}).encode()).decode()
     print(f"# on this node: {DEEPSPEED_ENV_FILE}=<a temporary file: {'; '.join(args.nodes_environment)}>")
     print(f"{LAZY_MODE_VARIABLE}={os.environ[LAZY_MODE_VARIABLE]} " + runner._interpreter + runner._commands[0])

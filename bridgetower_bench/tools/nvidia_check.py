@@ -41,6 +41,7 @@ from typing import Optional
 from packaging.requirements import Requirement
 
 from bridgetower_bench import published
+from bridgetower_bench.guards import gpu_memory
 from bridgetower_bench.tools import hub_check, self_check, tool_paths
 from bridgetower_bench.tools.self_check import FAILED, OK, REPO, WARNING, Ran, Row, Step
 
@@ -154,7 +155,7 @@ def driver_row(gpus: Gpus) -> Row:
 
 
 def gpus_row(gpus: Gpus) -> Row:
-    kinds = {}
+    kinds: dict[tuple[str, float, str], int] = {}  # (name, GiB, capability) -> how many
     for name, memory, capability in zip(gpus.names, gpus.memory_gib, gpus.capabilities or [""] * gpus.count):
         kinds.setdefault((name, memory, capability), 0)
         kinds[(name, memory, capability)] += 1
@@ -165,11 +166,17 @@ def gpus_row(gpus: Gpus) -> Row:
     return Row("GPUs", OK, detail)
 
 
+def published_need() -> gpu_memory.MemoryNeed:
+    """The published run's memory need (its shape is the one measured: never unknown)."""
+    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
+    if need is None:
+        raise RuntimeError("no measured memory peak of the published run's shape (guards/gpu_memory.MEASURED_PEAKS)")
+    return need
+
+
 def memory_row(gpus: Gpus) -> Row:
     """Does the published per-device batch fit the smallest visible GPU (known need, estimated)?"""
-    from bridgetower_bench.guards import gpu_memory
-
-    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
+    need = published_need()
     smallest = min(gpus.memory_gib)
     if need.fits(published.BATCH, smallest):
         return Row(
@@ -296,9 +303,7 @@ def judge_step(step: Step, ran: Ran, seconds: float, output_dir: Path) -> Row:
 
 def memory_plan(sizes_gib: list[float]) -> str:
     """For GPUs of these sizes: does the published per-device batch fit, else which batch x accumulation does."""
-    from bridgetower_bench.guards import gpu_memory
-
-    need = gpu_memory.memory_need(**gpu_memory.PUBLISHED_RUN)
+    need = published_need()
     lines = [
         f"BridgeTower Large, 294 px, 128 tokens, bf16: about {need.fixed_gib:.1f} GiB + {need.per_sample_gib:.2f} GiB "
         f"per sample of tensors (estimated from {need.measured.peak_gib} GiB at batch {need.measured.batch}, "

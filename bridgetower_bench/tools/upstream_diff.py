@@ -32,6 +32,7 @@ import sys
 import textwrap
 import tokenize
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +257,7 @@ def _describe(entry: tuple[str, str, str] | None) -> str:
     return "-" if entry is None else f"{entry[1]} = {entry[2]}"
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = [header, tuple("-" * w for w in widths), *rows]
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
@@ -347,8 +348,8 @@ def step_map(upstream_source: str, our_source: str, our_tree: ast.Module) -> lis
     upstream's steps with no step of ours at the end."""
     our_steps = {number: first_sentence(title) for number, title, _ in numbered_steps(our_source)}
     calls = package_calls_by_step(our_tree, our_source)
-    upstream_of = {}
-    unmapped = []
+    upstream_of: dict[int, list[str]] = {}
+    unmapped: list[tuple[str, str, list[str]]] = []
     for number, title, _ in numbered_steps(upstream_source):
         ours = OUR_STEP_OF_UPSTREAM_STEP.get(number)
         if ours in our_steps:
@@ -427,7 +428,7 @@ def difference_lines(differences: list[list[str]], upstream_source: str) -> list
         prefix = f"{number:>4}. {label.replace('`', '')} [{place}]: "
         room = WIDTH - len(prefix)
         lines.append(
-            prefix + (shorten(why, room) or textwrap.shorten(shorten(why, len(why)), room, placeholder="..."))
+            prefix + (shorten(why, room) or textwrap.shorten(shorten(why, len(why)) or why, room, placeholder="..."))
         )
     found = sum(place.startswith("line ") or place == STILL_ABSENT for place in places)
     summary = [f"{found} found in the given file", f"{places.count(NOT_HERE)} {NOT_HERE}"]
@@ -490,11 +491,11 @@ def report(upstream_source: str, our_source: str, upstream_label: str, our_label
         )
         parts += ["== Unified diff, upstream -> ours", "", "".join(diff).rstrip("\n"), ""]
     if "steps" in sections:
-        rows = step_map(upstream_source, our_source, our_tree)
+        steps = step_map(upstream_source, our_source, our_tree)
         parts += [
             "== Where upstream's steps live now, and the package functions called there",
             "",
-            *render_steps(rows, True),
+            *render_steps(steps, True),
             "",
         ]
     return "\n".join(parts)

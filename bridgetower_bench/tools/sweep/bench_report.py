@@ -61,7 +61,7 @@ class Cell:
     recall: list[float] = field(default_factory=list)  # eval i2t recall@1, when evaluated
     failed: int = 0
     recorded_loaders: list[str] = field(default_factory=list)
-    rows: list[Mapping] = field(default_factory=list)  # the finished runs themselves (energy, device type)
+    rows: list[dict] = field(default_factory=list)  # the finished runs themselves (energy, device type)
 
     @property
     def median(self) -> Optional[float]:
@@ -80,7 +80,7 @@ class Summary:
     columns: list[str]
     cells: dict  # (device, column) -> Cell
     baselines: dict  # device -> column its speedups are against (absent: no workers=0 run finished)
-    failures: list[dict]
+    failures: list[Mapping]
     repeats: int
     notes: dict  # facts shared by all rows: warm-up, counted steps, batch sizes
     environments: dict = field(default_factory=dict)  # device -> ENVIRONMENT_COLUMNS' cells, from the runs' records
@@ -107,7 +107,7 @@ def _environment_cells(rows: Sequence[Mapping]) -> list[str]:
     """One device's environment: each field's values over its finished runs ("/" between differing ones, "-" for none)."""
     cells = []
     for _, key in ENVIRONMENT_COLUMNS:
-        values = list(dict.fromkeys(row.get(key) for row in rows if row.get(key) is not None))
+        values = list(dict.fromkeys(row[key] for row in rows if row.get(key) is not None))
         if key == "device_memory_bytes":
             values = [f"{int(v) / 2**30:.1f} GiB" for v in values]
         cells.append("/".join(str(v) for v in values) or "-")
@@ -134,7 +134,7 @@ def summarise(rows: Sequence[Mapping]) -> Summary:
     devices = list(dict.fromkeys(device_label(r) for r in rows))
     baselines = {d: b for d in devices if (b := _baseline_column(d, columns, cells))}
     ok_rows = [r for r in rows if r["status"] == OK]
-    notes = {
+    notes: dict[str, object] = {
         key: sorted({r[key] for r in ok_rows if r.get(key) is not None})
         for key in (
             "throughput_warmup_steps",

@@ -100,17 +100,17 @@ class Prices:
     def check(self, devices: Iterable[tuple[Optional[str], Optional[str]]], where: str) -> None:
         """Refuse a price that matches none of `devices` ((type, name) of the rows to price) and no published
         device, and two that match one device equally. `where` says what the rows are, for the message."""
-        devices = [(kind, name or "") for kind, name in devices]
-        for kind, name in devices:
+        named = [(kind, name or "") for kind, name in devices]
+        for kind, name in named:
             self.for_device(kind, name)
         for device in PUBLISHED_PRICE_NAMES:
             self.for_published(device)
         for price in self.entries:
-            if any(price in [p for _, p in self._matches(kind, name)] for kind, name in devices):
+            if any(price in [p for _, p in self._matches(kind, name)] for kind, name in named):
                 continue
             if any(price.key in short.casefold() for short in PUBLISHED_PRICE_NAMES.values()):
                 continue
-            shown = ", ".join(sorted({f"{kind} ({name})" if kind else name for kind, name in devices})) or "none"
+            shown = ", ".join(sorted({f"{kind} ({name})" if kind else name for kind, name in named})) or "none"
             raise UserInputError(
                 f"{price.given}: unknown device {price.device!r}: it matches no row ({where}: {shown}) and no published "
                 f"device ({', '.join(PUBLISHED_PRICE_NAMES.values())}); a DEVICE is a device type or part of a device name"

@@ -145,7 +145,8 @@ def _energy_section(summary: Summary) -> list[str]:
         "every other process on it included).",
         "",
     ]
-    rows, reasons = [], {}
+    rows: list[list[str]] = []
+    reasons: dict[str, list[str]] = {}  # device -> why its energy was not measured
     for device in summary.devices:
         cells = []
         for column in summary.columns:

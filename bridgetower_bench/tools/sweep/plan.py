@@ -192,7 +192,7 @@ def _script_and_device(args: argparse.Namespace, accelerator: Optional[str]) -> 
     native = {"gaudi": "hpu", "cuda": "cuda"}[script]
     device = native if accelerator == native and args.device != "cpu" else "cpu"
     if device == "cpu" and args.device != "cpu":  # only the local preset, on a machine with no accelerator at all
-        if accelerator != "cpu":
+        if accelerator in ("hpu", "cuda"):  # (detect_accelerator's other answer: "cpu")
             raise UserInputError(
                 f"--script {script}: {SCRIPTS[script].name} does not train on this machine's {dict(hpu='HPUs', cuda='GPUs')[accelerator]}; {CPU_ON_PURPOSE}"
             )

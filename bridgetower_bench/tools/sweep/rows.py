@@ -9,7 +9,7 @@ import math
 import re
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from bridgetower_bench.retrieval import summarise_quality
 from bridgetower_bench.tools.sweep.bench_report import FAILED, INTERRUPTED, OK, configuration_label
@@ -108,7 +108,7 @@ def collect_row(
     Paths are relative to `out` (default: the directory above the runs' directory) and the command is
     shown as `shareable_command` shows it."""
     out = out or run_dir.parent.parent
-    row = {
+    row: dict[str, Any] = {
         "run_id": variant.run_id,
         "script": plan.script,
         "preset": plan.preset,

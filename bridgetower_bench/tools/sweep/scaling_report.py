@@ -63,7 +63,9 @@ EFFICIENCY_FLAGS = {
 def busy_machine(row: Mapping) -> bool:
     """Whether other programs kept more than BUSY_SHARE of the run's machine busy during the run."""
     other, cores = row.get("other_cpu_cores"), row.get("cpu_count")
-    return other is not None and bool(cores) and other > BUSY_SHARE * cores
+    if other is None or not cores:
+        return False
+    return other > BUSY_SHARE * cores
 
 
 def efficiency_flags(cells: Sequence[tuple[tuple[int, int], Cell]], size: tuple[int, int]) -> list[str]:
@@ -93,7 +95,9 @@ def add_scaling_efficiency(summary: Summary) -> None:
     device over the median of the same configuration on one device."""
     for _, _, cells in scaling_curves(summary):
         one = dict(cells).get((1, 1))
-        for _, cell in cells if one is not None and one.median_per_device else []:
+        if one is None or not one.median_per_device:
+            continue
+        for _, cell in cells:
             for row, speed in zip(cell.rows, cell.per_device):
                 row["scaling_efficiency"] = round(speed / one.median_per_device, 4)
 
@@ -180,10 +184,10 @@ def render_scaling_chart(summary: Summary, path: Path) -> bool:
                         ha="center",
                         fontsize=8,
                     )
-    devices = sorted({size[0] for _, _, cells in curves for size, _ in cells})
+    counts = sorted({size[0] for _, _, cells in curves for size, _ in cells})
     ax.set_xscale("log", base=2)
-    ax.set_xticks(devices)
-    ax.set_xticklabels([str(n) for n in devices])
+    ax.set_xticks(counts)
+    ax.set_xticklabels([str(n) for n in counts])
     ax.set_xlabel("devices")
     ax.set_ylabel("samples/s per device")
     ax.set_ylim(bottom=0)
