@@ -288,7 +288,7 @@ def answer(process: subprocess.Popen, timeout: float, started: float) -> Answer:
     return Answer(values, problem, time.monotonic() - started)
 
 
-def ask_all(args, nodes: dict[str, int], flags) -> list[Answer]:
+def ask_all(args, nodes: dict[str, Optional[int]], flags) -> list[Answer]:
     """Each node's answer to `flags(index)`, all nodes at once; on Ctrl-C every call is ended at once."""
     started = time.monotonic()
     calls = [start(args.remote_shell, host, flags(index)) for index, host in enumerate(nodes)]
