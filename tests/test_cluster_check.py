@@ -13,7 +13,7 @@ import pytest
 
 from bridgetower_bench.output_dir import run_directory
 from bridgetower_bench.tools import cluster_check
-from helpers import REPO, ended, run_tool, script_env
+from helpers import REPO, ended, run_forked, run_tool, script_env
 
 
 # Stands in for ssh: notes the host, then runs the line here, unless the file HOST.does beside it says `fail` (as
@@ -161,6 +161,23 @@ def test_a_node_that_does_not_answer_fails_at_the_bound_with_everything_it_start
     assert rows["localhost: reached"] == ("failed", "no answer within 2.5 s (--timeout)")
     assert rows["all nodes: collective"] == ("skipped", "not tried: a node did not answer")
     assert ended((tmp_path / "sleeping").read_text()), "the hanging node's process outlived the bound"
+
+
+def node_side_that_blocks(argv) -> int:
+    """The node's side of a call (`--node-report`) whose probe never returns, as in a fresh interpreter: SIGALRM at
+    its default action."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    cluster_check.node_report = lambda args: time.sleep(120)
+    return cluster_check.main(argv)
+
+
+def test_a_nodes_side_that_blocks_ends_itself_at_the_callers_bound():
+    # A remote shell without a terminal leaves the node's process running when the caller ends the call (above);
+    # the process ends itself, by SIGALRM, at --timeout rounded up to whole seconds.
+    started = time.monotonic()
+    result = run_forked(node_side_that_blocks, ["--node-report", "--timeout", "1.2"], timeout=60)
+    took = time.monotonic() - started
+    assert result.returncode == -signal.SIGALRM and 2 <= took < 30, (result, took)
 
 
 def test_a_child_a_nodes_shell_leaves_in_the_background_ends_with_the_call(cluster, capsys):
