@@ -386,6 +386,16 @@ def test_a_rerun_that_would_change_what_finished_rows_measured_is_refused(tmp_pa
     assert starts(tmp_path) == [] and (tmp_path / "out" / "results.json").read_text() == before
 
 
+def test_a_rerun_given_the_same_nodes_written_otherwise_keeps_the_finished_rows(tmp_path):
+    plan = stand_in_plan(tmp_path, workers=[0])
+    plan.hosts = ["gpu-a", "fd00::2"]
+    first, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    assert starts(tmp_path) == ["w0-torch-upstream-r1"]
+    plan.hosts = ["GPU-A.", "alice@fd00:0:0::2"]  # a name's case and trailing dot, an address's form, a user
+    again, _ = bench.run_sweep(plan, tmp_path / "out", echo=lambda line: None)
+    assert starts(tmp_path) == [] and again == first
+
+
 def test_the_command_line_refuses_other_settings_in_one_line_and_dry_runs_show_only_missing_runs(tmp_path, capsys):
     out = tmp_path / "out"
     seed = ["--image-pipelines", "fast", "--extra-args", "--seed 1"]

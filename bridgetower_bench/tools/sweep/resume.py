@@ -21,6 +21,7 @@ from filelock import FileLock, Timeout
 from bridgetower_bench.output_dir import run_directory
 from bridgetower_bench.output_dir.atomic_files import atomic_path, write_atomically, write_json_atomically
 from bridgetower_bench.regular_files import read_regular_file
+from bridgetower_bench.tools.hosts import same_node_key
 from bridgetower_bench.tools.sweep.bench_report import OK, summarise
 from bridgetower_bench.tools.sweep.commands import Plan, Variant, shareable_args
 from bridgetower_bench.tools.sweep.cost import COST_COLUMNS, cost_fields
@@ -148,6 +149,13 @@ def _show(value) -> str:
     return str(value) if value not in ("", None) else "(none)"
 
 
+def _nodes(value: object) -> object:
+    """A --hostfile setting as its nodes compare (`hosts.same_node_key`); as recorded where it is not a list of names."""
+    if isinstance(value, list) and all(isinstance(host, str) for host in value):
+        return [same_node_key(host) for host in value]
+    return value
+
+
 def setting_differences(earlier: Mapping, now: Mapping) -> list[str]:
     """ "<setting> <old> → <new>" for every measured setting that differs (settings an earlier sweep did not
     record, or a device model unknown to a dry run, are not compared)."""
@@ -156,6 +164,8 @@ def setting_differences(earlier: Mapping, now: Mapping) -> list[str]:
         if key not in earlier or earlier[key] in ("", None) or now.get(key) in ("", None) or earlier[key] == now[key]:
             continue
         old, new = earlier[key], now[key]
+        if key == "hosts" and _nodes(old) == _nodes(new):
+            continue  # the same nodes written otherwise (a name's case or trailing dot, an address's form, a user)
         if key == "base_args" and ("--do_eval" in old) != ("--do_eval" in new):
             differences.append(
                 f"--eval {'on' if '--do_eval' in old else 'off'} → {'on' if '--do_eval' in new else 'off'}"
