@@ -3,6 +3,7 @@ nothing is written by a refused run; the input the user gave is read as given (i
 the image column only, one empty cell costs one row); no image's size decides the run's memory; caches
 that cannot be written are skipped."""
 
+import gc
 import json
 import logging
 import re
@@ -18,6 +19,7 @@ from PIL import Image
 
 from bridgetower_bench import data, preflight, published
 from bridgetower_bench.guards import flag_guard
+from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.fixtures import script_flags
 from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from helpers import (
@@ -29,7 +31,9 @@ from helpers import (
     load_raw,
     noise_jpeg,
     run_cuda_script,
+    run_forked,
     run_script,
+    run_tool,
     write_csv,
 )
 
@@ -242,6 +246,35 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
         exit_on_user_error(refuse)
     assert stop.value.code == 2
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
+
+
+def freeze_counts(entry: str) -> list[int]:
+    """In a fork with nothing frozen: gc's freeze count as each of two main()s that `entry` runs sees it, a cycle
+    left unreachable between them (the launcher: its count after its --help)."""
+    gc.unfreeze()
+    if entry == "launch_cuda":
+        run_tool("launch_cuda", ["--help"])
+        return [gc.get_freeze_count()]
+    counts: list[int] = []
+    run = {"scripts": exit_on_user_error, "tools": tool_paths.run}[entry]
+    for _ in range(2):
+        try:
+            run(lambda: counts.append(gc.get_freeze_count()))
+        except SystemExit:  # (tool_paths.run's status)
+            pass
+        cycle: list = []
+        cycle.append(cycle)
+        del cycle
+    return counts
+
+
+@pytest.mark.parametrize("entry", ["scripts", "tools", "launch_cuda"])
+def test_the_entries_leave_what_is_alive_before_main_out_of_garbage_collection_once(entry):
+    # what the imports made is never garbage: no collection walks it; an earlier main()'s cycles are not kept
+    result = run_forked(freeze_counts, entry)
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout)
+    assert counts[0] > 10_000 and counts[-1] <= counts[0], counts  # (the first main()'s own objects may be freed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from bridgetower_bench.guards.cuda_device import refuse_without_gpu
 from bridgetower_bench.guards.flag_guard import refuse_unsupported_flags
 from bridgetower_bench.tools.hosts import endpoint, endpoint_text, excerpt, host, port
-from bridgetower_bench.user_errors import UserInputError
+from bridgetower_bench.user_errors import UserInputError, freeze_imports
 
 
 PROG = "launch_cuda"
@@ -256,4 +256,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    freeze_imports()  # (torch's objects, for the launcher's whole wait)
     sys.exit(main())

@@ -37,7 +37,7 @@ from bridgetower_bench.output_dir.disk_space import describe_bytes, free_bytes
 from bridgetower_bench.output_dir.run_directory import uncreatable
 from bridgetower_bench.redaction import redact_text
 from bridgetower_bench.regular_files import not_regular_reason
-from bridgetower_bench.user_errors import UserInputError
+from bridgetower_bench.user_errors import UserInputError, freeze_imports
 
 
 KIT = Path(__file__).resolve().parents[2]
@@ -152,6 +152,7 @@ def positive_number(flag: str, text, what: str) -> float:
 def run(main: Callable[[], object]) -> None:
     """Run a tool's main() and exit with its status (an int result; 0 otherwise), bad paths in one line."""
     prog = Path(str(sys.modules[main.__module__].__file__)).stem  # `python -m` or `python lab/NAME.py` alike
+    freeze_imports()  # (a launcher's torch)
     try:
         status = main()
     except UserInputError as error:
