@@ -108,6 +108,7 @@ UPSTREAM_SIDE = {
     "model card tags": has(r"kwargs\[\"dataset_tags\"\] = data_args\.dataset_name"),
     "media pipeline geometry": elsewhere("the media pipeline"),
     "telemetry": has(r"send_example_telemetry\("),
+    "garbage collection": lacks(r"gc\.freeze\("),
     "throughput figures": has(r"save_metrics\(\"train\", train_result\.metrics\)"),
     "evaluation metrics": lacks(r"compute_metrics"),
     "NVIDIA trainer defaults": elsewhere("Trainer"),
