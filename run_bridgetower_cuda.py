@@ -7,6 +7,12 @@ generated from it by patches/. The machinery both share lives in the bridgetower
 README.md lists every place where we deliberately behave differently from upstream.
 """
 
+import gc
+
+
+if __name__ == "__main__":
+    gc.disable()  # no collection while the libraries load: half a million objects and no garbage (see the end)
+
 import logging
 import os
 import sys
@@ -28,7 +34,7 @@ from bridgetower_bench.modeling.layer_compile import compile_repeated_layers
 from bridgetower_bench.output_dir import run_directory, run_recipe
 from bridgetower_bench.retrieval import EVAL_IGNORE_KEYS, image_group_ids, make_compute_metrics
 from bridgetower_bench.trainer import SummedAccumulation, TrainerExtensions
-from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
+from bridgetower_bench.user_errors import UserInputError, exit_on_user_error, freeze_imports
 
 
 logger = logging.getLogger(__name__)
@@ -392,4 +398,5 @@ def main():
 
 
 if __name__ == "__main__":
+    freeze_imports()  # what the imports made is never collected; collection runs from here on
     exit_on_user_error(main)  # bad input ends in one line and exit status 2; anything else keeps its traceback

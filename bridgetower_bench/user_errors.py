@@ -18,7 +18,6 @@ class UserInputError(ValueError):
 def exit_on_user_error(main: Callable[[], object]) -> None:
     """Run main(): a UserInputError becomes `<script>: error: <message>`, exit status 2; a KeyboardInterrupt one line,
     128 + the signal. Leaves the process group first, but when stopped at once (a collective may be pending)."""
-    freeze_imports()
     try:
         main()
     except UserInputError as error:
@@ -45,14 +44,15 @@ def exit_on_user_error(main: Callable[[], object]) -> None:
 
 
 def freeze_imports() -> None:
-    """Once per process, before its main(): everything alive now (the libraries just imported: torch, transformers
+    """A program's entry, before its main(): everything alive now (the libraries just imported: torch, transformers
     and datasets make half a million objects, none of them garbage) is left out of garbage collection for the rest
-    of the process (`gc.freeze`). Otherwise every full collection walks them all: accelerate's `free_memory` at each
-    `train()`, Python's own now and then (inside a run's throughput window too), and several at the interpreter's
-    exit. A later call would keep the cycles left by an earlier main() in the same process forever: it does
-    nothing."""
+    of the process (`gc.freeze`), and collection, which the scripts turn off while they import, runs from here on.
+    Otherwise every full collection walks them all: each import's growth, accelerate's `free_memory` at each
+    `train()`, Python's own now and then (inside a run's throughput window too), several at the interpreter's exit.
+    Once per process: a later freeze would keep whatever is garbage by then forever."""
     if gc.get_freeze_count() == 0:
         gc.freeze()
+    gc.enable()
 
 
 def _leave_the_process_group(code) -> None:

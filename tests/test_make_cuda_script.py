@@ -61,7 +61,7 @@ def test_the_check_without_a_repository_argument_checks_this_repository(capsys):
 
 def test_a_patch_whose_hunk_lands_one_line_away_is_refused_by_name(copy):
     # GNU patch would apply it "at an offset"; a hunk that moves can land in the wrong place without a word.
-    edit(copy / "patches" / "05-compile-layers.patch", "@@ -23,6 +23,7 @@", "@@ -24,6 +24,7 @@")
+    edit(copy / "patches" / "05-compile-layers.patch", "@@ -29,6 +29,7 @@", "@@ -30,6 +30,7 @@")
     with pytest.raises(SystemExit, match=r"patches/05-compile-layers.patch applies only at an offset of -1 lines"):
         make_cuda_script.main(["--check"], repo=copy)
 

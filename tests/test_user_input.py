@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import re
+import runpy
 import sys
 import zlib
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import transformers
 from PIL import Image
 
-from bridgetower_bench import data, preflight, published
+from bridgetower_bench import data, preflight, published, user_errors
 from bridgetower_bench.guards import flag_guard
 from bridgetower_bench.tools import tool_paths
 from bridgetower_bench.tools.fixtures import script_flags
@@ -25,6 +26,7 @@ from bridgetower_bench.user_errors import UserInputError, exit_on_user_error
 from helpers import (
     BOTH_ROUTES,
     CPU_FLAGS,
+    REPO,
     SCRIPTS,
     embedded,
     last_line,
@@ -248,18 +250,38 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
 
 
-def freeze_counts(entry: str) -> list[int]:
-    """In a fork with nothing frozen: gc's freeze count as each of two main()s that `entry` runs sees it, a cycle
-    left unreachable between them (the launcher: its count after its --help)."""
+def collection_at_the_entry(entry: str) -> list:
+    """In a fork with nothing frozen and collection on: a script run as a program (its --help), collection's state
+    as freeze_imports and main() find it; a tool's two main()s (a cycle left unreachable between them), or the
+    launcher's --help: the freeze count each sees."""
     gc.unfreeze()
+    gc.enable()
+    if entry == "script":
+        seen: list = []
+        freeze, run = user_errors.freeze_imports, user_errors.exit_on_user_error
+
+        def freeze_seen():
+            seen.append(gc.isenabled())
+            freeze()
+
+        def run_seen(main):
+            seen.extend([gc.isenabled(), gc.get_freeze_count()])
+            run(main)
+
+        user_errors.freeze_imports, user_errors.exit_on_user_error = freeze_seen, run_seen
+        sys.argv = [str(REPO / SCRIPTS["cuda"]), "--help"]
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit:  # (--help)
+            pass
+        return seen
     if entry == "launch_cuda":
         run_tool("launch_cuda", ["--help"])
         return [gc.get_freeze_count()]
-    counts: list[int] = []
-    run = {"scripts": exit_on_user_error, "tools": tool_paths.run}[entry]
+    counts: list = []
     for _ in range(2):
         try:
-            run(lambda: counts.append(gc.get_freeze_count()))
+            tool_paths.run(lambda: counts.append(gc.get_freeze_count()))
         except SystemExit:  # (tool_paths.run's status)
             pass
         cycle: list = []
@@ -268,10 +290,18 @@ def freeze_counts(entry: str) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("entry", ["scripts", "tools", "launch_cuda"])
-def test_the_entries_leave_what_is_alive_before_main_out_of_garbage_collection_once(entry):
-    # what the imports made is never garbage: no collection walks it; an earlier main()'s cycles are not kept
-    result = run_forked(freeze_counts, entry)
+def test_a_script_collects_no_garbage_while_it_imports_and_leaves_what_they_made_out_of_collection():
+    # what the imports made is never garbage: no collection walks it, then or later; main() runs with collection on
+    result = run_forked(collection_at_the_entry, "script")
+    assert result.returncode == 0, result.stderr
+    off_while_importing, on_at_main, frozen = json.loads(result.stdout)
+    assert (off_while_importing, on_at_main) == (False, True) and frozen > 100_000
+
+
+@pytest.mark.parametrize("entry", ["tools", "launch_cuda"])
+def test_the_tools_leave_what_is_alive_before_main_out_of_garbage_collection_once(entry):
+    # an earlier main()'s cycles are not kept
+    result = run_forked(collection_at_the_entry, entry)
     assert result.returncode == 0, result.stderr
     counts = json.loads(result.stdout)
     assert counts[0] > 10_000 and counts[-1] <= counts[0], counts  # (the first main()'s own objects may be freed)
