@@ -478,41 +478,58 @@ def test_two_nodes_make_one_run_that_a_signal_on_one_node_stops_at_one_step_and_
     assert one["throughput_counted_samples"] + WARMUP * 4 == STEPS * 4 == ROWS
 
 
+# The README's line: `accelerate launch --multi_gpu` is torchrun underneath (here two CPU processes: --use_cpu).
+def accelerate_launch(port: int) -> list:
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    return command + ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
+
+
+@pytest.fixture(scope="module")
+def accelerate_job(fixtures, tmp_path_factory):
+    """One job of the two-node job's flags on one node of two processes, started by `accelerate launch --multi_gpu`
+    without OMP_NUM_THREADS (once for the session: helpers.once_per_session); and beside it, accelerate's --cpu
+    with a script that says its rank. Their exit statuses and output; the job's output in run/."""
+
+    def job(folder):
+        counted = folder / "counted.py"
+        counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
+        script = [REPO / SCRIPTS["cuda"], *job_flags(fixtures, folder / "run")]
+        multi_gpu = [str(word) for word in [*accelerate_launch(free_port()), "--multi_gpu", *script]]
+        on_cpu = [*accelerate_launch(free_port()), "--cpu", str(counted)]
+        results = run_together([multi_gpu, on_cpu], env=without_threads_set())
+        return {"folder": str(folder), "results": [[r.returncode, r.stdout, r.stderr] for r in results]}
+
+    return once_per_session(tmp_path_factory, "accelerate-job", job)
+
+
 def test_one_node_of_two_processes_and_two_nodes_of_one_train_the_same_weights_with_the_same_threads(
-    fixtures, stopped_and_resumed, tmp_path
+    stopped_and_resumed, accelerate_job
 ):
-    # The two nodes' job (stopped at step 10 and resumed: a resume ends with the uninterrupted run's weights)
+    # The two nodes' job (stopped at step 10 and resumed: a resume ends with the uninterrupted run's weights), and
+    # the same flags on one node of two processes (accelerate's launch, torchrun underneath as under launch_cuda)
     codes, text, _ = stopped_and_resumed["resumed"]
     assert codes == [0, 0], "".join(log[-3000:] for log in text)
-    nodes = Path(stopped_and_resumed["folder"]) / "run"
-    one = run(one_node(2, REPO / SCRIPTS["cuda"], *job_flags(fixtures, tmp_path / "one")), env=without_threads_set())
-    assert one.returncode == 0, one.stderr[-3000:]
-    for directory in (nodes, tmp_path / "one"):
+    [code, _, stderr], _ = accelerate_job["results"]
+    assert code == 0, stderr[-3000:]
+    nodes, one = Path(stopped_and_resumed["folder"]) / "run", Path(accelerate_job["folder"]) / "run"
+    for directory in (nodes, one):
         assert read_json(directory / "train_results.json")["cpu_threads"] == 1, directory
-    nodes_weights, one_weights = load_weights(nodes), load_weights(tmp_path / "one")
+    nodes_weights, one_weights = load_weights(nodes), load_weights(one)
     assert nodes_weights.keys() == one_weights.keys()
     differ = [name for name in nodes_weights if not torch.equal(nodes_weights[name], one_weights[name])]
     assert not differ, f"two nodes of one (stopped and resumed) and one node of two differ in {differ}"
 
 
-def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(fixtures, tmp_path):
-    # The README's line: `accelerate launch --multi_gpu` is torchrun underneath (here two CPU processes: --use_cpu).
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
-    accelerate += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    out = tmp_path / "out"
-    script = [REPO / SCRIPTS["cuda"], *args(fixtures, out, per_device_batch=2, max_steps=2)]
-    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
-    counted = tmp_path / "counted.py"
-    counted.write_text("import os\nprint('a process of rank', os.environ.get('RANK'))\n")
-    result, alone = run_together(
-        [[str(word) for word in [*accelerate, "--multi_gpu", *script]], [*accelerate, "--cpu", str(counted)]]
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
+def test_accelerate_launch_multi_gpu_runs_the_cuda_script_as_one_job_of_its_processes(accelerate_job):
+    [code, stdout, stderr], [alone_code, alone_stdout, alone_stderr] = accelerate_job["results"]
+    out = Path(accelerate_job["folder"]) / "run"
+    assert code == 0, stderr[-3000:]
+    assert stdout.count("***** train metrics *****") == 1  # one run, reported once (rank 0)
     metrics = read_json(out / "train_results.json")
     assert (metrics["world_size"], metrics["cpu_threads"]) == (2, 1)
-    assert read_json(out / "trainer_state.json")["global_step"] == 2 and (out / "model.safetensors").is_file()
-    assert alone.returncode == 0 and alone.stdout.splitlines() == ["a process of rank None"], alone.stderr[-3000:]
+    assert read_json(out / "trainer_state.json")["global_step"] == 12 and (out / "model.safetensors").is_file()
+    # Its --cpu alone starts one process, whatever --num_processes says (several CPU processes need its mpirun).
+    assert alone_code == 0 and alone_stdout.splitlines() == ["a process of rank None"], alone_stderr[-3000:]
 
 
 SBATCH = REPO / "scripts" / "multinode_cuda.sbatch"
