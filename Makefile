@@ -29,9 +29,10 @@ $(VENV)/.installed-test: $(VENV)/.installed-cuda requirements-test.txt requireme
 	$(UV_INSTALL) --python $(PY) -r requirements-test.txt
 	touch $@
 
-# The current install route (README): today's transformers, accelerate and datasets, in a venv of its own.
+# The current install route (README): today's transformers, accelerate and datasets, in a venv of its own (made by
+# uv, with pip: 0.5 s where `python -m venv` takes 4.6 s installing pip).
 $(VENV_CURRENT)/.installed-test: $(VENV)/.installed-cuda requirements-cuda-current.txt requirements-test-current.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV_CURRENT)
+	$(VENV)/bin/uv venv -q --seed --allow-existing --python $(PYTHON) $(VENV_CURRENT)
 	$(UV_INSTALL) --python $(PY_CURRENT) -r requirements-test-current.txt
 	$(UV_INSTALL) --python $(PY_CURRENT) --no-deps -e .
 	touch $@
