@@ -1,6 +1,6 @@
 """The benchmark sweep: run a training script over a matrix of loader settings and tabulate throughput.
 
-    python -m bridgetower_bench.tools.bench                       # local preset: tiny model, synthetic data, 11 runs, ~3.5 min on 2 CPU cores
+    python -m bridgetower_bench.tools.bench                       # local preset: tiny model, synthetic data, 11 runs, ~2.5 min on 2 CPU cores
     python -m bridgetower_bench.tools.bench --preset blog         # the published run: BridgeTower Large, New Yorker, 8 devices
     python -m bridgetower_bench.tools.bench --workers 0 2 --image-pipelines upstream fast --repeats 3 --eval
     python -m bridgetower_bench.tools.bench --dry-run             # print the commands only
