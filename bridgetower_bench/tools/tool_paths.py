@@ -152,7 +152,7 @@ def positive_number(flag: str, text, what: str) -> float:
 def run(main: Callable[[], object]) -> None:
     """Run a tool's main() and exit with its status (an int result; 0 otherwise), bad paths in one line."""
     prog = Path(str(sys.modules[main.__module__].__file__)).stem  # `python -m` or `python lab/NAME.py` alike
-    freeze_imports()  # (a launcher's torch)
+    freeze_imports()  # (what the tool's imports made: torch's, where it has them)
     try:
         status = main()
     except UserInputError as error:
