@@ -250,31 +250,35 @@ def test_internal_errors_keep_their_traceback_and_user_errors_end_with_status_2(
     assert capsys.readouterr().err == "run_bridgetower.py: error: --flag=1: must be 2\n"
 
 
-def collection_at_the_entry(entry: str) -> list:
-    """In a fork with nothing frozen and collection on: a script run as a program (its --help), collection's state
-    as freeze_imports and main() find it; a tool's two main()s (a cycle left unreachable between them), or the
-    launcher's --help: the freeze count each sees."""
+def script_collection_states() -> list:
+    """In a fork with nothing frozen and collection on, the CUDA script run as a program (its --help): whether
+    collection is on when freeze_imports is reached, and when main() is, with the freeze count then."""
     gc.unfreeze()
     gc.enable()
-    if entry == "script":
-        seen: list = []
-        freeze, run = user_errors.freeze_imports, user_errors.exit_on_user_error
+    seen: list = []
+    freeze, run = user_errors.freeze_imports, user_errors.exit_on_user_error
 
-        def freeze_seen():
-            seen.append(gc.isenabled())
-            freeze()
+    def freeze_seen():
+        seen.append(gc.isenabled())
+        freeze()
 
-        def run_seen(main):
-            seen.extend([gc.isenabled(), gc.get_freeze_count()])
-            run(main)
+    def run_seen(main):
+        seen.extend([gc.isenabled(), gc.get_freeze_count()])
+        run(main)
 
-        user_errors.freeze_imports, user_errors.exit_on_user_error = freeze_seen, run_seen
-        sys.argv = [str(REPO / SCRIPTS["cuda"]), "--help"]
-        try:
-            runpy.run_path(sys.argv[0], run_name="__main__")
-        except SystemExit:  # (--help)
-            pass
-        return seen
+    user_errors.freeze_imports, user_errors.exit_on_user_error = freeze_seen, run_seen
+    sys.argv = [str(REPO / SCRIPTS["cuda"]), "--help"]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit:  # (--help)
+        pass
+    return seen
+
+
+def tool_freeze_counts(entry: str) -> list:
+    """In a fork with nothing frozen: the freeze count after the launcher's --help, or as each of two main()s that
+    tool_paths.run runs sees it (a cycle left unreachable between them)."""
+    gc.unfreeze()
     if entry == "launch_cuda":
         run_tool("launch_cuda", ["--help"])
         return [gc.get_freeze_count()]
@@ -292,7 +296,7 @@ def collection_at_the_entry(entry: str) -> list:
 
 def test_a_script_collects_no_garbage_while_it_imports_and_leaves_what_they_made_out_of_collection():
     # what the imports made is never garbage: no collection walks it, then or later; main() runs with collection on
-    result = run_forked(collection_at_the_entry, "script")
+    result = run_forked(script_collection_states)
     assert result.returncode == 0, result.stderr
     off_while_importing, on_at_main, frozen = json.loads(result.stdout)
     assert (off_while_importing, on_at_main) == (False, True) and frozen > 100_000
@@ -301,7 +305,7 @@ def test_a_script_collects_no_garbage_while_it_imports_and_leaves_what_they_made
 @pytest.mark.parametrize("entry", ["tools", "launch_cuda"])
 def test_the_tools_leave_what_is_alive_before_main_out_of_garbage_collection_once(entry):
     # an earlier main()'s cycles are not kept
-    result = run_forked(collection_at_the_entry, entry)
+    result = run_forked(tool_freeze_counts, entry)
     assert result.returncode == 0, result.stderr
     counts = json.loads(result.stdout)
     assert counts[0] > 10_000 and counts[-1] <= counts[0], counts  # (the first main()'s own objects may be freed)
